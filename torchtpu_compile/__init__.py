@@ -1,0 +1,24 @@
+"""torchtpu's compile path: ``torch.compile(model, backend="torchtpu")``.
+
+Example::
+
+    import torch
+    model = torch.nn.Linear(4, 2)
+    compiled = torch.compile(model, backend="torchtpu")
+    y = compiled(torch.randn(3, 4))
+
+    import torchtpu_compile
+    print(torchtpu_compile.stats())
+"""
+from . import config
+from .counters import reset_stats, stats
+
+__all__ = ["config", "stats", "reset_stats", "backend"]
+
+
+def __getattr__(name):
+    # The backend pulls in torch-mlir and jax; load it only when asked for.
+    if name == "backend":
+        from . import backend
+        return backend
+    raise AttributeError(name)

@@ -1,0 +1,51 @@
+"""The TorchDynamo backend "torchtpu".
+
+Registered through the ``torch_dynamo_backends`` entry point, so in a fresh interpreter::
+
+    model = torch.compile(model, backend="torchtpu")
+
+aot_autograd functionalizes the Dynamo graph, applies core-ATen decompositions and, for
+training, splits forward and backward; each resulting graph becomes a ``GraphRunner``.
+"""
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+_backend_ids = itertools.count()
+
+
+def _compiler(kind: str, graph_id: int):
+    def compile_graph(gm: torch.fx.GraphModule, example_inputs):
+        from .program import GraphRunner
+        return GraphRunner(gm, name=f"graph_{graph_id}/{kind}")
+    return compile_graph
+
+
+def torchtpu_backend(gm: torch.fx.GraphModule, example_inputs, **options):
+    """Compile a Dynamo FX graph for the PJRT device.
+
+    Example::
+
+        compiled = torch.compile(torch.nn.Linear(4, 4), backend="torchtpu")
+        compiled(torch.randn(2, 4))
+    """
+    from functorch.compile import min_cut_rematerialization_partition
+    from torch._dynamo.backends.common import aot_autograd
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from .lower.decompositions import decomposition_table
+
+    graph_id = next(_backend_ids)
+    aot = aot_autograd(
+        fw_compiler=_compiler("forward", graph_id),
+        bw_compiler=_compiler("backward", graph_id),
+        inference_compiler=_compiler("inference", graph_id),
+        decompositions=decomposition_table(),
+        partition_fn=min_cut_rematerialization_partition,
+    )
+    # The fused CPU attention kernels (_scaled_dot_product_flash_attention_for_cpu) do not
+    # lower; the math formulation does, and XLA fuses it anyway.
+    with sdpa_kernel(SDPBackend.MATH):
+        return aot(gm, example_inputs)

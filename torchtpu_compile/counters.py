@@ -1,0 +1,62 @@
+"""Process-wide counters behind ``torchtpu_compile.stats()``."""
+from __future__ import annotations
+
+import collections
+import copy
+import threading
+
+_lock = threading.Lock()
+
+
+def _fresh() -> dict:
+    return {
+        "graphs_compiled": 0,        # XLA compilations (cache misses that reached PJRT compile)
+        "xla_compile_seconds": 0.0,  # time spent in PJRT compile
+        "lowering_seconds": 0.0,     # time spent in torch-mlir import and StableHLO passes
+        "cache_hits": 0,
+        "cache_misses": 0,
+        "fallback_ops": collections.Counter(),   # op name -> nodes sent to eager PyTorch
+        "graphs_with_fallback": 0,
+    }
+
+
+_stats = _fresh()
+
+
+def add(name: str, value=1) -> None:
+    """Add ``value`` to the counter ``name``.
+
+    Example::
+
+        add("cache_hits")
+    """
+    with _lock:
+        _stats[name] += value
+
+
+def count_fallback(op_name: str) -> None:
+    """Record one node of ``op_name`` that runs in eager PyTorch instead of through XLA."""
+    with _lock:
+        _stats["fallback_ops"][op_name] += 1
+
+
+def stats() -> dict:
+    """A snapshot of the compile path's counters.
+
+    Example::
+
+        >>> import torchtpu_compile
+        >>> torchtpu_compile.stats()["graphs_compiled"]
+        0
+    """
+    with _lock:
+        snap = copy.deepcopy(_stats)
+    snap["fallback_ops"] = dict(snap["fallback_ops"])
+    return snap
+
+
+def reset_stats() -> None:
+    """Zero every counter (the compile cache itself is kept)."""
+    global _stats
+    with _lock:
+        _stats = _fresh()

@@ -1,0 +1,101 @@
+"""FX graph -> StableHLO module (torch-mlir's FX importer), our rewrites, bytecode, fingerprint.
+
+Example::
+
+    gm = make_fx(lambda x: x.sin() * 2, tracing_mode="fake")(torch.randn(4))
+    lowered = lower_graph(gm, platform="cpu", precision="medium")
+    lowered.bytecode, lowered.fingerprint
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import os
+import re
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .. import counters
+from ..errors import LoweringError
+from .stablehlo_passes import PassContext, run_passes
+
+
+@dataclass
+class LoweredModule:
+    """A StableHLO program ready for PJRT: bytecode plus a location-free fingerprint."""
+    bytecode: bytes
+    fingerprint: str
+    text: str  # the StableHLO without location info (what the fingerprint hashes)
+
+
+_ERROR_LINE = re.compile(r"error:\s*(.*)")
+
+
+def summarize_mlir_error(message: str) -> str:
+    """The first diagnostic of a torch-mlir/MLIR failure, not the whole IR dump."""
+    for line in message.splitlines():
+        m = _ERROR_LINE.search(line)
+        if m:
+            return m.group(1).strip()
+    stripped = [l for l in message.strip().splitlines() if l.strip()]
+    return stripped[0].strip()[:300] if stripped else "unknown error"
+
+
+@contextlib.contextmanager
+def _captured_stderr():
+    # MLIR prints diagnostics straight to file descriptor 2; keep them out of the user's
+    # terminal and hand them back for the error message.
+    captured = {"text": ""}
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, io.UnsupportedOperation, ValueError):
+        yield captured
+        return
+    saved = os.dup(fd)
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), fd)
+        try:
+            yield captured
+        finally:
+            os.dup2(saved, fd)
+            os.close(saved)
+            tmp.seek(0)
+            captured["text"] = tmp.read().decode(errors="replace")
+
+
+def import_stablehlo(gm: torch.fx.GraphModule):
+    """Run torch-mlir's FX importer and its StableHLO pipeline; raise LoweringError on failure."""
+    from torch_mlir import fx as torch_mlir_fx
+
+    with _captured_stderr() as err:
+        try:
+            module = torch_mlir_fx.stateless_fx_import(gm, output_type="stablehlo",
+                                                       model_name="main")
+        except Exception as exc:  # torch-mlir raises several types; all mean "did not lower"
+            failure = exc
+        else:
+            failure = None
+    if failure is not None:
+        detail = summarize_mlir_error(str(failure) + "\n" + err["text"])
+        raise LoweringError(detail) from failure
+    return module
+
+
+def lower_graph(gm: torch.fx.GraphModule, platform: str, precision: str) -> LoweredModule:
+    """Lower a functional, static-shape ATen graph whose inputs are all tensors."""
+    start = time.perf_counter()
+    try:
+        module = import_stablehlo(gm)
+        run_passes(module, PassContext(platform=platform, precision=precision))
+        text = module.operation.get_asm(enable_debug_info=False)
+        buf = io.BytesIO()
+        module.operation.write_bytecode(buf)
+    finally:
+        counters.add("lowering_seconds", time.perf_counter() - start)
+    fingerprint = hashlib.sha256(text.encode()).hexdigest()
+    return LoweredModule(bytecode=buf.getvalue(), fingerprint=fingerprint, text=text)

@@ -1,0 +1,49 @@
+"""Matmul/convolution precision: which mode applies, and what it means per platform.
+
+Modes follow ``torch.set_float32_matmul_precision``:
+
+=========  ==========================  ===========================================
+mode       on TPU                      on CPU / GPU (emulated)
+=========  ==========================  ===========================================
+medium     precision DEFAULT:          f32 operands rounded to bf16 (``reduce_precision``
+           bf16 multiply, f32 acc.     e8m7), products and sums in f32
+high       precision HIGH (bf16 x3)    plain f32 (bf16 x3 is within f32 rounding)
+highest    precision HIGHEST (f32)     plain f32
+=========  ==========================  ===========================================
+
+Example::
+
+    torch.set_float32_matmul_precision("highest")
+    resolve_precision()        # -> "highest"
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import config
+from .._logging import warn_once
+
+MODES = ("medium", "high", "highest")
+
+
+def _user_set_torch_precision() -> bool:
+    # torch's default is "highest" with the backend flags at "none"; an explicit
+    # set_float32_matmul_precision(...) call sets them, even to "highest" ("ieee").
+    if torch.get_float32_matmul_precision() != "highest":
+        return True
+    return torch.backends.cuda.matmul.fp32_precision != "none"
+
+
+def resolve_precision(platform: str | None = None) -> str:
+    """The precision mode in force now: config, else the user's torch setting, else medium."""
+    mode = config.matmul_precision
+    if mode is None:
+        mode = torch.get_float32_matmul_precision() if _user_set_torch_precision() else "medium"
+    if mode not in MODES:
+        raise ValueError(f"torchtpu_compile.config.matmul_precision={mode!r}: "
+                         f"expected one of {', '.join(MODES)} or None")
+    if platform == "tpu" and mode != "medium":
+        warn_once(("precision", mode),
+                  "matmul precision %r runs matmuls and convolutions in several bf16 passes on "
+                  "TPU (up to 6x slower than 'medium'); set it to 'medium' for speed", mode)
+    return mode

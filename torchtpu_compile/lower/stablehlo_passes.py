@@ -1,0 +1,100 @@
+"""Rewrites of the StableHLO module that torch-mlir produces, one registered function each.
+
+Each pass takes (module, context) and edits the module in place; they run in registration order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch_mlir import ir
+
+_PASSES: list = []
+
+
+@dataclass
+class PassContext:
+    platform: str
+    precision: str
+
+
+def stablehlo_pass(fn):
+    """Register ``fn(module, ctx)`` as a StableHLO rewrite.
+
+    Example::
+
+        @stablehlo_pass
+        def drop_nothing(module, ctx):
+            pass
+    """
+    _PASSES.append(fn)
+    return fn
+
+
+def run_passes(module, ctx: PassContext) -> None:
+    """Apply every registered rewrite to ``module``."""
+    with module.context:
+        for fn in _PASSES:
+            fn(module, ctx)
+
+
+def _ops_named(module, names) -> list:
+    found = []
+
+    def visit(op):
+        if op.name in names:
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return found
+
+
+@stablehlo_pass
+def arith_constants_to_stablehlo(module, ctx):
+    # torch-mlir leaves tensor-typed arith.constant ops; portable StableHLO artifacts cannot
+    # carry the arith dialect, and one spelling keeps fingerprints stable.
+    for op in _ops_named(module, ("arith.constant",)):
+        if not isinstance(op.result.type.maybe_downcast(), ir.RankedTensorType):
+            continue
+        new = ir.Operation.create("stablehlo.constant", results=[op.result.type],
+                                  attributes={"value": op.attributes["value"]},
+                                  loc=op.location, ip=ir.InsertionPoint(op))
+        op.result.replace_all_uses_with(new.result)
+        op.erase()
+
+
+_TPU_PRECISION = {"medium": "DEFAULT", "high": "HIGH", "highest": "HIGHEST"}
+
+
+def _is_f32(value) -> bool:
+    value_type = value.type.maybe_downcast()
+    return (isinstance(value_type, ir.RankedTensorType)
+            and isinstance(value_type.element_type.maybe_downcast(), ir.F32Type))
+
+
+@stablehlo_pass
+def matmul_precision(module, ctx):
+    # XLA CPU ignores precision_config, so off TPU "medium" is emulated by rounding f32
+    # operands to bf16 (e8m7): their products are exact in f32, and sums stay f32, which is
+    # exactly TPU's DEFAULT. On TPU the precision_config says it directly.
+    if ctx.platform == "tpu":
+        level = _TPU_PRECISION[ctx.precision]
+    else:
+        level = "HIGHEST"  # keep GPUs from using TF32 behind our back
+    precision_attr = ir.Attribute.parse(
+        f"[#stablehlo<precision {level}>, #stablehlo<precision {level}>]")
+    i32 = ir.IntegerType.get_signless(32)
+    emulate_bf16 = ctx.platform != "tpu" and ctx.precision == "medium"
+    for op in _ops_named(module, ("stablehlo.dot_general", "stablehlo.convolution")):
+        if not all(_is_f32(v) for v in op.operands):
+            continue
+        op.attributes["precision_config"] = precision_attr
+        if not emulate_bf16:
+            continue
+        for i, value in enumerate(list(op.operands)):
+            rounded = ir.Operation.create(
+                "stablehlo.reduce_precision", results=[value.type], operands=[value],
+                attributes={"exponent_bits": ir.IntegerAttr.get(i32, 8),
+                            "mantissa_bits": ir.IntegerAttr.get(i32, 7)},
+                loc=op.location, ip=ir.InsertionPoint(op))
+            op.operands[i] = rounded.result

@@ -1,0 +1,244 @@
+"""From an aot_autograd graph to something that runs: compiled programs and eager fallback.
+
+``GraphRunner`` is what the backend hands back to aot_autograd for each forward, backward or
+inference graph. Per precision mode and (for graphs with symbolic sizes) per concrete shape, it
+builds one of:
+
+- ``Program``: the whole graph as one XLA executable;
+- ``PartitionedProgram``: the graph cut around ops that cannot be lowered; lowerable regions run
+  as ``Program``s, the rest runs in eager PyTorch, counted in stats and warned about once per op.
+"""
+from __future__ import annotations
+
+import itertools
+import operator
+
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from . import config, counters
+from ._logging import log, warn_once
+from .errors import LoweringError, UnsupportedOpError
+from .lower import lower_graph
+from .lower.calling_convention import prepare
+from .lower.fx_passes import normalize
+from .lower.precision import resolve_precision
+from .lower.support import describe, op_name, probe, rule_violation
+from .runtime.client import get_client
+from .runtime.executable import compile_stablehlo
+from .runtime.transfer import to_buffer, to_torch
+
+_graph_ids = itertools.count()
+
+
+class Program:
+    """One XLA executable plus the calling convention around it."""
+
+    def __init__(self, gm: fx.GraphModule, precision: str, name: str, prepared=None,
+                 lowered=None):
+        platform = get_client().platform
+        self.prepared = prepared or prepare(gm)
+        self.name = name
+        if self.prepared.num_program_outputs == 0:
+            self.executable = None  # nothing to compute: outputs are inputs, None or constants
+            return
+        if lowered is None:
+            lowered = lower_graph(self.prepared.gm, platform=platform, precision=precision)
+        self.lowered = lowered
+        self.executable = compile_stablehlo(lowered.bytecode, lowered.fingerprint, precision,
+                                            what=name)
+
+    def __call__(self, args: list) -> list:
+        prepared = self.prepared
+        results = []
+        if self.executable is not None:
+            buffers = [to_buffer(args[i], resident=isinstance(args[i], torch.nn.Parameter))
+                       for i in prepared.arg_indices]
+            buffers += [to_buffer(c, resident=True) for c in prepared.constants]
+            buffers += [to_buffer(draw()) for draw in prepared.random_inputs]
+            results = [to_torch(b) for b in self.executable.run(buffers)]
+        outputs = []
+        for slot in prepared.outputs:
+            if slot.kind == "program":
+                outputs.append(results[slot.index])
+            elif slot.kind == "input":
+                outputs.append(args[slot.index])
+            elif slot.kind == "constant":
+                outputs.append(slot.value)
+            else:
+                outputs.append(None)
+        return outputs
+
+
+class _ProgramModule(torch.nn.Module):
+    """A lowered region inside a partitioned graph, called like the submodule it replaces."""
+
+    def __init__(self, program: Program, single_output: bool):
+        super().__init__()
+        self.program = program
+        self.single_output = single_output
+
+    def forward(self, *args):
+        outputs = self.program(list(args))
+        return outputs[0] if self.single_output else tuple(outputs)
+
+
+class PartitionedProgram:
+    """A graph whose unsupported nodes run in eager PyTorch and the rest through XLA."""
+
+    def __init__(self, gm: fx.GraphModule, bad: dict, precision: str, name: str):
+        from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+        from torch.fx.passes.operator_support import OperatorSupportBase
+
+        class Support(OperatorSupportBase):
+            def is_node_supported(self, submodules, node):
+                if node.op != "call_function" or node in bad:
+                    return False
+                if node.target is operator.getitem:
+                    return node.args[0] not in bad
+                return True
+
+        partitioner = CapabilityBasedPartitioner(gm, Support(), allows_single_node_partition=True)
+        fused = partitioner.fuse_partitions(partitioner.propose_partitions())
+        for node in list(fused.graph.nodes):
+            if node.op != "call_module":
+                continue
+            sub = getattr(fused, node.target)
+            sub_placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+            for ph, arg in zip(sub_placeholders, node.args):
+                ph.meta["val"] = arg.meta.get("val")
+            out_arg = sub.graph.output_node().args[0]
+            single = not isinstance(out_arg, (tuple, list))
+            program = build_static(sub, precision, f"{name}/{node.target}")
+            setattr(fused, node.target, _ProgramModule(program, single))
+        fused.recompile()
+        self.gm = fused
+        self.name = name
+
+    def __call__(self, args: list) -> list:
+        out = self.gm(*args)
+        return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def _find_unsupported(gm: fx.GraphModule, platform: str, precision: str):
+    """(bad nodes with reasons, lowered module of the whole graph if it lowered)."""
+    bad = {}
+    for node in gm.graph.nodes:
+        reason = rule_violation(node)
+        if reason:
+            bad[node] = reason
+    if bad:
+        return bad, None, None
+    prepared = prepare(gm)
+    if prepared.num_program_outputs == 0:
+        return {}, prepared, None
+    try:
+        return {}, prepared, lower_graph(prepared.gm, platform=platform, precision=precision)
+    except LoweringError as whole_graph_error:
+        def lower_one(one):
+            return lower_graph(prepare(one).gm, platform=platform, precision=precision)
+
+        for node in gm.graph.nodes:
+            reason = probe(node, lower_one)
+            if reason:
+                bad[node] = reason
+        if not bad:
+            raise LoweringError(
+                f"the graph failed to lower although each of its ops lowers alone: "
+                f"{whole_graph_error}") from whole_graph_error
+        return bad, None, None
+
+
+def build_static(gm: fx.GraphModule, precision: str, name: str):
+    """A runnable program for a graph with static shapes and tensor-only inputs."""
+    platform = get_client().platform
+    normalize(gm)
+    bad, prepared, lowered = _find_unsupported(gm, platform, precision)
+    if not bad:
+        return Program(gm, precision, name, prepared=prepared, lowered=lowered)
+    for node, reason in bad.items():
+        if config.strict:
+            raise UnsupportedOpError(
+                f"TORCHTPU_STRICT=1: {describe(node)} cannot run through XLA ({reason}). "
+                f"Unset TORCHTPU_STRICT to let it fall back to eager PyTorch.")
+    counters.add("graphs_with_fallback")
+    for node, reason in bad.items():
+        counters.count_fallback(op_name(node))
+        warn_once(("fallback", op_name(node)),
+                  "torchtpu: %s runs in eager PyTorch, not XLA: %s", describe(node), reason)
+    return PartitionedProgram(gm, bad, precision, name)
+
+
+def _is_static(gm: fx.GraphModule) -> bool:
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            return False
+        if any(not isinstance(s, int) for s in val.shape):
+            return False
+    return True
+
+
+def _concrete_key(args) -> tuple:
+    return tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def specialize(gm: fx.GraphModule, args: list) -> fx.GraphModule:
+    """Re-trace a graph with symbolic sizes or scalar inputs at the concrete ``args``."""
+    concrete = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
+    with torch.no_grad():
+        traced = make_fx(fx.Interpreter(gm).run, tracing_mode="fake")(*concrete)
+    for node, original in zip((n for n in traced.graph.nodes if n.op == "placeholder"), args):
+        if not isinstance(original, torch.Tensor):
+            node.meta["val"] = original
+    return traced
+
+
+class GraphRunner:
+    """The callable aot_autograd gets for one graph (boxed: called with a list of args).
+
+    Example::
+
+        runner = GraphRunner(fx_graph_module, name="forward")
+        outputs = runner([x, weight])
+    """
+
+    def __init__(self, gm: fx.GraphModule, name: str | None = None):
+        # An instance attribute, so that wrappers which copy __dict__ (torch._dynamo.disable,
+        # around backward graphs) still tell aot_autograd we take boxed arguments.
+        self._boxed_call = True
+        self.gm = gm
+        self.name = name or f"graph_{next(_graph_ids)}"
+        self.static = _is_static(gm)
+        self._programs: dict = {}
+        if self.static:
+            self._program_for(resolve_precision(get_client().platform), None)
+
+    def _program_for(self, precision: str, args):
+        key = (precision, None if self.static else _concrete_key(args))
+        program = self._programs.get(key)
+        if program is None:
+            gm = self.gm if self.static else specialize(self.gm, args)
+            label = self.name if self.static else f"{self.name}{list(key[1])}"
+            log.debug("building %s at precision %s", label, precision)
+            # aot_autograd calls compilers with its fake mode active; our constants, host
+            # tensors and probes must be real.
+            with unset_fake_temporarily():
+                program = build_static(gm, precision, label)
+            self._programs[key] = program
+        return program
+
+    def __call__(self, *call_args) -> list:
+        # aot_autograd calls forward graphs boxed (one list) and, through Dynamo's disable
+        # wrapper, backward graphs with positional args; graph inputs are never lists.
+        boxed = len(call_args) == 1 and type(call_args[0]) is list
+        args = call_args[0] if boxed else list(call_args)
+        precision = resolve_precision(get_client().platform)
+        outputs = self._program_for(precision, args)(args)
+        if boxed:
+            args.clear()  # let inputs die as early as eager would
+        return outputs

@@ -1,0 +1,76 @@
+"""The one PJRT client of this process, chosen once.
+
+Example::
+
+    from torchtpu_compile.runtime.client import get_client
+    client = get_client()
+    print(client.platform)      # "cpu" on a machine with no accelerator
+"""
+from __future__ import annotations
+
+import functools
+import threading
+
+from .. import config
+from .._logging import log
+from ..errors import PlatformError
+
+#: Our names for PJRT platforms, best first, and the name jax registers each under.
+PLATFORMS = {"tpu": "tpu", "cuda": "cuda", "cpu": "cpu"}
+
+_lock = threading.Lock()
+
+
+class Client:
+    """The PJRT client plus the one device we run on (device 0 of the platform)."""
+
+    def __init__(self, platform: str, pjrt_client):
+        self.platform = platform
+        self.pjrt = pjrt_client
+        self.device = pjrt_client.local_devices()[0]
+        from jaxlib import _jax
+        self.device_list = _jax.DeviceList((self.device,))
+
+    def __repr__(self) -> str:
+        return f"Client(platform={self.platform!r}, device={self.device})"
+
+
+def _jax_backend(platform: str):
+    from jax.extend import backend as jax_backend
+    return jax_backend.get_backend(PLATFORMS[platform])
+
+
+@functools.lru_cache(maxsize=None)
+def _make_client(requested: str | None) -> Client:
+    if requested is not None:
+        name = requested.strip().lower()
+        if name not in PLATFORMS:
+            raise PlatformError(
+                f"TORCHTPU_PLATFORM={requested!r} is not a platform torchtpu knows; "
+                f"use one of: {', '.join(PLATFORMS)} (or leave it unset for the best one present)")
+        try:
+            client = Client(name, _jax_backend(name))
+        except Exception as exc:  # jax says "Unknown backend" or fails to start the plugin
+            raise PlatformError(
+                f"PJRT platform {name!r} was requested but cannot be started here: {exc}. "
+                f"For 'tpu' install torchtpu[tpu] on a TPU host; for 'cuda' install jax's CUDA "
+                f"plugin; 'cpu' always works.") from exc
+        log.info("torchtpu: using PJRT platform %s (%s)", name, client.device)
+        return client
+    for name in PLATFORMS:
+        try:
+            client = Client(name, _jax_backend(name))
+        except Exception:
+            continue
+        if name == "cpu":
+            log.info("torchtpu: no accelerator found; using the PJRT CPU client")
+        else:
+            log.info("torchtpu: using PJRT platform %s (%s)", name, client.device)
+        return client
+    raise PlatformError("no PJRT platform could be started, not even the CPU client")
+
+
+def get_client() -> Client:
+    """The process-wide PJRT client, created on first use from ``config.platform``."""
+    with _lock:
+        return _make_client(config.platform)

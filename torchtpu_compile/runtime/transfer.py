@@ -1,0 +1,70 @@
+"""torch tensors <-> PJRT buffers, through DLPack (no copies on the CPU client).
+
+Parameters and buffers are uploaded once and stay resident: ``to_buffer(p, resident=True)``
+returns the buffer made at the last call as long as the tensor was not modified since.
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+from jaxlib import _jax
+from torch.utils.dlpack import from_dlpack as _torch_from_dlpack
+from torch.utils.dlpack import to_dlpack as _torch_to_dlpack
+
+from .client import get_client
+
+# id(tensor) -> (weakref, data_ptr, version, buffer); cleared when the tensor dies.
+_resident: dict = {}
+
+
+def _upload(tensor: torch.Tensor, device):
+    if tensor.device.type != "cpu":
+        tensor = tensor.cpu()
+    if not tensor.is_contiguous():
+        tensor = tensor.contiguous()
+    return _jax.dlpack_managed_tensor_to_buffer(_torch_to_dlpack(tensor.detach()), device, None)
+
+
+def to_buffer(tensor: torch.Tensor, resident: bool = False):
+    """A PJRT buffer holding ``tensor``'s data, on the process's device.
+
+    With ``resident=True`` the buffer is remembered and reused while the tensor's storage and
+    version counter are unchanged, so weights are not uploaded on every call.
+
+    Example::
+
+        buf = to_buffer(torch.ones(3))
+        back = to_torch(buf)
+    """
+    device = get_client().device
+    if not resident:
+        return _upload(tensor, device)
+    key = id(tensor)
+    entry = _resident.get(key)
+    version = tensor._version
+    ptr = tensor.data_ptr()
+    if entry is not None and entry[1] == ptr and entry[2] == version and entry[0]() is tensor:
+        return entry[3]
+    buf = _upload(tensor, device)
+    if entry is None:
+        weakref.finalize(tensor, _resident.pop, key, None)
+    _resident[key] = (weakref.ref(tensor), ptr, version, buf)
+    return buf
+
+
+def to_torch(buffer) -> torch.Tensor:
+    """A torch CPU tensor viewing a PJRT buffer (zero-copy on the CPU client)."""
+    if get_client().platform != "cpu":
+        # Device memory is not host-addressable: copy to host first.
+        import numpy as np
+        array = np.asarray(buffer)
+        if array.dtype.name == "bfloat16":  # numpy has no bf16: move the bits as int16
+            return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(array)
+    return _torch_from_dlpack(_jax.buffer_to_dlpack_managed_tensor(buffer))
+
+
+def resident_count() -> int:
+    """How many tensors currently have a resident device buffer."""
+    return len(_resident)
