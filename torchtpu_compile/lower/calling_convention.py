@@ -18,6 +18,7 @@ from typing import Callable
 
 import torch
 import torch.fx as fx
+from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
 aten = torch.ops.aten
 
@@ -92,6 +93,8 @@ def _new_placeholder(graph: fx.Graph, after: fx.Node | None, name: str, val) -> 
     with ctx:
         node = graph.placeholder(name)
     node.meta["val"] = val
+    # The FX importer types a placeholder from FakeTensor vals or from tensor_meta.
+    node.meta["tensor_meta"] = _extract_tensor_metadata(val)
     return node
 
 

@@ -38,10 +38,20 @@ def _dim_size(node: fx.Node, dim: int):
     return val.shape[dim]
 
 
+def _normalized_bound(value, size: int):
+    # Python slice semantics: a negative bound counts from the end; both clamp to [0, size].
+    if value is None:
+        return None
+    if value < 0:
+        value += size
+    return min(max(value, 0), size)
+
+
 @fx_pass
 def clamp_slice_bounds(gm):
-    # Llama's rotate_half backward slices with end=INT64_MAX; the importer then builds huge
-    # index tensors and runs out of memory. The clamped slice is the same slice.
+    # Llama's rotate_half backward slices with end=INT64_MAX (the importer then runs out of
+    # memory) and Mistral's sliding-window cache with start=-4095 on a dim of 8 (which
+    # legalizes to a scatter with bad bounds). Normalized bounds select the same elements.
     for node in gm.graph.nodes:
         if node.op != "call_function":
             continue
@@ -52,15 +62,16 @@ def clamp_slice_bounds(gm):
         else:
             continue
         args = list(node.args)
-        dim = args[dim_pos] if len(args) > dim_pos else node.kwargs.get("dim", 0)
+        kwargs = dict(node.kwargs)
+        dim = args[dim_pos] if len(args) > dim_pos else kwargs.get("dim", 0)
         size = _dim_size(source, dim)
         if not isinstance(size, int):
             continue
-        for pos in (dim_pos + 1, dim_pos + 2):  # start, end
-            if len(args) > pos and isinstance(args[pos], int) and args[pos] > size:
-                args[pos] = size
+        for offset, key in ((1, "start"), (2, "end")):
+            pos = dim_pos + offset
+            if len(args) > pos and isinstance(args[pos], int):
+                args[pos] = _normalized_bound(args[pos], size)
+            elif isinstance(kwargs.get(key), int):
+                kwargs[key] = _normalized_bound(kwargs[key], size)
         node.args = tuple(args)
-        for key in ("start", "end"):
-            value = node.kwargs.get(key)
-            if isinstance(value, int) and value > size:
-                node.kwargs = {**node.kwargs, key: size}
+        node.kwargs = kwargs

@@ -42,11 +42,23 @@ def writes_its_arguments(node):
 _DATA_DEPENDENT_TAGS = (torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output)
 
 
+def _has_static_shapes(value) -> bool:
+    if isinstance(value, torch.Tensor):
+        return all(isinstance(s, int) for s in value.shape)
+    if isinstance(value, (tuple, list)):
+        return all(_has_static_shapes(v) for v in value)
+    return False  # a Python scalar read out of a tensor (.item(), aten.equal)
+
+
 @never_lower
 def data_dependent(node):
-    if any(tag in node.target.tags for tag in _DATA_DEPENDENT_TAGS):
-        return "its output shape or value depends on tensor data"
-    return None
+    # The tags mark ops that *may* have data-dependent shapes (aten.index.Tensor does only
+    # with boolean masks); what was traced says whether this instance does.
+    if not any(tag in node.target.tags for tag in _DATA_DEPENDENT_TAGS):
+        return None
+    if _has_static_shapes(node.meta.get("val")):
+        return None
+    return "its output shape or value depends on tensor data"
 
 
 @never_lower
