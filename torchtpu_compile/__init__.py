@@ -19,6 +19,6 @@ __all__ = ["config", "stats", "reset_stats", "backend"]
 def __getattr__(name):
     # The backend pulls in torch-mlir and jax; load it only when asked for.
     if name == "backend":
-        from . import backend
-        return backend
-    raise AttributeError(name)
+        import importlib
+        return importlib.import_module(".backend", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,6 +17,7 @@ def _fresh() -> dict:
         "cache_misses": 0,
         "fallback_ops": collections.Counter(),   # op name -> nodes sent to eager PyTorch
         "graphs_with_fallback": 0,
+        "resident_uploads": 0,       # parameters/constants uploaded (again only after a change)
     }
 
 

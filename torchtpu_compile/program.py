@@ -25,12 +25,15 @@ from .lower import lower_graph
 from .lower.calling_convention import prepare
 from .lower.fx_passes import normalize
 from .lower.precision import resolve_precision
-from .lower.support import describe, op_name, probe, rule_violation
+from .lower.support import describe, is_host_scalar, op_name, probe, rule_violation
 from .runtime.client import get_client
 from .runtime.executable import compile_stablehlo
 from .runtime.transfer import to_buffer, to_torch
 
 _graph_ids = itertools.count()
+
+#: The "reason" of nodes that compute host scalars (sizes, asserts) rather than tensors.
+HOST_SCALAR = "host scalar arithmetic"
 
 
 class Program:
@@ -72,23 +75,23 @@ class Program:
         return outputs
 
 
-class _ProgramModule(torch.nn.Module):
+class _RegionModule(torch.nn.Module):
     """A lowered region inside a partitioned graph, called like the submodule it replaces."""
 
-    def __init__(self, program: Program, single_output: bool):
+    def __init__(self, runner: "GraphRunner", single_output: bool):
         super().__init__()
-        self.program = program
+        self.runner = runner
         self.single_output = single_output
 
     def forward(self, *args):
-        outputs = self.program(list(args))
+        outputs = self.runner(list(args))
         return outputs[0] if self.single_output else tuple(outputs)
 
 
 class PartitionedProgram:
     """A graph whose unsupported nodes run in eager PyTorch and the rest through XLA."""
 
-    def __init__(self, gm: fx.GraphModule, bad: dict, precision: str, name: str):
+    def __init__(self, gm: fx.GraphModule, bad: dict, name: str):
         from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
         from torch.fx.passes.operator_support import OperatorSupportBase
 
@@ -111,8 +114,10 @@ class PartitionedProgram:
                 ph.meta["val"] = arg.meta.get("val")
             out_arg = sub.graph.output_node().args[0]
             single = not isinstance(out_arg, (tuple, list))
-            program = build_static(sub, precision, f"{name}/{node.target}")
-            setattr(fused, node.target, _ProgramModule(program, single))
+            # A region fed by a fallback op of data-dependent shape (masked_select) has
+            # symbolic input sizes: its runner specializes at call time.
+            runner = GraphRunner(sub, name=f"{name}/{node.target}")
+            setattr(fused, node.target, _RegionModule(runner, single))
         fused.recompile()
         self.gm = fused
         self.name = name
@@ -126,10 +131,15 @@ def _find_unsupported(gm: fx.GraphModule, platform: str, precision: str):
     """(bad nodes with reasons, lowered module of the whole graph if it lowered)."""
     bad = {}
     for node in gm.graph.nodes:
+        if is_host_scalar(node):
+            bad[node] = HOST_SCALAR
+            continue
         reason = rule_violation(node)
         if reason:
             bad[node] = reason
-    if bad:
+    if any(reason is not HOST_SCALAR for reason in bad.values()):
+        return bad, None, None
+    if bad:  # scalar arithmetic only: it exists because of a fallback op elsewhere
         return bad, None, None
     prepared = prepare(gm)
     if prepared.num_program_outputs == 0:
@@ -158,17 +168,19 @@ def build_static(gm: fx.GraphModule, precision: str, name: str):
     bad, prepared, lowered = _find_unsupported(gm, platform, precision)
     if not bad:
         return Program(gm, precision, name, prepared=prepared, lowered=lowered)
-    for node, reason in bad.items():
+    fallbacks = {node: reason for node, reason in bad.items() if reason is not HOST_SCALAR}
+    for node, reason in fallbacks.items():
         if config.strict:
             raise UnsupportedOpError(
                 f"TORCHTPU_STRICT=1: {describe(node)} cannot run through XLA ({reason}). "
                 f"Unset TORCHTPU_STRICT to let it fall back to eager PyTorch.")
-    counters.add("graphs_with_fallback")
-    for node, reason in bad.items():
+    if fallbacks:
+        counters.add("graphs_with_fallback")
+    for node, reason in fallbacks.items():
         counters.count_fallback(op_name(node))
         warn_once(("fallback", op_name(node)),
                   "torchtpu: %s runs in eager PyTorch, not XLA: %s", describe(node), reason)
-    return PartitionedProgram(gm, bad, precision, name)
+    return PartitionedProgram(gm, bad, name)
 
 
 def _is_static(gm: fx.GraphModule) -> bool:

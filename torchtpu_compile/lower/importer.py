@@ -51,11 +51,11 @@ def _captured_stderr():
     # MLIR prints diagnostics straight to file descriptor 2; keep them out of the user's
     # terminal and hand them back for the error message.
     captured = {"text": ""}
+    fd = 2  # MLIR writes to the process's stderr, whatever sys.stderr is now
     try:
-        fd = sys.stderr.fileno()
-    except (AttributeError, io.UnsupportedOperation, ValueError):
-        yield captured
-        return
+        sys.stderr.flush()
+    except (AttributeError, ValueError):
+        pass
     saved = os.dup(fd)
     with tempfile.TemporaryFile(mode="w+b") as tmp:
         os.dup2(tmp.fileno(), fd)

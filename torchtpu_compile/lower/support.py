@@ -73,6 +73,26 @@ def _is_op(node: fx.Node) -> bool:
     return node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
 
 
+def is_host_scalar(node: fx.Node) -> bool:
+    """A node computing Python scalars (size arithmetic, shape asserts), not tensors.
+
+    Such nodes run on the host next to the XLA program; they are not eager fallbacks.
+    """
+    if node.op != "call_function" or node.target is operator.getitem:
+        return False
+    val = node.meta.get("val")
+    if isinstance(val, (tuple, list)):
+        return False
+    return not isinstance(val, torch.Tensor) and not _is_op_with_tensor_output(node)
+
+
+def _is_op_with_tensor_output(node: fx.Node) -> bool:
+    if not _is_op(node):
+        return False
+    returns = node.target._schema.returns
+    return any(isinstance(r.type, torch.TensorType) for r in returns)
+
+
 def rule_violation(node: fx.Node) -> str | None:
     """Why ``node`` must run in eager PyTorch, or None if it may be lowered."""
     if node.op != "call_function":

@@ -12,6 +12,7 @@ from jaxlib import _jax
 from torch.utils.dlpack import from_dlpack as _torch_from_dlpack
 from torch.utils.dlpack import to_dlpack as _torch_to_dlpack
 
+from .. import counters
 from .client import get_client
 
 # id(tensor) -> (weakref, data_ptr, version, buffer); cleared when the tensor dies.
@@ -47,6 +48,7 @@ def to_buffer(tensor: torch.Tensor, resident: bool = False):
     if entry is not None and entry[1] == ptr and entry[2] == version and entry[0]() is tensor:
         return entry[3]
     buf = _upload(tensor, device)
+    counters.add("resident_uploads")
     if entry is None:
         weakref.finalize(tensor, _resident.pop, key, None)
     _resident[key] = (weakref.ref(tensor), ptr, version, buf)

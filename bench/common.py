@@ -1,0 +1,107 @@
+"""Timing helpers shared by the benchmarks.
+
+Timings on a small shared machine drift by 15-30% over seconds and between processes, so every
+comparison here is made inside one process, with the contenders run round-robin ("interleaved")
+so that they see the same drift, and summarized by medians, which ignore the odd slow round.
+Absolute numbers are indicative; ratios are what the benchmarks report on.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+CONTENDERS = ("eager", "inductor", "torchtpu")
+
+
+def median(values) -> float:
+    return statistics.median(values)
+
+
+def interleaved(fns: dict[str, Callable[[], object]], *, rounds: int, inner: int = 1,
+                warmup: int = 2) -> dict[str, float]:
+    """Median seconds per call of each callable, sampled in interleaved rounds.
+
+    Each round times ``inner`` back-to-back calls of every callable; the starting callable
+    rotates between rounds so that none always runs first (right after another's cache
+    pollution or at the start of a drift).
+    """
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    names = list(fns)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            fn = fns[name]
+            start = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            samples[name].append((time.perf_counter() - start) / inner)
+    return {name: median(s) for name, s in samples.items()}
+
+
+def fmt_time(seconds: float | None) -> str:
+    """A duration with a unit that keeps three significant digits readable."""
+    if seconds is None:
+        return "-"
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.1f} us"
+    if seconds < 1.0:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds:.2f} s"
+
+
+def fmt_ratio(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.2f}x"
+
+
+def result(name: str, times: dict[str, float | None], target: float | None = None,
+           notes: list[str] | None = None) -> dict:
+    """One table row: times per contender, torchtpu's ratios to the others, target verdict.
+
+    The target applies to torchtpu/inductor (lower is better); it is reported, not asserted.
+    """
+    tpu = times.get("torchtpu")
+
+    def ratio(other):
+        base = times.get(other)
+        return tpu / base if tpu is not None and base else None
+
+    vs_inductor = ratio("inductor")
+    status = None
+    if target is not None and vs_inductor is not None:
+        status = "PASS" if vs_inductor <= target else "MISS"
+    return {
+        "name": name,
+        "seconds": {c: times.get(c) for c in CONTENDERS},
+        "torchtpu_vs_eager": ratio("eager"),
+        "torchtpu_vs_inductor": vs_inductor,
+        "target": target,
+        "status": status,
+        "notes": notes or [],
+    }
+
+
+def format_table(rows: list[dict]) -> str:
+    """The results as a fixed-width text table, notes listed under it."""
+    header = ["benchmark", *CONTENDERS, "tpu/eager", "tpu/inductor", "target", ""]
+    lines = [[r["name"], *(fmt_time(r["seconds"][c]) for c in CONTENDERS),
+              fmt_ratio(r["torchtpu_vs_eager"]), fmt_ratio(r["torchtpu_vs_inductor"]),
+              f"<= {r['target']}" if r["target"] is not None else "-", r["status"] or ""]
+             for r in rows]
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *lines)]
+
+    def fmt(cells):
+        first = cells[0].ljust(widths[0])
+        rest = [str(c).rjust(w) for c, w in zip(cells[1:-1], widths[1:-1])]
+        return "  ".join([first, *rest, cells[-1]]).rstrip()
+
+    out = [fmt(header), "-" * (sum(widths) + 2 * (len(widths) - 1))]
+    out += [fmt(cells) for cells in lines]
+    notes = [(r["name"], n) for r in rows for n in r["notes"]]
+    if notes:
+        out.append("")
+        out += [f"  [{name}] {note}" for name, note in notes]
+    return "\n".join(out)

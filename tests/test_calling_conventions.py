@@ -1,0 +1,152 @@
+"""Each calling convention a graph can have, against eager PyTorch on CPU."""
+import copy
+
+import pytest
+import torch
+
+import torchtpu_compile
+from helpers import compile_tpu, precision
+
+pytestmark = pytest.mark.usefixtures("fp32")
+
+
+@pytest.fixture
+def fp32():
+    with precision("highest"):
+        yield
+
+
+def test_none_outputs_in_backward():
+    # The gradient of an input that does not require grad is None in the backward graph.
+    w = torch.randn(4, 4, requires_grad=True)
+    x = torch.randn(3, 4)
+    f = compile_tpu(lambda x, w: (x @ w).tanh().sum())
+    f(x, w).backward()
+    w_ref = w.detach().clone().requires_grad_()
+    (x @ w_ref).tanh().sum().backward()
+    torch.testing.assert_close(w.grad, w_ref.grad)
+
+
+def test_outputs_that_alias_inputs_and_duplicates():
+    def f(x, y):
+        z = x * 2
+        return x, z, z, y.view(-1), y
+    x, y = torch.randn(3), torch.randn(2, 2)
+    out = compile_tpu(f)(x, y)
+    ref = f(x, y)
+    for a, b in zip(out, ref):
+        torch.testing.assert_close(a, b)
+    assert out[0] is x or out[0].data_ptr() == x.data_ptr()
+    assert out[3].data_ptr() == y.data_ptr()  # a view of the input stays a view
+    out[1].add_(1)  # duplicate outputs are one tensor, as in eager
+    assert torch.equal(out[1], out[2])
+
+
+def test_batchnorm_running_stats_mutated_in_place():
+    bn = torch.nn.BatchNorm1d(5)
+    ref = copy.deepcopy(bn)
+    x = torch.randn(8, 5)
+    compiled = compile_tpu(bn)
+    for _ in range(3):
+        torch.testing.assert_close(compiled(x), ref(x))
+    torch.testing.assert_close(bn.running_mean, ref.running_mean)
+    torch.testing.assert_close(bn.running_var, ref.running_var)
+    assert bn.num_batches_tracked.item() == ref.num_batches_tracked.item() == 3
+
+
+def test_compiled_optimizer_step_mutates_state():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(6, 3)
+    ref = copy.deepcopy(model)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=0.1)
+    step = compile_tpu(opt.step)
+    x = torch.randn(4, 6)
+    for _ in range(3):
+        for m, o, s in ((model, opt, step), (ref, ref_opt, ref_opt.step)):
+            o.zero_grad()
+            m(x).pow(2).sum().backward()
+            s()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q)
+        torch.testing.assert_close(opt.state[p]["exp_avg_sq"], ref_opt.state[q]["exp_avg_sq"])
+    assert torchtpu_compile.stats()["graphs_compiled"] + torchtpu_compile.stats()["cache_hits"] > 0
+
+
+def test_scalar_and_symint_inputs():
+    def f(x, scale, n):
+        return x[:n] * scale + n
+    compiled = compile_tpu(f)
+    for scale, n in ((2.5, 3), (0.5, 5), (1.5, 2)):  # the second call makes them dynamic
+        x = torch.randn(6, 2)
+        torch.testing.assert_close(compiled(x, scale, n), f(x, scale, n))
+
+
+def test_dynamic_shapes_are_specialized_per_call():
+    compiled = compile_tpu(lambda x: x.softmax(-1) * x.shape[0], dynamic=True)
+    for rows in (3, 5, 9):
+        x = torch.randn(rows, 4)
+        torch.testing.assert_close(compiled(x), x.softmax(-1) * rows)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool, torch.bfloat16,
+                                   torch.float16])
+def test_dtypes_round_trip(dtype):
+    def f(x, idx):
+        return x * 2, idx + 1, (idx > 2), x[idx]
+    x = (torch.randn(8) * 10).to(dtype) if dtype.is_floating_point else torch.arange(8).to(dtype)
+    idx = torch.tensor([1, 3, 7], dtype=torch.int64)
+    out = compile_tpu(f)(x, idx)
+    ref = f(x, idx)
+    for a, b in zip(out, ref):
+        assert a.dtype == b.dtype
+        torch.testing.assert_close(a, b)
+
+
+def test_int64_is_not_narrowed():
+    big = torch.tensor([2 ** 40, -(2 ** 40) - 3], dtype=torch.int64)
+    out = compile_tpu(lambda t: t * 3 + 1)(big)
+    assert out.dtype == torch.int64
+    assert torch.equal(out, big * 3 + 1)
+
+
+def test_dropout_distribution_and_seed():
+    drop = torch.nn.Dropout(0.3).train()
+    compiled = compile_tpu(lambda x: drop(x))
+    x = torch.ones(20000)
+    torch.manual_seed(7)
+    a = compiled(x)
+    torch.manual_seed(7)
+    b = compiled(x)
+    c = compiled(x)
+    assert torch.equal(a, b), "same seed, same mask"
+    assert not torch.equal(b, c), "the generator advances between calls"
+    kept = (a != 0).float().mean().item()
+    assert abs(kept - 0.7) < 0.02
+    torch.testing.assert_close(a[a != 0], torch.full_like(a[a != 0], 1 / 0.7))
+
+
+def test_dropout_follows_torch_rng_not_its_own():
+    drop = torch.nn.Dropout(0.5).train()
+    compiled = compile_tpu(lambda x: drop(x))
+    torch.manual_seed(1)
+    a = compiled(torch.ones(64))
+    torch.manual_seed(2)
+    b = compiled(torch.ones(64))
+    assert not torch.equal(a, b)
+
+
+def test_graph_with_no_outputs():
+    seen = []
+
+    def f(x):
+        x.add_(1)  # only a mutation: the compiled graph returns nothing of its own
+    x = torch.zeros(3)
+    compile_tpu(f)(x)
+    seen.append(x.clone())
+    assert torch.equal(seen[0], torch.ones(3))
+
+
+def test_function_returning_none():
+    compiled = compile_tpu(lambda x: None)
+    assert compiled(torch.ones(2)) is None

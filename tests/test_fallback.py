@@ -1,0 +1,97 @@
+"""Ops that do not lower run in eager PyTorch, counted and named; strict mode makes it an error."""
+import logging
+
+import pytest
+import torch
+
+import torchtpu_compile
+from helpers import compile_tpu, precision, strict
+from torchtpu_compile.errors import UnsupportedOpError
+
+
+class TransposedConvNet(torch.nn.Module):
+    """ConvTranspose2d with output_padding (1, 0) does not lower in torch-mlir today."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.ConvTranspose2d(3, 4, 3, stride=2, padding=1, output_padding=(1, 0))
+
+    def forward(self, x):
+        y = torch.relu(x * 2)
+        return self.up(y).sigmoid() + 1  # the op to blame is on this line
+
+
+@pytest.fixture(autouse=True)
+def fresh_stats():
+    torchtpu_compile.reset_stats()
+    with precision("highest"):
+        yield
+
+
+def test_unlowerable_op_falls_back_and_the_rest_still_compiles(caplog):
+    model = TransposedConvNet()
+    x = torch.randn(2, 3, 5, 6)
+    with caplog.at_level(logging.WARNING, logger="torchtpu"):
+        out = compile_tpu(model)(x)
+        torch.testing.assert_close(out, model(x))
+        compile_tpu(model)(x)  # a second graph with the same op does not warn again
+    stats = torchtpu_compile.stats()
+    assert stats["fallback_ops"] == {"aten.convolution.default": 2}
+    assert stats["graphs_with_fallback"] == 2
+    assert stats["graphs_compiled"] >= 2  # the regions before and after the conv
+    warnings = [r.getMessage() for r in caplog.records if "eager PyTorch" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "aten.convolution.default" in warnings[0]
+
+
+def test_fallback_in_training_matches_eager():
+    model = TransposedConvNet()
+    ref = TransposedConvNet()
+    ref.load_state_dict(model.state_dict())
+    x = torch.randn(2, 3, 5, 6)
+    compile_tpu(model)(x).pow(2).mean().backward()
+    ref(x).pow(2).mean().backward()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_strict_mode_names_op_shapes_dtypes_and_source_line():
+    with strict(), pytest.raises(Exception) as info:
+        compile_tpu(TransposedConvNet())(torch.randn(2, 3, 5, 6))
+    error = info.value  # Dynamo wraps backend errors in BackendCompilerFailed
+    error = getattr(error, "inner_exception", error)
+    assert isinstance(error, UnsupportedOpError), info.value
+    message = str(error)
+    assert "aten.convolution.default" in message
+    assert "float32[2, 3, 5, 6]" in message
+    assert "test_fallback.py:" in message and "the op to blame is on this line" in message
+    assert "module {" not in message  # an explanation, not an MLIR dump
+
+
+def test_strict_from_the_environment(tmp_path):
+    import subprocess
+    import sys
+    import os
+    script = tmp_path / "strict.py"
+    script.write_text(
+        "import torch\n"
+        "f = torch.compile(lambda x: torch.nonzero(x).float().sum(), backend='torchtpu')\n"
+        "torch._dynamo.config.capture_dynamic_output_shape_ops = True\n"
+        "f(torch.tensor([0.0, 1.0, 2.0]))\n")
+    env = dict(os.environ, TORCHTPU_STRICT="1")
+    result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode != 0
+    assert "TORCHTPU_STRICT=1" in result.stderr and "aten.nonzero.default" in result.stderr
+
+
+def test_lowering_failure_message_is_a_summary():
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torchtpu_compile.errors import LoweringError
+    from torchtpu_compile.lower import lower_graph
+    gm = make_fx(lambda x: torch.masked_select(x, x > 0), tracing_mode="fake")(torch.randn(4))
+    with pytest.raises(LoweringError) as info:
+        lower_graph(gm, platform="cpu", precision="highest")
+    message = str(info.value)
+    assert "masked_select" in message
+    assert len(message.splitlines()) <= 2

@@ -1,0 +1,151 @@
+"""The one PJRT client, zero-copy transfers, resident weights, the cache and precision."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torchtpu_compile
+from helpers import compile_tpu, precision
+from torchtpu_compile.errors import PlatformError
+from torchtpu_compile.runtime import client as client_module
+from torchtpu_compile.runtime.transfer import to_buffer, to_torch
+
+
+def test_default_platform_is_cpu_here():
+    assert client_module.get_client().platform == "cpu"
+
+
+def test_invalid_platform_lists_the_platforms():
+    with pytest.raises(PlatformError) as info:
+        client_module._make_client("tpuu")
+    message = str(info.value)
+    assert "'tpuu'" in message
+    for name in ("tpu", "cuda", "cpu"):
+        assert name in message
+
+
+def test_invalid_platform_from_the_environment():
+    env = dict(os.environ, TORCHTPU_PLATFORM="gpu0")
+    code = ("import torch\n"
+            "torch.compile(lambda x: x + 1, backend='torchtpu')(torch.ones(2))\n")
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode != 0
+    assert "TORCHTPU_PLATFORM='gpu0'" in result.stderr and "tpu, cuda, cpu" in result.stderr
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int64,
+                                   torch.int32, torch.bool])
+def test_transfers_are_zero_copy_and_keep_dtype(dtype):
+    t = torch.arange(6).to(dtype)
+    buf = to_buffer(t)
+    assert buf.unsafe_buffer_pointer() == t.data_ptr()
+    back = to_torch(buf)
+    assert back.dtype == dtype and back.data_ptr() == t.data_ptr()
+    assert torch.equal(back, t)
+
+
+def test_parameters_stay_resident_between_calls():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    compiled = compile_tpu(model)
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        compiled(x)
+        torchtpu_compile.reset_stats()
+        for _ in range(5):
+            compiled(x)
+    assert torchtpu_compile.stats()["resident_uploads"] == 0
+    with torch.no_grad():
+        model[0].weight.add_(1)  # a changed weight is uploaded again, once
+        torch.testing.assert_close(compiled(x), model(x), rtol=2e-2, atol=2e-2)
+        compiled(x)
+    assert torchtpu_compile.stats()["resident_uploads"] == 1
+
+
+def test_identical_graph_is_not_recompiled():
+    f = lambda x: (x.sin() * 3).sum(-1)
+    compile_tpu(f)(torch.randn(4, 4))
+    torchtpu_compile.reset_stats()
+    compile_tpu(f)(torch.randn(4, 4))  # Dynamo traces again; XLA must not compile again
+    stats = torchtpu_compile.stats()
+    assert stats["graphs_compiled"] == 0 and stats["cache_hits"] == 1
+
+
+def test_precision_is_part_of_the_cache_key():
+    torch.manual_seed(0)
+    a, b = torch.randn(64, 64), torch.randn(64, 64)
+    f = compile_tpu(lambda x, y: x @ y)
+    exact = a.double() @ b.double()
+    with precision("medium"):
+        medium = f(a, b)
+    with precision("highest"):
+        highest = f(a, b)
+    torchtpu_compile.reset_stats()
+    with precision("medium"):
+        again = f(a, b)
+    assert torchtpu_compile.stats()["graphs_compiled"] == 0  # medium's program is kept
+    assert torch.equal(again, medium)
+    err_medium = (medium.double() - exact).abs().max().item()
+    err_highest = (highest.double() - exact).abs().max().item()
+    assert err_highest < 1e-4 < err_medium < 0.5  # bf16 operands: ~1e-2 on this problem
+
+
+def test_medium_is_bf16_multiply_with_f32_accumulate():
+    torch.manual_seed(0)
+    a, b = torch.randn(128, 256), torch.randn(256, 32)
+    with precision("medium"):
+        out = compile_tpu(lambda x, y: x @ y)(a, b)
+    reference = a.bfloat16().double() @ b.bfloat16().double()  # exact products of bf16 values
+    assert (out.double() - reference).abs().max().item() < 1e-4
+
+
+def test_precision_follows_torch_when_set_explicitly():
+    from torchtpu_compile.lower.precision import resolve_precision
+    saved = torch.get_float32_matmul_precision()
+    try:
+        assert resolve_precision() == "medium"  # nobody set anything: the TPU default
+        torch.set_float32_matmul_precision("highest")
+        assert resolve_precision() == "highest"
+        torch.set_float32_matmul_precision("high")
+        assert resolve_precision() == "high"
+        with precision("medium"):
+            assert resolve_precision() == "medium"  # our config wins
+    finally:
+        torch.set_float32_matmul_precision(saved)
+        torch.backends.fp32_precision = "none"
+        torch.backends.cuda.matmul.fp32_precision = "none"
+        torch.backends.mkldnn.matmul.fp32_precision = "none"
+    assert resolve_precision() == "medium"
+
+
+def test_stats_report_the_promised_counters():
+    compile_tpu(lambda x: x * 2)(torch.ones(3))
+    stats = torchtpu_compile.stats()
+    for key in ("graphs_compiled", "xla_compile_seconds", "cache_hits", "cache_misses",
+                "fallback_ops"):
+        assert key in stats
+
+
+def test_backend_works_in_a_fresh_interpreter_without_importing_us():
+    code = ("import sys, torch\n"
+            "m = torch.nn.Linear(3, 2)\n"
+            "x = torch.randn(4, 3)\n"
+            "y = torch.compile(m, backend='torchtpu')(x)\n"
+            "assert (y - m(x)).abs().max() < 5e-2\n"
+            "print('loaded', 'torchtpu_compile' in sys.modules)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "loaded True" in result.stdout
+
+
+def test_importing_the_package_is_light():
+    code = ("import sys, torchtpu_compile\n"
+            "heavy = [m for m in ('jax', 'jaxlib', 'torch_mlir') if m in sys.modules]\n"
+            "print(heavy)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=300)
+    assert result.stdout.strip() == "[]", result.stdout + result.stderr
