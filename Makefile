@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: install
-	$(PY) -m torchtpu_compile.demo
+	$(PY) examples/demo.py
 
 test: install
 	$(PY) -m pytest -q tests --ignore=tests/slow
