@@ -53,6 +53,8 @@ def gpt2() -> tuple[torch.nn.Module, torch.Tensor]:
     enough that Inductor compiles it in well under a minute on two cores.
     """
     from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers.utils import logging
+    logging.set_verbosity_error()  # no notes about the default loss type
     torch.manual_seed(0)
     cfg = GPT2Config(vocab_size=1000, n_embd=256, n_layer=4, n_head=4, n_positions=128,
                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False,
@@ -90,7 +92,7 @@ def bench_gpt2_forward(quick: bool) -> list[dict]:
     model, ids = gpt2()
     with torch.no_grad():
         fns = {k: (lambda m=m: m(ids)) for k, m in _compiled(model).items()}
-        times = interleaved(fns, rounds=3 if quick else 10)
+        times = interleaved(fns, rounds=3 if quick else 10, warmup=1 if quick else 2)
     return [result("gpt2 forward (steady)", times, TARGET_STEADY, _fallback_note())]
 
 
@@ -114,7 +116,7 @@ def bench_gpt2_train(quick: bool) -> list[dict]:
         return step
 
     fns = {k: step_fn(m) for k, m in _compiled(model).items()}
-    times = interleaved(fns, rounds=2 if quick else 6)
+    times = interleaved(fns, rounds=2 if quick else 6, warmup=1 if quick else 2)
     return [result("gpt2 train step SGD (steady)", times, TARGET_STEADY, _fallback_note())]
 
 

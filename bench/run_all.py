@@ -34,6 +34,7 @@ def main() -> int:
 
     import torch
     compile_path.setup()
+    load_before = os.getloadavg()[0]
     names = args.only or list(compile_path.BENCHMARKS)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"float32 matmul precision {torch.get_float32_matmul_precision()!r} for all "
@@ -47,10 +48,17 @@ def main() -> int:
         rows += compile_path.BENCHMARKS[name](args.quick)
         timings[name] = round(time.perf_counter() - t0, 1)
     wall = time.perf_counter() - start
+    load_after = os.getloadavg()[0]
 
     print()
     print(format_table(rows))
     print(f"\nwall time {wall:.0f} s ({', '.join(f'{k} {v} s' for k, v in timings.items())})")
+    print(f"load average {load_before:.1f} before, {load_after:.1f} after, {os.cpu_count()} cores")
+    if max(load_before, load_after) > os.cpu_count() - 0.5:
+        # PyTorch's OpenMP threads spin-wait on each other; with another process on the cores,
+        # eager and Inductor slow down several-fold while XLA's thread pool suffers less.
+        print("WARNING: the machine was busy with other processes; eager and Inductor numbers "
+              "are likely inflated (OpenMP oversubscription). Rerun on an idle machine.")
 
     os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
     path = os.path.join(HERE, "results", "latest.json")
@@ -63,6 +71,8 @@ def main() -> int:
             "threads": torch.get_num_threads(),
             "matmul_precision": torch.get_float32_matmul_precision(),
             "wall_seconds": round(wall, 1),
+            "load_average": [round(load_before, 2), round(load_after, 2)],
+            "cpu_count": os.cpu_count(),
             "benchmark_seconds": timings,
             "results": rows,
         }, f, indent=2)

@@ -41,7 +41,8 @@ class Program:
 
     def __init__(self, gm: fx.GraphModule, precision: str, name: str, prepared=None,
                  lowered=None):
-        platform = get_client().platform
+        self.client = get_client()
+        platform = self.client.platform
         self.prepared = prepared or prepare(gm)
         self.name = name
         if self.prepared.num_program_outputs == 0:
@@ -57,11 +58,12 @@ class Program:
         prepared = self.prepared
         results = []
         if self.executable is not None:
-            buffers = [to_buffer(args[i], resident=isinstance(args[i], torch.nn.Parameter))
+            client = self.client
+            buffers = [to_buffer(args[i], isinstance(args[i], torch.nn.Parameter), client)
                        for i in prepared.arg_indices]
-            buffers += [to_buffer(c, resident=True) for c in prepared.constants]
-            buffers += [to_buffer(draw()) for draw in prepared.random_inputs]
-            results = [to_torch(b) for b in self.executable.run(buffers)]
+            buffers += [to_buffer(c, True, client) for c in prepared.constants]
+            buffers += [to_buffer(draw(), False, client) for draw in prepared.random_inputs]
+            results = [to_torch(b, client) for b in self.executable.run(buffers)]
         outputs = []
         for slot in prepared.outputs:
             if slot.kind == "program":
@@ -227,8 +229,9 @@ class GraphRunner:
         self.name = name or f"graph_{next(_graph_ids)}"
         self.static = _is_static(gm)
         self._programs: dict = {}
+        self._platform = get_client().platform
         if self.static:
-            self._program_for(resolve_precision(get_client().platform), None)
+            self._program_for(resolve_precision(self._platform), None)
 
     def _program_for(self, precision: str, args):
         key = (precision, None if self.static else _concrete_key(args))
@@ -249,7 +252,7 @@ class GraphRunner:
         # wrapper, backward graphs with positional args; graph inputs are never lists.
         boxed = len(call_args) == 1 and type(call_args[0]) is list
         args = call_args[0] if boxed else list(call_args)
-        precision = resolve_precision(get_client().platform)
+        precision = resolve_precision(self._platform)
         outputs = self._program_for(precision, args)(args)
         if boxed:
             args.clear()  # let inputs die as early as eager would

@@ -34,14 +34,20 @@ class LoweredModule:
 
 
 _ERROR_LINE = re.compile(r"error:\s*(.*)")
+_LOCATION = re.compile(r'loc\("([^"]+)":(\d+):\d+\)')
 
 
 def summarize_mlir_error(message: str) -> str:
-    """The first diagnostic of a torch-mlir/MLIR failure, not the whole IR dump."""
+    """The first diagnostic of a torch-mlir/MLIR failure, not the whole IR dump.
+
+    The FX importer gives each op the location of the user's source line; it is kept.
+    """
     for line in message.splitlines():
         m = _ERROR_LINE.search(line)
         if m:
-            return m.group(1).strip()
+            where = _LOCATION.search(line[:m.start()])
+            text = m.group(1).strip()
+            return f"{text} (at {where.group(1)}:{where.group(2)})" if where else text
     stripped = [l for l in message.strip().splitlines() if l.strip()]
     return stripped[0].strip()[:300] if stripped else "unknown error"
 

@@ -27,7 +27,7 @@ def _upload(tensor: torch.Tensor, device):
     return _jax.dlpack_managed_tensor_to_buffer(_torch_to_dlpack(tensor.detach()), device, None)
 
 
-def to_buffer(tensor: torch.Tensor, resident: bool = False):
+def to_buffer(tensor: torch.Tensor, resident: bool = False, client=None):
     """A PJRT buffer holding ``tensor``'s data, on the process's device.
 
     With ``resident=True`` the buffer is remembered and reused while the tensor's storage and
@@ -38,7 +38,7 @@ def to_buffer(tensor: torch.Tensor, resident: bool = False):
         buf = to_buffer(torch.ones(3))
         back = to_torch(buf)
     """
-    device = get_client().device
+    device = (client or get_client()).device
     if not resident:
         return _upload(tensor, device)
     key = id(tensor)
@@ -55,9 +55,9 @@ def to_buffer(tensor: torch.Tensor, resident: bool = False):
     return buf
 
 
-def to_torch(buffer) -> torch.Tensor:
+def to_torch(buffer, client=None) -> torch.Tensor:
     """A torch CPU tensor viewing a PJRT buffer (zero-copy on the CPU client)."""
-    if get_client().platform != "cpu":
+    if (client or get_client()).platform != "cpu":
         # Device memory is not host-addressable: copy to host first.
         import numpy as np
         array = np.asarray(buffer)
