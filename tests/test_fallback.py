@@ -38,7 +38,8 @@ def test_unlowerable_op_falls_back_and_the_rest_still_compiles(caplog):
     stats = torchtpu_compile.stats()
     assert stats["fallback_ops"] == {"aten.convolution.default": 2}
     assert stats["graphs_with_fallback"] == 2
-    assert stats["graphs_compiled"] >= 2  # the regions before and after the conv
+    # The regions before and after the conv ran through XLA (compiled here or cached).
+    assert stats["graphs_compiled"] + stats["cache_hits"] >= 2
     warnings = [r.getMessage() for r in caplog.records if "eager PyTorch" in r.getMessage()]
     assert len(warnings) == 1
     assert "aten.convolution.default" in warnings[0]

@@ -29,3 +29,23 @@ matmul_precision: str | None = os.environ.get("TORCHTPU_MATMUL_PRECISION") or No
 #: Make every eager fallback an error naming the op, its shapes and the source line
 #: (env: TORCHTPU_STRICT=1).
 strict: bool = _env_flag("TORCHTPU_STRICT")
+
+
+def _cache_dir_default() -> str | None:
+    value = os.environ.get("TORCHTPU_CACHE_DIR")
+    if value is None or value == "":
+        return os.path.join(os.path.expanduser("~"), ".cache", "torchtpu")
+    return None if value.strip().lower() in ("0", "off", "none", "false") else value
+
+
+#: Level 2 of the compile cache, on host disk; None turns it off
+#: (env: TORCHTPU_CACHE_DIR, "off" to disable; default ~/.cache/torchtpu).
+cache_dir: str | None = _cache_dir_default()
+
+#: Size cap of the disk cache; least-recently-used entries go first
+#: (env: TORCHTPU_CACHE_MAX_BYTES, default 4 GiB).
+cache_max_bytes: int = int(os.environ.get("TORCHTPU_CACHE_MAX_BYTES", 4 << 30))
+
+#: Level 3: a shared store, ``file:///path`` or any fsspec URL such as ``gs://bucket/dir``;
+#: None turns it off (env: TORCHTPU_REMOTE_CACHE).
+remote_cache: str | None = os.environ.get("TORCHTPU_REMOTE_CACHE") or None

@@ -18,6 +18,9 @@ def _fresh() -> dict:
         "fallback_ops": collections.Counter(),   # op name -> nodes sent to eager PyTorch
         "graphs_with_fallback": 0,
         "resident_uploads": 0,       # parameters/constants uploaded (again only after a change)
+        "cache_levels": {level: {"hits": 0, "misses": 0, "bytes_read": 0, "bytes_written": 0,
+                                 "seconds_saved": 0.0, "corrupt": 0}
+                         for level in ("process", "disk", "remote")},
     }
 
 
@@ -33,6 +36,12 @@ def add(name: str, value=1) -> None:
     """
     with _lock:
         _stats[name] += value
+
+
+def add_level(level: str, name: str, value=1) -> None:
+    """Add to the counter ``name`` of one compile-cache level ("process", "disk", "remote")."""
+    with _lock:
+        _stats["cache_levels"][level][name] += value
 
 
 def count_fallback(op_name: str) -> None:

@@ -1,4 +1,7 @@
-"""Compiling StableHLO with PJRT, behind the process-level compile cache.
+"""Compiling StableHLO with PJRT, behind the three-level compile cache.
+
+Level 1 is this process (a dict); level 2 the host disk (``config.cache_dir``); level 3 an
+optional remote (``config.remote_cache``). A hit at a lower level fills the levels above it.
 
 Example::
 
@@ -12,13 +15,16 @@ import time
 
 from jaxlib import _jax
 
-from .. import counters
+from .. import config, counters
 from .._logging import log
 from ..errors import LoweringError
+from . import cache as cache_store
 from .client import get_client
 
 _cache: dict = {}
 _lock = threading.Lock()
+_stores_lock = threading.Lock()
+_stores_for: dict = {}
 
 #: Bump when what we hand to XLA changes meaning for the same StableHLO.
 COMPILE_OPTIONS_VERSION = "1"
@@ -39,8 +45,49 @@ class Executable:
 def cache_key(fingerprint: str, precision: str) -> str:
     """The cache key: program fingerprint, platform (and its version), options and precision."""
     client = get_client()
+    import jaxlib
     return "|".join((fingerprint, client.platform, client.pjrt.platform_version,
-                     COMPILE_OPTIONS_VERSION, precision))
+                     f"jaxlib-{jaxlib.__version__}", COMPILE_OPTIONS_VERSION, precision))
+
+
+def _stores() -> list:
+    """The persistent levels configured now (built once per configuration)."""
+    wanted = (config.cache_dir, config.cache_max_bytes, config.remote_cache)
+    with _stores_lock:
+        if wanted not in _stores_for:
+            stores = []
+            if config.cache_dir:
+                stores.append(cache_store.DiskStore(config.cache_dir, config.cache_max_bytes))
+            if config.remote_cache:
+                try:
+                    stores.append(cache_store.RemoteStore(config.remote_cache))
+                except Exception as exc:  # a misconfigured remote must not stop compiling
+                    log.warning("torchtpu: remote compile cache disabled: %s", exc)
+            _stores_for.clear()
+            _stores_for[wanted] = stores
+        return _stores_for[wanted]
+
+
+def _load_from(store, key: str, client):
+    blob = store.get(key)
+    if blob is None:
+        counters.add_level(store.level, "misses")
+        return None, None
+    try:
+        payload, meta = cache_store.unpack(blob)
+        loaded = client.pjrt.deserialize_executable(payload, client.device_list,
+                                                    _jax.CompileOptions())
+    except Exception as exc:
+        log.warning("torchtpu: discarding corrupt %s cache entry (%s); compiling again",
+                    store.level, exc)
+        counters.add_level(store.level, "corrupt")
+        counters.add_level(store.level, "misses")
+        store.discard(key)
+        return None, None
+    counters.add_level(store.level, "hits")
+    counters.add_level(store.level, "bytes_read", len(blob))
+    counters.add_level(store.level, "seconds_saved", float(meta.get("compile_seconds", 0.0)))
+    return loaded, blob
 
 
 def compile_stablehlo(bytecode: bytes, fingerprint: str, precision: str,
@@ -55,9 +102,30 @@ def compile_stablehlo(bytecode: bytes, fingerprint: str, precision: str,
         hit = _cache.get(key)
     if hit is not None:
         counters.add("cache_hits")
+        counters.add_level("process", "hits")
         return hit
-    counters.add("cache_misses")
+    counters.add_level("process", "misses")
     client = get_client()
+    stores = _stores()
+    loaded = None
+    for depth, store in enumerate(stores):
+        loaded, blob = _load_from(store, key, client)
+        if loaded is not None:
+            for upper in stores[:depth]:  # fill the faster levels
+                upper.put(key, blob)
+                counters.add_level(upper.level, "bytes_written", len(blob))
+            break
+    if loaded is not None:
+        counters.add("cache_hits")
+    else:
+        counters.add("cache_misses")
+        loaded = _compile(bytecode, what, client, key, stores)
+    exe = Executable(loaded, key)
+    with _lock:
+        return _cache.setdefault(key, exe)
+
+
+def _compile(bytecode: bytes, what: str, client, key: str, stores: list):
     start = time.perf_counter()
     try:
         loaded = client.pjrt.compile_and_load(bytecode, client.device_list, _jax.CompileOptions())
@@ -68,13 +136,22 @@ def compile_stablehlo(bytecode: bytes, fingerprint: str, precision: str,
     counters.add("graphs_compiled")
     counters.add("xla_compile_seconds", seconds)
     log.debug("compiled %s in %.3fs (key %s)", what, seconds, key[:16])
-    exe = Executable(loaded, key)
-    with _lock:
-        _cache.setdefault(key, exe)
-    return exe
+    if stores:
+        try:
+            blob = cache_store.pack(loaded.serialize(), compile_seconds=seconds, what=what)
+        except Exception as exc:  # some plugins cannot serialize: the cache is an optimization
+            log.debug("executable of %s not serializable: %s", what, exc)
+            return loaded
+        for store in stores:
+            try:
+                store.put(key, blob)
+                counters.add_level(store.level, "bytes_written", len(blob))
+            except OSError as exc:
+                log.warning("torchtpu: could not write the %s compile cache: %s", store.level, exc)
+    return loaded
 
 
 def clear_cache() -> None:
-    """Forget every compiled executable of this process."""
+    """Forget every compiled executable of this process (level 1 only)."""
     with _lock:
         _cache.clear()

@@ -1,0 +1,157 @@
+"""Levels 2 (host disk) and 3 (remote) of the compile cache."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import torchtpu_compile
+from helpers import compile_tpu
+from torchtpu_compile.runtime import cache as cache_store
+from torchtpu_compile.runtime import executable
+
+# A small training step in a fresh process; prints the compile counters as JSON.
+SCRIPT = textwrap.dedent("""\
+    import json, torch, torchtpu_compile
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+    compiled = torch.compile(model, backend="torchtpu")
+    loss = compiled(torch.randn(8, 16)).pow(2).mean()
+    loss.backward()
+    stats = torchtpu_compile.stats()
+    print(json.dumps({"compiled": stats["graphs_compiled"], "hits": stats["cache_hits"],
+                      "misses": stats["cache_misses"], "levels": stats["cache_levels"],
+                      "loss": loss.item()}))
+""")
+
+
+def run_script(cache_dir, remote=None):
+    env = dict(os.environ, TORCHTPU_CACHE_DIR=str(cache_dir))
+    env.pop("TORCHTPU_REMOTE_CACHE", None)
+    if remote:
+        env["TORCHTPU_REMOTE_CACHE"] = remote
+    code = SCRIPT
+    return subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def result_of(proc):
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def isolated_cache(tmp_path):
+    """This process compiles into an empty disk cache and forgets its level-1 entries."""
+    saved = (torchtpu_compile.config.cache_dir, torchtpu_compile.config.remote_cache)
+    torchtpu_compile.config.cache_dir = str(tmp_path / "cache")
+    torchtpu_compile.config.remote_cache = None
+    executable.clear_cache()
+    torchtpu_compile.reset_stats()
+    yield tmp_path / "cache"
+    torchtpu_compile.config.cache_dir, torchtpu_compile.config.remote_cache = saved
+    executable.clear_cache()
+
+
+def entries(directory):
+    return sorted(p for p in os.listdir(directory) if p.endswith(".xla"))
+
+
+def test_second_process_hits_disk_for_every_graph(tmp_path):
+    first = result_of(run_script(tmp_path / "c"))
+    assert first["compiled"] >= 2 and first["levels"]["disk"]["hits"] == 0  # forward, backward
+    second = result_of(run_script(tmp_path / "c"))
+    assert second["compiled"] == 0
+    assert second["levels"]["disk"]["hits"] == first["compiled"]
+    assert second["levels"]["disk"]["seconds_saved"] > 0
+    assert second["loss"] == first["loss"]
+
+
+def test_two_processes_compiling_at_once_leave_valid_entries(tmp_path):
+    procs = [run_script(tmp_path / "c"), run_script(tmp_path / "c")]
+    results = [result_of(p) for p in procs]
+    assert results[0]["loss"] == results[1]["loss"]
+    names = entries(tmp_path / "c")
+    assert len(names) == max(r["compiled"] for r in results)  # one entry per graph
+    for name in names:
+        with open(tmp_path / "c" / name, "rb") as f:
+            cache_store.unpack(f.read())  # raises if any entry is torn
+    assert not [p for p in os.listdir(tmp_path / "c") if p.startswith(".tmp-")]
+
+
+def test_corrupt_disk_entry_is_discarded_and_recompiled(isolated_cache, caplog):
+    f = lambda x: torch.cos(x) * 3 + 1
+    x = torch.randn(16)
+    expected = compile_tpu(f)(x)
+    (name,) = entries(isolated_cache)
+    path = isolated_cache / name
+    blob = bytearray(path.read_bytes())
+    blob[-40] ^= 0xFF  # flip a byte inside the executable
+    path.write_bytes(bytes(blob))
+    executable.clear_cache()
+    torchtpu_compile.reset_stats()
+    with caplog.at_level("WARNING", logger="torchtpu"):
+        again = compile_tpu(f)(x)
+    assert torch.equal(again, expected)
+    stats = torchtpu_compile.stats()
+    assert stats["cache_levels"]["disk"]["corrupt"] == 1 and stats["graphs_compiled"] == 1
+    assert any("corrupt disk cache entry" in r.getMessage() for r in caplog.records)
+    cache_store.unpack(path.read_bytes())  # replaced by a good entry
+
+
+def test_truncated_entry_is_rejected():
+    blob = cache_store.pack(b"x" * 100, compile_seconds=1.0)
+    with pytest.raises(cache_store.CorruptEntry):
+        cache_store.unpack(blob[:-1])
+    with pytest.raises(cache_store.CorruptEntry):
+        cache_store.unpack(b"garbage")
+    assert cache_store.unpack(blob)[0] == b"x" * 100
+
+
+def test_disk_cache_evicts_least_recently_used(tmp_path):
+    store = cache_store.DiskStore(str(tmp_path), max_bytes=2500)
+    for i, key in enumerate(("a", "b", "c")):
+        store.put(key, b"0" * 1000)
+        os.utime(tmp_path / cache_store.entry_name(key), (1000 + i, 1000 + i))
+    # Writing "c" went over the cap: "a", the oldest, was evicted.
+    assert store.get("a") is None and store.get("b") is not None and store.get("c") is not None
+    os.utime(tmp_path / cache_store.entry_name("c"), (5000, 5000))
+    os.utime(tmp_path / cache_store.entry_name("b"), (4000, 4000))
+    store.put("d", b"0" * 1000)
+    assert store.get("b") is None and store.get("c") is not None
+
+
+def test_remote_file_cache_fills_disk_of_a_new_machine(tmp_path, isolated_cache):
+    remote = tmp_path / "remote"
+    torchtpu_compile.config.remote_cache = f"file://{remote}"
+    f = lambda x: torch.tanh(x) * 5
+    x = torch.randn(8)
+    expected = compile_tpu(f)(x)
+    executable._stores()[-1].flush()  # writes are behind: wait for them
+    assert entries(remote)
+    # A "new machine": empty disk and process caches, same remote.
+    torchtpu_compile.config.cache_dir = str(tmp_path / "other-disk")
+    executable.clear_cache()
+    torchtpu_compile.reset_stats()
+    assert torch.equal(compile_tpu(f)(x), expected)
+    stats = torchtpu_compile.stats()
+    assert stats["graphs_compiled"] == 0 and stats["cache_levels"]["remote"]["hits"] == 1
+    assert entries(tmp_path / "other-disk")  # read through to level 2
+
+
+def test_broken_remote_is_never_fatal(tmp_path, isolated_cache, caplog):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the remote directory should be")
+    torchtpu_compile.config.remote_cache = f"file://{blocker}"
+    with caplog.at_level("WARNING", logger="torchtpu"):
+        out = compile_tpu(lambda x: x * 7)(torch.ones(3))
+    assert torch.equal(out, torch.full((3,), 7.0))
+    assert any("remote compile cache" in r.getMessage() for r in caplog.records)
+    torchtpu_compile.config.remote_cache = "nosuchscheme://bucket/dir"
+    with caplog.at_level("WARNING", logger="torchtpu"):
+        out = compile_tpu(lambda x: x * 9)(torch.ones(3))
+    assert torch.equal(out, torch.full((3,), 9.0))
