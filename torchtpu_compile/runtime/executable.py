@@ -33,9 +33,24 @@ COMPILE_OPTIONS_VERSION = "1"
 class Executable:
     """A loaded PJRT executable taking and returning flat lists of buffers."""
 
-    def __init__(self, loaded, key: str):
+    def __init__(self, loaded, key: str, serialized: bytes | None = None, compiled_here=True):
         self.loaded = loaded
         self.key = key
+        self._serialized = serialized
+        self._compiled_here = compiled_here
+
+    def serialize(self) -> bytes:
+        """The executable's bytes, for the disk cache and AOT artifacts.
+
+        PJRT CPU cannot re-serialize an executable that was itself deserialized (the blob
+        loads, then fails with "Function ... not found"), so such executables keep the bytes
+        they came from.
+        """
+        if self._serialized is None:
+            if not self._compiled_here:
+                raise RuntimeError(f"executable {self.key[:16]} has no stored bytes")
+            self._serialized = self.loaded.serialize()
+        return self._serialized
 
     def run(self, buffers: list) -> list:
         results = self.loaded.execute_sharded(buffers)
@@ -69,10 +84,11 @@ def _stores() -> list:
 
 
 def _load_from(store, key: str, client):
+    """(loaded executable, its serialized payload, the framed entry) or Nones."""
     blob = store.get(key)
     if blob is None:
         counters.add_level(store.level, "misses")
-        return None, None
+        return None, None, None
     try:
         payload, meta = cache_store.unpack(blob)
         loaded = client.pjrt.deserialize_executable(payload, client.device_list,
@@ -83,11 +99,11 @@ def _load_from(store, key: str, client):
         counters.add_level(store.level, "corrupt")
         counters.add_level(store.level, "misses")
         store.discard(key)
-        return None, None
+        return None, None, None
     counters.add_level(store.level, "hits")
     counters.add_level(store.level, "bytes_read", len(blob))
     counters.add_level(store.level, "seconds_saved", float(meta.get("compile_seconds", 0.0)))
-    return loaded, blob
+    return loaded, payload, blob
 
 
 def compile_stablehlo(bytecode: bytes, fingerprint: str, precision: str,
@@ -107,20 +123,19 @@ def compile_stablehlo(bytecode: bytes, fingerprint: str, precision: str,
     counters.add_level("process", "misses")
     client = get_client()
     stores = _stores()
-    loaded = None
+    exe = None
     for depth, store in enumerate(stores):
-        loaded, blob = _load_from(store, key, client)
+        loaded, payload, blob = _load_from(store, key, client)
         if loaded is not None:
             for upper in stores[:depth]:  # fill the faster levels
                 upper.put(key, blob)
                 counters.add_level(upper.level, "bytes_written", len(blob))
+            exe = Executable(loaded, key, serialized=payload, compiled_here=False)
+            counters.add("cache_hits")
             break
-    if loaded is not None:
-        counters.add("cache_hits")
-    else:
+    if exe is None:
         counters.add("cache_misses")
-        loaded = _compile(bytecode, what, client, key, stores)
-    exe = Executable(loaded, key)
+        exe = _compile(bytecode, what, client, key, stores)
     with _lock:
         return _cache.setdefault(key, exe)
 
@@ -136,19 +151,20 @@ def _compile(bytecode: bytes, what: str, client, key: str, stores: list):
     counters.add("graphs_compiled")
     counters.add("xla_compile_seconds", seconds)
     log.debug("compiled %s in %.3fs (key %s)", what, seconds, key[:16])
+    exe = Executable(loaded, key)
     if stores:
         try:
-            blob = cache_store.pack(loaded.serialize(), compile_seconds=seconds, what=what)
+            blob = cache_store.pack(exe.serialize(), compile_seconds=seconds, what=what)
         except Exception as exc:  # some plugins cannot serialize: the cache is an optimization
             log.debug("executable of %s not serializable: %s", what, exc)
-            return loaded
+            return exe
         for store in stores:
             try:
                 store.put(key, blob)
                 counters.add_level(store.level, "bytes_written", len(blob))
             except OSError as exc:
                 log.warning("torchtpu: could not write the %s compile cache: %s", store.level, exc)
-    return loaded
+    return exe
 
 
 def clear_cache() -> None:

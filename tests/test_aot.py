@@ -1,0 +1,136 @@
+"""torch.export + AOT artifacts: save, load elsewhere, detect damage, check inputs."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import aot_factories
+import torchtpu_compile
+import torchtpu_compile.aot as aot
+from torchtpu_compile.runtime import executable
+from torchtpu_compile.aot import loader as load_module
+
+TESTS = os.path.dirname(__file__)
+
+
+def fresh_python(code, *args):
+    env = dict(os.environ, PYTHONPATH=TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def gpt2_artifact(tmp_path_factory):
+    model, (ids,) = aot_factories.gpt2()
+    path = str(tmp_path_factory.mktemp("aot") / "gpt2.tpu")
+    aot.compile(model, (ids,)).save(path)
+    return path, model, ids
+
+
+def test_fresh_process_gives_bit_identical_outputs_with_only_a_pjrt_load(gpt2_artifact, tmp_path):
+    path, model, ids = gpt2_artifact
+    here = aot.load(path)(ids).logits
+    torch.testing.assert_close(here, model(ids).logits, rtol=0, atol=3e-2)  # medium precision
+    out = tmp_path / "out.pt"
+    result = fresh_python("""
+        import sys, torch
+        import torchtpu_compile.aot as aot
+        run = aot.load(sys.argv[1])
+        ids = run.example_inputs["input_ids"]
+        torch.save(run(ids)[0], sys.argv[2])
+        print("recompiled", run.recompiled)
+        print("heavy", [m for m in ("torch_mlir", "torch._dynamo", "transformers")
+                        if m in sys.modules])
+    """, path, str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "recompiled False" in result.stdout
+    assert "heavy []" in result.stdout  # no torch-mlir, no Dynamo: a PJRT load only
+    assert torch.equal(torch.load(out), here)
+
+
+def test_mismatched_platform_recompiles_from_portable_stablehlo(gpt2_artifact, monkeypatch,
+                                                                 caplog, tmp_path):
+    path, model, ids = gpt2_artifact
+    expected = aot.load(path)(ids).logits
+    monkeypatch.setattr(load_module, "_platform_tag",
+                        lambda client: {"platform_version": "tpu v5e", "jaxlib": "0.99"})
+    monkeypatch.setattr(torchtpu_compile.config, "cache_dir", str(tmp_path))
+    executable.clear_cache()  # make XLA really compile the portable StableHLO
+    torchtpu_compile.reset_stats()
+    with caplog.at_level("WARNING", logger="torchtpu"):
+        run = aot.load(path)
+    assert run.recompiled and torchtpu_compile.stats()["graphs_compiled"] == 1
+    assert any("recompiling from its portable StableHLO" in r.getMessage()
+               for r in caplog.records)
+    assert torch.equal(run(ids).logits, expected)
+
+
+def test_truncated_artifact_is_a_clear_error(gpt2_artifact, tmp_path):
+    path = gpt2_artifact[0]
+    data = open(path, "rb").read()
+    broken = tmp_path / "truncated.tpu"
+    broken.write_bytes(data[: len(data) // 2])
+    with pytest.raises(aot.ArtifactError, match="truncated or damaged"):
+        aot.load(str(broken))
+
+
+def test_tampered_artifact_is_caught_by_checksum(gpt2_artifact, tmp_path):
+    import zipfile
+    path = gpt2_artifact[0]
+    tampered = tmp_path / "tampered.tpu"
+    with zipfile.ZipFile(path) as src, zipfile.ZipFile(tampered, "w") as dst:
+        for name in src.namelist():
+            data = src.read(name)
+            if name == "params.safetensors":
+                data = data[:-8] + bytes(8)  # zero the last weights
+            dst.writestr(name, data)
+    with pytest.raises(aot.ArtifactError, match="checksum mismatch in 'params.safetensors'"):
+        aot.load(str(tampered))
+
+
+def test_wrong_inputs_name_the_argument(gpt2_artifact):
+    path, model, ids = gpt2_artifact
+    run = aot.load(path)
+    with pytest.raises(ValueError, match="input 'input_ids' has shape \\[2, 9\\]"):
+        run(torch.zeros(2, 9, dtype=torch.int64))
+    with pytest.raises(ValueError, match="input 'input_ids' .* dtype int32"):
+        run(ids.int())
+    with pytest.raises(TypeError, match="expected 1 inputs"):
+        run(ids, ids)
+
+
+def test_program_exported_in_training_mode_is_refused():
+    # aot.compile puts a module in eval mode itself; a program exported in train mode updates
+    # BatchNorm statistics, which an inference artifact cannot carry.
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4)).train()
+    exported = torch.export.export(model, (torch.randn(3, 4),))
+    with pytest.raises(torchtpu_compile.errors.LoweringError, match="call model.eval"):
+        aot.compile(exported, (torch.randn(3, 4),))
+
+
+def test_cli_export_inspect_run(tmp_path):
+    path = str(tmp_path / "mlp.tpu")
+    cli = [sys.executable, "-m", "torchtpu_compile.aot"]
+    env = dict(os.environ, PYTHONPATH=TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run(cli + ["export", "aot_factories:mlp", "--out", path,
+                                 "--precision", "highest"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    shown = subprocess.run(cli + ["inspect", path], env=env, capture_output=True, text=True,
+                           timeout=300)
+    assert shown.returncode == 0
+    for text in ("float32[5, 8]", "torch-mlir 20261001", "stablehlo.dot_general: 2",
+                 "params.safetensors", "precision highest"):
+        assert text in shown.stdout
+    ran = subprocess.run(cli + ["run", path], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    model, (x,) = aot_factories.mlp()
+    assert f"sum={model(x).sum().item():.6g}"[:9] in ran.stdout
+    (tmp_path / "bad.tpu").write_bytes(b"not an artifact")
+    bad = subprocess.run(cli + ["inspect", str(tmp_path / "bad.tpu")], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "not a readable torchtpu artifact" in bad.stderr

@@ -1,0 +1,258 @@
+"""Locate: the first ATen op whose torchtpu result diverges from eager PyTorch.
+
+The model is compiled once more with the torchtpu backend, its graph compiler swapped for a
+recorder: the ATen graphs torchtpu would lower (same decompositions, same forward/backward
+split) are captured with the real inputs of each call, and run eagerly. Then each graph is
+replayed with ``torch.fx.Interpreter`` on the reference device; every op is also run alone
+through torchtpu on exactly the reference's input values, so errors never accumulate: the
+first op beyond tolerance is where the difference starts.
+
+Views, ``getitem``, random ops, ``empty`` (uninitialized memory) and ops torchtpu cannot lower (they run in eager PyTorch inside
+compiled graphs anyway) are not checked. Matmuls and convolutions get the tolerance of the
+precision mode; every other op, whose result the mode does not change, the ``highest`` one.
+
+Example::
+
+    divergence, note = locate_divergence(model, (x,), torch.device("cpu"), "highest",
+                                         train=False, cotangents={})
+    print(divergence.op, divergence.source_line)
+"""
+from __future__ import annotations
+
+import collections
+import operator
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+
+from .._logging import log
+from ..lower.calling_convention import is_random
+from ..lower.fx_passes import normalize
+from ..lower.support import op_name, rule_violation, single_op_graph, source_line
+from .report import Divergence
+from .sides import Side, full_fp32, torchtpu_precision
+from .tolerance import compare_tensors, tolerance
+
+aten = torch.ops.aten
+
+#: Ops lowered to dot_general or convolution: the only ones the precision mode changes.
+PRECISION_OPS = {
+    aten.mm.default, aten.bmm.default, aten.addmm.default, aten.baddbmm.default,
+    aten.addbmm.default, aten.mv.default, aten.addmv.default, aten.dot.default,
+    aten.convolution.default, aten._convolution.default, aten.convolution_backward.default,
+}
+
+#: Ops whose result is uninitialized memory: nothing to compare.
+UNINITIALIZED_OPS = {
+    aten.empty.memory_format, aten.empty_strided.default, aten.empty_like.default,
+    aten.new_empty.default, aten.new_empty_strided.default,
+}
+
+
+@dataclass
+class CapturedRun:
+    """One call of one ATen graph: its label, the graph, and (copies of) its real inputs."""
+    label: str
+    gm: fx.GraphModule
+    args: list
+
+
+def capture(model_or_fn, inputs: tuple, train: bool, cotangents: dict) -> list:
+    """Run the model through the torchtpu backend with a recording graph compiler.
+
+    Returns the CapturedRuns in the order the graphs ran (forward before backward).
+    """
+    from .. import backend
+
+    runs: list = []
+
+    def recording_compiler(kind: str, graph_id: int):
+        label = f"{kind} graph {graph_id}"
+
+        def compile_graph(gm: fx.GraphModule, example_inputs):
+            def run(*call_args):
+                # Called boxed (one list) for forward graphs, positionally for backward ones.
+                boxed = len(call_args) == 1 and type(call_args[0]) is list
+                args = call_args[0] if boxed else list(call_args)
+                runs.append(CapturedRun(label, gm, [_snapshot(a) for a in args]))
+                outputs = list(gm(*args))
+                if boxed:
+                    args.clear()
+                return outputs
+            run._boxed_call = True
+            return run
+        return compile_graph
+
+    side = Side.build(model_or_fn, inputs, None, train)
+    saved = backend._compiler
+    torch._dynamo.reset()
+    backend._compiler = recording_compiler
+    try:
+        side.run(torch.compile(side.fn, backend="torchtpu"), cotangents or None)
+    finally:
+        backend._compiler = saved
+        torch._dynamo.reset()
+    return runs
+
+
+def _snapshot(value):
+    # Inputs mutated after the graph (BatchNorm running stats) must be replayed as they were.
+    return value.detach().clone() if isinstance(value, torch.Tensor) else value
+
+
+class _Found(Exception):
+    def __init__(self, divergence: Divergence):
+        self.divergence = divergence
+
+
+def _fmt(value) -> str:
+    if isinstance(value, fx.Node):
+        value = value.meta.get("val")
+    if isinstance(value, torch.Tensor):
+        return f"{str(value.dtype).replace('torch.', '')}{list(value.shape)}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_fmt(v) for v in value) + "]"
+    return repr(value)
+
+
+def _tensors(value) -> list:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [v for v in value if isinstance(v, torch.Tensor)]
+    return []
+
+
+def _checkable(node: fx.Node) -> bool:
+    if node.op != "call_function" or node.target is operator.getitem:
+        return False
+    if not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    if node.target.is_view or node.target in UNINITIALIZED_OPS or is_random(node):
+        return False
+    if rule_violation(node):
+        return False
+    return bool(_tensors(node.meta.get("val")))
+
+
+class NodeChecker(fx.Interpreter):
+    """Replays a graph eagerly on ``device`` and checks each op against torchtpu alone."""
+
+    def __init__(self, gm: fx.GraphModule, device: torch.device, precision: str, label: str,
+                 programs: dict):
+        super().__init__(gm)
+        self.device = device
+        self.precision = precision
+        self.label = label
+        self.programs = programs   # shared across graphs: signature -> Program or None
+        self.checked = 0
+        self.skipped = collections.Counter()   # op -> nodes that could not run alone
+
+    def _to_device(self, value):
+        if self.device.type == "cpu":
+            return value
+        if isinstance(value, torch.Tensor):
+            return value.to(self.device)
+        if isinstance(value, torch.device) and value.type == "cpu":
+            return self.device  # the graph was traced on the CPU
+        if isinstance(value, (list, tuple)):
+            return type(value)(self._to_device(v) for v in value)
+        if isinstance(value, dict):
+            return {k: self._to_device(v) for k, v in value.items()}
+        return value
+
+    def placeholder(self, target, args, kwargs):
+        return self._to_device(super().placeholder(target, args, kwargs))
+
+    def get_attr(self, target, args, kwargs):
+        return self._to_device(super().get_attr(target, args, kwargs))
+
+    def call_function(self, target, args, kwargs):
+        return super().call_function(target, self._to_device(args), self._to_device(kwargs))
+
+    def run_node(self, node: fx.Node):
+        value = super().run_node(node)
+        if _checkable(node):
+            self._check(node, value)
+        return value
+
+    def _program(self, node: fx.Node):
+        from ..program import Program
+
+        key = _signature(node)
+        if key not in self.programs:
+            gm = single_op_graph(node)
+            try:
+                normalize(gm)
+                self.programs[key] = Program(gm, self.precision, name=f"locate/{op_name(node)}")
+            except Exception as exc:  # does not lower: it would run in eager PyTorch anyway
+                log.debug("locate: skipping %s: %s", op_name(node), exc)
+                self.programs[key] = None
+        return self.programs[key]
+
+    def _check(self, node: fx.Node, value) -> None:
+        program = self._program(node)
+        if program is None:
+            self.skipped[op_name(node)] += 1
+            return
+        args = [_on_host(self.env[arg]) for arg in node.all_input_nodes]
+        outputs = program(args)
+        self.checked += 1
+        expected = _tensors(value)
+        mode = self.precision if node.target in PRECISION_OPS else "highest"
+        for i, (ours, ref) in enumerate(zip(outputs, expected)):
+            name = node.name if len(expected) == 1 else f"{node.name}[{i}]"
+            check = compare_tensors(name, ours, ref, tolerance(mode, ref.dtype))
+            if not check.passed:
+                raise _Found(Divergence(
+                    graph=self.label, node=node.name, op=op_name(node),
+                    inputs=[_fmt(a) for a in node.args]
+                    + [f"{k}={_fmt(v)}" for k, v in node.kwargs.items()],
+                    outputs=[_fmt(t) for t in expected], check=check,
+                    source_line=source_line(node)))
+
+
+def _on_host(value):
+    return value.cpu() if isinstance(value, torch.Tensor) else value
+
+
+def _signature(node: fx.Node) -> tuple:
+    """Nodes with equal signatures make the same one-op program."""
+    inputs = node.all_input_nodes
+
+    def sig(value):
+        if isinstance(value, fx.Node):
+            return ("input", inputs.index(value), _fmt(value))
+        if isinstance(value, (list, tuple)):
+            return tuple(sig(v) for v in value)
+        return repr(value)
+
+    return (node.target, sig(node.args), sig(tuple(sorted(node.kwargs.items()))))
+
+
+def locate_divergence(model_or_fn, inputs: tuple, device: torch.device, precision: str,
+                      train: bool, cotangents: dict):
+    """(the first Divergence or None, a one-line note on what was checked)."""
+    runs = capture(model_or_fn, inputs, train, cotangents)
+    if not runs:
+        return None, "Dynamo gave torchtpu no graph to check"
+    programs: dict = {}
+    checked, skipped = 0, collections.Counter()
+    with torchtpu_precision(precision):
+        for run in runs:
+            checker = NodeChecker(run.gm, device, precision, run.label, programs)
+            try:
+                with full_fp32():
+                    checker.run(*run.args)
+            except _Found as found:
+                log.info("torchtpu numerics: %s", found.divergence)
+                return found.divergence, f"checked {checker.checked + checked} ops"
+            finally:
+                checked += checker.checked
+                skipped += checker.skipped
+    note = (f"checked {checked} ops in {len(runs)} graph runs and none diverges beyond "
+            f"tolerance on its own: the difference builds up over many ops")
+    if skipped:
+        note += f" (not checked: {dict(skipped)})"
+    return None, note
