@@ -65,6 +65,20 @@ def test_parameters_stay_resident_between_calls():
     assert torchtpu_compile.stats()["resident_uploads"] == 1
 
 
+def test_buffers_stay_resident_too():
+    from torchtpu_compile.runtime import transfer
+    bn = torch.nn.BatchNorm1d(4).eval()
+    compiled = compile_tpu(bn)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), bn(x))
+        torchtpu_compile.reset_stats()
+        compiled(x)
+    assert torchtpu_compile.stats()["resident_uploads"] == 0
+    for buffer in (bn.running_mean, bn.running_var):
+        assert id(buffer) in transfer._resident
+
+
 def test_identical_graph_is_not_recompiled():
     f = lambda x: (x.sin() * 3).sum(-1)
     compile_tpu(f)(torch.randn(4, 4))

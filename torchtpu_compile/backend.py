@@ -16,10 +16,20 @@ import torch
 _backend_ids = itertools.count()
 
 
+def _static_inputs(kind: str) -> frozenset:
+    """Forward inputs that are parameters or buffers: they stay resident on the device."""
+    if kind == "backward":  # the metadata describes the forward's inputs, not these
+        return frozenset()
+    context = torch._guards.TracingContext.try_get()
+    metadata = getattr(context, "fw_metadata", None)
+    return frozenset(getattr(metadata, "static_input_indices", None) or ())
+
+
 def _compiler(kind: str, graph_id: int):
     def compile_graph(gm: torch.fx.GraphModule, example_inputs):
         from .program import GraphRunner
-        return GraphRunner(gm, name=f"graph_{graph_id}/{kind}")
+        return GraphRunner(gm, name=f"graph_{graph_id}/{kind}",
+                           resident_inputs=_static_inputs(kind))
     return compile_graph
 
 

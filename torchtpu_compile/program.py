@@ -40,11 +40,12 @@ class Program:
     """One XLA executable plus the calling convention around it."""
 
     def __init__(self, gm: fx.GraphModule, precision: str, name: str, prepared=None,
-                 lowered=None):
+                 lowered=None, resident_inputs: frozenset = frozenset()):
         self.client = get_client()
         platform = self.client.platform
         self.prepared = prepared or prepare(gm)
         self.name = name
+        self.resident_inputs = resident_inputs
         if self.prepared.num_program_outputs == 0:
             self.executable = None  # nothing to compute: outputs are inputs, None or constants
             return
@@ -59,7 +60,9 @@ class Program:
         results = []
         if self.executable is not None:
             client = self.client
-            buffers = [to_buffer(args[i], isinstance(args[i], torch.nn.Parameter), client)
+            resident = self.resident_inputs
+            buffers = [to_buffer(args[i], i in resident or isinstance(args[i], torch.nn.Parameter),
+                                 client)
                        for i in prepared.arg_indices]
             buffers += [to_buffer(c, True, client) for c in prepared.constants]
             buffers += [to_buffer(draw(), False, client) for draw in prepared.random_inputs]
@@ -163,13 +166,18 @@ def _find_unsupported(gm: fx.GraphModule, platform: str, precision: str):
         return bad, None, None
 
 
-def build_static(gm: fx.GraphModule, precision: str, name: str):
-    """A runnable program for a graph with static shapes and tensor-only inputs."""
+def build_static(gm: fx.GraphModule, precision: str, name: str,
+                 resident_inputs: frozenset = frozenset()):
+    """A runnable program for a graph with static shapes and tensor-only inputs.
+
+    ``resident_inputs`` are positions of parameters and buffers, uploaded once and reused.
+    """
     platform = get_client().platform
     normalize(gm)
     bad, prepared, lowered = _find_unsupported(gm, platform, precision)
     if not bad:
-        return Program(gm, precision, name, prepared=prepared, lowered=lowered)
+        return Program(gm, precision, name, prepared=prepared, lowered=lowered,
+                       resident_inputs=resident_inputs)
     fallbacks = {node: reason for node, reason in bad.items() if reason is not HOST_SCALAR}
     for node, reason in fallbacks.items():
         if config.strict:
@@ -221,13 +229,15 @@ class GraphRunner:
         outputs = runner([x, weight])
     """
 
-    def __init__(self, gm: fx.GraphModule, name: str | None = None):
+    def __init__(self, gm: fx.GraphModule, name: str | None = None,
+                 resident_inputs: frozenset = frozenset()):
         # An instance attribute, so that wrappers which copy __dict__ (torch._dynamo.disable,
         # around backward graphs) still tell aot_autograd we take boxed arguments.
         self._boxed_call = True
         self.gm = gm
         self.name = name or f"graph_{next(_graph_ids)}"
         self.static = _is_static(gm)
+        self.resident_inputs = resident_inputs
         self._programs: dict = {}
         self._platform = get_client().platform
         if self.static:
@@ -243,7 +253,7 @@ class GraphRunner:
             # aot_autograd calls compilers with its fake mode active; our constants, host
             # tensors and probes must be real.
             with unset_fake_temporarily():
-                program = build_static(gm, precision, label)
+                program = build_static(gm, precision, label, self.resident_inputs)
             self._programs[key] = program
         return program
 
