@@ -26,18 +26,29 @@ class Tol:
     atol: float  # a fraction of the reference's max abs value (of all tensors, for a dict)
 
 
-# highest: observed errors are ~1e-6 of the scale, so these leave room for reduction-order noise
-# and still catch a wrong op. medium: bf16 operand rounding gives ~5e-3 of the scale.
+# highest: observed errors are <= 3e-6 of the scale; the bounds leave room for reduction-order
+# noise and still catch a wrong op. medium: bf16 operand rounding gives up to ~2e-2 of the scale
+# on gradients (the CNN, CLIP), ~5e-3 on outputs.
 TOLERANCES = {
-    "highest": dict(out=Tol(1e-4, 1e-5), loss=Tol(1e-5, 0), grad=Tol(1e-3, 1e-4),
+    "highest": dict(out=Tol(1e-4, 1e-5), loss=Tol(1e-4, 0), grad=Tol(1e-3, 1e-4),
                     delta=Tol(1e-3, 1e-4)),
-    "medium": dict(out=Tol(0, 3e-2), loss=Tol(1e-2, 0), grad=Tol(0, 3e-2), delta=Tol(0, 3e-2)),
+    "medium": dict(out=Tol(0, 3e-2), loss=Tol(3e-2, 0), grad=Tol(0, 5e-2), delta=Tol(0, 5e-2)),
 }
 
-# Big enough that later steps' losses move well beyond the loss tolerance, so a program that
-# kept stale parameters would be caught. SGD, not Adam: Adam's normalisation blows rounding
-# noise in zero gradients (attention key biases) up to full-size updates.
-LR = 0.5
+# T5's unscaled attention makes its gradients bf16-sensitive: eager torch.autocast(bfloat16) is
+# off from fp32 by 8e-2 of the scale too, as is "medium".
+LOOSER = {("medium", "t5"): dict(grad=Tol(0, 0.2), delta=Tol(0, 0.2))}
+
+
+def tolerances(precision: str, name: str) -> dict:
+    return {**TOLERANCES[precision], **LOOSER.get((precision, name), {})}
+
+
+# Losses then move by 5-40% per step (far beyond the loss tolerance, so a program that kept
+# stale parameters is caught) while training stays smooth; at 0.5 some models oscillate and
+# amplify bf16 differences. SGD, not Adam: Adam's normalisation blows rounding noise in zero
+# gradients (attention key biases) up to full-size updates.
+LR = 0.1
 
 
 def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -114,7 +125,7 @@ def train(model: nn.Module, inputs, steps: int, compiled: bool) -> Run:
     return Run(losses, first_output, grads, deltas, buffers)
 
 
-def check_inference(model: nn.Module, inputs, precision: str):
+def check_inference(model: nn.Module, inputs, precision: str, tol: dict):
     model.eval()
     reference = copy.deepcopy(model)
     compiled = torch.compile(model, backend="torchtpu")
@@ -122,19 +133,18 @@ def check_inference(model: nn.Module, inputs, precision: str):
         actual = zoo.first_tensor(compiled(*inputs))
         expected = zoo.first_tensor(reference(*inputs))
     assert_ran_on_torchtpu()
-    assert_close(actual, expected, TOLERANCES[precision]["out"], "inference output")
+    assert_close(actual, expected, tol["out"], "inference output")
     if precision == "medium":
         # fp32-exact results under "medium" mean the bf16 emulation did nothing.
         assert rel_err(actual, expected) > 1e-4
 
 
-def check_training(model: nn.Module, inputs, precision: str, steps: int):
+def check_training(model: nn.Module, inputs, tol: dict, steps: int):
     model.train()
     reference = copy.deepcopy(model)
     actual = train(model, inputs, steps, compiled=True)
     assert_ran_on_torchtpu()
     expected = train(reference, inputs, steps, compiled=False)
-    tol = TOLERANCES[precision]
     assert_close(actual.output, expected.output, tol["out"], "first training step output")
     assert_close(torch.stack(actual.losses), torch.stack(expected.losses), tol["loss"], "losses")
     assert_all_close(actual.grads, expected.grads, tol["grad"], "first step grad")
@@ -142,10 +152,11 @@ def check_training(model: nn.Module, inputs, precision: str, steps: int):
     assert_all_close(actual.buffers, expected.buffers, tol["out"], "buffer")
 
 
-def check_model(model: nn.Module, inputs, precision: str, steps: int):
+def check_model(name: str, model: nn.Module, inputs, precision: str, steps: int):
     no_dropout(model)
-    check_inference(model, inputs, precision)
-    check_training(model, inputs, precision, steps)
+    tol = tolerances(precision, name)
+    check_inference(model, inputs, precision, tol)
+    check_training(model, inputs, tol, steps)
 
 
 # --- small hand-written models ---------------------------------------------------------------
@@ -197,7 +208,7 @@ SMALL = {f.__name__: f for f in (mlp, cnn, block)}
                          indirect=["precision"])
 def test_small_model(precision, name):
     model, inputs = SMALL[name]()
-    check_model(model, inputs, precision, steps=3)
+    check_model(name, model, inputs, precision, steps=3)
 
 
 @pytest.mark.parametrize("precision", ["highest"], indirect=True)
@@ -206,16 +217,33 @@ def test_cnn_eval_uses_running_stats(precision):
     with torch.no_grad():  # non-trivial running statistics, so eval-mode BatchNorm matters
         for _ in range(3):
             model(torch.randn_like(x) * 2 + 1)
-    check_inference(model, (x,), precision)
+    check_inference(model, (x,), precision, TOLERANCES[precision])
 
 
-@pytest.mark.xfail(strict=True, reason="aten.max_pool2d_with_indices_backward does not lower "
-                   "('failed to legalize torch.constant.int') and falls back to eager PyTorch")
-@pytest.mark.parametrize("precision", ["highest"], indirect=True)
-def test_maxpool_training(precision):
+def maxpool_cnn():
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.MaxPool2d(2), nn.Flatten())
-    check_training(model, (torch.randn(2, 3, 8, 8),), precision, steps=1)
+    # Overlapping windows: one input element can be the max of two windows, and the
+    # gradients sent to it must add up.
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.MaxPool2d(3, stride=2, padding=1),
+                          nn.Flatten())
+    return model, (torch.randn(2, 3, 9, 9),)
+
+
+@pytest.mark.parametrize("precision", ["highest"], indirect=True)
+def test_maxpool_training_matches_eager(precision):
+    """max_pool2d's backward runs through our scatter-add decomposition: grads stay exact."""
+    model, inputs = maxpool_cnn()
+    reference = copy.deepcopy(model)
+    actual = train(model, inputs, steps=1, compiled=True)
+    expected = train(reference, inputs, steps=1, compiled=False)
+    assert_all_close(actual.grads, expected.grads, TOLERANCES[precision]["grad"], "grad")
+
+
+def test_maxpool_backward_lowers():
+    # torch-mlir cannot lower max_pool2d_with_indices_backward; our decomposition must.
+    model, inputs = maxpool_cnn()
+    train(model, inputs, steps=1, compiled=True)
+    assert torchtpu_compile.stats()["fallback_ops"] == {}
 
 
 def test_precision_modes_on_mlp(monkeypatch):
@@ -228,7 +256,7 @@ def test_precision_modes_on_mlp(monkeypatch):
         for mode in ("highest", "high", "medium"):
             monkeypatch.setattr(torchtpu_compile.config, "matmul_precision", mode)
             errors[mode] = rel_err(compiled(*inputs), expected)
-            assert_ran_on_torchtpu()
+    assert_ran_on_torchtpu()
     assert errors["highest"] < 1e-5 and errors["high"] < 1e-5, errors
     assert 1e-4 < errors["medium"] < 3e-2, errors
     assert errors["medium"] > 10 * errors["highest"], errors
@@ -242,4 +270,4 @@ def test_precision_modes_on_mlp(monkeypatch):
                          indirect=["precision"])
 def test_transformer(precision, name):
     model, inputs = zoo.TRANSFORMERS[name]()
-    check_model(model, inputs, precision, steps=3)
+    check_model(name, model, inputs, precision, steps=3)

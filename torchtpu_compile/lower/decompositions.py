@@ -128,3 +128,16 @@ def convolution_backward(grad_out, input, weight, bias_sizes, stride, padding, d
     if output_mask[2]:
         grad_bias = grad_out.sum([0] + list(range(2, 2 + spatial)))
     return grad_input, grad_weight, grad_bias
+
+
+@decomposition(aten.max_pool2d_with_indices_backward.default)
+def max_pool2d_with_indices_backward(grad_out, input, kernel_size, stride, padding, dilation,
+                                     ceil_mode, indices):
+    # torch-mlir fails to legalize this op (a leftover torch.constant.int). The forward saved,
+    # per output element, the flat index of its maximum inside each (H*W) plane: the gradient
+    # is a scatter-add of grad_out to those positions (overlapping windows add up).
+    plane = input.shape[-2] * input.shape[-1]
+    lead = list(input.shape[:-2])
+    grad = grad_out.new_zeros(lead + [plane])
+    grad = grad.scatter_add(-1, indices.reshape(lead + [-1]), grad_out.reshape(lead + [-1]))
+    return grad.reshape(input.shape)
