@@ -150,3 +150,9 @@ def test_graph_with_no_outputs():
 def test_function_returning_none():
     compiled = compile_tpu(lambda x: None)
     assert compiled(torch.ones(2)) is None
+
+
+def test_uninitialized_outputs_compile():
+    # torch.empty reaching an output lowered to tensor.empty, which XLA rejects.
+    out = compile_tpu(lambda x: (torch.empty_like(x), x + 1))(torch.ones(3, 4))
+    assert out[0].shape == (3, 4) and torch.equal(out[1], torch.full((3, 4), 2.0))

@@ -75,3 +75,26 @@ def clamp_slice_bounds(gm):
                 kwargs[key] = _normalized_bound(kwargs[key], size)
         node.args = tuple(args)
         node.kwargs = kwargs
+
+
+_EMPTY_OPS = {aten.empty.memory_format, aten.empty_like.default, aten.empty_strided.default,
+              aten.new_empty.default, aten.new_empty_strided.default}
+
+
+@fx_pass
+def empty_as_zeros(gm):
+    # torch-mlir lowers empty to tensor.empty, which XLA cannot compile when it reaches an
+    # output. Its contents are unspecified, so zeros are a valid value.
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in _EMPTY_OPS:
+            continue
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor) or not all(isinstance(s, int) for s in val.shape):
+            continue
+        with gm.graph.inserting_before(node):
+            zeros = gm.graph.call_function(
+                aten.zeros.default, (list(val.shape),),
+                {"dtype": val.dtype, "device": val.device, "pin_memory": False})
+        zeros.meta = dict(node.meta)
+        node.replace_all_uses_with(zeros)
+        gm.graph.erase_node(node)

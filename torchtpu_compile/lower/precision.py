@@ -7,7 +7,8 @@ mode       on TPU                      on CPU / GPU (emulated)
 =========  ==========================  ===========================================
 medium     precision DEFAULT:          f32 operands rounded to bf16 (``reduce_precision``
            bf16 multiply, f32 acc.     e8m7), products and sums in f32
-high       precision HIGH (bf16 x3)    plain f32 (bf16 x3 is within f32 rounding)
+high       precision HIGH (bf16 x3,    plain f32 (closer than TPU's ~2^-16 per product;
+           ~2^-16 rel. per product)    see docs/precision.md)
 highest    precision HIGHEST (f32)     plain f32
 =========  ==========================  ===========================================
 

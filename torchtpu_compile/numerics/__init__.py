@@ -24,9 +24,9 @@ import importlib
 
 # Loaded on first use, so that the pytest plugin (a submodule) does not import torch at startup.
 _EXPORTS = {
-    "compare": ".compare", "assert_numerics": ".compare",
+    "compare": ".comparison", "assert_numerics": ".comparison",
     "Report": ".report", "Divergence": ".report",
-    "TensorCheck": ".tolerance", "Tolerance": ".tolerance", "tolerance": ".tolerance",
+    "TensorCheck": ".policy", "Tolerance": ".policy", "tolerance": ".policy",
 }
 
 __all__ = list(_EXPORTS)

@@ -74,7 +74,7 @@ def main(argv=None) -> int:
         return EXIT_USAGE
     model, example_inputs = made
 
-    from .compare import compare
+    from .comparison import compare
     try:
         report = compare(model, example_inputs, reference=args.reference,
                          precision=args.precision, train=args.train, locate=args.locate)

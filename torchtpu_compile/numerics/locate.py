@@ -7,8 +7,8 @@ replayed with ``torch.fx.Interpreter`` on the reference device; every op is also
 through torchtpu on exactly the reference's input values, so errors never accumulate: the
 first op beyond tolerance is where the difference starts.
 
-Views, ``getitem``, random ops, ``empty`` (uninitialized memory) and ops torchtpu cannot lower (they run in eager PyTorch inside
-compiled graphs anyway) are not checked. Matmuls and convolutions get the tolerance of the
+Views, ``getitem``, random ops, ``empty`` (uninitialized memory) and ops torchtpu cannot
+lower (they run in eager PyTorch inside compiled graphs anyway) are not checked. Matmuls and convolutions get the tolerance of the
 precision mode; every other op, whose result the mode does not change, the ``highest`` one.
 
 Example::
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import operator
+import re
 from dataclasses import dataclass
 
 import torch
@@ -30,9 +31,9 @@ from .._logging import log
 from ..lower.calling_convention import is_random
 from ..lower.fx_passes import normalize
 from ..lower.support import op_name, rule_violation, single_op_graph, source_line
+from .policy import compare_tensors, tolerance
 from .report import Divergence
 from .sides import Side, full_fp32, torchtpu_precision
-from .tolerance import compare_tensors, tolerance
 
 aten = torch.ops.aten
 
@@ -210,7 +211,23 @@ class NodeChecker(fx.Interpreter):
                     inputs=[_fmt(a) for a in node.args]
                     + [f"{k}={_fmt(v)}" for k, v in node.kwargs.items()],
                     outputs=[_fmt(t) for t in expected], check=check,
-                    source_line=source_line(node)))
+                    source_line=source_line(node), module=module_path(node)))
+
+
+_DYNAMO_ROOT = re.compile(r"^L\['[^']*'\]\.?")
+
+
+def module_path(node: fx.Node) -> str:
+    """The innermost module that ran ``node``, as a path from the model: ``"1 (Tanh)"``.
+
+    Useful where there is no user source line (ops inside ``torch.nn`` modules).
+    """
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    path, cls = list(stack.values())[-1]
+    path = _DYNAMO_ROOT.sub("", str(path)) or "(the model)"
+    return f"{path} ({getattr(cls, '__name__', cls)})"
 
 
 def _on_host(value):
@@ -243,7 +260,7 @@ def locate_divergence(model_or_fn, inputs: tuple, device: torch.device, precisio
         for run in runs:
             checker = NodeChecker(run.gm, device, precision, run.label, programs)
             try:
-                with full_fp32():
+                with full_fp32(device):
                     checker.run(*run.args)
             except _Found as found:
                 log.info("torchtpu numerics: %s", found.divergence)

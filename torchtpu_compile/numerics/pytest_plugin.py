@@ -31,7 +31,7 @@ def assert_numerics(request):
     Runs ``torchtpu_compile.numerics.compare`` (with ``locate=True``) and fails the test with
     the report when anything is beyond tolerance.
     """
-    from .compare import assert_numerics as check
+    from .comparison import assert_numerics as check
 
     defaults = {"reference": request.config.getoption("--torchtpu-reference", default="auto"),
                 "precision": request.config.getoption("--torchtpu-precision", default=None)}

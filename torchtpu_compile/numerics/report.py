@@ -15,7 +15,7 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from .tolerance import TensorCheck
+from .policy import TensorCheck
 
 
 @dataclass
@@ -28,13 +28,15 @@ class Divergence:
     inputs: list         # ["float32[8, 64]", "2"]
     outputs: list        # ["float32[8, 64]"]
     check: TensorCheck   # errors of its first failing output
-    source_line: str     # "model.py:12: y = torch.tanh(h)"
+    source_line: str     # "model.py:12: y = torch.tanh(h)", or "unknown source line"
+    module: str = ""     # the innermost submodule that ran it: "blocks.0.mlp (MLP)"
 
     def __str__(self) -> str:
         c = self.check
+        module = f" in module {self.module}" if self.module else ""
         return (f"first divergence: {self.op}({', '.join(self.inputs)}) -> "
                 f"{', '.join(self.outputs)} in {self.graph} (node {self.node})\n"
-                f"  at {self.source_line}\n"
+                f"  at {self.source_line}{module}\n"
                 f"  max_abs {c.max_abs:.3g} (limit {c.atol + c.rtol * c.scale:.3g}), "
                 f"max_abs/scale {c.rel_max_abs:.3g}, max_rel {c.max_rel:.3g}")
 

@@ -22,9 +22,9 @@ import torch
 
 from .. import config
 
-#: torch's float32 precision switches: the reference runs with each at "ieee" (full float32).
-_FP32_SWITCHES = ("cuda.matmul", "cudnn.conv", "cudnn.rnn", "mkldnn.matmul", "mkldnn.conv",
-                  "mkldnn.rnn")
+#: torch's float32 precision switches per device type: the reference runs with each at "ieee".
+_FP32_SWITCHES = {"cuda": ("cuda.matmul", "cudnn.conv", "cudnn.rnn"),
+                  "cpu": ("mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn")}
 
 
 def reference_device(reference: str) -> torch.device:
@@ -51,19 +51,21 @@ def _switch(path: str):
 
 
 @contextlib.contextmanager
-def full_fp32():
-    """Run eager PyTorch in full float32: no TF32 (cuBLAS, cuDNN), no oneDNN bf16, then restore.
+def full_fp32(device: torch.device):
+    """Run eager PyTorch on ``device`` in full float32, then restore the settings: on CUDA no
+    TF32 (cuBLAS, cuDNN), on the CPU no oneDNN bf16.
 
     CUDA convolutions default to TF32 even under torch's default "highest" matmul precision.
+    Only ``device``'s switches change. Inside, on CUDA, reading the legacy
+    ``torch.backends.cudnn.allow_tf32`` raises: torch forbids mixing its old and new APIs.
     """
-    saved_global = torch.get_float32_matmul_precision()
-    saved = {path: _switch(path).fp32_precision for path in _FP32_SWITCHES if _switch(path)}
+    saved = {path: _switch(path).fp32_precision
+             for path in _FP32_SWITCHES.get(device.type, ()) if _switch(path)}
     try:
         for path in saved:
             _switch(path).fp32_precision = "ieee"
         yield
     finally:
-        torch.set_float32_matmul_precision(saved_global)
         for path, value in saved.items():
             _switch(path).fp32_precision = value
 
@@ -162,10 +164,10 @@ class Side:
                 return Result(flatten(call(*self.inputs))), {}
         outputs = flatten(call(*self.inputs))
         differentiable = {k: v for k, v in outputs.items() if v.requires_grad}
-        if cotangents is None:
-            cotangents = make_cotangents(differentiable)
         if not differentiable:
             raise ValueError("train=True, but no output of the model requires grad")
+        if cotangents is None:
+            cotangents = make_cotangents(differentiable)
         names = [k for k in differentiable if k in cotangents]
         torch.autograd.backward([differentiable[k] for k in names],
                                 [cotangents[k].to(differentiable[k].device) for k in names])

@@ -6,9 +6,9 @@ import torch
 from .. import counters
 from .._logging import log
 from ..lower.precision import MODES, resolve_precision
+from .policy import compare_tensors, tolerance
 from .report import Report
 from .sides import Side, full_fp32, reference_device, torchtpu_precision
-from .tolerance import compare_tensors, tolerance
 
 
 def compare(model_or_fn, example_inputs, reference: str = "auto", precision: str | None = None,
@@ -27,7 +27,8 @@ def compare(model_or_fn, example_inputs, reference: str = "auto", precision: str
     - ``locate``: on failure, run the captured ATen graphs node by node and report the first
       op that diverges, with its source line (``report.divergence``).
 
-    The model is deep-copied for each side; the caller's model and inputs are not touched.
+    A module is deep-copied for each side, so the caller's model and inputs are not touched;
+    a plain function is called as it is (a module it closes over is shared by both sides).
 
     Example::
 
@@ -42,7 +43,7 @@ def compare(model_or_fn, example_inputs, reference: str = "auto", precision: str
         raise ValueError(f"precision={precision!r}: expected one of {', '.join(MODES)} or None")
     inputs = _as_tuple(example_inputs)
 
-    with full_fp32():
+    with full_fp32(device):
         expected, cotangents = Side.build(model_or_fn, inputs, device, train).run()
 
     torch._dynamo.reset()  # transformers share code objects: stale frames hit the recompile limit
