@@ -16,21 +16,23 @@ def compile_tpu(fn, **kwargs):
 
 
 @contextlib.contextmanager
+def configured(**settings):
+    """Set ``torchtpu_compile.config`` attributes for a block, then restore them."""
+    saved = {name: getattr(torchtpu_compile.config, name) for name in settings}
+    for name, value in settings.items():
+        setattr(torchtpu_compile.config, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(torchtpu_compile.config, name, value)
+
+
 def precision(mode):
-    """Run with ``torchtpu_compile.config.matmul_precision = mode``, then restore it."""
-    saved = torchtpu_compile.config.matmul_precision
-    torchtpu_compile.config.matmul_precision = mode
-    try:
-        yield
-    finally:
-        torchtpu_compile.config.matmul_precision = saved
+    """Run with ``torchtpu_compile.config.matmul_precision = mode``."""
+    return configured(matmul_precision=mode)
 
 
-@contextlib.contextmanager
 def strict(enabled=True):
-    saved = torchtpu_compile.config.strict
-    torchtpu_compile.config.strict = enabled
-    try:
-        yield
-    finally:
-        torchtpu_compile.config.strict = saved
+    """Run with ``torchtpu_compile.config.strict = enabled``."""
+    return configured(strict=enabled)

@@ -142,9 +142,7 @@ def _find_unsupported(gm: fx.GraphModule, platform: str, precision: str):
         reason = rule_violation(node)
         if reason:
             bad[node] = reason
-    if any(reason is not HOST_SCALAR for reason in bad.values()):
-        return bad, None, None
-    if bad:  # scalar arithmetic only: it exists because of a fallback op elsewhere
+    if bad:  # host scalar arithmetic alone also means a graph cut (it sits next to a fallback)
         return bad, None, None
     prepared = prepare(gm)
     if prepared.num_program_outputs == 0:
