@@ -7,6 +7,8 @@ Absolute numbers are indicative; ratios are what the benchmarks report on.
 """
 from __future__ import annotations
 
+import os
+import resource
 import statistics
 import time
 from typing import Callable
@@ -18,9 +20,70 @@ def median(values) -> float:
     return statistics.median(values)
 
 
+class OtherLoad:
+    """The share of the machine's CPU time that other processes used while this ran.
+
+    PyTorch's OpenMP threads spin-wait on each other: with another busy process on a 2-core
+    machine, eager and Inductor slow down up to 10x while XLA's thread pool suffers far less, so
+    a busy machine skews the ratios toward torchtpu. Linux only (/proc/stat); None elsewhere.
+
+    Example::
+
+        with OtherLoad() as load:
+            run_benchmark()
+        print(load.share)   # 0.02 on an idle machine
+    """
+
+    share: float | None = None
+
+    @staticmethod
+    def _busy_seconds() -> float:
+        with open("/proc/stat") as f:
+            ticks = [int(v) for v in f.readline().split()[1:9]]
+        return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # minus idle, iowait
+
+    @staticmethod
+    def _own_seconds() -> float:
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)  # the cold-compile processes
+        return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+    def __enter__(self):
+        try:
+            self._start = (time.perf_counter(), self._busy_seconds(), self._own_seconds())
+        except OSError:
+            self._start = None
+        return self
+
+    def __exit__(self, *exc):
+        if self._start is not None:
+            wall, busy, own = self._start
+            others = (self._busy_seconds() - busy) - (self._own_seconds() - own)
+            capacity = (time.perf_counter() - wall) * (os.cpu_count() or 1)
+            self.share = max(0.0, others / capacity)
+        return False
+
+
+def wait_for_idle(max_seconds: float, threshold: float = 0.05, window: float = 2.0) -> bool:
+    """Wait until other processes use under ``threshold`` of the CPUs over ``window`` seconds.
+
+    On a shared machine this keeps a benchmark from starting in the middle of someone else's
+    test run; it gives up (returns False) after ``max_seconds``.
+    """
+    deadline = time.monotonic() + max_seconds
+    while True:
+        with OtherLoad() as load:
+            time.sleep(window)
+        if load.share is None or load.share < threshold:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+
+
 def interleaved(fns: dict[str, Callable[[], object]], *, rounds: int, inner: int = 1,
-                warmup: int = 2) -> dict[str, float]:
-    """Median seconds per call of each callable, sampled in interleaved rounds.
+                warmup: int = 2) -> tuple[dict[str, float], float | None]:
+    """Median seconds per call of each callable, sampled in interleaved rounds, and the CPU
+    share other processes took meanwhile (see ``OtherLoad``).
 
     Each round times ``inner`` back-to-back calls of every callable; the starting callable
     rotates between rounds so that none always runs first (right after another's cache
@@ -31,15 +94,16 @@ def interleaved(fns: dict[str, Callable[[], object]], *, rounds: int, inner: int
             fn()
     names = list(fns)
     samples: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(rounds):
-        shift = r % len(names)
-        for name in names[shift:] + names[:shift]:
-            fn = fns[name]
-            start = time.perf_counter()
-            for _ in range(inner):
-                fn()
-            samples[name].append((time.perf_counter() - start) / inner)
-    return {name: median(s) for name, s in samples.items()}
+    with OtherLoad() as load:
+        for r in range(rounds):
+            shift = r % len(names)
+            for name in names[shift:] + names[:shift]:
+                fn = fns[name]
+                start = time.perf_counter()
+                for _ in range(inner):
+                    fn()
+                samples[name].append((time.perf_counter() - start) / inner)
+    return {name: median(s) for name, s in samples.items()}, load.share
 
 
 def fmt_time(seconds: float | None) -> str:
@@ -58,10 +122,11 @@ def fmt_ratio(ratio: float | None) -> str:
 
 
 def result(name: str, times: dict[str, float | None], target: float | None = None,
-           notes: list[str] | None = None) -> dict:
+           notes: list[str] | None = None, others_cpu: float | None = None) -> dict:
     """One table row: times per contender, torchtpu's ratios to the others, target verdict.
 
     The target applies to torchtpu/inductor (lower is better); it is reported, not asserted.
+    ``others_cpu`` is the CPU share other processes took while the row was measured.
     """
     tpu = times.get("torchtpu")
 
@@ -80,15 +145,18 @@ def result(name: str, times: dict[str, float | None], target: float | None = Non
         "torchtpu_vs_inductor": vs_inductor,
         "target": target,
         "status": status,
+        "others_cpu": others_cpu,
         "notes": notes or [],
     }
 
 
 def format_table(rows: list[dict]) -> str:
     """The results as a fixed-width text table, notes listed under it."""
-    header = ["benchmark", *CONTENDERS, "tpu/eager", "tpu/inductor", "target", ""]
+    header = ["benchmark", *CONTENDERS, "tpu/eager", "tpu/inductor", "others' cpu", "target",
+              ""]
     lines = [[r["name"], *(fmt_time(r["seconds"][c]) for c in CONTENDERS),
               fmt_ratio(r["torchtpu_vs_eager"]), fmt_ratio(r["torchtpu_vs_inductor"]),
+              "-" if r.get("others_cpu") is None else f"{r['others_cpu']:.0%}",
               f"<= {r['target']}" if r["target"] is not None else "-", r["status"] or ""]
              for r in rows]
     widths = [max(len(str(x)) for x in col) for col in zip(header, *lines)]

@@ -5,15 +5,15 @@ interleaved (see ``common.interleaved``), so the ratios hold even when the machi
 drifts. The process runs with ``torch.set_float32_matmul_precision("highest")`` so that all
 three do fp32 math (torchtpu's default, "medium", would emulate bf16 operands on CPU).
 
-Cold compile times are the exception: each is measured in a fresh subprocess (for Inductor with
-an empty ``TORCHINDUCTOR_CACHE_DIR``), since in-process caches would otherwise answer.
+Cold compile times are the exception: each is measured in a fresh subprocess with empty
+on-disk caches (``TORCHINDUCTOR_CACHE_DIR``, ``TORCHTPU_CACHE_DIR``), since in-process and disk
+caches would otherwise answer.
 
 Run one cold measurement by hand with ``python bench/compile_path.py --cold torchtpu``.
 """
 from __future__ import annotations
 
 import copy
-import importlib
 import json
 import os
 import shutil
@@ -21,11 +21,12 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import interleaved, median, result  # noqa: E402
+from common import OtherLoad, interleaved, median, result  # noqa: E402
 
 PRECISION = "highest"
 
@@ -53,18 +54,21 @@ def gpt2() -> tuple[torch.nn.Module, torch.Tensor]:
     enough that Inductor compiles it in well under a minute on two cores.
     """
     from transformers import GPT2Config, GPT2LMHeadModel
-    from transformers.utils import logging
-    logging.set_verbosity_error()  # no notes about the default loss type
     torch.manual_seed(0)
     cfg = GPT2Config(vocab_size=1000, n_embd=256, n_layer=4, n_head=4, n_positions=128,
                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False,
                      bos_token_id=0, eos_token_id=1, pad_token_id=1)
     model = GPT2LMHeadModel(cfg).eval()
+    # Named explicitly: with no loss type, transformers logs a warning from inside forward,
+    # which is a Dynamo graph break (two graphs instead of one for the training step).
+    model.loss_type = "ForCausalLM"
     return model, torch.randint(0, cfg.vocab_size, (4, 128))
 
 
 def _compiled(module: torch.nn.Module) -> dict[str, torch.nn.Module]:
     """Eager, Inductor and torchtpu versions, each over its own copy of the weights."""
+    import torchtpu_compile
+    torchtpu_compile.reset_stats()  # so that _fallback_note speaks of this benchmark alone
     return {
         "eager": module,
         "inductor": torch.compile(copy.deepcopy(module), backend="inductor"),
@@ -83,8 +87,9 @@ def bench_mlp(quick: bool) -> list[dict]:
     model, x = mlp()
     with torch.no_grad():
         fns = {k: (lambda m=m: m(x)) for k, m in _compiled(model).items()}
-        times = interleaved(fns, rounds=8 if quick else 30, inner=3 if quick else 5)
-    return [result("mlp forward (steady)", times, TARGET_STEADY, _fallback_note())]
+        times, busy = interleaved(fns, rounds=8 if quick else 30, inner=3 if quick else 5)
+    return [result("mlp forward (steady)", times, TARGET_STEADY, _fallback_note(),
+                   others_cpu=busy)]
 
 
 def bench_gpt2_forward(quick: bool) -> list[dict]:
@@ -92,8 +97,9 @@ def bench_gpt2_forward(quick: bool) -> list[dict]:
     model, ids = gpt2()
     with torch.no_grad():
         fns = {k: (lambda m=m: m(ids)) for k, m in _compiled(model).items()}
-        times = interleaved(fns, rounds=3 if quick else 10, warmup=1 if quick else 2)
-    return [result("gpt2 forward (steady)", times, TARGET_STEADY, _fallback_note())]
+        times, busy = interleaved(fns, rounds=3 if quick else 20, warmup=1 if quick else 2)
+    return [result("gpt2 forward (steady)", times, TARGET_STEADY, _fallback_note(),
+                   others_cpu=busy)]
 
 
 def bench_gpt2_train(quick: bool) -> list[dict]:
@@ -116,8 +122,9 @@ def bench_gpt2_train(quick: bool) -> list[dict]:
         return step
 
     fns = {k: step_fn(m) for k, m in _compiled(model).items()}
-    times = interleaved(fns, rounds=2 if quick else 6, warmup=1 if quick else 2)
-    return [result("gpt2 train step SGD (steady)", times, TARGET_STEADY, _fallback_note())]
+    times, busy = interleaved(fns, rounds=2 if quick else 12, warmup=1 if quick else 2)
+    return [result("gpt2 train step SGD (steady)", times, TARGET_STEADY, _fallback_note(),
+                   others_cpu=busy)]
 
 
 def _fresh_function(fn):
@@ -126,7 +133,6 @@ def _fresh_function(fn):
     Dynamo caches compiled frames per code object; giving each backend its own keeps one
     backend's cache entries (and their guard checks) off the other's call path.
     """
-    import types
     return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__)
 
 
@@ -136,56 +142,63 @@ def bench_overhead(quick: bool) -> list[dict]:
         return x + 1
 
     x = torch.randn(8)
-    fns = {
-        "eager": lambda: add_one(x),
-        "inductor": (lambda f: lambda: f(x))(torch.compile(_fresh_function(add_one),
-                                                           backend="inductor")),
-        "torchtpu": (lambda f: lambda: f(x))(torch.compile(_fresh_function(add_one),
-                                                           backend="torchtpu")),
-    }
-    times = interleaved(fns, rounds=10 if quick else 30, inner=100 if quick else 300, warmup=3)
-    return [result("one-op call overhead", times, TARGET_OVERHEAD)]
+    inductor = torch.compile(_fresh_function(add_one), backend="inductor")
+    torchtpu = torch.compile(_fresh_function(add_one), backend="torchtpu")
+    fns = {"eager": lambda: add_one(x), "inductor": lambda: inductor(x),
+           "torchtpu": lambda: torchtpu(x)}
+    times, busy = interleaved(fns, rounds=10 if quick else 30, inner=100 if quick else 300,
+                              warmup=3)
+    return [result("one-op call overhead", times, TARGET_OVERHEAD, others_cpu=busy)]
+
+
+def _dynamo_phase_seconds() -> dict[str, float]:
+    """Dynamo's cumulative compile-phase timers (tracing, backend compiler, aot_autograd)."""
+    names, values = torch._dynamo.utils.compile_times(repr="csv")
+    # A phase that ran several times (one per frame or graph) lists each time, comma-separated.
+    return {name: sum(float(v) for v in value.split(",")) for name, value in zip(names, values)}
 
 
 def _cold_child(backend: str) -> dict:
-    """In a fresh process: the first call of the compiled GPT-2 forward, imports preloaded.
+    """In a fresh process: the first call of the compiled GPT-2 forward.
 
-    Imports of the backend's modules and an eager forward happen before the clock starts,
-    so the number is compile work (Dynamo trace, aot_autograd, lowering, codegen or XLA
-    compile), not Python import time or torch's own lazy initialization.
+    A one-op graph is compiled first, then ``torch._dynamo.reset()``: lazy imports, the PJRT
+    client, Inductor's toolchain probes and torch's own lazy initialization are paid before the
+    clock starts, so the number is the compile work for this model (Dynamo trace,
+    aot_autograd, then lowering + XLA compile or Inductor codegen + C++ builds).
     """
     torch.set_float32_matmul_precision(PRECISION)
     start = time.perf_counter()
-    preload = ["torch._dynamo", "functorch.compile", "transformers"]
-    preload += (["torchtpu_compile.backend", "torchtpu_compile.program"]  # torch-mlir, jaxlib
-                if backend == "torchtpu" else ["torch._inductor.compile_fx"])
-    for module in preload:
-        importlib.import_module(module)
-    import_seconds = time.perf_counter() - start
+    tiny = torch.compile(_fresh_function(lambda x: x * 2), backend=backend)
+    tiny(torch.randn(8))
+    warmup_seconds = time.perf_counter() - start
+    torch._dynamo.reset()
+    if backend == "torchtpu":
+        import torchtpu_compile
+        torchtpu_compile.reset_stats()
 
     model, ids = gpt2()
     with torch.no_grad():
         model(ids)
-        torch._dynamo.reset()
         compiled = torch.compile(model, backend=backend)
+        before = _dynamo_phase_seconds()
         start = time.perf_counter()
         compiled(ids)
         first = time.perf_counter() - start
-        start = time.perf_counter()
-        compiled(ids)
-        second = time.perf_counter() - start
-    out = {"first_call_s": first, "second_call_s": second, "import_s": import_seconds}
+    after = _dynamo_phase_seconds()
+    phases = {k: v - before.get(k, 0.0) for k, v in after.items()}
+    out = {"first_call_s": first, "warmup_s": warmup_seconds, "phases": phases}
     if backend == "torchtpu":
-        import torchtpu_compile
         out["stats"] = torchtpu_compile.stats()
     return out
 
 
 def _run_cold(backend: str) -> dict:
-    """Run ``_cold_child`` in a new interpreter; Inductor gets an empty cache directory."""
+    """Run ``_cold_child`` in a new interpreter with empty on-disk compile caches."""
     env = dict(os.environ)
-    cache_dir = tempfile.mkdtemp(prefix="bench_inductor_cache_")
+    cache_dir = tempfile.mkdtemp(prefix="bench_cold_cache_")
     env["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
+    env["TORCHTPU_CACHE_DIR"] = cache_dir  # torchtpu's disk cache, where it has one
+    env.pop("TORCHTPU_REMOTE_CACHE", None)
     try:
         proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--cold", backend],
                               env=env, capture_output=True, text=True, timeout=600)
@@ -199,23 +212,37 @@ def _run_cold(backend: str) -> dict:
 def bench_cold_compile(quick: bool) -> list[dict]:
     """First-call time of the GPT-2 forward in fresh processes, torchtpu vs Inductor."""
     runs: dict[str, list[dict]] = {"torchtpu": [], "inductor": []}
-    for _ in range(1 if quick else 2):
-        for backend in runs:  # alternate, so both see the same machine drift
-            runs[backend].append(_run_cold(backend))
+    with OtherLoad() as load:
+        for _ in range(1 if quick else 3):
+            for backend in runs:  # alternate, so both see the same machine drift
+                runs[backend].append(_run_cold(backend))
     first = {b: median([r["first_call_s"] for r in rs]) for b, rs in runs.items()}
+
+    def phase(backend, name):
+        return median([r["phases"].get(name, 0.0) for r in runs[backend]])
+
+    def split(backend):
+        backend_s = phase(backend, "OutputGraph.call_user_compiler")
+        return phase(backend, "_compile.compile_inner") - backend_s, backend_s
+
     tpu_runs = runs["torchtpu"]
     lowering = median([r["stats"]["lowering_seconds"] for r in tpu_runs])
     xla = median([r["stats"]["xla_compile_seconds"] for r in tpu_runs])
-    rest = first["torchtpu"] - lowering - xla
+    tpu_trace, tpu_backend = split("torchtpu")
+    aot = phase("torchtpu", "create_aot_dispatcher_function")
+    ind_trace, ind_backend = split("inductor")
     notes = [
-        f"fresh process per run, {len(tpu_runs)} run(s) each, median; imports preloaded "
-        f"(torchtpu {median([r['import_s'] for r in tpu_runs]):.2f} s, inductor "
-        f"{median([r['import_s'] for r in runs['inductor']]):.2f} s, not counted)",
-        f"torchtpu cold call: lowering {lowering:.2f} s + xla compile {xla:.2f} s + "
-        f"rest (dynamo, aot_autograd, runtime) {rest:.2f} s; "
-        f"graphs compiled {tpu_runs[0]['stats']['graphs_compiled']}",
+        f"fresh process and empty cache dirs per run, {len(tpu_runs)} run(s) each, median; "
+        f"not counted: a one-op warm-up compile first (imports, client; torchtpu "
+        f"{median([r['warmup_s'] for r in tpu_runs]):.1f} s, inductor "
+        f"{median([r['warmup_s'] for r in runs['inductor']]):.1f} s)",
+        f"torchtpu: dynamo trace {tpu_trace:.2f} s + backend {tpu_backend:.2f} s (aot_autograd "
+        f"incl. our compiler {aot:.2f} s, of which lowering {lowering:.2f} s + xla compile "
+        f"{xla:.2f} s); graphs compiled {tpu_runs[0]['stats']['graphs_compiled']}",
+        f"inductor: dynamo trace {ind_trace:.2f} s + backend {ind_backend:.2f} s (of which "
+        f"waiting on C++ builds {phase('inductor', 'async_compile.wait'):.2f} s)",
     ]
-    return [result("gpt2 forward cold compile", first, TARGET_COLD, notes)]
+    return [result("gpt2 forward cold compile", first, TARGET_COLD, notes, load.share)]
 
 
 BENCHMARKS = {

@@ -2,9 +2,12 @@
 
 Usage::
 
-    .venv/bin/python bench/run_all.py            # full run (~10 minutes on 2 cores)
-    .venv/bin/python bench/run_all.py --quick    # fewer iterations: a smoke test
+    .venv/bin/python bench/run_all.py            # full run (~4-5 min on an idle 2-core machine)
+    .venv/bin/python bench/run_all.py --quick    # fewer iterations: a smoke test (~2 min)
     .venv/bin/python bench/run_all.py --only overhead
+
+Before each benchmark it waits (up to --wait-idle seconds) for other processes to leave the
+CPUs alone, and it reports the CPU share others took while each row was measured.
 
 Targets are reported (PASS/MISS), never asserted: the suite measures, it does not gate.
 """
@@ -17,12 +20,16 @@ import os
 import platform
 import sys
 import time
+import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import compile_path  # noqa: E402
-from common import format_table  # noqa: E402
+from common import fmt_time, format_table, result, wait_for_idle  # noqa: E402
+
+#: Others' CPU share above which a row's timings are not to be trusted.
+BUSY = 0.10
 
 
 def main() -> int:
@@ -30,11 +37,13 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="fewer iterations (smoke test)")
     parser.add_argument("--only", choices=sorted(compile_path.BENCHMARKS), action="append",
                         help="run only this benchmark (repeatable)")
+    parser.add_argument("--wait-idle", type=float, default=30.0, metavar="SECONDS",
+                        help="before each benchmark, wait up to this long for other processes "
+                             "to leave the CPUs idle (default 30; 0 to not wait)")
     args = parser.parse_args()
 
     import torch
     compile_path.setup()
-    load_before = os.getloadavg()[0]
     names = args.only or list(compile_path.BENCHMARKS)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"float32 matmul precision {torch.get_float32_matmul_precision()!r} for all "
@@ -45,20 +54,30 @@ def main() -> int:
     for name in names:
         t0 = time.perf_counter()
         print(f"running {name} ...", flush=True)
-        rows += compile_path.BENCHMARKS[name](args.quick)
+        if args.wait_idle > 0 and not wait_for_idle(args.wait_idle):
+            print(f"  (other processes kept the CPUs busy for {args.wait_idle:.0f} s; "
+                  f"running anyway)", flush=True)
+        try:
+            new_rows = compile_path.BENCHMARKS[name](args.quick)
+        except Exception as exc:  # one broken benchmark should not cost the others' numbers
+            traceback.print_exc()
+            new_rows = [result(name, {}, notes=[f"FAILED: {type(exc).__name__}: {exc}"[:300]])]
+        for r in new_rows:  # progress, in case a later benchmark takes the run down
+            print("  " + ", ".join(f"{c} {fmt_time(t)}" for c, t in r["seconds"].items()),
+                  flush=True)
+        rows += new_rows
         timings[name] = round(time.perf_counter() - t0, 1)
     wall = time.perf_counter() - start
-    load_after = os.getloadavg()[0]
 
     print()
     print(format_table(rows))
     print(f"\nwall time {wall:.0f} s ({', '.join(f'{k} {v} s' for k, v in timings.items())})")
-    print(f"load average {load_before:.1f} before, {load_after:.1f} after, {os.cpu_count()} cores")
-    if max(load_before, load_after) > os.cpu_count() - 0.5:
-        # PyTorch's OpenMP threads spin-wait on each other; with another process on the cores,
-        # eager and Inductor slow down several-fold while XLA's thread pool suffers less.
-        print("WARNING: the machine was busy with other processes; eager and Inductor numbers "
-              "are likely inflated (OpenMP oversubscription). Rerun on an idle machine.")
+    busiest = max((r["others_cpu"] or 0.0 for r in rows), default=0.0)
+    if busiest > BUSY:
+        print(f"WARNING: other processes used up to {busiest:.0%} of the CPUs during the run "
+              f"(column others' cpu). PyTorch's OpenMP threads then slow down several-fold, far "
+              f"more than XLA's: eager and Inductor times are inflated and ratios favour "
+              f"torchtpu. Trust only rows under {BUSY:.0%}; rerun on an idle machine.")
 
     os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
     path = os.path.join(HERE, "results", "latest.json")
@@ -71,7 +90,6 @@ def main() -> int:
             "threads": torch.get_num_threads(),
             "matmul_precision": torch.get_float32_matmul_precision(),
             "wall_seconds": round(wall, 1),
-            "load_average": [round(load_before, 2), round(load_after, 2)],
             "cpu_count": os.cpu_count(),
             "benchmark_seconds": timings,
             "results": rows,

@@ -31,6 +31,7 @@ from .runtime.executable import compile_stablehlo
 from .runtime.transfer import to_buffer, to_torch
 
 _graph_ids = itertools.count()
+_Parameter = torch.nn.Parameter
 
 #: The "reason" of nodes that compute host scalars (sizes, asserts) rather than tensors.
 HOST_SCALAR = "host scalar arithmetic"
@@ -61,8 +62,8 @@ class Program:
         if self.executable is not None:
             client = self.client
             resident = self.resident_inputs
-            buffers = [to_buffer(args[i], i in resident or isinstance(args[i], torch.nn.Parameter),
-                                 client)
+            # type() is, not isinstance(): Parameter's metaclass makes isinstance ~1 us an arg.
+            buffers = [to_buffer(args[i], i in resident or type(args[i]) is _Parameter, client)
                        for i in prepared.arg_indices]
             buffers += [to_buffer(c, True, client) for c in prepared.constants]
             buffers += [to_buffer(draw(), False, client) for draw in prepared.random_inputs]

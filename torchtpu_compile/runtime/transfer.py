@@ -9,7 +9,6 @@ import weakref
 
 import torch
 from jaxlib import _jax
-from torch.utils.dlpack import from_dlpack as _torch_from_dlpack
 from torch.utils.dlpack import to_dlpack as _torch_to_dlpack
 
 from .. import counters
@@ -20,11 +19,15 @@ _resident: dict = {}
 
 
 def _upload(tensor: torch.Tensor, device):
-    if tensor.device.type != "cpu":
+    # The common case (a contiguous CPU tensor not requiring grad) takes no extra calls: this
+    # runs for every input of every compiled call.
+    if not tensor.is_cpu:
         tensor = tensor.cpu()
     if not tensor.is_contiguous():
         tensor = tensor.contiguous()
-    return _jax.dlpack_managed_tensor_to_buffer(_torch_to_dlpack(tensor.detach()), device, None)
+    if tensor.requires_grad:
+        tensor = tensor.detach()
+    return _jax.dlpack_managed_tensor_to_buffer(_torch_to_dlpack(tensor), device, None)
 
 
 def to_buffer(tensor: torch.Tensor, resident: bool = False, client=None):
@@ -64,7 +67,7 @@ def to_torch(buffer, client=None) -> torch.Tensor:
         if array.dtype.name == "bfloat16":  # numpy has no bf16: move the bits as int16
             return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
         return torch.from_numpy(array)
-    return _torch_from_dlpack(_jax.buffer_to_dlpack_managed_tensor(buffer))
+    return torch._C._from_dlpack(_jax.buffer_to_dlpack_managed_tensor(buffer))
 
 
 def resident_count() -> int:

@@ -1,0 +1,89 @@
+"""Where torchtpu's per-call time goes, on the one-op graph ``x + 1`` (8 elements).
+
+Not part of run_all: a diagnostic for work on the runtime path (program.py, runtime/). It prints
+
+1. the median time of each stage of one call, timed alone and interleaved (see common.py),
+   from the whole compiled call down to the single PJRT pieces, with references: Inductor's
+   whole call and a ``jax.jit`` call (jax's C++ dispatch: a floor for a PJRT execute), alone
+   and waiting for the result (execution is asynchronous: ``Executable.run`` returns before
+   the result exists, and ``to_torch`` of a fresh result waits for it);
+2. the top of a cProfile of 2000 compiled calls (cProfile inflates Python-heavy stages).
+
+Usage: ``.venv/bin/python bench/profile_overhead.py``
+"""
+from __future__ import annotations
+
+import cProfile
+import gc
+import os
+import pstats
+import sys
+import warnings
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import fmt_time, interleaved  # noqa: E402
+
+
+def main() -> None:
+    torch.set_float32_matmul_precision("highest")
+    import jax
+    import jax.numpy as jnp
+
+    from torchtpu_compile.lower.precision import resolve_precision
+    from torchtpu_compile.program import GraphRunner, Program
+    from torchtpu_compile.runtime.client import get_client
+    from torchtpu_compile.runtime.transfer import to_buffer, to_torch
+
+    def add_one(x):
+        return x + 1
+
+    x = torch.randn(8)
+    compiled = torch.compile(add_one, backend="torchtpu")
+    compiled(x)
+    inductor = torch.compile(
+        type(add_one)(add_one.__code__.replace(), add_one.__globals__), backend="inductor")
+    inductor(x)
+    with warnings.catch_warnings():  # the heap scan touches deprecated torch attributes
+        warnings.simplefilter("ignore")
+        runner = next(o for o in gc.get_objects() if type(o) is GraphRunner)
+    program = next(iter(runner._programs.values()))
+    assert isinstance(program, Program)
+    exe = program.executable
+    buf = to_buffer(x)
+    out_buf = exe.run([buf])[0]
+    jitted = jax.jit(lambda a: a + 1)
+    xj = jnp.asarray(x.numpy())
+    jitted(xj).block_until_ready()
+
+    stages = {
+        "eager x + 1": lambda: add_one(x),
+        "inductor: compiled call": lambda: inductor(x),
+        "torchtpu: compiled call": lambda: compiled(x),
+        "  GraphRunner([x])": lambda: runner([x]),
+        "    resolve_precision()": lambda: resolve_precision(get_client().platform),
+        "    Program([x])": lambda: program([x]),
+        "      get_client()": get_client,
+        "      to_buffer(x)": lambda: to_buffer(x),
+        "      Executable.run([buf])": lambda: exe.run([buf]),
+        "      to_torch(out)": lambda: to_torch(out_buf),
+        "jax.jit(x + 1) on a jax array": lambda: jitted(xj),
+        "  ... and block_until_ready()": lambda: jitted(xj).block_until_ready(),
+    }
+    times, busy = interleaved(stages, rounds=20, inner=200, warmup=50)
+    print(f"median per call, stages timed alone (other processes took {busy or 0:.0%} CPU):")
+    for name, seconds in times.items():
+        print(f"  {name:<34} {fmt_time(seconds):>10}")
+
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(2000):
+        compiled(x)
+    profile.disable()
+    print("\ncProfile, 2000 torchtpu calls, by own time:")
+    pstats.Stats(profile).sort_stats("tottime").print_stats(20)
+
+
+if __name__ == "__main__":
+    main()
