@@ -44,7 +44,7 @@ def main():
     from torchtpu_compile.runtime.client import get_client
     platform = get_client().platform
     precision = resolve_precision(platform)
-    print(f"torchtpu demo: GPT-2 (4 layers, d=256, vocab 1000), batch 4 x 128 tokens")
+    print("torchtpu demo: GPT-2 (4 layers, d=256, vocab 1000), batch 4 x 128 tokens")
     print(f"  PJRT platform      : {platform} ({get_client().device})")
     print(f"  matmul precision   : {precision} (bf16 multiply, f32 accumulate)"
           if precision == "medium" else f"  matmul precision   : {precision}")
@@ -62,7 +62,7 @@ def main():
         ours = median_ms(lambda: compiled(tokens))
         theirs = median_ms(lambda: eager(tokens))
     stats = torchtpu_compile.stats()
-    print(f"  inference")
+    print("  inference")
     print(f"    first call       : {first:.2f} s (lowering {stats['lowering_seconds']:.2f} s,"
           f" XLA compile {stats['xla_compile_seconds']:.2f} s)")
     print(f"    steady state     : torchtpu {ours:.2f} ms | eager {theirs:.2f} ms "
@@ -89,12 +89,12 @@ def main():
         eager_losses.append(step(eager, eager_opt, eager))
     ours = median_ms(lambda: step(model, opt, compiled), repeats=5)
     theirs = median_ms(lambda: step(eager, eager_opt, eager), repeats=5)
-    print(f"  training (AdamW)")
+    print("  training (AdamW)")
     print(f"    first step       : {first:.2f} s")
     print(f"    steady step      : torchtpu {ours:.2f} ms | eager {theirs:.2f} ms "
           f"({theirs / ours:.2f}x eager speed)")
-    print(f"    losses torchtpu  : " + " ".join(f"{l:.4f}" for l in losses))
-    print(f"    losses eager     : " + " ".join(f"{l:.4f}" for l in eager_losses))
+    print("    losses torchtpu  : " + " ".join(f"{l:.4f}" for l in losses))
+    print("    losses eager     : " + " ".join(f"{l:.4f}" for l in eager_losses))
     print(f"    max |loss error| : {max(abs(a - b) for a, b in zip(losses, eager_losses)):.2e}")
     stats = torchtpu_compile.stats()
     print(f"  stats: {stats['graphs_compiled']} graphs compiled, {stats['cache_hits']} cache hits,"

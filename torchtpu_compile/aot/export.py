@@ -141,7 +141,6 @@ def compile(model, example_args=(), example_kwargs=None, precision: str | None =
         raise LoweringError("AOT artifacts take tensor inputs only; got "
                             + ", ".join(type(t).__name__ for t in flat_user))
 
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     state_values = {**exported.state_dict, **exported.constants}
     arguments, state = [], {}
     for index, spec in enumerate(signature.input_specs):

@@ -28,7 +28,6 @@ class LoadedArtifact:
         self.state = state
         self.example_inputs = example_inputs
         self.recompiled = recompiled
-        self._in_spec = self._spec(manifest["in_spec"])
         self._out_spec = self._spec(manifest["out_spec"])
 
     def _spec(self, text):
@@ -58,10 +57,7 @@ class LoadedArtifact:
     def __call__(self, *args, **kwargs):
         from ..runtime.transfer import to_buffer, to_torch
 
-        flat, spec = pytree.tree_flatten((args, kwargs))
-        if self._in_spec is not None and spec != self._in_spec and len(flat) == len(
-                self.manifest["inputs"]):
-            log.debug("input structure differs from export; matching inputs by position")
+        flat = pytree.tree_leaves((args, kwargs))  # matched to the recorded inputs by position
         self._check_inputs(flat)
         buffers = []
         for argument in self.manifest["program_arguments"]:
