@@ -18,6 +18,16 @@ def _fresh() -> dict:
         "fallback_ops": collections.Counter(),   # op name -> nodes sent to eager PyTorch
         "graphs_with_fallback": 0,
         "resident_uploads": 0,       # parameters/constants uploaded (again only after a change)
+        # The eager tpu device (torchtpu_eager).
+        "eager_ops": 0,                  # ops run (or recorded) as compiled programs
+        "eager_programs_compiled": 0,    # single-op and fused programs built
+        "eager_fallbacks": 0,            # ops run on the host because they do not lower
+        "fused_graphs_run": 0,           # defer-and-fuse: deferred graphs executed
+        "fused_graph_cache_hits": 0,     # ... of which had been compiled before
+        # Programs built per graph (static, per bucket, or per exact shape) and bucket use.
+        "graphs": {},
+        "buckets": {"compiles": 0, "hits": 0, "exact_shape_compiles": 0,
+                    "padded_elements": 0, "real_elements": 0},
         "cache_levels": {level: {"hits": 0, "misses": 0, "bytes_read": 0, "bytes_written": 0,
                                  "seconds_saved": 0.0, "corrupt": 0}
                          for level in ("process", "disk", "remote")},

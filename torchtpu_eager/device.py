@@ -1,0 +1,76 @@
+"""Registering "tpu" as a PyTorch device: PrivateUse1, renamed, with a Python backend.
+
+This only tells PyTorch the device exists (name, ``torch.tpu`` module, hooks, kernels for
+factories). It starts no PJRT client and imports no jax: that happens at the first op, so the
+autoload that runs at ``import torch`` costs almost nothing and changes nothing for CPU code.
+
+Example::
+
+    import torchtpu_eager            # or just ``import torch`` with the package installed
+    torch.ones(2, device="tpu")
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+
+NAME = "tpu"
+_lock = threading.Lock()
+_registered = False
+
+
+class _Hooks(torch._C._acc.PrivateUse1Hooks):
+    def is_available(self) -> bool:
+        return True  # the PJRT CPU client is always there when no accelerator is
+
+    def has_primary_context(self, dev_id) -> bool:
+        return True
+
+    def is_built(self) -> bool:
+        return True
+
+
+class _Guard(torch._C._acc.DeviceGuard):
+    def type_(self):
+        return torch._C._autograd.DeviceType.PrivateUse1
+
+
+def register() -> None:
+    """Make "tpu" a device of this process (idempotent).
+
+    Example::
+
+        from torchtpu_eager.device import register
+        register()
+        assert torch.device("tpu").type == "tpu"
+    """
+    global _registered
+    with _lock:
+        if _registered:
+            return
+        current = torch._C._get_privateuse1_backend_name()
+        if current not in ("privateuseone", NAME):
+            raise RuntimeError(
+                f"cannot register the 'tpu' device: PrivateUse1 is already taken by "
+                f"{current!r} in this process (another out-of-tree backend was loaded first)")
+        from . import kernels, tpu_module
+        if current != NAME:
+            torch.utils.rename_privateuse1_backend(NAME)
+            # Tensor.tpu(), Tensor.is_tpu, Module.tpu(); storages of a Python backend have no
+            # data, so no storage methods.
+            torch.utils.generate_methods_for_privateuse1_backend(
+                for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=False)
+        torch._register_device_module(NAME, tpu_module)
+        torch._C._acc.register_python_privateuseone_hook(_Hooks())
+        torch._C._acc.register_python_privateuseone_device_guard(_Guard())
+        kernels.register()
+        _registered = True
+
+
+def autoload() -> None:
+    """Entry point of the ``torch.backends`` group: PyTorch calls it at ``import torch``.
+
+    ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` turns every such autoload off.
+    """
+    register()

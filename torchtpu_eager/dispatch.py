@@ -1,0 +1,393 @@
+"""``__torch_dispatch__`` for tpu tensors: every ATen op, one way or another, on the device.
+
+Each op falls in one of these kinds, decided once per op and kept:
+
+- a registered handler (``@handles``): copies, device moves, clone, empty-likes, dropout;
+- a view (``op.is_view``): a new tensor over the same storage, geometry from the meta device;
+- a random op: drawn on the host from the tpu generator (``rng.py``);
+- a host value (returns a Python number or bool: ``.item()``, ``equal``): computed on the host;
+- everything else: traced once per (op, shapes, dtypes, arguments) into an ``OpGraph``, which
+  the current mode runs (strict, debug) or records (defer-and-fuse). An op that cannot be
+  traced or lowered runs on the host, counted and named in ``torchtpu_compile.stats()``.
+
+Example::
+
+    x = torch.ones(3, device="tpu")
+    (x + 1).cpu()          # aten.add.Tensor: one compiled program, cached for these shapes
+"""
+from __future__ import annotations
+
+import torch
+
+from torchtpu_compile import counters
+from torchtpu_compile.errors import LoweringError
+
+from . import fallback, modes, rng, views
+from .programs import example, trace
+from .tensor import DEVICE, TpuTensor, new_tensor
+from .transfer import download, from_cpu, to_cpu, upload
+
+aten = torch.ops.aten
+_CPU = torch.device("cpu")
+
+_handlers: dict = {}     # OpOverload -> handler(func, args, kwargs)
+_ops: dict = {}          # signature -> _Compiled or _Fallback
+
+
+def handles(*ops):
+    """Register the decorated function as the handler of each op in ``ops``.
+
+    Example::
+
+        @handles(aten.clone.default)
+        def clone(func, args, kwargs): ...
+    """
+    def register(fn):
+        for op in ops:
+            _handlers[op] = fn
+        return fn
+    return register
+
+
+def dispatch(func, args, kwargs):
+    handler = _handlers.get(func)
+    if handler is None:
+        handler = _handlers[func] = _classify(func)
+    return handler(func, args, kwargs)
+
+
+def _classify(func):
+    schema = func._schema
+    if func.is_view and not any(a.alias_info is not None and a.alias_info.is_write
+                                for a in schema.arguments):
+        return run_view
+    if torch.Tag.nondeterministic_seeded in func.tags:
+        return run_random
+    if schema.returns and not all(_is_tensor_type(r.type) for r in schema.returns):
+        return run_host_value
+    return run_op
+
+
+def _is_tensor_type(t) -> bool:
+    text = str(t)
+    return text.startswith("Tensor") or text in ("Tensor?", "Optional[Tensor]")
+
+
+# --- signatures: the cache key of an op call, and its tensors in order -----------------------
+
+def _sig(value, tensors: list):
+    if isinstance(value, torch.Tensor):
+        tensors.append(value)
+        return (value.dtype, value.shape, type(value) is TpuTensor)
+    kind = type(value)
+    if kind is float or kind is int or kind is bool:
+        return (kind, value)  # 1, 1.0 and True hash alike but give different dtypes
+    if kind is list or kind is tuple:
+        return tuple(_sig(v, tensors) for v in value)
+    return value
+
+
+def signature(func, args, kwargs):
+    tensors: list = []
+    key = (func, tuple(_sig(a, tensors) for a in args),
+           tuple((k, _sig(v, tensors)) for k, v in kwargs.items()) if kwargs else ())
+    return key, tensors
+
+
+def _substitute(value, values):
+    """``value`` with each tensor replaced by the next of ``values``; tpu devices made host."""
+    if isinstance(value, torch.Tensor):
+        return next(values)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_substitute(v, values) for v in value)
+    if isinstance(value, torch.device) and value.type == "tpu":
+        return _CPU
+    return value
+
+
+def _check_devices(func, tensors) -> None:
+    for t in tensors:
+        if type(t) is not TpuTensor and t.dim() != 0:
+            raise RuntimeError(
+                f"Expected all tensors to be on the same device, but found at least two "
+                f"devices, {DEVICE} and {t.device}! (when checking arguments of {func}). "
+                f"Move the tensor with .to('tpu'), or use a 0-dim tensor for a scalar.")
+
+
+def _input_values(tensors) -> list:
+    return [views.read(t) if type(t) is TpuTensor else upload(t) for t in tensors]
+
+
+# --- the compiled path ------------------------------------------------------------------------
+
+class _Compiled:
+    """How to run one op signature: its graph, which leaves it writes, how to rebuild returns."""
+
+    __slots__ = ("graph", "mutated", "returns", "n_fresh")
+
+    def __init__(self, graph, mutated, returns, n_fresh):
+        self.graph, self.mutated, self.returns, self.n_fresh = graph, mutated, returns, n_fresh
+
+
+class _Fallback:
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
+def _written_leaves(func, args, kwargs) -> list:
+    """Indices (in signature order) of tensor leaves the op writes (in-place and out= args)."""
+    schema_args = func._schema.arguments
+    by_name = {a.name: a for a in schema_args}
+    written, counter = [], [0]
+
+    def leaves(value, write):
+        if isinstance(value, torch.Tensor):
+            if write:
+                written.append(counter[0])
+            counter[0] += 1
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                leaves(v, write)
+
+    for i, value in enumerate(args):
+        info = schema_args[i].alias_info if i < len(schema_args) else None
+        leaves(value, info is not None and info.is_write)
+    for name, value in kwargs.items():
+        info = by_name[name].alias_info if name in by_name else None
+        leaves(value, info is not None and info.is_write)
+    return written
+
+
+def _return_plan(func, args, kwargs):
+    """Per schema return: ("alias", where) for returns that are a written argument, else fresh."""
+    schema = func._schema
+    by_set = {}
+    for i, a in enumerate(schema.arguments):
+        if a.alias_info is not None and a.alias_info.is_write:
+            by_set[frozenset(a.alias_info.before_set)] = ("arg", i) if i < len(args) else \
+                ("kwarg", a.name)
+    plan = []
+    for r in schema.returns:
+        info = r.alias_info
+        if info is not None and info.is_write:
+            plan.append(("alias", by_set.get(frozenset(info.before_set))))
+        else:
+            plan.append(("fresh", str(r.type)))
+    return plan
+
+
+def _build(func, args, kwargs, tensors):
+    written = _written_leaves(func, args, kwargs)
+    plan = _return_plan(func, args, kwargs)
+    shapes: list = []   # number of tensors per fresh return, filled while tracing
+
+    def fn(*values):
+        values = list(values)
+        for i in written:
+            values[i] = values[i].clone()  # write into a copy: the graph stays functional
+        it = iter(values)
+        call_args = _substitute(tuple(args), it)
+        call_kwargs = {k: _substitute(v, it) for k, v in kwargs.items()}
+        out = func(*call_args, **call_kwargs)
+        outs = out if isinstance(out, tuple) else (out,)
+        fresh = []
+        shapes.clear()
+        for (kind, _), value in zip(plan, outs):
+            if kind == "alias":
+                shapes.append(None)
+            elif isinstance(value, (list, tuple)):
+                shapes.append(len(value))
+                fresh.extend(value)
+            elif value is None:
+                shapes.append(-1)
+            else:
+                shapes.append(0)
+                fresh.append(value)
+        return tuple(fresh) + tuple(values[i] for i in written)
+
+    examples = [example(t.shape, t.dtype) for t in tensors]
+    label = str(func)
+    try:
+        graph = trace(fn, examples, label)
+        modes.current().check(graph)
+    except (LoweringError, NotImplementedError, RuntimeError, TypeError, ValueError,
+            AssertionError, IndexError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return _Fallback(first[:300])
+    n_fresh = len(graph.out_meta) - len(written)
+    return _Compiled(graph, written, (plan, list(shapes)), n_fresh)
+
+
+def _rebuild(entry: _Compiled, outputs: list, args, kwargs):
+    plan, shapes = entry.returns
+    meta = entry.graph.out_meta
+    position = 0
+    results = []
+    for (kind, where), count in zip(plan, shapes):
+        if kind == "alias":
+            source, key = where
+            results.append(args[key] if source == "arg" else kwargs[key])
+        elif count == -1:
+            results.append(None)
+        elif count == 0:
+            shape, dtype = meta[position]
+            results.append(_fresh(outputs[position], shape, dtype))
+            position += 1
+        else:
+            items = []
+            for _ in range(count):
+                shape, dtype = meta[position]
+                items.append(_fresh(outputs[position], shape, dtype))
+                position += 1
+            results.append(items)
+    if not plan:
+        return None
+    return results[0] if len(plan) == 1 else tuple(results)
+
+
+def _fresh(value, shape, dtype):
+    t = new_tensor(value, shape, dtype)
+    modes.current().note_write(t._st)
+    return t
+
+
+def run_op(func, args, kwargs):
+    key, tensors = signature(func, args, kwargs)
+    entry = _ops.get(key)
+    if entry is None:
+        _check_devices(func, tensors)
+        entry = _ops[key] = _build(func, args, kwargs, tensors)
+    if type(entry) is _Fallback:
+        return fallback.run_on_host(func, args, kwargs, entry.reason)
+    counters.add("eager_ops")
+    outputs = modes.current().apply(entry.graph, _input_values(tensors))
+    n_fresh = entry.n_fresh
+    for leaf, value in zip(entry.mutated, outputs[n_fresh:]):
+        views.write(tensors[leaf], value)
+    return _rebuild(entry, outputs, args, kwargs)
+
+
+# --- other kinds ------------------------------------------------------------------------------
+
+def run_view(func, args, kwargs):
+    base = args[0]
+    if type(base) is not TpuTensor:
+        return run_op(func, args, kwargs)
+    storage = base._st
+    meta = torch.empty((storage.numel,), dtype=storage.dtype, device="meta").as_strided(
+        base._shape, base.stride(), base.storage_offset())
+    out = func(meta, *args[1:], **kwargs)
+
+    def wrap(m):
+        if m.dtype != storage.dtype:  # view(dtype) reinterprets bits: compute it instead
+            raise _NotAView
+        return TpuTensor(storage, m.shape, m.stride(), m.storage_offset())
+
+    try:
+        if isinstance(out, (list, tuple)):
+            return type(out)(wrap(m) for m in out)
+        return wrap(out)
+    except _NotAView:
+        return run_op(func, args, kwargs)
+
+
+class _NotAView(Exception):
+    pass
+
+
+def run_random(func, args, kwargs):
+    with rng.drawing_from_tpu_generator():
+        return fallback.run_on_host(func, args, kwargs, reason=None)
+
+
+def run_host_value(func, args, kwargs):
+    return fallback.run_on_host(func, args, kwargs, reason=None)
+
+
+@handles(aten.copy_.default)
+def copy_(func, args, kwargs):
+    dst, src = args[0], args[1]
+    if type(dst) is not TpuTensor:  # tpu -> host
+        return dst.copy_(to_cpu(src), **kwargs)
+    if type(src) is not TpuTensor:  # host -> tpu: convert on the host, then one upload
+        host = src.to(dtype=dst.dtype).expand(dst.shape)
+        views.write(dst, upload(host.contiguous()))
+        return dst
+    if src.dtype == dst.dtype and src.shape == dst.shape:
+        views.write(dst, views.read(src))
+        return dst
+    return run_op(func, args, kwargs)
+
+
+@handles(aten._to_copy.default)
+def to_copy(func, args, kwargs):
+    src = args[0]
+    device = kwargs.get("device")
+    if device is not None and device.type == "cpu":
+        host = to_cpu(src)
+        rest = {k: v for k, v in kwargs.items() if k not in ("device", "non_blocking")}
+        return func(host, **rest) if rest else host
+    rest = {k: v for k, v in kwargs.items() if k != "device"}
+    return run_op(func, (src,), rest)
+
+
+@handles(aten.clone.default, aten.lift_fresh_copy.default)
+def clone(func, args, kwargs):
+    src = args[0]
+    # Buffers are immutable and writes replace them, so a dense copy can share its buffer.
+    if src._dense and src._shape == src._st.shape and kwargs.get("memory_format") in (
+            None, torch.contiguous_format, torch.preserve_format):
+        out = new_tensor(src._st.value, src._shape, src.dtype)
+        modes.current().note_write(out._st)
+        return out
+    return run_op(aten.clone.default, (src,), {})
+
+
+@handles(aten.empty_like.default, aten.new_empty.default, aten.new_empty_strided.default,
+         aten.empty.memory_format, aten.empty_strided.default)
+def empty(func, args, kwargs):
+    if func is aten.empty_like.default:
+        shape, dtype = args[0].shape, kwargs.get("dtype") or args[0].dtype
+    elif func in (aten.new_empty.default, aten.new_empty_strided.default):
+        shape, dtype = args[1], kwargs.get("dtype") or args[0].dtype
+    else:
+        shape, dtype = args[0], kwargs.get("dtype") or torch.get_default_dtype()
+    device = kwargs.get("device")
+    if device is not None and device.type != "tpu":
+        host = {k: v for k, v in kwargs.items()}
+        return func(*[to_cpu(a) if type(a) is TpuTensor else a for a in args], **host)
+    return new_tensor(None, tuple(shape), dtype)
+
+
+@handles(aten.native_dropout.default)
+def native_dropout(func, args, kwargs):
+    x, p, train = args[0], args[1], args[2] if len(args) > 2 else kwargs.get("train")
+    if not train or p == 0:
+        return run_op(aten.clone.default, (x,), {}), run_op(
+            aten.ones_like.default, (x,), {"dtype": torch.bool})
+    # The mask is drawn on the host from the tpu generator; the arithmetic stays on device.
+    with rng.drawing_from_tpu_generator():
+        keep = torch.rand(x.shape) < (1 - p)
+    mask = from_cpu(keep)
+    scaled = run_op(aten.mul.Tensor, (x, mask), {})
+    return run_op(aten.mul.Tensor, (scaled, 1.0 / (1 - p)), {}), mask
+
+
+@handles(aten.resize_.default)
+def resize_(func, args, kwargs):
+    t, size = args[0], tuple(args[1])
+    if tuple(t.shape) == size:
+        return t
+    raise RuntimeError(f"resizing a tpu tensor from {list(t.shape)} to {list(size)} is not "
+                       f"supported; allocate a new tensor (or pass an out= tensor of the result's "
+                       f"shape)")
+
+
+@handles(aten.set_.source_Tensor)
+def set_(func, args, kwargs):
+    raise RuntimeError("Tensor.set_ is not supported on tpu tensors; assign the new tensor instead")
+
+
+__all__ = ["dispatch", "handles", "signature", "download"]

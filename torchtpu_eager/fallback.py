@@ -1,0 +1,98 @@
+"""Running an op on the host: for ops that do not lower, random ops and host values.
+
+Inputs are copied to the host, the op runs in eager CPU PyTorch, written arguments and results
+are copied back. An op that does not lower is counted in ``torchtpu_compile.stats()`` and
+warned about once; with ``TORCHTPU_STRICT=1`` it is an error instead.
+
+Example::
+
+    torch.ones(4, device="tpu").nonzero()      # data-dependent shape: runs on the host
+"""
+from __future__ import annotations
+
+import torch
+
+from torchtpu_compile import config, counters
+from torchtpu_compile._logging import warn_once
+from torchtpu_compile.errors import UnsupportedOpError
+
+from . import views
+from .tensor import TpuTensor
+from .transfer import from_cpu, to_cpu, upload
+
+_CPU = torch.device("cpu")
+
+
+def _describe(func, args, kwargs) -> str:
+    def fmt(v):
+        if isinstance(v, torch.Tensor):
+            return f"{str(v.dtype).replace('torch.', '')}{list(v.shape)}"
+        if isinstance(v, (list, tuple)):
+            return "[" + ", ".join(fmt(x) for x in v) + "]"
+        return repr(v)
+    parts = [fmt(a) for a in args] + [f"{k}={fmt(v)}" for k, v in kwargs.items()]
+    return f"{func}({', '.join(parts)})"
+
+
+def _to_host(value, originals: dict):
+    if type(value) is TpuTensor:
+        host = to_cpu(value)
+        originals[id(host)] = (value, host)
+        return host
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_host(v, originals) for v in value)
+    if isinstance(value, torch.device) and value.type == "tpu":
+        return _CPU
+    return value
+
+
+def _to_device(value, originals: dict):
+    if isinstance(value, torch.Tensor):
+        known = originals.get(id(value))
+        if known is not None and known[1] is value:
+            return known[0]  # an in-place or out= result: the tpu tensor itself
+        return from_cpu(value) if value.device.type == "cpu" else value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_device(v, originals) for v in value)
+    return value
+
+
+def run_on_host(func, args, kwargs, reason: str | None):
+    """Run ``func`` on host copies; ``reason`` set means "does not lower" (counted, warned)."""
+    if reason is not None:
+        name = str(func)
+        if config.strict:
+            raise UnsupportedOpError(
+                f"TORCHTPU_STRICT=1: {_describe(func, args, kwargs)} cannot run on the tpu "
+                f"device ({reason}). Unset TORCHTPU_STRICT to let it run on the host.")
+        counters.count_fallback(name)
+        counters.add("eager_fallbacks")
+        warn_once(("eager-fallback", name),
+                  "torchtpu: %s runs on the host, not the tpu device: %s",
+                  _describe(func, args, kwargs), reason)
+    originals: dict = {}
+    host_args = _to_host(tuple(args), originals)
+    host_kwargs = {k: _to_host(v, originals) for k, v in kwargs.items()}
+    out = func(*host_args, **host_kwargs)
+    # Written arguments (in-place, out=) get their new values back. The schema says which:
+    # version counters do not move here, below the ADInplaceOrView key.
+    for value in _written(func, host_args, host_kwargs):
+        known = originals.get(id(value))
+        if known is not None:
+            views.write(known[0], upload(value))
+    return _to_device(out, originals)
+
+
+def _written(func, args, kwargs):
+    schema_args = func._schema.arguments
+    by_name = {a.name: a for a in schema_args}
+    chosen = [value for a, value in zip(schema_args, args)
+              if a.alias_info is not None and a.alias_info.is_write]
+    chosen += [value for name, value in kwargs.items()
+               if name in by_name and by_name[name].alias_info is not None
+               and by_name[name].alias_info.is_write]
+    for value in chosen:
+        if isinstance(value, (list, tuple)):
+            yield from (v for v in value if isinstance(v, torch.Tensor))
+        elif isinstance(value, torch.Tensor):
+            yield value

@@ -1,0 +1,71 @@
+"""PrivateUse1 kernels: what runs when an op reaches the "tpu" backend key itself.
+
+Ops with a tpu tensor argument go to ``TpuTensor.__torch_dispatch__``. The rest reach the
+backend key: factories (``torch.zeros(3, device="tpu")``) and the copy that ``torch.tensor``
+makes with Python dispatch turned off. Factories of new storage make it uninitialized (read
+as zeros, never uploaded); other factories run on the host and upload their result.
+
+Example::
+
+    torch.arange(5, device="tpu")      # arange.start_step: computed on the host, uploaded
+"""
+from __future__ import annotations
+
+import torch
+
+_CPU = torch.device("cpu")
+_libraries: list = []   # registrations live as long as their Library object
+
+# Composite factories that would otherwise resize an empty out= tensor, which a tpu tensor
+# cannot do: served whole instead.
+_WHOLE_FACTORIES = (
+    "arange", "arange.start", "arange.start_step", "linspace", "logspace", "eye", "eye.m",
+    "randperm", "range", "range.step", "tril_indices", "triu_indices",
+)
+
+
+def _on_host(op, args, kwargs):
+    from . import rng
+    from .transfer import from_cpu
+    kwargs = dict(kwargs)
+    if "device" in kwargs:
+        kwargs["device"] = _CPU
+    with rng.drawing_from_tpu_generator():
+        out = op(*args, **kwargs)
+    return from_cpu(out) if isinstance(out, torch.Tensor) else out
+
+
+def _backend_fallback(op, *args, **kwargs):
+    from .dispatch import dispatch
+    from .tensor import TpuTensor
+    if any(type(a) is TpuTensor for a in args):
+        return dispatch(op, args, kwargs)
+    if op in (torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default):
+        return dispatch(op, args, kwargs)
+    return _on_host(op, args, kwargs)
+
+
+def _copy(dst, src, non_blocking=False):
+    from .dispatch import dispatch
+    return dispatch(torch.ops.aten.copy_.default, (dst, src), {"non_blocking": non_blocking})
+
+
+def _whole_factory(name):
+    packet_name, _, overload = name.partition(".")
+    op = getattr(getattr(torch.ops.aten, packet_name), overload or "default")
+
+    def kernel(*args, **kwargs):
+        return _on_host(op, args, kwargs)
+    return kernel
+
+
+def register() -> None:
+    """Install the kernels (called once, by ``device.register``)."""
+    fallback = torch.library.Library("_", "IMPL")
+    fallback.fallback(_backend_fallback, "PrivateUse1")
+    aten = torch.library.Library("aten", "IMPL")
+    # A boxed Python fallback cannot serve copy_ (an internal assert in PyTorch 2.13).
+    aten.impl("copy_", _copy, "PrivateUse1")
+    for name in _WHOLE_FACTORIES:
+        aten.impl(name, _whole_factory(name), "PrivateUse1")
+    _libraries.extend([fallback, aten])

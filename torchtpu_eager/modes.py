@@ -1,0 +1,108 @@
+"""How the eager device runs ops: strict, debug or defer-and-fuse.
+
+- strict (default): each op is dispatched as its own compiled program, asynchronously; the
+  host waits only where a value is needed (``.cpu()``, ``.item()``, print).
+- debug (``TORCH_TPU_LAUNCH_BLOCKING=1``): the same, but each op waits for its results, so an
+  error is raised at the op that caused it, with that op's Python stack.
+- defer-and-fuse (``TORCH_TPU_DEFER_AND_FUSE=1``): ops are recorded and compiled as one program
+  at the next materialization point (see ``fuse.py``).
+
+Example::
+
+    torch.tpu.set_eager_mode("defer_and_fuse")
+    y = model(x)            # recorded
+    print(y.sum().item())   # one program runs here
+"""
+from __future__ import annotations
+
+import os
+
+MODES = ("strict", "debug", "defer_and_fuse")
+
+
+def concrete(value):
+    """A PJRT buffer for ``value``, running a deferred graph if it is still pending."""
+    if type(value).__name__ == "Lazy":
+        return value.resolve()
+    return value
+
+
+class Strict:
+    """Run each op now (asynchronously: PJRT returns before the computation finishes)."""
+
+    name = "strict"
+
+    def apply(self, graph, values: list) -> list:
+        return graph.run([concrete(v) for v in values])
+
+    def check(self, graph) -> None:
+        """Compile a newly traced op now, so an op that does not lower falls back at once."""
+        graph.compiled()
+
+    def note_write(self, storage) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+
+class Debug(Strict):
+    """Run each op now and wait for it: errors surface at the op that caused them."""
+
+    name = "debug"
+
+    def apply(self, graph, values: list) -> list:
+        outputs = graph.run([concrete(v) for v in values])
+        for buffer in outputs:
+            buffer.block_until_ready()
+        return outputs
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _from_environment():
+    blocking = _env_flag("TORCH_TPU_LAUNCH_BLOCKING")
+    deferred = _env_flag("TORCH_TPU_DEFER_AND_FUSE")
+    if blocking and deferred:
+        raise RuntimeError("TORCH_TPU_LAUNCH_BLOCKING=1 and TORCH_TPU_DEFER_AND_FUSE=1 cannot be "
+                           "combined: debug mode runs each op alone. Unset one of them.")
+    if deferred:
+        from .fuse import DeferAndFuse
+        return DeferAndFuse()
+    return Debug() if blocking else Strict()
+
+
+_current = None
+
+
+def current():
+    """The executor of the current mode."""
+    global _current
+    if _current is None:
+        _current = _from_environment()
+    return _current
+
+
+def set_eager_mode(mode: str) -> None:
+    """Switch modes: "strict", "debug" or "defer_and_fuse". Pending deferred ops run first.
+
+    Example::
+
+        torch.tpu.set_eager_mode("debug")
+    """
+    global _current
+    if mode not in MODES:
+        raise ValueError(f"unknown tpu eager mode {mode!r}; choose one of {', '.join(MODES)}")
+    previous = current()
+    previous.flush()
+    if mode == "defer_and_fuse":
+        from .fuse import DeferAndFuse
+        _current = DeferAndFuse()
+    else:
+        _current = Debug() if mode == "debug" else Strict()
+
+
+def get_eager_mode() -> str:
+    return current().name

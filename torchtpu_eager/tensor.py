@@ -1,0 +1,98 @@
+"""``TpuTensor``: a tensor on device "tpu", a wrapper whose data is a ``Storage`` on the device.
+
+Each tensor is a strided view (size, stride, offset) of a storage, as a CPU or CUDA tensor is a
+view of its memory: that is what keeps aliasing right when a write goes through a view. Every
+ATen op on it goes through ``__torch_dispatch__`` to ``torchtpu_eager.dispatch``.
+
+Example::
+
+    x = torch.arange(6.0).to("tpu")
+    x.view(2, 3)[0].add_(1)       # reaches x
+    print(x)                      # tensor([1., 2., 3., 3., 4., 5.], device='tpu:0')
+"""
+from __future__ import annotations
+
+import torch
+
+from .storage import Storage
+
+DEVICE = torch.device("tpu", 0)  # always with an index: the autograd engine asserts on -1
+
+
+def _contiguous_strides(shape) -> tuple:
+    strides, running = [], 1
+    for n in reversed(shape):
+        strides.append(running)
+        running *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+class TpuTensor(torch.Tensor):
+    """A tensor on the tpu device. Made by PyTorch APIs (``.to("tpu")``, factories), not directly."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @staticmethod
+    def __new__(cls, storage: Storage, size, stride=None, offset: int = 0,
+                requires_grad: bool = False):
+        size = tuple(size)
+        contiguous = _contiguous_strides(size)
+        stride = contiguous if stride is None else tuple(stride)
+        t = torch.Tensor._make_wrapper_subclass(
+            cls, size, strides=stride, storage_offset=offset, dtype=storage.dtype,
+            device=DEVICE, requires_grad=requires_grad)
+        t._st = storage
+        t._shape = size
+        numel = 1
+        for n in size:
+            numel *= n
+        # Dense: this tensor is its whole storage, in order (the common case, read directly).
+        t._dense = offset == 0 and numel == storage.numel and (stride == contiguous or numel <= 1)
+        return t
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        from .dispatch import dispatch
+        return dispatch(func, args, kwargs or {})
+
+    def __repr__(self, *, tensor_contents=None):
+        from .transfer import to_cpu
+        host = to_cpu(self)
+        if host.numel() == 0:
+            contents = "[]"
+        else:
+            contents = torch._tensor_str._tensor_str(host, len("tensor("))
+        text = torch._tensor_str._str_intern(self, tensor_contents=contents)
+        return "tensor(" + text[len(type(self).__name__) + 1:]
+
+    def tolist(self):
+        from .transfer import to_cpu
+        return to_cpu(self).tolist()
+
+    def numpy(self, *, force: bool = False):
+        if not force:  # the same error as on CUDA: device memory is not host memory
+            raise TypeError(f"can't convert {self.device} device type tensor to numpy. Use "
+                            f"Tensor.cpu() to copy the tensor to host memory first.")
+        from .transfer import to_cpu
+        return to_cpu(self).numpy()
+
+    def __format__(self, format_spec):
+        if self.dim() == 0:
+            return self.item().__format__(format_spec)
+        return object.__format__(self, format_spec)
+
+    def __reduce_ex__(self, protocol):
+        # PyTorch's route for devices without host storage: the data travels as a CPU tensor
+        # and is moved to the saved device, or to ``map_location``, at load.
+        from .transfer import to_cpu
+        return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
+                (to_cpu(self), self.dtype, str(self.device), self.requires_grad))
+
+
+def new_tensor(value, shape, dtype, requires_grad: bool = False) -> TpuTensor:
+    """A dense tpu tensor over a fresh storage holding ``value`` (buffer, lazy value or None)."""
+    shape = tuple(shape)
+    numel = 1
+    for n in shape:
+        numel *= n
+    return TpuTensor(Storage(value, shape, dtype, numel), shape, requires_grad=requires_grad)

@@ -1,0 +1,119 @@
+"""Reading and writing a tensor's values through its view of a storage.
+
+A dense tensor (its whole storage, in order) is its storage's buffer. Any other view is read
+with a gather graph and written with a scatter graph, keyed by the view's geometry and
+compiled once, so a write through ``x[0]``, ``x.t()`` or ``x.view(16)`` reaches every alias.
+
+Example::
+
+    value = read(t)          # a buffer (or lazy value) with t's shape
+    write(t, new_value)      # t and every view of its storage now see new_value
+"""
+from __future__ import annotations
+
+import torch
+
+from . import modes
+from .programs import example, trace
+
+_graphs: dict = {}
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _zeros_graph(shape: tuple, dtype):
+    key = ("zeros", shape, dtype)
+    graph = _graphs.get(key)
+    if graph is None:
+        graph = _graphs[key] = trace(lambda: (torch.zeros(shape, dtype=dtype),), [],
+                                     f"zeros{list(shape)}")
+    return graph
+
+
+def _read_graph(base_shape: tuple, dtype, size: tuple, stride: tuple, offset: int):
+    key = ("read", base_shape, dtype, size, stride, offset)
+    graph = _graphs.get(key)
+    if graph is None:
+        if offset == 0 and _numel(size) == _numel(base_shape) and _is_contiguous(size, stride):
+            def fn(base):
+                return (base.reshape(size).clone(),)
+        else:
+            # A gather at the view's flat positions: torch-mlir's as_strided lowering crashes
+            # on zero strides (expanded views).
+            def fn(base):
+                index = _flat_indices(size, stride, offset)
+                return (base.reshape(-1)[index].reshape(size),)
+        graph = _graphs[key] = trace(fn, [example(base_shape, dtype)], f"read{list(size)}")
+    return graph
+
+
+def _flat_indices(size: tuple, stride: tuple, offset: int) -> torch.Tensor:
+    index = torch.full((), offset, dtype=torch.int64)
+    for dim, (n, s) in enumerate(zip(size, stride)):
+        shape = [1] * len(size)
+        shape[dim] = n
+        index = index + (torch.arange(n, dtype=torch.int64) * s).reshape(shape)
+    return index.reshape(-1)
+
+
+def _write_graph(base_shape: tuple, dtype, size: tuple, stride: tuple, offset: int):
+    key = ("write", base_shape, dtype, size, stride, offset)
+    graph = _graphs.get(key)
+    if graph is None:
+        def fn(base, value):
+            flat = base.reshape(-1)
+            # A scatter at the view's flat positions (as_strided_scatter does not lower).
+            index = _flat_indices(size, stride, offset)
+            return (flat.index_put((index,), value.reshape(-1)).reshape(base_shape),)
+        graph = _graphs[key] = trace(fn, [example(base_shape, dtype), example(size, dtype)],
+                                     f"write{list(size)}")
+    return graph
+
+
+def _is_contiguous(size, stride) -> bool:
+    expected = 1
+    for n, s in zip(reversed(size), reversed(stride)):
+        if n != 1 and s != expected:
+            return False
+        expected *= n
+    return True
+
+
+def storage_value(storage):
+    """The storage's buffer (or lazy value); storage never written reads as zeros."""
+    value = storage.value
+    if value is None:
+        [value] = modes.current().apply(_zeros_graph(storage.shape, storage.dtype), [])
+        storage.value = value
+    return value
+
+
+def read(t):
+    """The value of tpu tensor ``t``: its storage's buffer when dense, else a gathered copy."""
+    storage = t._st
+    value = storage_value(storage)
+    if t._dense and t._shape == storage.shape:
+        return value
+    graph = _read_graph(storage.shape, storage.dtype, t._shape, tuple(t.stride()),
+                        t.storage_offset())
+    return modes.current().apply(graph, [value])[0]
+
+
+def write(t, value) -> None:
+    """Make ``value`` (with ``t``'s shape and dtype) the contents of ``t``, through its view."""
+    storage = t._st
+    if t._dense:
+        storage.value = value
+        storage.shape = t._shape
+        modes.current().note_write(storage)
+        return
+    base = storage_value(storage)
+    graph = _write_graph(storage.shape, storage.dtype, t._shape, tuple(t.stride()),
+                         t.storage_offset())
+    storage.value = modes.current().apply(graph, [base, value])[0]
+    modes.current().note_write(storage)
