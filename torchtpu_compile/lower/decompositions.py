@@ -15,6 +15,9 @@ _OURS: dict = {}
 def decomposition(*ops):
     """Register the decorated function as the decomposition of each op in ``ops``.
 
+    An op is an ``OpOverload`` or, for a custom op that its library registers only when
+    imported, its ``"namespace::name"`` (default overload), resolved when the table is built.
+
     Example::
 
         @decomposition(aten.silu.default)
@@ -36,9 +39,23 @@ def _base_table() -> dict:
 
 def decomposition_table() -> dict:
     """The table given to aot_autograd."""
+    from . import op_decompositions  # noqa: F401  (registers itself on import)
     table = dict(_base_table())
-    table.update(_OURS)
+    for op, fn in _OURS.items():
+        if isinstance(op, str):
+            op = _custom_op(op)
+            if op is None:  # its library is not loaded: nothing can call it
+                continue
+        table[op] = fn
     return table
+
+
+def _custom_op(qualified_name: str):
+    namespace, name = qualified_name.split("::")
+    try:
+        return getattr(getattr(torch.ops, namespace), name).default
+    except (AttributeError, RuntimeError):
+        return None
 
 
 @decomposition(aten.native_dropout.default)

@@ -98,3 +98,18 @@ def matmul_precision(module, ctx):
                             "mantissa_bits": ir.IntegerAttr.get(i32, 7)},
                 loc=op.location, ip=ir.InsertionPoint(op))
             op.operands[i] = rounded.result
+
+
+def _is_unsigned_or_bool(value) -> bool:
+    element = value.type.maybe_downcast().element_type.maybe_downcast()
+    return isinstance(element, ir.IntegerType) and (element.width == 1 or element.is_unsigned)
+
+
+@stablehlo_pass
+def unsigned_comparisons(module, ctx):
+    # torch-mlir marks every integer comparison SIGNED, bool and uint8 included; XLA's verifier
+    # rejects SIGNED on booleans (`bool_a != bool_b`) and would order uint8 128..255 below 0.
+    unsigned = ir.Attribute.parse("#stablehlo<comparison_type UNSIGNED>")
+    for op in _ops_named(module, ("stablehlo.compare",)):
+        if _is_unsigned_or_bool(op.operands[0]):
+            op.attributes["compare_type"] = unsigned

@@ -1,0 +1,318 @@
+"""Decompositions for ops that torch-mlir lowers wrongly, not at all, or by crashing.
+
+Found by the OpInfo sweep (tests/opinfo) and the model zoo; each is registered with
+``@decomposition`` (the one registry of lower/decompositions.py) and has a test in
+tests/test_op_decompositions.py. A function returns ``NotImplemented`` for the cases it leaves
+to torch-mlir.
+
+Example::
+
+    table = decomposition_table()                           # includes these
+    table[torch.ops.aten.remainder.Tensor](torch.tensor([-3.0]), torch.tensor([2.0]))  # [1.]
+"""
+from __future__ import annotations
+
+import torch
+
+from .decompositions import decomposition
+
+aten = torch.ops.aten
+
+
+# --- elementwise -----------------------------------------------------------------------------
+
+def _as_tensor(value, like):
+    """A Python scalar as a 0-d tensor of the promoted dtype: torch-mlir cannot legalize the
+    ``torch.constant.float`` that scalar overloads such as ``fmod.Scalar`` leave behind."""
+    if isinstance(value, torch.Tensor):
+        return value
+    return torch.scalar_tensor(value, dtype=torch.result_type(like, value))
+
+
+@decomposition(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)
+def remainder(a, b):
+    # torch-mlir's lowering gives the C remainder (sign of the dividend) for floats; Python's
+    # takes the divisor's sign. From fmod, as the CPU kernel does, to keep its rounding.
+    a, b = _as_tensor(a, b), _as_tensor(b, a)
+    mod = torch.fmod(a, b)
+    # logical_xor, not !=: torch-mlir compares booleans as signed, which XLA rejects.
+    wrong_sign = (mod != 0) & torch.logical_xor(mod < 0, b < 0)
+    return torch.where(wrong_sign, mod + b, mod)
+
+
+@decomposition(aten.fmod.Scalar)
+def fmod_scalar(a, b):
+    return torch.fmod(a, _as_tensor(b, a))
+
+
+def _promoted(a, b):
+    dtype = torch.result_type(a, b)
+    return a.to(dtype), b.to(dtype)
+
+
+@decomposition(aten.fmax.default)
+def fmax(a, b):
+    # torch-mlir's lowering builds a comparison of the unbroadcast shapes and fails to verify.
+    a, b = _promoted(a, b)
+    if not a.is_floating_point():
+        return torch.maximum(a, b)
+    return torch.where(b.isnan(), a, torch.where(a.isnan(), b, torch.maximum(a, b)))
+
+
+@decomposition(aten.fmin.default)
+def fmin(a, b):
+    a, b = _promoted(a, b)
+    if not a.is_floating_point():
+        return torch.minimum(a, b)
+    return torch.where(b.isnan(), a, torch.where(a.isnan(), b, torch.minimum(a, b)))
+
+
+@decomposition(aten.clamp.Tensor)
+def clamp_tensor(x, min=None, max=None):
+    # torch-mlir's clamp.Tensor does not broadcast its bounds (a [5, 1] bound on [5, 5] fails).
+    dtype = torch.result_type(x, min if min is not None else max)
+    if min is not None and max is not None:
+        dtype = torch.promote_types(dtype, torch.result_type(x, max))
+    out = x.to(dtype)
+    if min is not None:
+        out = torch.maximum(out, min.to(dtype))
+    if max is not None:
+        out = torch.minimum(out, max.to(dtype))
+    return out
+
+
+@decomposition(aten.addmv.default)
+def addmv(self, mat, vec, *, beta=1, alpha=1):
+    # No torch-mlir lowering. beta == 0 ignores self, NaNs included, as eager does.
+    out = torch.mv(mat, vec)
+    if alpha != 1:
+        out = out * alpha
+    if beta == 0:
+        return out.expand(torch.broadcast_shapes(self.shape, out.shape)).clone()
+    return out + (self * beta if beta != 1 else self)
+
+
+# --- scans: a log-depth prefix combine (Hillis-Steele) of shifted copies ---------------------
+
+def _scan(values: tuple, dim: int, combine) -> tuple:
+    """Inclusive prefix ``combine`` of tensors ``values`` along ``dim`` in log2(n) steps.
+
+    ``combine(earlier, later)`` takes and returns tuples like ``values``; it must be
+    associative. Positions with no element ``k`` before them keep their value at each step.
+    """
+    n = values[0].shape[dim]
+    if n <= 1:
+        return values
+    position = torch.arange(n).view([-1] + [1] * (values[0].dim() - 1 - dim))
+    k = 1
+    while k < n:
+        earlier = tuple(torch.cat([v.narrow(dim, 0, k), v.narrow(dim, 0, n - k)], dim)
+                        for v in values)
+        combined = combine(earlier, values)
+        reached = position >= k
+        values = tuple(torch.where(reached, c, v) for c, v in zip(combined, values))
+        k *= 2
+    return values
+
+
+def _scan_dtype(x, dtype):
+    # Integer and bool inputs accumulate in int64 unless a dtype is given (as eager does).
+    if dtype is not None:
+        return x.to(dtype)
+    if not (x.is_floating_point() or x.is_complex()):
+        return x.to(torch.int64)
+    return x
+
+
+@decomposition(aten.cumsum.default)
+def cumsum(x, dim, *, dtype=None):
+    # torch-mlir has no lowering for cumsum (nor cumprod, cummax, cummin, logcumsumexp).
+    x = _scan_dtype(x, dtype)
+    if x.dim() == 0:
+        return x.clone()
+    return _scan((x,), dim % x.dim(), lambda a, b: (a[0] + b[0],))[0]
+
+
+@decomposition(aten.cumprod.default)
+def cumprod(x, dim, *, dtype=None):
+    x = _scan_dtype(x, dtype)
+    if x.dim() == 0:
+        return x.clone()
+    return _scan((x,), dim % x.dim(), lambda a, b: (a[0] * b[0],))[0]
+
+
+@decomposition(aten.logcumsumexp.default)
+def logcumsumexp(x, dim):
+    if x.dim() == 0:
+        return x.clone()
+
+    def combine(a, b):
+        hi, lo = torch.maximum(a[0], b[0]), torch.minimum(a[0], b[0])
+        # -inf with -inf stays -inf (hi - hi would be NaN).
+        safe = torch.where(hi == float("-inf"), torch.zeros_like(hi), hi)
+        return (torch.where(hi == float("-inf"), hi, safe + torch.log1p(torch.exp(lo - safe))),)
+    return _scan((x,), dim % x.dim(), combine)[0]
+
+
+def _cumulative_extreme(x, dim, later_wins):
+    if x.dim() == 0:
+        return x.clone(), torch.zeros((), dtype=torch.int64)
+    dim = dim % x.dim()
+    index = torch.arange(x.shape[dim]).view([-1] + [1] * (x.dim() - 1 - dim)).expand(x.shape)
+
+    def combine(a, b):
+        # NaN wins and stays; ties go to the later index, as in the CPU kernel.
+        take = later_wins(b[0], a[0])
+        if x.is_floating_point():
+            take = b[0].isnan() | (~a[0].isnan() & take)
+        return torch.where(take, b[0], a[0]), torch.where(take, b[1], a[1])
+    return _scan((x, index.contiguous()), dim, combine)
+
+
+@decomposition(aten.cummax.default)
+def cummax(x, dim):
+    return _cumulative_extreme(x, dim, lambda later, earlier: later >= earlier)
+
+
+@decomposition(aten.cummin.default)
+def cummin(x, dim):
+    return _cumulative_extreme(x, dim, lambda later, earlier: later <= earlier)
+
+
+# --- diagonals: strided slices of the flattened last two dims --------------------------------
+
+def _diagonal_slice(x, offset, dim1, dim2):
+    """(x with dim1, dim2 moved last and flattened, start, end, step, length) of the diagonal."""
+    moved = torch.movedim(x, (dim1 % x.dim(), dim2 % x.dim()), (-2, -1))
+    n, m = moved.shape[-2], moved.shape[-1]
+    if offset >= 0:
+        length, start = max(min(n, m - offset), 0), offset
+    else:
+        length, start = max(min(n + offset, m), 0), -offset * m
+    flat = moved.reshape(list(moved.shape[:-2]) + [n * m])
+    end = start + (length - 1) * (m + 1) + 1 if length else start
+    return moved, flat, start, end, m + 1, length
+
+
+@decomposition(aten.diagonal.default)
+def diagonal(x, offset=0, dim1=0, dim2=1):
+    # torch-mlir leaves a torch.constant.int behind for diagonal (and diag, diagonal_copy).
+    moved, flat, start, end, step, length = _diagonal_slice(x, offset, dim1, dim2)
+    if length == 0:
+        return flat.new_zeros(list(moved.shape[:-2]) + [0])
+    return aten.slice.Tensor(flat, -1, start, end, step)
+
+
+@decomposition(aten.diagonal_scatter.default)
+def diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
+    moved, flat, start, end, step, length = _diagonal_slice(x, offset, dim1, dim2)
+    if length == 0:
+        return x.clone()
+    flat = aten.slice_scatter.default(flat, src, -1, start, end, step)
+    return torch.movedim(flat.reshape(moved.shape), (-2, -1), (dim1 % x.dim(), dim2 % x.dim()))
+
+
+# --- selection and distances -----------------------------------------------------------------
+
+@decomposition(aten.kthvalue.default)
+def kthvalue(x, k, dim=-1, keepdim=False):
+    # torch-mlir leaves a torch.constant.bool behind. The k smallest, the last of them; NaN
+    # counts as the largest value, as in eager (XLA's top-k would place it first).
+    if x.dim() == 0:
+        return x.clone(), torch.zeros((), dtype=torch.int64)
+    keys = torch.where(x.isnan(), float("inf"), x) if x.is_floating_point() else x
+    _, indices = torch.topk(keys, k, dim=dim, largest=False, sorted=True)
+    indices = indices.narrow(dim, k - 1, 1)
+    values = x.gather(dim, indices)
+    if not keepdim:
+        values, indices = values.squeeze(dim), indices.squeeze(dim)
+    return values, indices
+
+
+@decomposition(aten._cdist_forward.default)
+def cdist(x1, x2, p, compute_mode=None):
+    # No torch-mlir lowering. Differences, not the |a|^2 + |b|^2 - 2ab expansion: exact at
+    # p = 2 where eager's matmul form rounds, and any p works the same way.
+    diff = x1.unsqueeze(-2) - x2.unsqueeze(-3)
+    if p == 0:
+        return (diff != 0).sum(-1).to(x1.dtype)
+    if p == float("inf"):
+        return diff.abs().amax(-1)
+    if p == 1:
+        return diff.abs().sum(-1)
+    if p == 2:
+        return diff.square().sum(-1).sqrt()
+    return diff.abs().pow(p).sum(-1).pow(1.0 / p)
+
+
+@decomposition(aten.histc.default)
+def histc(x, bins=100, min=0, max=0):
+    # No torch-mlir lowering (Mixtral's router counts tokens per expert with it). A scatter-add
+    # of ones into the bins, with the CPU kernel's bin arithmetic and edge cases.
+    flat = x.flatten()
+    lo = torch.scalar_tensor(min, dtype=x.dtype)
+    hi = torch.scalar_tensor(max, dtype=x.dtype)
+    if min == max and flat.numel():
+        lo, hi = flat.min(), flat.max()
+    same = lo == hi
+    lo, hi = torch.where(same, lo - 1, lo), torch.where(same, hi + 1, hi)
+    position = ((flat - lo) * bins / (hi - lo)).floor().to(torch.int64)
+    position = torch.where(flat == hi, bins - 1, position)
+    inside = (flat >= lo) & (flat <= hi)
+    return x.new_zeros(bins).scatter_add(0, position.clamp(0, bins - 1), inside.to(x.dtype))
+
+
+# --- grouped matmuls (mixture-of-experts layers) ---------------------------------------------
+
+def _groups(offs, length: int):
+    """Group of each of ``length`` positions: how many cumulative ends ``offs`` lie at or
+    before it (positions past the last end get ``len(offs)``, no group)."""
+    position = torch.arange(length, device=offs.device)
+    return (position.unsqueeze(1) >= offs.to(torch.int64).unsqueeze(0)).sum(1)
+
+
+def _rows_grouped_mm(input, weight, offs):
+    # out[t] = input[t] @ weight[group(t)], one masked matmul per group: static shapes, and
+    # no (tokens x K x N) gather of weights.
+    group = _groups(offs, input.shape[0]).unsqueeze(1)
+    out = input.new_zeros(input.shape[0], weight.shape[-1])
+    for e in range(weight.shape[0]):
+        out = torch.where(group == e, input @ weight[e], out)
+    return out
+
+
+@decomposition(aten._grouped_mm.default)
+def grouped_mm(self, mat2, offs=None, bias=None, out_dtype=None):
+    # No torch-mlir lowering; transformers' MoE layers call it for bf16 weights.
+    if self.dim() == 3 and mat2.dim() == 3 and offs is None:
+        out = torch.bmm(self, mat2)
+    elif self.dim() == 2 and mat2.dim() == 3 and offs is not None:
+        out = _rows_grouped_mm(self, mat2, offs)
+    elif self.dim() == 2 and mat2.dim() == 2 and offs is not None:
+        # The contraction dim is split into groups: one [M, N] product per group.
+        group = _groups(offs, self.shape[1])
+        out = torch.stack([(self * (group == e)) @ mat2 for e in range(offs.shape[0])])
+    else:
+        return NotImplemented
+    if bias is not None:
+        out = out + (bias.unsqueeze(-2) if bias.dim() == 2 and out.dim() == 3 else bias)
+    return out.to(out_dtype) if out_dtype is not None else out
+
+
+@decomposition("transformers::grouped_mm_fallback")
+def transformers_grouped_mm(input, weight, offs):
+    # transformers' custom op for fp32 MoE weights under torch.compile: a Python loop over
+    # offs.tolist() inside, opaque to Dynamo, and no lowering.
+    return _rows_grouped_mm(input, weight, offs)
+
+
+@decomposition("transformers::grouped_mm_fallback_backward")
+def transformers_grouped_mm_backward(input, weight, offs, grad_output):
+    group = _groups(offs, input.shape[0]).unsqueeze(1)
+    grad_input = input.new_zeros(input.shape)
+    grad_weight = []
+    for e in range(weight.shape[0]):
+        mine = group == e
+        grad_input = torch.where(mine, grad_output @ weight[e].transpose(0, 1), grad_input)
+        grad_weight.append((input * mine).transpose(0, 1) @ grad_output)
+    return grad_input, torch.stack(grad_weight)
