@@ -49,3 +49,21 @@ cache_max_bytes: int = int(os.environ.get("TORCHTPU_CACHE_MAX_BYTES", 4 << 30))
 #: Level 3: a shared store, ``file:///path`` or any fsspec URL such as ``gs://bucket/dir``;
 #: None turns it off (env: TORCHTPU_REMOTE_CACHE).
 remote_cache: str | None = os.environ.get("TORCHTPU_REMOTE_CACHE") or None
+
+#: Bounded dynamism: a dim that Dynamo reports dynamic is served by a few padded buckets, each
+#: compiled once; False compiles once per concrete size instead (env: TORCHTPU_BUCKETS=0).
+buckets: bool = os.environ.get("TORCHTPU_BUCKETS", "1").strip().lower() not in (
+    "0", "off", "false", "no")
+
+#: How a real size maps to its bucket: "pow2-128" (powers of two up to 128, multiples of 128
+#: above), "pow2", "multiple-N", a ladder "16,64,256", or a callable size -> bucket
+#: (env: TORCHTPU_BUCKET_POLICY).
+bucket_policy = os.environ.get("TORCHTPU_BUCKET_POLICY") or "pow2-128"
+
+#: The smallest bucket of the power-of-two policies (env: TORCHTPU_BUCKET_MIN).
+bucket_min: int = int(os.environ.get("TORCHTPU_BUCKET_MIN", 8))
+
+#: Programs one graph may compile for its buckets; past it, sizes reuse a covering bucket and
+#: only a size beyond every bucket compiles a new one, with a log line
+#: (env: TORCHTPU_MAX_BUCKETS).
+max_buckets: int = int(os.environ.get("TORCHTPU_MAX_BUCKETS", 8))

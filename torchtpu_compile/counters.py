@@ -60,6 +60,53 @@ def count_fallback(op_name: str) -> None:
         _stats["fallback_ops"][op_name] += 1
 
 
+def _graph(name: str) -> dict:
+    entry = _stats["graphs"].get(name)
+    if entry is None:
+        entry = _stats["graphs"][name] = {"compiles": 0, "bucket_hits": 0,
+                                          "exact_shape_compiles": 0, "buckets": [],
+                                          "padded_elements": 0, "real_elements": 0}
+    return entry
+
+
+def record_compile(graph: str, exact_shape: bool = False) -> None:
+    """Count one program built for ``graph``; ``exact_shape``: one the buckets could not serve.
+
+    Example::
+
+        record_compile("graph_0/forward")
+    """
+    with _lock:
+        entry = _graph(graph)
+        entry["compiles"] += 1
+        if exact_shape:
+            entry["exact_shape_compiles"] += 1
+            _stats["buckets"]["exact_shape_compiles"] += 1
+
+
+def record_bucket_call(graph: str, bucket: tuple, new: bool, padded_elements: int,
+                       real_elements: int) -> None:
+    """Count one call of ``graph`` served by ``bucket`` (a new one, or a hit) and its padding."""
+    with _lock:
+        entry = _graph(graph)
+        totals = _stats["buckets"]
+        if new:
+            entry["compiles"] += 1
+            entry["buckets"].append(list(bucket))
+            totals["compiles"] += 1
+        else:
+            entry["bucket_hits"] += 1
+            totals["hits"] += 1
+        for where in (entry, totals):
+            where["padded_elements"] += padded_elements
+            where["real_elements"] += real_elements
+
+
+def _waste_pct(entry: dict) -> float:
+    padded = entry["padded_elements"]
+    return round(100.0 * (padded - entry["real_elements"]) / padded, 2) if padded else 0.0
+
+
 def stats() -> dict:
     """A snapshot of the compile path's counters.
 
@@ -72,6 +119,9 @@ def stats() -> dict:
     with _lock:
         snap = copy.deepcopy(_stats)
     snap["fallback_ops"] = dict(snap["fallback_ops"])
+    # padding waste: % of the elements fed to bucketed programs that are padding
+    for entry in list(snap["graphs"].values()) + [snap["buckets"]]:
+        entry["padding_waste_pct"] = _waste_pct(entry)
     return snap
 
 

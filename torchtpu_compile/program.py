@@ -192,6 +192,13 @@ def build_static(gm: fx.GraphModule, precision: str, name: str,
     return PartitionedProgram(gm, bad, name)
 
 
+def _build_outside_fake(gm: fx.GraphModule, precision: str, name: str, resident_inputs):
+    # Called at run time, but a region of a partitioned graph may be built while
+    # aot_autograd's fake mode is active; constants and probes must be real.
+    with unset_fake_temporarily():
+        return build_static(gm, precision, name, resident_inputs)
+
+
 def _is_static(gm: fx.GraphModule) -> bool:
     for node in gm.graph.nodes:
         if node.op != "placeholder":
@@ -238,6 +245,7 @@ class GraphRunner:
         self.static = _is_static(gm)
         self.resident_inputs = resident_inputs
         self._programs: dict = {}
+        self._bucketed = None  # a BucketedGraph once called; False: compile per exact shape
         self._platform = get_client().platform
         if self.static:
             self._program_for(resolve_precision(self._platform), None)
@@ -253,8 +261,24 @@ class GraphRunner:
             # tensors and probes must be real.
             with unset_fake_temporarily():
                 program = build_static(gm, precision, label, self.resident_inputs)
+            counters.record_compile(self.name, exact_shape=self._bucketed is False)
             self._programs[key] = program
         return program
+
+    def _run_bucketed(self, args: list, precision: str):
+        """Outputs from the graph's padded buckets, or None where it needs exact shapes."""
+        from .buckets import BucketedGraph, NotPaddable
+        if self._bucketed is None:
+            self._bucketed = BucketedGraph(self.gm, self.name, _build_outside_fake,
+                                           self.resident_inputs)
+        try:
+            return self._bucketed(args, precision)
+        except NotPaddable as reason:
+            self._bucketed = False
+            warn_once(("exact_shape", self.name),
+                      "torchtpu: %s compiles once per shape, not per bucket: %s", self.name,
+                      reason)
+            return None
 
     def __call__(self, *call_args) -> list:
         # aot_autograd calls forward graphs boxed (one list) and, through Dynamo's disable
@@ -262,7 +286,11 @@ class GraphRunner:
         boxed = len(call_args) == 1 and type(call_args[0]) is list
         args = call_args[0] if boxed else list(call_args)
         precision = resolve_precision(self._platform)
-        outputs = self._program_for(precision, args)(args)
+        outputs = None
+        if not self.static and config.buckets and self._bucketed is not False:
+            outputs = self._run_bucketed(args, precision)
+        if outputs is None:
+            outputs = self._program_for(precision, args)(args)
         if boxed:
             args.clear()  # let inputs die as early as eager would
         return outputs

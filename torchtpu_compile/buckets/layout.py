@@ -1,0 +1,251 @@
+"""Where the real elements of a padded tensor are: one ``Dim`` per padded dim.
+
+A padded dim is a row-major product of factors, each either static (an ``int``) or padded (a
+sympy expression of the dynamic symbols, with its real elements in the prefix of the factor).
+``(2, s0)`` is ``x.view(2 * s0, d)`` of a ``(2, s0, d)`` tensor padded to ``(2, P, d)``: rows
+``[0, n)`` and ``[P, P + n)`` are real. ``None`` stands for a dim without padding.
+
+Example::
+
+    dim = Dim((2, s0))
+    dim.padded({s0: 128}) == 256
+    mask = dim_mask(dim, {s0: 128}, {s0: n_tensor})   # bool[256], traced into the program
+"""
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass
+
+import sympy
+import torch
+from torch.utils._sympy import functions as symfn
+
+aten = torch.ops.aten
+
+
+class NotPaddable(Exception):
+    """This graph cannot run exactly at a padded size; compile it for the exact shape."""
+
+
+@dataclass(frozen=True)
+class Dim:
+    """A padded dim: row-major ``factors``; ``uniform`` if values do not vary along it."""
+    factors: tuple
+    uniform: bool = False
+
+    def padded(self, pad_env: dict) -> int:
+        return math.prod(evaluate(f, pad_env) for f in self.factors)
+
+    def same_elements(self, other: "Dim") -> bool:
+        return self.factors == other.factors
+
+
+def prefix(expr) -> Dim:
+    """A dim whose real elements are its first ``expr`` positions."""
+    return Dim((expr,))
+
+
+def is_symbolic(expr) -> bool:
+    return isinstance(expr, sympy.Expr) and not expr.is_number
+
+
+def sym_expr(value):
+    """A size as a sympy expression (or int): from a SymInt, an int or an expression."""
+    if isinstance(value, torch.SymInt):
+        expr = value.node.expr
+        return int(expr) if expr.is_number else expr
+    if isinstance(value, sympy.Expr) and value.is_number:
+        return int(value)
+    return value
+
+
+_BINARY = {
+    symfn.FloorDiv: operator.floordiv,
+    symfn.Mod: operator.mod,
+    symfn.PythonMod: operator.mod,
+    symfn.CleanDiv: operator.floordiv,
+}
+
+
+def evaluate(expr, env: dict):
+    """Value of a size expression with symbols from ``env`` (ints, or 0-d int64 tensors).
+
+    Example::
+
+        evaluate(2 * s0 - 1, {s0: 8}) == 15
+    """
+    if isinstance(expr, int):
+        return expr
+    if isinstance(expr, torch.SymInt):
+        expr = expr.node.expr
+    if expr.is_Integer:
+        return int(expr)
+    if expr.is_Symbol:
+        if expr not in env:
+            raise NotPaddable(f"size symbol {expr} is not bound by any input")
+        return env[expr]
+    args = [evaluate(a, env) for a in expr.args]
+    if isinstance(expr, sympy.Add):
+        return _fold(operator.add, args)
+    if isinstance(expr, sympy.Mul):
+        return _fold(operator.mul, args)
+    if type(expr) in _BINARY:
+        return _BINARY[type(expr)](*args)
+    if isinstance(expr, (symfn.Max, sympy.Max)):
+        return _fold(_maximum, args)
+    if isinstance(expr, (symfn.Min, sympy.Min)):
+        return _fold(_minimum, args)
+    if isinstance(expr, (sympy.Pow, symfn.PowByNatural)) and isinstance(args[1], int):
+        return _fold(operator.mul, [args[0]] * args[1]) if args[1] > 0 else 1
+    raise NotPaddable(f"size expression {expr} ({type(expr).__name__}) is not supported")
+
+
+def _fold(fn, values):
+    result = values[0]
+    for v in values[1:]:
+        result = fn(result, v)
+    return result
+
+
+def _maximum(a, b):
+    if isinstance(a, int) and isinstance(b, int):
+        return max(a, b)
+    return torch.maximum(torch.as_tensor(a), torch.as_tensor(b))
+
+
+def _minimum(a, b):
+    if isinstance(a, int) and isinstance(b, int):
+        return min(a, b)
+    return torch.minimum(torch.as_tensor(a), torch.as_tensor(b))
+
+
+def factor_sizes(dim: Dim, env: dict) -> list:
+    return [evaluate(f, env) for f in dim.factors]
+
+
+def dim_mask(dim: Dim, pad_env: dict, real_env: dict):
+    """bool[padded size]: True where the dim holds a real element (traced ops)."""
+    sizes = factor_sizes(dim, pad_env)
+    total = math.prod(sizes)
+    index = aten.arange.default(total, dtype=torch.int64)
+    valid = None
+    stride = total
+    for factor, size in zip(dim.factors, sizes):
+        stride //= size
+        if not is_symbolic(factor):
+            continue
+        component = index if stride == 1 else aten.div.Tensor_mode(index, stride,
+                                                                    rounding_mode="floor")
+        if stride * size != total:
+            component = aten.remainder.Scalar(component, size)
+        inside = aten.lt.Tensor(component, evaluate(factor, real_env))
+        valid = inside if valid is None else aten.logical_and.default(valid, inside)
+    if valid is None:  # only static factors: every position is real
+        valid = aten.ones.default([total], dtype=torch.bool)
+    return valid
+
+
+# --- host side: real tensors <-> padded tensors ------------------------------------------------
+
+def _factored(layout, shape_env: dict, real_shape) -> list:
+    shape = []
+    for d, dim in enumerate(layout):
+        if dim is None:
+            shape.append(real_shape[d])
+        else:
+            shape.extend(factor_sizes(dim, shape_env))
+    return shape
+
+
+def has_padding(layout) -> bool:
+    return any(dim is not None for dim in layout)
+
+
+def pad(tensor: torch.Tensor, layout, real_env: dict, pad_env: dict) -> torch.Tensor:
+    """The real ``tensor`` laid out at the padded size (padding holds zeros).
+
+    Example::
+
+        pad(torch.ones(2, 3), (None, prefix(s0)), {s0: 3}, {s0: 8}).shape == (2, 8)
+    """
+    if not has_padding(layout):
+        return tensor
+    real = _factored(layout, real_env, tensor.shape)
+    padded = _factored(layout, pad_env, tensor.shape)
+    if real == padded:
+        return tensor
+    out = tensor.new_zeros(padded)
+    out[tuple(slice(0, r) for r in real)] = tensor.reshape(real)
+    return out.reshape([math.prod(factor_sizes(dim, pad_env)) if dim is not None else s
+                        for dim, s in zip(layout, tensor.shape)])
+
+
+def unpad(tensor: torch.Tensor, layout, real_env: dict, pad_env: dict) -> torch.Tensor:
+    """The real elements of a padded ``tensor``, at their real shape."""
+    if not has_padding(layout):
+        return tensor
+    real = _factored(layout, real_env, tensor.shape)
+    padded = _factored(layout, pad_env, tensor.shape)
+    real_shape = [math.prod(factor_sizes(dim, real_env)) if dim is not None else s
+                  for dim, s in zip(layout, tensor.shape)]
+    if real == padded:
+        return tensor
+    return tensor.reshape(padded)[tuple(slice(0, r) for r in real)].reshape(real_shape)
+
+
+# --- views -------------------------------------------------------------------------------------
+
+def view_layout(layout, in_shape, out_exprs, pad_env: dict):
+    """The layout of ``x.view(out)``: factors regrouped into the output dims, or NotPaddable.
+
+    A padded factor cannot be split by a view (its real elements would scatter), static ones
+    can. ``out_exprs`` are the symbolic output sizes, which check the regrouping.
+    """
+    atoms = []  # (padded size, factor)
+    for dim, size in zip(layout, in_shape):
+        if dim is None:
+            atoms.append((size, size))
+        else:
+            atoms.extend(zip(factor_sizes(dim, pad_env), dim.factors))
+    atoms = [a for a in atoms if a[0] != 1 or is_symbolic(a[1])]
+    out = []
+    for expr in out_exprs:
+        target = evaluate(expr, pad_env)
+        taken, product = [], 1
+        while product < target or (product == target and atoms and atoms[0][0] == 1):
+            if not atoms:
+                raise NotPaddable("a view does not line up with the padded layout")
+            size, factor = atoms.pop(0)
+            if product * size <= target:
+                taken.append(factor)
+                product *= size
+                continue
+            need = target // product
+            if is_symbolic(factor) or target % product or size % need:
+                raise NotPaddable("a view splits a padded dim")
+            taken.append(need)
+            atoms.insert(0, (size // need, size // need))
+            product *= need
+        if product != target:
+            raise NotPaddable("a view does not line up with the padded layout")
+        symbolic = [f for f in taken if is_symbolic(f)]
+        if not symbolic:
+            out.append(None)
+            continue
+        if sympy.simplify(sympy.Mul(*taken) - expr) != 0:
+            raise NotPaddable(f"a view regroups padded dims into {expr} ambiguously")
+        out.append(Dim(tuple(_merge_static(taken))))
+    if any(is_symbolic(a[1]) for a in atoms):
+        raise NotPaddable("a view drops a padded dim")
+    return tuple(out)
+
+
+def _merge_static(factors):
+    merged = []
+    for f in factors:
+        if isinstance(f, int) and merged and isinstance(merged[-1], int):
+            merged[-1] *= f
+        elif f != 1:
+            merged.append(f)
+    return merged or [1]

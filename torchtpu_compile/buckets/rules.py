@@ -1,0 +1,808 @@
+"""How each ATen op runs on padded tensors so that the real elements come out exact.
+
+One rule per op family, registered with ``@padding_rule(op, ...)``. A rule gets the tracing
+context, the FX node (its ``meta["val"]`` holds the symbolic shapes) and the node's arguments
+as ``Padded`` tensors, ``Size`` values or plain Python values, and returns ``Padded`` results.
+Ops without a rule run unchanged when no padding reaches them, and pointwise ops combine their
+inputs' layouts; any other op that meets padding raises ``NotPaddable``, and the graph is then
+compiled for the exact shape instead.
+
+The rules mask padding where an op reads across a padded dim (reductions, contractions,
+softmax, cumulative ops, sorting, scatters), use the real sizes (runtime scalars of the
+program) where a size is used as a value (``mean``'s divisor, ``x / n``), and compute
+positions counted from the real end (``x[:, -1]``, ``x[-k:]``) from the real size.
+
+Example::
+
+    @padding_rule(aten.neg.default)
+    def neg(ctx, node, x):
+        return Padded(aten.neg.default(x.tensor), x.layout)
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+
+from .layout import Dim, NotPaddable, dim_mask, evaluate, is_symbolic, prefix, sym_expr, \
+    view_layout
+
+aten = torch.ops.aten
+RULES: dict = {}
+
+
+@dataclass
+class Padded:
+    """A tensor traced at its padded shape and where its real elements are."""
+    tensor: object
+    layout: tuple
+
+    @property
+    def padded(self) -> bool:
+        return any(d is not None for d in self.layout)
+
+
+@dataclass
+class Size:
+    """A symbolic size: its value at the bucket (``pad``) and at run time (``real``, traced)."""
+    expr: object
+    pad: int
+    real: object
+
+
+def padding_rule(*ops):
+    """Register ``fn(ctx, node, *args, **kwargs)`` as the padding rule of ``ops``."""
+    def register(fn):
+        for op in ops:
+            RULES[op] = fn
+        return fn
+    return register
+
+
+class Context:
+    """Symbol values at the bucket (ints) and at run time (traced 0-d int64 tensors)."""
+
+    def __init__(self, pad_env: dict, real_env: dict):
+        self.pad_env = pad_env
+        self.real_env = real_env
+        self._masks: dict = {}
+
+    def dim_mask(self, dim: Dim):
+        key = dim.factors
+        if key not in self._masks:
+            self._masks[key] = dim_mask(dim, self.pad_env, self.real_env)
+        return self._masks[key]
+
+    def mask(self, x: Padded, dims=None):
+        """bool tensor broadcastable to ``x``: True on real elements along ``dims``."""
+        dims = range(len(x.layout)) if dims is None else dims
+        rank = len(x.layout)
+        mask = None
+        for d in dims:
+            dim = x.layout[d]
+            if dim is None:
+                continue
+            shape = [1] * rank
+            shape[d] = -1
+            m = aten.view.default(self.dim_mask(dim), shape)
+            mask = m if mask is None else aten.logical_and.default(mask, m)
+        return mask
+
+    def fill(self, x: Padded, value, dims=None):
+        """``x``'s tensor with ``value`` on the padding along ``dims``."""
+        mask = self.mask(x, dims)
+        if mask is None:
+            return x.tensor
+        return aten.where.self(mask, x.tensor, _scalar(value, x.tensor.dtype))
+
+    def real_size(self, x: Padded, d: int, shape_expr):
+        """The real extent of dim ``d`` (an int, or a traced 0-d int64 tensor)."""
+        if x.layout[d] is None:
+            return int(shape_expr) if not is_symbolic(shape_expr) else evaluate(
+                shape_expr, self.real_env)
+        return math.prod([evaluate(f, self.real_env) for f in x.layout[d].factors]) \
+            if len(x.layout[d].factors) > 1 else evaluate(x.layout[d].factors[0], self.real_env)
+
+
+def _scalar(value, dtype):
+    return aten.scalar_tensor.default(value, dtype=dtype)
+
+
+def lowest(dtype):
+    return -math.inf if dtype.is_floating_point else (
+        False if dtype == torch.bool else torch.iinfo(dtype).min)
+
+
+def highest(dtype):
+    return math.inf if dtype.is_floating_point else (
+        True if dtype == torch.bool else torch.iinfo(dtype).max)
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+def out_shape(node: fx.Node):
+    val = node.meta["val"]
+    return [sym_expr(s) for s in val.shape]
+
+
+def meta_layout(node: fx.Node, uniform: bool, val=None) -> tuple:
+    """A layout from the node's symbolic shape: every symbolic dim a prefix."""
+    val = node.meta["val"] if val is None else val
+    return tuple(Dim((sym_expr(s),), uniform) if is_symbolic(sym_expr(s)) else None
+                 for s in val.shape)
+
+
+def unwrap(value, ctx: Context, real: bool = False):
+    """Arguments for a plain call: tensors for Padded, bucket (or real) values for Size."""
+    if isinstance(value, Padded):
+        return value.tensor
+    if isinstance(value, Size):
+        return value.real if real else value.pad
+    if isinstance(value, (list, tuple)):
+        return type(value)(unwrap(v, ctx, real) for v in value)
+    return value
+
+
+def merge_dims(dims: list):
+    """The layout of one output dim from its inputs' (broadcast ones left out)."""
+    padded = [d for d in dims if d is not None]
+    if not padded:
+        return None
+    varying = [d for d in padded if not d.uniform]
+    if not varying:
+        return padded[0]
+    first = varying[0]
+    if any(not d.same_elements(first) for d in varying[1:]):
+        raise NotPaddable(f"an op combines dims padded differently: {first} and "
+                          f"{[d for d in varying if not d.same_elements(first)][0]}")
+    return first
+
+
+def broadcast_layout(inputs: list, rank: int) -> tuple:
+    """Right-aligned broadcast of the inputs' layouts to ``rank`` dims."""
+    out = []
+    for d in range(rank):
+        dims = []
+        for x in inputs:
+            k = d - (rank - len(x.layout))
+            if k >= 0:
+                dims.append(x.layout[k])
+        out.append(merge_dims(dims))
+    return tuple(out)
+
+
+def _norm_dim(d: int, rank: int) -> int:
+    return d + rank if d < 0 else d
+
+
+def _norm_dims(dims, rank: int) -> list:
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return list(range(rank))
+    if isinstance(dims, int):
+        dims = [dims]
+    return sorted(_norm_dim(d, rank) for d in dims)
+
+
+def _prefix_dim(x: Padded, d: int, what: str) -> Dim | None:
+    dim = x.layout[d]
+    if dim is not None and len(dim.factors) != 1:
+        raise NotPaddable(f"{what} along a dim that merges padded dims")
+    return dim
+
+
+def _tensor_overload(op):
+    # A Size used as a value is a traced tensor: the Scalar overload becomes the Tensor one.
+    name = op._overloadname
+    if "Scalar" not in name:
+        return op
+    packet = getattr(aten, op._schema.name.split("::")[1])
+    candidate = name.replace("Scalar", "Tensor")
+    if candidate in packet.overloads():
+        return getattr(packet, candidate)
+    raise NotPaddable(f"{op} takes a size as a scalar value")
+
+
+# --- generic rules (used by the tracer for ops without their own) -------------------------------
+
+def pointwise(ctx, node, *args, **kwargs):
+    """Elementwise ops: padding stays padding; sizes used as values are the real ones."""
+    op = node.target
+    if any(isinstance(a, Size) for a in list(args) + list(kwargs.values())):
+        op = _tensor_overload(op)
+    tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, Padded)]
+    result = op(*unwrap(args, ctx, real=True), **unwrap(kwargs, ctx, real=True))
+    return Padded(result, broadcast_layout(tensors, result.dim()))
+
+
+def same_layout(ctx, node, x, *args, **kwargs):
+    return Padded(node.target(x.tensor, *unwrap(args, ctx), **unwrap(kwargs, ctx)), x.layout)
+
+
+for _op in (aten.clone.default, aten._to_copy.default, aten.alias.default, aten.detach.default,
+            aten.lift_fresh_copy.default, aten.contiguous.default if hasattr(aten, "contiguous")
+            else aten.clone.default):
+    RULES[_op] = same_layout
+
+
+# --- shapes ------------------------------------------------------------------------------------
+
+@padding_rule(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+def view(ctx, node, x, size):
+    layout = view_layout(x.layout, list(x.tensor.shape), out_shape(node), ctx.pad_env)
+    return Padded(node.target(x.tensor, unwrap(size, ctx)), layout)
+
+
+@padding_rule(aten.permute.default)
+def permute(ctx, node, x, dims):
+    rank = len(x.layout)
+    dims = [_norm_dim(d, rank) for d in dims]
+    return Padded(aten.permute.default(x.tensor, dims), tuple(x.layout[d] for d in dims))
+
+
+@padding_rule(aten.transpose.int)
+def transpose(ctx, node, x, a, b):
+    rank = len(x.layout)
+    a, b = _norm_dim(a, rank), _norm_dim(b, rank)
+    layout = list(x.layout)
+    layout[a], layout[b] = layout[b], layout[a]
+    return Padded(aten.transpose.int(x.tensor, a, b), tuple(layout))
+
+
+@padding_rule(aten.t.default)
+def t(ctx, node, x):
+    return Padded(aten.t.default(x.tensor), tuple(reversed(x.layout)))
+
+
+@padding_rule(aten.unsqueeze.default)
+def unsqueeze(ctx, node, x, dim):
+    dim = _norm_dim(dim, len(x.layout) + 1)
+    layout = list(x.layout)
+    layout.insert(dim, None)
+    return Padded(aten.unsqueeze.default(x.tensor, dim), tuple(layout))
+
+
+@padding_rule(aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default,
+              torch.ops.prims.squeeze.default)
+def squeeze(ctx, node, x, dims=None):
+    in_shape = [sym_expr(s) for s in node.args[0].meta["val"].shape]
+    rank = len(in_shape)
+    dims = list(range(rank)) if dims is None else _norm_dims(dims, rank)
+    gone = {d for d in dims if in_shape[d] == 1}
+    result = node.target(x.tensor, *([] if node.target is aten.squeeze.default else
+                                     [node.args[1]]))
+    return Padded(result, tuple(l for d, l in enumerate(x.layout) if d not in gone))
+
+
+@padding_rule(aten.expand.default)
+def expand(ctx, node, x, size, implicit=False):
+    shape = out_shape(node)
+    offset = len(shape) - len(x.layout)
+    layout = []
+    for d, expr in enumerate(shape):
+        k = d - offset
+        source = x.layout[k] if k >= 0 else None
+        if source is not None:
+            layout.append(source)
+        elif is_symbolic(expr):  # broadcast along a padded dim: the same value everywhere
+            layout.append(Dim((expr,), uniform=True))
+        else:
+            layout.append(None)
+    return Padded(aten.expand.default(x.tensor, unwrap(size, ctx)), tuple(layout))
+
+
+@padding_rule(aten.split_with_sizes.default, aten.split.Tensor)
+def split(ctx, node, x, sizes, dim=0):
+    dim = _norm_dim(dim, len(x.layout))
+    if x.layout[dim] is not None:
+        raise NotPaddable("split along a padded dim")
+    parts = node.target(x.tensor, unwrap(sizes, ctx), dim)
+    return [Padded(p, x.layout) for p in parts]
+
+
+@padding_rule(aten.slice.Tensor)
+def slice_(ctx, node, x, dim=0, start=None, end=None, step=1):
+    rank = len(x.layout)
+    dim = _norm_dim(dim, rank)
+    layout = list(x.layout)
+    in_expr = sym_expr(node.args[0].meta["val"].shape[dim])
+    out_expr = out_shape(node)[dim]
+    if x.layout[dim] is None:
+        if isinstance(start, Size) or isinstance(end, Size):
+            raise NotPaddable("a static dim sliced by a dynamic size")
+        return Padded(aten.slice.Tensor(x.tensor, dim, start, end, step), x.layout)
+    if step != 1:
+        raise NotPaddable("a strided slice of a padded dim")
+    _prefix_dim(x, dim, "a slice")
+    start = 0 if start is None else start
+    if isinstance(start, int) and start >= 0 and out_expr == in_expr:
+        return x  # the whole dim
+    length = evaluate(out_expr, ctx.pad_env)
+    layout[dim] = prefix(out_expr) if is_symbolic(out_expr) else None
+    if isinstance(start, int) and start >= 0:
+        if start + length > x.tensor.shape[dim]:
+            raise NotPaddable("a slice reaches past the padded size")
+        return Padded(aten.slice.Tensor(x.tensor, dim, start, start + length), tuple(layout))
+    # The start counts from the real end (x[-k:]): gather from real positions.
+    real_in = evaluate(in_expr, ctx.real_env)
+    real_start = start.real if isinstance(start, Size) else real_in + start
+    if isinstance(start, Size) and is_symbolic(start.expr) is False and start.pad < 0:
+        real_start = real_in + start.pad
+    real_start = aten.clamp.default(_as_tensor(real_start), 0)
+    index = aten.add.Tensor(aten.arange.default(length, dtype=torch.int64), real_start)
+    index = aten.clamp.default(index, 0, x.tensor.shape[dim] - 1)
+    return Padded(aten.index_select.default(x.tensor, dim, index), tuple(layout))
+
+
+def _as_tensor(value):
+    if isinstance(value, int):
+        return aten.scalar_tensor.default(value, dtype=torch.int64)
+    return value
+
+
+@padding_rule(aten.select.int)
+def select(ctx, node, x, dim, index):
+    rank = len(x.layout)
+    dim = _norm_dim(dim, rank)
+    layout = tuple(l for d, l in enumerate(x.layout) if d != dim)
+    if x.layout[dim] is None or (isinstance(index, int) and index >= 0):
+        if isinstance(index, Size):
+            raise NotPaddable("a static dim indexed by a dynamic size")
+        return Padded(aten.select.int(x.tensor, dim, index), layout)
+    _prefix_dim(x, dim, "select")
+    in_expr = sym_expr(node.args[0].meta["val"].shape[dim])
+    real = index.real if isinstance(index, Size) else evaluate(in_expr, ctx.real_env) + index
+    position = aten.view.default(aten.clamp.default(_as_tensor(real), 0,
+                                                    x.tensor.shape[dim] - 1), [1])
+    picked = aten.index_select.default(x.tensor, dim, position)
+    return Padded(aten.squeeze.dim(picked, dim), layout)
+
+
+@padding_rule(aten.cat.default)
+def cat(ctx, node, tensors, dim=0):
+    parts = [t for t in tensors if not (t.tensor.dim() == 1 and t.tensor.shape[0] == 0)]
+    rank = len(parts[0].layout)
+    dim = _norm_dim(dim, rank)
+    layout = []
+    for d in range(rank):
+        if d != dim:
+            layout.append(merge_dims([p.layout[d] for p in parts]))
+            continue
+        padded = [i for i, p in enumerate(parts) if p.layout[d] is not None]
+        if not padded:
+            layout.append(None)
+        elif padded == [len(parts) - 1] and len(parts[-1].layout[d].factors) == 1:
+            # static parts, then one padded part: the real elements stay a prefix
+            layout.append(prefix(out_shape(node)[d]))
+        else:
+            raise NotPaddable("cat along a padded dim with padding in the middle")
+    return Padded(aten.cat.default([p.tensor for p in parts], dim), tuple(layout))
+
+
+@padding_rule(aten.constant_pad_nd.default)
+def constant_pad(ctx, node, x, pad, value=0):
+    rank = len(x.layout)
+    for i in range(len(pad) // 2):
+        if x.layout[rank - 1 - i] is not None and (pad[2 * i] or pad[2 * i + 1]):
+            raise NotPaddable("constant_pad_nd of a padded dim")
+    return Padded(aten.constant_pad_nd.default(x.tensor, pad, value), x.layout)
+
+
+# --- factories ---------------------------------------------------------------------------------
+
+@padding_rule(aten.arange.default, aten.arange.start, aten.arange.start_step)
+def arange(ctx, node, *args, **kwargs):
+    if node.target is not aten.arange.default and isinstance(args[0], Size):
+        raise NotPaddable("arange with a dynamic start")
+    # arange(P) holds arange(n) in its prefix.
+    result = node.target(*unwrap(args, ctx), **unwrap(kwargs, ctx))
+    return Padded(result, meta_layout(node, uniform=False))
+
+
+@padding_rule(aten.zeros.default, aten.ones.default, aten.empty.memory_format,
+              aten.empty_strided.default, aten.full.default, aten.new_zeros.default,
+              aten.new_ones.default, aten.new_empty.default, aten.new_full.default,
+              aten.new_empty_strided.default, aten.scalar_tensor.default)
+def factory(ctx, node, *args, **kwargs):
+    values = list(args) + list(kwargs.values())
+    if node.target in (aten.full.default, aten.new_full.default, aten.scalar_tensor.default) \
+            and any(isinstance(v, Size) for v in values[1 if node.target is aten.full.default
+                                                         else 0:]):
+        # the fill value is a size: the real one, traced
+        return _full_of_size(ctx, node, args, kwargs)
+    result = node.target(*unwrap(args, ctx), **unwrap(kwargs, ctx))
+    return Padded(result, meta_layout(node, uniform=True))
+
+
+def _full_of_size(ctx, node, args, kwargs):
+    val = node.meta["val"]
+    fill = [v for v in list(args[1:] if node.target is not aten.scalar_tensor.default
+                            else args) + list(kwargs.values()) if isinstance(v, Size)][0]
+    shape = [evaluate(sym_expr(s), ctx.pad_env) for s in val.shape]
+    real = aten._to_copy.default(fill.real, dtype=val.dtype)
+    result = aten.expand.default(real, shape) if shape else real
+    return Padded(aten.clone.default(result), meta_layout(node, uniform=True))
+
+
+@padding_rule(aten.full_like.default, aten.zeros_like.default, aten.ones_like.default,
+              aten.empty_like.default, aten.rand_like.default, aten.randn_like.default)
+def factory_like(ctx, node, x, *args, **kwargs):
+    if any(isinstance(v, Size) for v in list(args) + list(kwargs.values())):
+        raise NotPaddable(f"{node.target} filled with a size")
+    uniform = node.target not in (aten.rand_like.default, aten.randn_like.default)
+    layout = tuple(None if d is None else Dim(d.factors, uniform or d.uniform)
+                   for d in x.layout)
+    return Padded(node.target(x.tensor, *unwrap(args, ctx), **unwrap(kwargs, ctx)), layout)
+
+
+# --- reductions --------------------------------------------------------------------------------
+
+_IDENTITY = {
+    "sum": lambda dtype: 0, "mean": lambda dtype: 0, "prod": lambda dtype: 1,
+    "amax": lowest, "max": lowest, "argmax": lowest,
+    "amin": highest, "min": highest, "argmin": highest,
+    "any": lambda dtype: False, "all": lambda dtype: True, "logsumexp": lowest,
+}
+
+
+def _reduce_layout(x: Padded, dims, keepdim) -> tuple:
+    if keepdim:
+        return tuple(None if d in dims else l for d, l in enumerate(x.layout))
+    return tuple(l for d, l in enumerate(x.layout) if d not in dims)
+
+
+def _reduction(kind: str, dims_at: int | None, keepdim_at: int | None, positions=False):
+    def rule(ctx, node, x, *args, **kwargs):
+        rank = len(x.layout)
+        call_args = list(args)
+        dims_arg = None
+        if dims_at is not None:
+            dims_arg = call_args[dims_at - 1] if len(call_args) >= dims_at else kwargs.get("dim")
+        dims = _norm_dims(dims_arg, rank)
+        keepdim = False
+        if keepdim_at is not None:
+            keepdim = (call_args[keepdim_at - 1] if len(call_args) >= keepdim_at
+                       else kwargs.get("keepdim", False))
+        padded = [d for d in dims if x.layout[d] is not None]
+        layout = _reduce_layout(x, dims, keepdim)
+        if not padded:
+            return _wrap(node.target(x.tensor, *unwrap(args, ctx), **unwrap(kwargs, ctx)),
+                         layout)
+        if positions:
+            for d in padded:
+                _prefix_dim(x, d, f"{kind} (it returns positions)")
+        if kind == "mean":
+            total = aten.sum.dim_IntList(ctx.fill(x, 0, padded), dims, keepdim,
+                                         dtype=kwargs.get("dtype"))
+            return Padded(aten.div.Tensor(total, _count(ctx, x, node, dims)), layout)
+        filled = ctx.fill(x, _IDENTITY[kind](x.tensor.dtype), padded)
+        return _wrap(node.target(filled, *unwrap(args, ctx), **unwrap(kwargs, ctx)), layout)
+    return rule
+
+
+def _wrap(result, layout):
+    if isinstance(result, (tuple, list)):
+        return [Padded(r, layout) for r in result]
+    return Padded(result, layout)
+
+
+def _count(ctx, x, node, dims):
+    shape = [sym_expr(s) for s in node.args[0].meta["val"].shape]
+    count = 1
+    for d in dims:
+        count = count * ctx.real_size(x, d, shape[d])
+    return count
+
+
+for _op, _spec in {
+    aten.sum.dim_IntList: ("sum", 1, 2), aten.sum.default: ("sum", None, None),
+    aten.mean.dim: ("mean", 1, 2), aten.mean.default: ("mean", None, None),
+    aten.prod.dim_int: ("prod", 1, 2), aten.prod.default: ("prod", None, None),
+    aten.amax.default: ("amax", 1, 2), aten.amin.default: ("amin", 1, 2),
+    aten.any.dim: ("any", 1, 2), aten.any.dims: ("any", 1, 2), aten.any.default: ("any", None, None),
+    aten.all.dim: ("all", 1, 2), aten.all.dims: ("all", 1, 2), aten.all.default: ("all", None, None),
+    aten.logsumexp.default: ("logsumexp", 1, 2),
+}.items():
+    RULES[_op] = _reduction(*_spec)
+for _op, _spec in {
+    aten.argmax.default: ("argmax", 1, 2), aten.argmin.default: ("argmin", 1, 2),
+    aten.max.dim: ("max", 1, 2), aten.min.dim: ("min", 1, 2),
+}.items():
+    RULES[_op] = _reduction(*_spec, positions=True)
+RULES[aten.max.default] = _reduction("max", None, None)
+RULES[aten.min.default] = _reduction("min", None, None)
+
+
+@padding_rule(aten.var_mean.correction, aten.var.correction, aten.std.correction)
+def variance(ctx, node, x, dims=None, correction=None, keepdim=False, **kwargs):
+    rank = len(x.layout)
+    dims = _norm_dims(dims, rank)
+    padded = [d for d in dims if x.layout[d] is not None]
+    layout = _reduce_layout(x, dims, keepdim)
+    if not padded:
+        result = node.target(x.tensor, dims, correction=correction, keepdim=keepdim, **kwargs)
+        return _wrap(result, layout)
+    correction = 1 if correction is None else correction
+    count = _count(ctx, x, node, dims)
+    mean = aten.div.Tensor(aten.sum.dim_IntList(ctx.fill(x, 0, padded), dims, True), count)
+    centered = Padded(aten.sub.Tensor(x.tensor, mean), x.layout)
+    squares = aten.mul.Tensor(ctx.fill(centered, 0, padded), ctx.fill(centered, 0, padded))
+    var = aten.div.Tensor(aten.sum.dim_IntList(squares, dims, keepdim),
+                          aten.clamp.default(aten.sub.Tensor(_as_tensor(count), correction), 0))
+    if not keepdim:
+        mean = aten.squeeze.dims(mean, dims)
+    if node.target is aten.var_mean.correction:
+        return [Padded(var, layout), Padded(mean, layout)]
+    if node.target is aten.std.correction:
+        return Padded(aten.sqrt.default(var), layout)
+    return Padded(var, layout)
+
+
+# --- contractions ------------------------------------------------------------------------------
+
+def _contract(ctx, a: Padded, ka: int, b: Padded, kb: int):
+    """a and b with the padding of their contracted dims zeroed (garbage could be inf/nan)."""
+    if a.layout[ka] is None and b.layout[kb] is None:
+        return a.tensor, b.tensor
+    merge_dims([a.layout[ka], b.layout[kb]])
+    return ctx.fill(a, 0, [ka]), ctx.fill(b, 0, [kb])
+
+
+@padding_rule(aten.mm.default)
+def mm(ctx, node, a, b):
+    ta, tb = _contract(ctx, a, 1, b, 0)
+    return Padded(aten.mm.default(ta, tb), (a.layout[0], b.layout[1]))
+
+
+@padding_rule(aten.bmm.default)
+def bmm(ctx, node, a, b):
+    ta, tb = _contract(ctx, a, 2, b, 1)
+    return Padded(aten.bmm.default(ta, tb),
+                  (merge_dims([a.layout[0], b.layout[0]]), a.layout[1], b.layout[2]))
+
+
+@padding_rule(aten.addmm.default)
+def addmm(ctx, node, bias, a, b, beta=1, alpha=1):
+    ta, tb = _contract(ctx, a, 1, b, 0)
+    product = Padded(None, (a.layout[0], b.layout[1]))
+    layout = broadcast_layout([bias, product], 2)
+    return Padded(aten.addmm.default(bias.tensor, ta, tb, beta=beta, alpha=alpha), layout)
+
+
+@padding_rule(aten.convolution.default)
+def convolution(ctx, node, x, weight, bias, *args):
+    # Only the batch dim may be padded: each sample is convolved on its own.
+    if any(d is not None for d in x.layout[1:]) or any(d is not None for d in weight.layout):
+        raise NotPaddable("a convolution over a padded channel or spatial dim")
+    result = aten.convolution.default(x.tensor, weight.tensor,
+                                      None if bias is None else bias.tensor, *args)
+    return Padded(result, (x.layout[0],) + (None,) * (result.dim() - 1))
+
+
+# --- softmax, cumulative ops, sorting ----------------------------------------------------------
+
+@padding_rule(aten._softmax.default, aten._log_softmax.default)
+def softmax(ctx, node, x, dim, half_to_float):
+    dim = _norm_dim(dim, len(x.layout))
+    return Padded(node.target(ctx.fill(x, -math.inf, [dim]), dim, half_to_float), x.layout)
+
+
+@padding_rule(aten._softmax_backward_data.default)
+def softmax_backward(ctx, node, grad, out, dim, dtype):
+    dim = _norm_dim(dim, len(grad.layout))
+    return Padded(node.target(ctx.fill(grad, 0, [dim]), ctx.fill(out, 0, [dim]), dim, dtype),
+                  grad.layout)
+
+
+@padding_rule(aten._log_softmax_backward_data.default)
+def log_softmax_backward(ctx, node, grad, out, dim, dtype):
+    dim = _norm_dim(dim, len(grad.layout))
+    return Padded(node.target(ctx.fill(grad, 0, [dim]), ctx.fill(out, -math.inf, [dim]), dim,
+                              dtype), grad.layout)
+
+
+@padding_rule(aten.cumsum.default, aten.cumprod.default)
+def cumulative(ctx, node, x, dim, **kwargs):
+    # A prefix sum at a real position reads only earlier positions: zero (one) the padding
+    # that a merged dim puts between real elements.
+    dim = _norm_dim(dim, len(x.layout))
+    neutral = 0 if node.target is aten.cumsum.default else 1
+    return Padded(node.target(ctx.fill(x, neutral, [dim]), dim, **kwargs), x.layout)
+
+
+@padding_rule(aten.sort.default, aten.sort.stable)
+def sort(ctx, node, x, *args, **kwargs):
+    if node.target is aten.sort.stable:
+        _, dim, descending = (list(args) + [None, -1, False][len(args):])[:3]
+        dim = kwargs.get("dim", dim)
+        descending = kwargs.get("descending", descending)
+    else:
+        dim, descending = (list(args) + [-1, False][len(args):])[:2]
+        dim = kwargs.get("dim", dim)
+        descending = kwargs.get("descending", descending)
+    dim = _norm_dim(dim, len(x.layout))
+    if x.layout[dim] is None:
+        return _wrap(node.target(x.tensor, *args, **kwargs), x.layout)
+    _prefix_dim(x, dim, "sort")
+    # Padding sorts behind every real element (stable, so real infinities stay first); the
+    # positions returned are real positions, since the real elements are a prefix.
+    fill = lowest(x.tensor.dtype) if descending else highest(x.tensor.dtype)
+    values, indices = aten.sort.stable(ctx.fill(x, fill, [dim]), stable=True, dim=dim,
+                                       descending=descending)
+    return [Padded(values, x.layout), Padded(indices, x.layout)]
+
+
+@padding_rule(aten.topk.default)
+def topk(ctx, node, x, k, dim=-1, largest=True, sorted=True):
+    dim = _norm_dim(dim, len(x.layout))
+    layout = tuple(None if d == dim else l for d, l in enumerate(x.layout))
+    if x.layout[dim] is None:
+        return _wrap(aten.topk.default(x.tensor, unwrap(k, ctx), dim, largest, sorted), layout)
+    _prefix_dim(x, dim, "topk")
+    if isinstance(k, Size):
+        raise NotPaddable("topk with a dynamic k")
+    fill = lowest(x.tensor.dtype) if largest else highest(x.tensor.dtype)
+    return _wrap(aten.topk.default(ctx.fill(x, fill, [dim]), k, dim, largest, sorted), layout)
+
+
+# --- indexing ----------------------------------------------------------------------------------
+
+@padding_rule(aten.embedding.default)
+def embedding(ctx, node, weight, indices, *args):
+    if weight.padded:
+        raise NotPaddable("an embedding table with a padded dim")
+    return Padded(aten.embedding.default(weight.tensor, indices.tensor, *unwrap(args, ctx)),
+                  indices.layout + (None,))
+
+
+@padding_rule(aten.index_select.default)
+def index_select(ctx, node, x, dim, index):
+    dim = _norm_dim(dim, len(x.layout))
+    _prefix_dim(x, dim, "index_select")  # real positions are padded positions in a prefix
+    layout = list(x.layout)
+    layout[dim] = index.layout[0]
+    return Padded(aten.index_select.default(x.tensor, dim, index.tensor), tuple(layout))
+
+
+@padding_rule(aten.gather.default)
+def gather(ctx, node, x, dim, index, sparse_grad=False):
+    dim = _norm_dim(dim, len(x.layout))
+    _prefix_dim(x, dim, "gather")
+    return Padded(aten.gather.default(x.tensor, dim, index.tensor, sparse_grad=sparse_grad),
+                  index.layout)
+
+
+@padding_rule(aten.index.Tensor)
+def index(ctx, node, x, indices):
+    positions = [i for i, ix in enumerate(indices) if ix is not None]
+    for d in positions:
+        _prefix_dim(x, d, "indexing")
+    if positions != list(range(positions[0], positions[-1] + 1)):
+        raise NotPaddable("advanced indexing with separated index tensors")
+    index_layout = broadcast_layout([indices[i] for i in positions],
+                                    max(indices[i].tensor.dim() for i in positions))
+    layout = x.layout[:positions[0]] + index_layout + x.layout[positions[-1] + 1:]
+    result = aten.index.Tensor(x.tensor, [None if ix is None else ix.tensor for ix in indices])
+    return Padded(result, layout)
+
+
+@padding_rule(aten.index_put.default)
+def index_put(ctx, node, x, indices, values, accumulate=False):
+    given = [ix for ix in indices if ix is not None]
+    for d, ix in enumerate(indices):
+        if ix is not None:
+            _prefix_dim(x, d, "index_put")
+    if not accumulate and (values.padded or any(ix.padded for ix in given)):
+        raise NotPaddable("index_put without accumulate from padded values")
+    if accumulate and (values.padded or any(ix.padded for ix in given)):
+        # Padded positions add zero wherever their (garbage) index points. values has the
+        # shape of the broadcast indices, then of x's dims that are not indexed.
+        index_layout = broadcast_layout(given, max(ix.tensor.dim() for ix in given))
+        if values.tensor.dim() < len(index_layout):
+            raise NotPaddable("index_put with broadcast values")
+        layout = tuple(merge_dims([i, v]) for i, v in zip(index_layout, values.layout)) \
+            + values.layout[len(index_layout):]
+        values = Padded(ctx.fill(Padded(values.tensor, layout), 0), layout)
+    result = aten.index_put.default(x.tensor, [None if ix is None else ix.tensor
+                                               for ix in indices], values.tensor, accumulate)
+    return Padded(result, x.layout)
+
+
+@padding_rule(aten.scatter_add.default)
+def scatter_add(ctx, node, x, dim, index, src):
+    dim = _norm_dim(dim, len(x.layout))
+    _prefix_dim(x, dim, "scatter_add")
+    layout = broadcast_layout([index, src], src.tensor.dim())
+    src_tensor = ctx.fill(Padded(src.tensor, layout), 0)
+    return Padded(aten.scatter_add.default(x.tensor, dim, index.tensor, src_tensor), x.layout)
+
+
+# --- normalization -----------------------------------------------------------------------------
+
+@padding_rule(aten.native_layer_norm.default)
+def layer_norm(ctx, node, x, shape, weight, bias, eps):
+    k = len(shape)
+    if any(d is not None for d in x.layout[-k:]):
+        raise NotPaddable("layer_norm over a padded dim")
+    out, mean, rstd = aten.native_layer_norm.default(x.tensor, unwrap(shape, ctx),
+                                                     unwrap(weight, ctx), unwrap(bias, ctx), eps)
+    stats_layout = x.layout[:-k] + (None,) * k
+    return [Padded(out, x.layout), Padded(mean, stats_layout), Padded(rstd, stats_layout)]
+
+
+@padding_rule(aten._native_batch_norm_legit_functional.default)
+def batch_norm_training(ctx, node, x, weight, bias, running_mean, running_var, training,
+                        momentum, eps):
+    if any(d is not None for d in x.layout[1:]):
+        raise NotPaddable("batch_norm with a padded channel or spatial dim")
+    if x.layout[0] is None or not training:
+        outs = node.target(x.tensor, *unwrap([weight, bias, running_mean, running_var], ctx),
+                           training, momentum, eps)
+        return [Padded(outs[0], x.layout)] + [Padded(o, (None,)) for o in outs[1:]]
+    # Statistics over the real samples only; running_var takes the unbiased variance.
+    dims = [0] + list(range(2, len(x.layout)))
+    count = _count(ctx, x, node, dims)
+    total = aten.sum.dim_IntList(ctx.fill(x, 0, [0]), dims, True)
+    mean = aten.div.Tensor(total, count)
+    centered = Padded(aten.sub.Tensor(x.tensor, mean), x.layout)
+    squares = ctx.fill(centered, 0, [0])
+    var = aten.div.Tensor(aten.sum.dim_IntList(aten.mul.Tensor(squares, squares), dims, True),
+                          count)
+    rstd = aten.rsqrt.default(aten.add.Tensor(var, eps))
+    out = aten.mul.Tensor(centered.tensor, rstd)
+    shape = [1, -1] + [1] * (len(x.layout) - 2)
+    if weight is not None:
+        out = aten.mul.Tensor(out, aten.view.default(weight.tensor, shape))
+    if bias is not None:
+        out = aten.add.Tensor(out, aten.view.default(bias.tensor, shape))
+    mean_c, var_c, rstd_c = (aten.view.default(v, [-1]) for v in (mean, var, rstd))
+    unbiased = aten.div.Tensor(aten.mul.Tensor(var_c, count),
+                               aten.clamp.default(aten.sub.Tensor(_as_tensor(count), 1), 1))
+    new_mean = aten.add.Tensor(aten.mul.Tensor(running_mean.tensor, 1 - momentum),
+                               aten.mul.Tensor(mean_c, momentum))
+    new_var = aten.add.Tensor(aten.mul.Tensor(running_var.tensor, 1 - momentum),
+                              aten.mul.Tensor(unbiased, momentum))
+    return [Padded(out, x.layout), Padded(mean_c, (None,)), Padded(rstd_c, (None,)),
+            Padded(new_mean, (None,)), Padded(new_var, (None,))]
+
+
+@padding_rule(aten.scatter.value, aten.scatter.src)
+def scatter(ctx, node, x, dim, index, src_or_value):
+    # A write into position index[i][j] lands in row i of x: rows of padding only write into
+    # rows of padding, as long as the scattered dim itself holds no padding of the index.
+    dim = _norm_dim(dim, len(x.layout))
+    _prefix_dim(x, dim, "scatter")
+    if index.layout[dim] is not None:
+        raise NotPaddable("scatter with an index padded along the scattered dim")
+    layout = tuple(l if d == dim else merge_dims([l, index.layout[d]])
+                   for d, l in enumerate(x.layout))
+    source = src_or_value.tensor if isinstance(src_or_value, Padded) else unwrap(src_or_value,
+                                                                                 ctx, real=True)
+    return Padded(node.target(x.tensor, dim, index.tensor, source), layout)
+
+
+@padding_rule(aten.slice_scatter.default)
+def slice_scatter(ctx, node, x, src, dim=0, start=None, end=None, step=1):
+    rank = len(x.layout)
+    dim = _norm_dim(dim, rank)
+    layout = tuple(merge_dims([x.layout[d], src.layout[d]]) if d != dim else x.layout[d]
+                   for d in range(rank))
+    if x.layout[dim] is None:
+        if isinstance(start, Size) or isinstance(end, Size):
+            raise NotPaddable("a static dim slice-scattered by a dynamic size")
+        return Padded(aten.slice_scatter.default(x.tensor, src.tensor, dim, start, end, step),
+                      layout)
+    start = 0 if start is None else start
+    if step != 1 or not isinstance(start, int) or start < 0:
+        raise NotPaddable("slice_scatter into a padded dim from its real end")
+    _prefix_dim(x, dim, "slice_scatter")
+    length = src.tensor.shape[dim]
+    if start + length > x.tensor.shape[dim]:
+        raise NotPaddable("slice_scatter reaches past the padded size")
+    # Past the real end of src, keep x's elements: src's padding must not land on them.
+    kept = aten.slice.Tensor(x.tensor, dim, start, start + length)
+    mask = ctx.mask(src, [dim])
+    source = src.tensor if mask is None else aten.where.self(mask, src.tensor, kept)
+    return Padded(aten.slice_scatter.default(x.tensor, source, dim, start, start + length),
+                  layout)

@@ -1,0 +1,110 @@
+"""Run a graph with dynamic sizes through a few padded, statically compiled buckets.
+
+Per call: bind the size symbols from the arguments, pick the bucket (policy.py), pad the
+inputs, run the bucket's program with the real sizes as extra scalar arguments, and cut the
+outputs back to their real sizes.
+
+Example::
+
+    graph = BucketedGraph(gm, "graph_0/forward", build=build_static)
+    outputs = graph(args, precision="highest")
+"""
+from __future__ import annotations
+
+import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+from .. import counters
+from .._logging import log
+from .layout import NotPaddable, evaluate, has_padding, pad, unpad
+from .policy import choose
+from .trace import analyze, trace_bucket
+
+# Layouts of the tensors a forward graph returns, by node name, per backend graph ("graph_3"):
+# its backward graph takes the saved ones as inputs under the same names.
+_SAVED_LAYOUTS: dict = {}
+
+
+def _family(name: str) -> str:
+    return name.split("/", 1)[0]
+
+
+class BucketedGraph:
+    """The programs of one symbolic graph, one per bucket (and precision)."""
+
+    def __init__(self, gm, name: str, build, resident_inputs: frozenset = frozenset()):
+        self.gm = gm
+        self.name = name
+        self._build = build  # (static gm, precision, label, resident) -> program
+        self.resident_inputs = resident_inputs
+        self.spec = None
+        self._programs: dict = {}   # (precision, bucket key) -> (program, plan)
+
+    def _analyze(self):
+        if self.spec is None:
+            self.spec = analyze(self.gm, _SAVED_LAYOUTS.get(_family(self.name), {}))
+        return self.spec
+
+    def _bind(self, args) -> dict:
+        real = {}
+        for symbol, (index, dim) in self.spec.binding.items():
+            arg = args[index]
+            real[symbol] = int(arg.shape[dim] if dim is not None else arg)
+        return real
+
+    def _program_for(self, precision: str, key: tuple, pad_env: dict):
+        entry = self._programs.get((precision, key))
+        if entry is not None:
+            return entry
+        with unset_fake_temporarily():
+            plan = trace_bucket(self.gm, self.spec, pad_env)
+        tensor_positions = [i for i, k in enumerate(self.spec.kinds) if k == "tensor"]
+        resident = frozenset(j for j, i in enumerate(tensor_positions)
+                             if i in self.resident_inputs)
+        label = f"{self.name}[bucket {','.join(map(str, key))}]"
+        log.debug("building %s at precision %s", label, precision)
+        program = self._build(plan.gm, precision, label, resident)
+        family = _SAVED_LAYOUTS.setdefault(_family(self.name), {})
+        family.update(plan.named_layouts)
+        entry = (program, plan)
+        self._programs[(precision, key)] = entry
+        return entry
+
+    def __call__(self, args: list, precision: str) -> list:
+        spec = self._analyze()
+        real_env = self._bind(args)
+        sizes = tuple(real_env[s] for s in spec.symbols)
+        existing = [k for (p, k) in self._programs if p == precision]
+        key, new = choose(sizes, existing)
+        pad_env = dict(zip(spec.symbols, key))
+        if new:
+            largest = max((max(k) for k in existing), default=0)
+            level = log.info if existing and max(key) > largest else log.debug
+            level("torchtpu: %s: new bucket %s for sizes %s (%d buckets before)", self.name,
+                  key, sizes, len(existing))
+        program, plan = self._program_for(precision, key, pad_env)
+        inputs, padded_elements, real_elements = [], 0, 0
+        for arg, kind, layout in zip(args, spec.kinds, spec.layouts):
+            if kind != "tensor":
+                continue
+            padded = pad(arg, layout, real_env, pad_env)
+            if has_padding(layout):
+                padded_elements += padded.numel()
+                real_elements += arg.numel()
+            inputs.append(padded)
+        inputs += [torch.tensor(real_env[s], dtype=torch.int64) for s in spec.symbols]
+        counters.record_bucket_call(self.name, key, new, padded_elements, real_elements)
+        results = program(inputs)
+        outputs = []
+        for kind, *rest in plan.outputs:
+            if kind == "tensor":
+                index, layout = rest
+                outputs.append(unpad(results[index], layout, real_env, pad_env))
+            elif kind == "size":
+                outputs.append(int(evaluate(rest[0], real_env)))
+            else:
+                outputs.append(rest[0])
+        return outputs
+
+
+__all__ = ["BucketedGraph", "NotPaddable"]

@@ -1,0 +1,221 @@
+"""Re-trace a graph with symbolic sizes as a static graph at a bucket's padded sizes.
+
+The traced graph takes the padded tensors, then one 0-d int64 tensor per size symbol holding
+its real value, and runs each node through its padding rule (rules.py). What comes out is an
+ordinary static graph for ``build_static``, plus the plan to turn its padded outputs back into
+real ones.
+
+Example::
+
+    spec = analyze(gm, known_layouts={})
+    plan = trace_bucket(gm, spec, {s0: 128})
+    plan.gm   # static: inputs padded to 128, then s0's real value
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+
+import sympy
+import torch
+import torch.fx as fx
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+from .layout import Dim, NotPaddable, evaluate, is_symbolic, prefix, sym_expr
+from .rules import RULES, Context, Padded, Size, pointwise, unwrap
+
+_SKIPPED = {torch.ops.aten._assert_scalar.default, torch.ops.aten.sym_constrain_range.default,
+            torch.ops.aten.sym_constrain_range_for_size.default,
+            torch.ops.aten._assert_async.msg}
+
+
+@dataclass
+class InputSpec:
+    """How each placeholder of a symbolic graph is fed: its layout, or the size it is."""
+    kinds: list                     # per placeholder: "tensor", "size" or "unused"
+    layouts: list                   # per placeholder: layout (tensor) / expr (size) / None
+    symbols: list                   # the size symbols, in program-argument order
+    binding: dict                   # symbol -> (placeholder index, dim or None)
+
+
+@dataclass
+class BucketPlan:
+    """A bucket's static graph and how its outputs map back to the symbolic graph's."""
+    gm: fx.GraphModule
+    outputs: list                   # ("tensor", program index, layout) | ("size", expr) | ("value", v)
+    named_layouts: dict = field(default_factory=dict)   # output node name -> layout
+
+
+def analyze(gm: fx.GraphModule, known_layouts: dict) -> InputSpec:
+    """Layouts of the placeholders; ``known_layouts`` (by node name) come from the forward
+    graph for tensors it saved for the backward."""
+    kinds, layouts, binding = [], [], {}
+    for i, node in enumerate(n for n in gm.graph.nodes if n.op == "placeholder"):
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            if free_unbacked_symbols(val):
+                raise NotPaddable("an input with a data-dependent size")
+            shape = [sym_expr(s) for s in val.shape]
+            for d, expr in enumerate(shape):
+                if isinstance(expr, sympy.Symbol):
+                    binding.setdefault(expr, (i, d))
+            layout = known_layouts.get(node.name)
+            if layout is None:
+                layout = []
+                for expr in shape:
+                    if isinstance(expr, sympy.Symbol):
+                        layout.append(prefix(expr))
+                    elif is_symbolic(expr):
+                        raise NotPaddable(f"input {node.name} has a dim {expr} whose padded "
+                                          f"layout is unknown")
+                    else:
+                        layout.append(None)
+            kinds.append("tensor")
+            layouts.append(tuple(layout))
+        elif isinstance(val, torch.SymInt):
+            expr = sym_expr(val)
+            if isinstance(expr, sympy.Symbol):
+                binding.setdefault(expr, (i, None))
+            kinds.append("size")
+            layouts.append(expr)
+        elif node.users:
+            raise NotPaddable(f"input {node.name} is a {type(val).__name__}, not a tensor or size")
+        else:
+            kinds.append("unused")
+            layouts.append(None)
+    needed = set()
+    for kind, layout in zip(kinds, layouts):
+        if kind == "tensor":
+            for dim in layout:
+                for f in (dim.factors if dim is not None else ()):
+                    needed |= getattr(f, "free_symbols", set())
+        elif kind == "size" and is_symbolic(layout):
+            needed |= layout.free_symbols
+    unbound = needed - set(binding)
+    if unbound:
+        raise NotPaddable(f"size symbols {sorted(map(str, unbound))} are bound by no input")
+    symbols = sorted(binding, key=str)
+    return InputSpec(kinds, layouts, symbols, binding)
+
+
+def padded_shape(layout, val, pad_env: dict) -> list:
+    return [dim.padded(pad_env) if dim is not None else int(s)
+            for dim, s in zip(layout, val.shape)]
+
+
+def trace_bucket(gm: fx.GraphModule, spec: InputSpec, pad_env: dict) -> BucketPlan:
+    """The static graph of one bucket (raises NotPaddable for an op no rule makes exact)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    examples = []
+    for node, kind, layout in zip(placeholders, spec.kinds, spec.layouts):
+        if kind == "tensor":
+            val = node.meta["val"]
+            examples.append(torch.zeros(padded_shape(layout, val, pad_env), dtype=val.dtype))
+    examples += [torch.zeros((), dtype=torch.int64) for _ in spec.symbols]
+    plan = BucketPlan(gm=None, outputs=[])
+
+    def run(*flat):
+        real_env = dict(zip(spec.symbols, flat[len(flat) - len(spec.symbols):]))
+        return _interpret(gm, spec, flat, Context(pad_env, real_env), plan)
+
+    with torch.no_grad():
+        plan.gm = make_fx(run, tracing_mode="fake")(*examples)
+    return plan
+
+
+def _interpret(gm, spec, flat, ctx: Context, plan: BucketPlan) -> list:
+    env: dict = {}
+    tensors = iter(flat)
+    for node, kind, layout in zip((n for n in gm.graph.nodes if n.op == "placeholder"),
+                                  spec.kinds, spec.layouts):
+        if kind == "tensor":
+            env[node] = Padded(next(tensors), layout)
+        elif kind == "size":
+            env[node] = _size(layout, ctx)
+        else:
+            env[node] = None
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            continue
+        if node.op == "output":
+            return _outputs(node, env, plan)
+        if node.op != "call_function":
+            raise NotPaddable(f"{node.op} nodes are not supported")
+        if not node.users:
+            continue
+        args = fx.node.map_arg(node.args, lambda n: env[n])
+        kwargs = fx.node.map_arg(node.kwargs, lambda n: env[n])
+        env[node] = _run_node(node, args, kwargs, ctx)
+    raise NotPaddable("graph without output")
+
+
+def _size(expr, ctx: Context):
+    if not is_symbolic(expr):
+        return int(expr)
+    return Size(expr, evaluate(expr, ctx.pad_env), evaluate(expr, ctx.real_env))
+
+
+def _has_padding(value) -> bool:
+    if isinstance(value, Padded):
+        return value.padded
+    if isinstance(value, Size):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_has_padding(v) for v in value)
+    if isinstance(value, dict):
+        return any(_has_padding(v) for v in value.values())
+    return False
+
+
+def _run_node(node: fx.Node, args, kwargs, ctx: Context):
+    target = node.target
+    val = node.meta.get("val")
+    if target is operator.getitem:
+        return args[0][args[1]]
+    if target in _SKIPPED:
+        return None
+    if isinstance(val, (torch.SymInt, torch.SymBool, torch.SymFloat)) or (
+            not isinstance(target, torch._ops.OpOverload)):
+        if isinstance(val, torch.SymInt):
+            return _size(sym_expr(val), ctx)
+        if isinstance(val, (int, bool)) and not isinstance(val, torch.SymInt):
+            return val
+        raise NotPaddable(f"{target} computes a {type(val).__name__}")
+    rule = RULES.get(target)
+    if rule is not None:
+        return rule(ctx, node, *args, **kwargs)
+    if not _has_padding(args) and not _has_padding(kwargs):
+        result = target(*unwrap(args, ctx), **unwrap(kwargs, ctx))
+        if isinstance(result, torch.Tensor):
+            return Padded(result, (None,) * result.dim())
+        if isinstance(result, (tuple, list)):
+            return [Padded(r, (None,) * r.dim()) if isinstance(r, torch.Tensor) else r
+                    for r in result]
+        return result
+    if torch.Tag.pointwise in target.tags:
+        return pointwise(ctx, node, *args, **kwargs)
+    raise NotPaddable(f"{target} has no padding rule")
+
+
+def _outputs(node: fx.Node, env: dict, plan: BucketPlan) -> list:
+    raw = node.args[0]
+    values = list(raw) if isinstance(raw, (tuple, list)) else [raw]
+    program_outputs = []
+    for value in values:
+        if isinstance(value, fx.Node):
+            result = env[value]
+            if isinstance(result, Padded):
+                plan.outputs.append(("tensor", len(program_outputs), result.layout))
+                plan.named_layouts[value.name] = result.layout
+                program_outputs.append(result.tensor)
+            elif isinstance(result, Size):
+                plan.outputs.append(("size", result.expr))
+            else:
+                plan.outputs.append(("value", result))
+        else:
+            plan.outputs.append(("value", value))
+    return program_outputs
+
+
+__all__ = ["InputSpec", "BucketPlan", "analyze", "trace_bucket", "Dim"]
