@@ -60,6 +60,17 @@ class OpGraph:
         constants = [to_buffer(c) for c in prepared.constants]
         return prepared, executable, constants
 
+    def check_lowers(self) -> None:
+        """Raise ``LoweringError`` if this graph cannot be lowered (no XLA compile)."""
+        if getattr(self, "_lowers", False):
+            return
+        prepared = prepare(self.gm)
+        if prepared.num_program_outputs:
+            client = get_client()
+            lower_graph(prepared.gm, platform=client.platform,
+                        precision=resolve_precision(client.platform))
+        self._lowers = True
+
     def compiled(self):
         """(prepared graph, executable, constant buffers) at the current matmul precision."""
         precision = resolve_precision(get_client().platform)

@@ -1,0 +1,225 @@
+"""Defer-and-fuse mode: ops are recorded, and run as one program at a materialization point.
+
+Each op is still traced once into its ``OpGraph``; here the graphs are spliced into one FX
+graph instead of run. The recorded graph runs, compiled as one XLA program, when a value is
+needed on the host (``.cpu()``, ``.item()``, print, a data-dependent branch, ``torch.save``),
+on ``torch.tpu.synchronize()``, at a mode switch, or when it grows past ``max_ops`` ops or
+``max_inputs`` input buffers. Its outputs are the values still held by live tensors, so
+temporaries never leave the device.
+
+A fused program is keyed by its op sequence, wiring, input shapes and outputs, so a training
+loop compiles its step once and then only hits the cache. A repeated-ops heuristic cuts the
+recording where a block of ops starts repeating (stacked layers), so models of different
+depths reuse the same compiled block.
+
+Example::
+
+    torch.tpu.set_eager_mode("defer_and_fuse")
+    loss = model(x).sum()     # recorded
+    loss.backward()           # recorded
+    opt.step()                # recorded
+    print(loss.item())        # one program (or a few blocks) runs here
+"""
+from __future__ import annotations
+
+import os
+import weakref
+
+import torch.fx as fx
+
+from torchtpu_compile import counters
+from torchtpu_compile._logging import log
+
+from .programs import OpGraph
+
+#: Shortest block the repeated-ops heuristic cuts at: shorter repeats are elementwise runs.
+MIN_BLOCK = 8
+
+_fused: dict = {}   # signature -> OpGraph of the whole recording
+
+
+class Lazy:
+    """An output of a recorded op: a PJRT buffer once its recording has run."""
+
+    __slots__ = ("trace", "entry", "index", "buffer")
+
+    def __init__(self, trace, entry: int, index: int):
+        self.trace, self.entry, self.index, self.buffer = trace, entry, index, None
+
+    def resolve(self):
+        if self.buffer is None:
+            self.trace.owner.flush(extra=(self,))
+            if self.buffer is None:
+                raise RuntimeError("internal error: a deferred value was dropped before it ran")
+        return self.buffer
+
+
+class _Recording:
+    """The ops recorded since the last run."""
+
+    def __init__(self, owner):
+        self.owner = owner          # the executor that records into it
+        self.graphs: list = []      # OpGraph per entry
+        self.refs: list = []        # per entry: input refs, (entry, index) or -1 - input
+        self.outputs: list = []     # per entry: its Lazy outputs
+        self.inputs: list = []      # concrete buffers read by the recording
+        self.input_index: dict = {}
+        self.storages: list = []    # weak references to storages holding our Lazy values
+        self.done = False
+
+    def record(self, graph: OpGraph, values: list) -> list:
+        refs = []
+        for value in values:
+            if type(value) is Lazy and value.buffer is None and value.trace is self:
+                refs.append((value.entry, value.index))
+                continue
+            buffer = value.resolve() if type(value) is Lazy else value
+            position = self.input_index.get(id(buffer))
+            if position is None:
+                position = self.input_index[id(buffer)] = len(self.inputs)
+                self.inputs.append(buffer)
+            refs.append(-1 - position)
+        entry = len(self.graphs)
+        self.graphs.append(graph)
+        self.refs.append(tuple(refs))
+        outs = [Lazy(self, entry, j) for j in range(len(graph.out_meta))]
+        self.outputs.append(outs)
+        return outs
+
+    def _wanted(self, extra) -> list:
+        wanted: dict = {}
+        for ref in self.storages:
+            storage = ref()
+            value = storage.value if storage is not None else None
+            if type(value) is Lazy and value.trace is self and value.buffer is None:
+                wanted.setdefault((value.entry, value.index), None)
+        for value in extra:
+            if type(value) is Lazy and value.trace is self and value.buffer is None:
+                wanted.setdefault((value.entry, value.index), None)
+        return list(wanted)
+
+    def run(self, extra=()) -> None:
+        """Compile (or fetch) and run the recording; live values become buffers."""
+        if self.done:
+            return
+        self.done = True
+        wanted = self._wanted(extra)
+        if self.graphs and wanted:
+            signature = (tuple(g.id for g in self.graphs), tuple(self.refs),
+                         tuple((tuple(b.shape), str(b.dtype)) for b in self.inputs),
+                         tuple(wanted))
+            program = _fused.get(signature)
+            if program is None:
+                program = _fused[signature] = self._splice(wanted)
+                log.debug("defer-and-fuse: compiling a graph of %d ops", len(self.graphs))
+            else:
+                counters.add("fused_graph_cache_hits")
+            counters.add("fused_graphs_run")
+            results = program.run(self.inputs)
+            for (entry, index), buffer in zip(wanted, results):
+                self.outputs[entry][index].buffer = buffer
+        for ref in self.storages:
+            storage = ref()
+            value = storage.value if storage is not None else None
+            if type(value) is Lazy and value.trace is self:
+                storage.value = value.buffer  # None only for values nothing could read
+        self.graphs = self.refs = self.outputs = self.storages = []
+        self.inputs = []
+        self.input_index = {}
+
+    def _splice(self, wanted: list) -> OpGraph:
+        graph = fx.Graph()
+        root = fx.GraphModule({}, fx.Graph())
+        inputs = [graph.placeholder(f"in{i}") for i in range(len(self.inputs))]
+        produced: list = []
+        for entry, (op, refs) in enumerate(zip(self.graphs, self.refs)):
+            env = {}
+            for placeholder, ref in zip(op.placeholders, refs):
+                if isinstance(ref, tuple):
+                    env[placeholder] = produced[ref[0]][ref[1]]
+                else:
+                    node = env[placeholder] = inputs[-1 - ref]
+                    if "val" not in node.meta:
+                        node.meta.update(placeholder.meta)
+            outs = None
+            for node in op.gm.graph.nodes:
+                if node.op == "placeholder":
+                    continue
+                if node.op == "output":
+                    outs = [env[n] for n in node.args[0]]
+                elif node.op == "get_attr":
+                    name = f"const_{entry}_{node.target}"
+                    setattr(root, name, getattr(op.gm, node.target))
+                    env[node] = graph.get_attr(name)
+                    env[node].meta.update(node.meta)
+                else:
+                    env[node] = graph.node_copy(node, lambda n: env[n])
+            produced.append(outs)
+        graph.output(tuple(produced[e][i] for e, i in wanted))
+        return OpGraph(fx.GraphModule(root, graph), f"fused[{len(self.graphs)} ops]")
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+class DeferAndFuse:
+    """The executor of defer-and-fuse mode."""
+
+    name = "defer_and_fuse"
+
+    def __init__(self):
+        self.max_ops = _env_int("TORCH_TPU_FUSE_MAX_OPS", 5000)
+        self.max_inputs = _env_int("TORCH_TPU_FUSE_MAX_INPUTS", 2000)
+        self.cut_repeats = os.environ.get("TORCH_TPU_FUSE_REPEATS", "1") != "0"
+        self.recording = _Recording(self)
+        self._ids: list = []          # graph ids since the last cut
+        self._last_seen: dict = {}    # graph id -> its last position in _ids
+        self._block: list | None = None
+
+    def check(self, graph: OpGraph) -> None:
+        graph.check_lowers()
+
+    def apply(self, graph: OpGraph, values: list) -> list:
+        if self._should_cut(graph.id):
+            self.flush(extra=values)
+        self._last_seen[graph.id] = len(self._ids)
+        self._ids.append(graph.id)
+        return self.recording.record(graph, values)
+
+    def note_write(self, storage) -> None:
+        if type(storage.value) is Lazy:
+            self.recording.storages.append(weakref.ref(storage))
+
+    def flush(self, extra=()) -> None:
+        recording = self.recording
+        self.recording = _Recording(self)  # first: running may trigger reads
+        recording.run(extra)
+        self._ids = []
+        self._last_seen = {}
+
+    def _should_cut(self, gid: int) -> bool:
+        recording = self.recording
+        if len(recording.graphs) >= self.max_ops or len(recording.inputs) >= self.max_inputs:
+            return True
+        if not self.cut_repeats:
+            return False
+        ids = self._ids
+        block = self._block
+        if block is not None:
+            if ids == block:
+                return True           # one more whole block: run it (the cache has it)
+            if ids != block[:len(ids)]:
+                self._block = None    # the repetition ended
+        previous = self._last_seen.get(gid)
+        if previous is None:
+            return False
+        length = len(ids) - previous
+        if length >= MIN_BLOCK and len(ids) >= 2 * length and \
+                ids[-length:] == ids[-2 * length:-length]:
+            self._block = ids[-length:]
+            return True
+        return False
