@@ -160,3 +160,40 @@ def test_transformers_grouped_mm_fallback_forward_and_backward():
         compiled = compile_tpu(loss)
         actual = torch.autograd.grad(compiled(a, w), (a, w))
     torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-5)
+
+
+# --- views and pooling -----------------------------------------------------------------------
+
+def test_as_strided_of_a_computed_tensor():
+    # torch-mlir lowers as_strided through a constant XLA rejects; group_norm emits it.
+    check(lambda x: torch.as_strided(x + 1, (3, 2), (1, 3), 1), randn(12))
+    check(lambda x: torch.as_strided(x * 2, (4, 3), (3, 1)), randn(12))
+
+
+def test_group_norm_with_affine_parameters():
+    F = torch.nn.functional
+    check(lambda x, w, b: F.group_norm(x, 2, w, b, 0.5), randn(1, 6, 3), randn(6), randn(6))
+
+
+@pytest.mark.parametrize("shape, kernel, stride", [((1, 2, 3, 6), 3, 2), ((1, 2, 7, 6), 3, 2),
+                                                   ((2, 3, 7), 2, 2)])
+def test_max_pool_ceil_mode_values_and_indices(shape, kernel, stride):
+    F = torch.nn.functional
+    pool = F.max_pool1d if len(shape) == 3 else F.max_pool2d
+    check(lambda x: pool(x, kernel, stride, ceil_mode=True, return_indices=True), randn(*shape))
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(kernel_size=3, stride=2, padding=1, ceil_mode=True),
+    dict(kernel_size=3, stride=2, padding=1, ceil_mode=True, count_include_pad=False),
+    dict(kernel_size=2, stride=1, padding=1, count_include_pad=False),
+    dict(kernel_size=2, stride=1, padding=1, divisor_override=3),
+])
+def test_avg_pool2d_ceil_mode_and_divisors(kwargs):
+    check(lambda x: torch.nn.functional.avg_pool2d(x, **kwargs), randn(1, 2, 6, 7))
+
+
+def test_avg_pool3d_divisor_override():
+    F = torch.nn.functional
+    check(lambda x: F.avg_pool3d(x, 2, stride=1, padding=1, ceil_mode=True,
+                                 count_include_pad=False, divisor_override=2), randn(1, 2, 4, 4, 4))

@@ -115,6 +115,17 @@ def _scan(values: tuple, dim: int, combine) -> tuple:
     return values
 
 
+def _static_length(fn):
+    # A scan unrolls over its length: at a symbolic (bucketed) length that would specialize
+    # it. Leave the op whole there; buckets/trace.py decomposes it again at the padded size.
+    def decompose(x, dim, *args, **kwargs):
+        if x.dim() and isinstance(x.shape[dim], torch.SymInt):
+            return NotImplemented
+        return fn(x, dim, *args, **kwargs)
+    decompose.__name__ = fn.__name__
+    return decompose
+
+
 def _scan_dtype(x, dtype):
     # Integer and bool inputs accumulate in int64 unless a dtype is given (as eager does).
     if dtype is not None:
@@ -125,6 +136,7 @@ def _scan_dtype(x, dtype):
 
 
 @decomposition(aten.cumsum.default)
+@_static_length
 def cumsum(x, dim, *, dtype=None):
     # torch-mlir has no lowering for cumsum (nor cumprod, cummax, cummin, logcumsumexp).
     x = _scan_dtype(x, dtype)
@@ -134,6 +146,7 @@ def cumsum(x, dim, *, dtype=None):
 
 
 @decomposition(aten.cumprod.default)
+@_static_length
 def cumprod(x, dim, *, dtype=None):
     x = _scan_dtype(x, dtype)
     if x.dim() == 0:
@@ -142,6 +155,7 @@ def cumprod(x, dim, *, dtype=None):
 
 
 @decomposition(aten.logcumsumexp.default)
+@_static_length
 def logcumsumexp(x, dim):
     if x.dim() == 0:
         return x.clone()
@@ -170,11 +184,13 @@ def _cumulative_extreme(x, dim, later_wins):
 
 
 @decomposition(aten.cummax.default)
+@_static_length
 def cummax(x, dim):
     return _cumulative_extreme(x, dim, lambda later, earlier: later >= earlier)
 
 
 @decomposition(aten.cummin.default)
+@_static_length
 def cummin(x, dim):
     return _cumulative_extreme(x, dim, lambda later, earlier: later <= earlier)
 
@@ -316,3 +332,155 @@ def transformers_grouped_mm_backward(input, weight, offs, grad_output):
         grad_input = torch.where(mine, grad_output @ weight[e].transpose(0, 1), grad_input)
         grad_weight.append((input * mine).transpose(0, 1) @ grad_output)
     return grad_input, torch.stack(grad_weight)
+
+
+# --- views that torch-mlir lowers through constants XLA rejects ------------------------------
+
+def _contiguous_strides(size) -> list:
+    strides, step = [], 1
+    for s in reversed(list(size)):
+        strides.append(step)
+        step *= max(s, 1)
+    return strides[::-1]
+
+
+@decomposition(aten.as_strided.default)
+def as_strided(x, size, stride, storage_offset=None):
+    # torch-mlir lowers as_strided through a dense_resource index constant, which XLA rejects
+    # ("Only dense elements attr are supported"); group_norm's decomposition emits it. On a
+    # contiguous input it is a reshape, or a gather at indices computed in the graph.
+    if not x.is_contiguous() or x.storage_offset() != 0:
+        return NotImplemented
+    offset = storage_offset or 0
+    size, stride = list(size), list(stride)
+    count = 1
+    for s in size:
+        count *= s
+    if offset == 0 and count == x.numel() and all(
+            st == cs for s, st, cs in zip(size, stride, _contiguous_strides(size)) if s > 1):
+        return x.reshape(size).clone()
+    index = torch.full([1] * len(size), offset, dtype=torch.int64)
+    for d, (s, st) in enumerate(zip(size, stride)):
+        shape = [1] * len(size)
+        shape[d] = s
+        index = index + torch.arange(s, dtype=torch.int64).view(shape) * st
+    return x.reshape(-1)[index.expand(size)]
+
+
+# --- pooling: ceil_mode, divisor_override and count_include_pad as explicit padding ----------
+
+def _pool_geometry(in_sizes, kernel, stride, padding, dilation, ceil_mode):
+    """Per spatial dim (output size, extra right padding so that a floor-mode pool over the
+    padded input has that output size), with PyTorch's ceil-mode rule."""
+    out = []
+    for n, k, s, p, d in zip(in_sizes, kernel, stride, padding, dilation):
+        span = n + 2 * p - d * (k - 1) - 1
+        size = (-(-span // s) if ceil_mode else span // s) + 1
+        if ceil_mode and (size - 1) * s >= n + p:  # the last window must start inside
+            size -= 1
+        extra = max((size - 1) * s + d * (k - 1) + 1 - (n + 2 * p), 0)
+        out.append((size, extra))
+    return out
+
+
+def _expand(value, dims: int) -> list:
+    value = [value] if isinstance(value, int) else list(value)
+    return value * dims if len(value) == 1 else value
+
+
+def _max_pool_ceil(x, kernel_size, stride, padding, dilation, ceil_mode, pool):
+    # torch-mlir gets the last window of ceil_mode wrong. Pad on the right with -inf to the
+    # floor-mode size; indices come back in the unpadded input's coordinates.
+    if not ceil_mode:
+        return NotImplemented
+    dims = 2 if pool is aten.max_pool2d_with_indices.default else 3
+    kernel = _expand(kernel_size, dims)
+    stride = _expand(stride, dims) if stride else kernel
+    padding, dilation = _expand(padding, dims), _expand(dilation, dims)
+    in_sizes = list(x.shape[-dims:])
+    geometry = _pool_geometry(in_sizes, kernel, stride, padding, dilation, True)
+    extra = [e for _, e in geometry]
+    if not any(extra):
+        return pool(x, kernel, stride, padding, dilation, False)
+    flat_pad = _flat_pad([0] * dims, extra)
+    low = float("-inf") if x.is_floating_point() else torch.iinfo(x.dtype).min
+    values, indices = pool(aten.constant_pad_nd(x, flat_pad, low), kernel, stride, padding,
+                           dilation, False)
+    padded = [n + e for n, e in zip(in_sizes, extra)]
+    coords, rest = [], indices
+    for size in reversed(padded):  # unflatten in padded coordinates...
+        coords.append(rest % size)
+        rest = rest // size
+    flat = torch.zeros_like(indices)
+    for coord, size in zip(reversed(coords), in_sizes):  # ...reflatten in the input's
+        flat = flat * size + coord
+    return values, flat
+
+
+@decomposition(aten.max_pool2d_with_indices.default)
+def max_pool2d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    return _max_pool_ceil(x, kernel_size, stride, padding, dilation, ceil_mode,
+                          aten.max_pool2d_with_indices.default)
+
+
+@decomposition(aten.max_pool3d_with_indices.default)
+def max_pool3d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    return _max_pool_ceil(x, kernel_size, stride, padding, dilation, ceil_mode,
+                          aten.max_pool3d_with_indices.default)
+
+
+def _flat_pad(low, high) -> list:
+    """constant_pad_nd's argument: (low, high) per spatial dim, last dim first."""
+    flat = []
+    for lo, hi in reversed(list(zip(low, high))):
+        flat += [lo, hi]
+    return flat
+
+
+def _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override,
+              dims, pool):
+    # torch-mlir ignores divisor_override and gets ceil_mode's clipped last window wrong. A
+    # sum over zero-padded windows, divided by the window sizes PyTorch uses: counted on a
+    # ones mask (the padded region included or not), or the override.
+    kernel = _expand(kernel_size, dims)
+    stride = _expand(stride, dims) if stride else kernel
+    padding = _expand(padding, dims)
+    if not ceil_mode and divisor_override is None and (count_include_pad or not any(padding)):
+        return NotImplemented
+    in_sizes = list(x.shape[-dims:])
+    extra = [e for _, e in _pool_geometry(in_sizes, kernel, stride, padding, [1] * dims,
+                                          ceil_mode)]
+    flat_pad = _flat_pad(padding, [p + e for p, e in zip(padding, extra)])
+    window = 1
+    for k in kernel:
+        window *= k
+
+    def window_sums(t):
+        return pool(aten.constant_pad_nd(t, flat_pad, 0.0), kernel, stride, [0] * dims, False,
+                    True, None) * window
+
+    sums = window_sums(x)
+    if divisor_override is not None:
+        return sums / divisor_override
+    ones = x.new_ones([1] * (x.dim() - dims) + in_sizes)
+    if count_include_pad:  # the padding counts, the ceil-mode overhang does not
+        ones = aten.constant_pad_nd(ones, _flat_pad(padding, padding), 1.0)
+        ones = aten.constant_pad_nd(ones, _flat_pad([0] * dims, extra), 0.0)
+        counts = pool(ones, kernel, stride, [0] * dims, False, True, None) * window
+    else:
+        counts = window_sums(ones)
+    return sums / counts
+
+
+@decomposition(aten.avg_pool2d.default)
+def avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    return _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                     divisor_override, 2, aten.avg_pool2d.default)
+
+
+@decomposition(aten.avg_pool3d.default)
+def avg_pool3d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    return _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                     divisor_override, 3, aten.avg_pool3d.default)
