@@ -25,11 +25,19 @@ def _static_inputs(kind: str) -> frozenset:
     return frozenset(getattr(metadata, "static_input_indices", None) or ())
 
 
-def _compiler(kind: str, graph_id: int):
+def _compiler(kind: str, graph_id: int, cached: bool):
     def compile_graph(gm: torch.fx.GraphModule, example_inputs):
+        name, resident = f"graph_{graph_id}/{kind}", _static_inputs(kind)
+        if cached:  # a picklable wrapper; backward graphs are built on their first call
+            from .graph_cache import RunnerOutputCode
+            return RunnerOutputCode(gm=gm, name=name, resident_inputs=resident,
+                                    lazy=kind == "backward")
         from .program import GraphRunner
-        return GraphRunner(gm, name=f"graph_{graph_id}/{kind}",
-                           resident_inputs=_static_inputs(kind))
+        return GraphRunner(gm, name=name, resident_inputs=resident)
+
+    if cached:
+        from .graph_cache import serializable
+        return serializable(compile_graph)
     return compile_graph
 
 
@@ -45,17 +53,21 @@ def torchtpu_backend(gm: torch.fx.GraphModule, example_inputs, **options):
     from torch._dynamo.backends.common import aot_autograd
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    from . import graph_cache
     from .lower.decompositions import decomposition_table
 
     graph_id = next(_backend_ids)
-    aot = aot_autograd(
-        fw_compiler=_compiler("forward", graph_id),
-        bw_compiler=_compiler("backward", graph_id),
-        inference_compiler=_compiler("inference", graph_id),
-        decompositions=decomposition_table(),
-        partition_fn=min_cut_rematerialization_partition,
-    )
-    # The fused CPU attention kernels (_scaled_dot_product_flash_attention_for_cpu) do not
-    # lower; the math formulation does, and XLA fuses it anyway.
-    with sdpa_kernel(SDPBackend.MATH):
-        return aot(gm, example_inputs)
+    # Inside the scope, aot_autograd first looks for this graph's result in the graph cache
+    # and, on a miss, saves what it builds (graph_cache.py).
+    with graph_cache.scope(gm) as cached:
+        aot = aot_autograd(
+            fw_compiler=_compiler("forward", graph_id, cached),
+            bw_compiler=_compiler("backward", graph_id, cached),
+            inference_compiler=_compiler("inference", graph_id, cached),
+            decompositions=decomposition_table(),
+            partition_fn=min_cut_rematerialization_partition,
+        )
+        # The fused CPU attention kernels (_scaled_dot_product_flash_attention_for_cpu) do not
+        # lower; the math formulation does, and XLA fuses it anyway.
+        with sdpa_kernel(SDPBackend.MATH):
+            return aot(gm, example_inputs)

@@ -50,6 +50,12 @@ cache_max_bytes: int = int(os.environ.get("TORCHTPU_CACHE_MAX_BYTES", 4 << 30))
 #: None turns it off (env: TORCHTPU_REMOTE_CACHE).
 remote_cache: str | None = os.environ.get("TORCHTPU_REMOTE_CACHE") or None
 
+#: Cache above the StableHLO too: aot_autograd's result per Dynamo graph (so a warm process skips
+#: AOT tracing and decomposition) and the StableHLO per FX graph (so it skips torch-mlir); both
+#: live beside the executables, at the same levels (env: TORCHTPU_GRAPH_CACHE=0 turns it off).
+graph_cache: bool = os.environ.get("TORCHTPU_GRAPH_CACHE", "1").strip().lower() not in (
+    "0", "off", "false", "no")
+
 #: Bounded dynamism: a dim that Dynamo reports dynamic is served by a few padded buckets, each
 #: compiled once; False compiles once per concrete size instead (env: TORCHTPU_BUCKETS=0).
 buckets: bool = os.environ.get("TORCHTPU_BUCKETS", "1").strip().lower() not in (

@@ -31,6 +31,10 @@ def _fresh() -> dict:
         "cache_levels": {level: {"hits": 0, "misses": 0, "bytes_read": 0, "bytes_written": 0,
                                  "seconds_saved": 0.0, "corrupt": 0}
                          for level in ("process", "disk", "remote")},
+        # The caches above the executables (graph_cache.py, lower/cache.py): hits at any level.
+        "graph_cache": {name: {"hits": 0, "misses": 0, "bypasses": 0, "corrupt": 0,
+                               "bytes_read": 0, "bytes_written": 0, "seconds_saved": 0.0}
+                        for name in ("aot_autograd", "lowering")},
     }
 
 
@@ -52,6 +56,17 @@ def add_level(level: str, name: str, value=1) -> None:
     """Add to the counter ``name`` of one compile-cache level ("process", "disk", "remote")."""
     with _lock:
         _stats["cache_levels"][level][name] += value
+
+
+def add_graph_cache(name: str, counter: str, value=1) -> None:
+    """Add to ``counter`` of one graph cache ("aot_autograd" or "lowering").
+
+    Example::
+
+        add_graph_cache("lowering", "hits")
+    """
+    with _lock:
+        _stats["graph_cache"][name][counter] += value
 
 
 def count_fallback(op_name: str) -> None:

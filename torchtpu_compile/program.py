@@ -22,6 +22,7 @@ from . import config, counters
 from ._logging import log, warn_once
 from .errors import LoweringError, UnsupportedOpError
 from .lower import lower_graph
+from .lower.cache import lower_graph_cached
 from .lower.calling_convention import prepare
 from .lower.fx_passes import normalize
 from .lower.precision import resolve_precision
@@ -51,7 +52,8 @@ class Program:
             self.executable = None  # nothing to compute: outputs are inputs, None or constants
             return
         if lowered is None:
-            lowered = lower_graph(self.prepared.gm, platform=platform, precision=precision)
+            lowered = lower_graph_cached(self.prepared.gm, platform=platform,
+                                         precision=precision)
         self.lowered = lowered
         self.executable = compile_stablehlo(lowered.bytecode, lowered.fingerprint, precision,
                                             what=name)
@@ -149,7 +151,8 @@ def _find_unsupported(gm: fx.GraphModule, platform: str, precision: str):
     if prepared.num_program_outputs == 0:
         return {}, prepared, None
     try:
-        return {}, prepared, lower_graph(prepared.gm, platform=platform, precision=precision)
+        return {}, prepared, lower_graph_cached(prepared.gm, platform=platform,
+                                                precision=precision)
     except LoweringError as whole_graph_error:
         def lower_one(one):
             return lower_graph(prepare(one).gm, platform=platform, precision=precision)

@@ -1,0 +1,259 @@
+"""The cache above the StableHLO: aot_autograd results and lowered StableHLO, across processes."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import torchtpu_compile
+from helpers import compile_tpu, configured, precision
+from torchtpu_compile import graph_cache
+from torchtpu_compile.lower import cache as lowering_cache
+from torchtpu_compile.runtime import cache as cache_store
+from torchtpu_compile.runtime import executable, levels
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# A model in a fresh process: inference under no_grad, one SGD training step, inference again;
+# prints every output, the gradients and the counters as JSON. MODEL defines ``model``, ``ids``
+# and ``loss_of(ids)``.
+SCRIPT = textwrap.dedent("""\
+    import json, sys, torch, torchtpu_compile
+    sys.path.insert(0, {here!r})
+    from torchtpu_compile import graph_cache, versions
+    {model}
+    compiled = torch.compile(model, backend="torchtpu")
+    model.eval()
+    with torch.no_grad():
+        logits = out_of(compiled(ids))
+    model.train()
+    loss = loss_of(compiled, ids)
+    loss.backward()
+    torch.optim.SGD(model.parameters(), lr=0.1).step()
+    model.eval()
+    with torch.no_grad():
+        after = out_of(compiled(ids))
+    stats = torchtpu_compile.stats()
+    print(json.dumps({{
+        "digest": versions.source_digest(*graph_cache._KEYED_SOURCES),
+        "logits": logits.flatten().tolist(), "loss": loss.item(),
+        "grads": [p.grad.flatten().tolist() for p in model.parameters() if p.grad is not None],
+        "after": after.flatten().tolist(),
+        "buffers": [b.flatten().tolist() for b in model.buffers()],
+        "graph_cache": stats["graph_cache"], "compiled": stats["graphs_compiled"],
+        "lowering_seconds": stats["lowering_seconds"]}}))
+""")
+
+# Embedding, LayerNorm, causal SDPA, a GELU MLP and BatchNorm (whose running statistics are
+# inputs mutated in training: aot_autograd's runtime wrappers must come back from the cache).
+BLOCK = textwrap.dedent("""\
+    import torch.nn as nn, torch.nn.functional as F
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.norm = nn.Embedding(50, 32), nn.LayerNorm(32)
+            self.qkv = nn.Linear(32, 96)
+            self.mlp = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32))
+            self.bn = nn.BatchNorm1d(32)
+        def forward(self, ids):
+            h = self.norm(self.embed(ids))
+            q, k, v = self.qkv(h).view(2, 8, 3, 4, 8).permute(2, 0, 3, 1, 4)
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            h = h + a.transpose(1, 2).reshape(2, 8, 32) + self.mlp(h)
+            return self.bn(h.transpose(1, 2)).transpose(1, 2)
+    torch.manual_seed(0)
+    model, ids = Block(), torch.randint(0, 50, (2, 8))
+    out_of = lambda out: out
+    loss_of = lambda m, ids: m(ids).pow(2).mean()
+""")
+
+
+def run_script(cache_dir, model: str = BLOCK) -> dict:
+    """Run SCRIPT with ``model`` in a fresh interpreter over the cache in ``cache_dir``."""
+    env = dict(os.environ, TORCHTPU_CACHE_DIR=str(cache_dir))
+    env.pop("TORCHTPU_REMOTE_CACHE", None)
+    env.pop("TORCHTPU_GRAPH_CACHE", None)
+    code = SCRIPT.format(here=HERE, model=model)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def cold_then_warm(cache_dir, model: str = BLOCK, attempts: int = 3):
+    """(cold, warm) runs over one cache dir, with the same torchtpu sources in both.
+
+    Others may edit torchtpu's sources while the test runs; an edit between the two processes
+    rightly changes every key (versions.source_digest), so such a pair is run again.
+    """
+    for attempt in range(attempts):
+        directory = f"{cache_dir}-{attempt}"
+        cold, warm = run_script(directory, model), run_script(directory, model)
+        if cold["digest"] == warm["digest"]:
+            return cold, warm
+    pytest.skip("torchtpu's sources kept changing between the two processes")
+
+
+def check_warm_hits_everything(cold: dict, warm: dict) -> None:
+    """Every graph of the warm run came from the graph cache, and every number is the same."""
+    aot, lowering = cold["graph_cache"]["aot_autograd"], cold["graph_cache"]["lowering"]
+    # Dynamo graphs: inference (no_grad) and training; the training entry holds forward and
+    # backward together.
+    assert aot["misses"] >= 2 and aot["hits"] == 0 and aot["bytes_written"] > 0
+    assert lowering["misses"] >= 3 and cold["compiled"] >= 3
+    warm_aot, warm_lowering = warm["graph_cache"]["aot_autograd"], warm["graph_cache"]["lowering"]
+    assert warm_aot["hits"] == aot["misses"] and warm_aot["misses"] == 0
+    assert warm_aot["seconds_saved"] > 0
+    assert warm_lowering["hits"] == lowering["misses"] and warm_lowering["misses"] == 0
+    assert warm["compiled"] == 0 and warm["lowering_seconds"] == 0  # no torch-mlir, no XLA
+    for name in ("logits", "loss", "grads", "after", "buffers"):
+        assert warm[name] == cold[name], name  # bit for bit
+
+
+def test_warm_process_hits_every_graph_and_matches_the_cold_one(tmp_path):
+    check_warm_hits_everything(*cold_then_warm(tmp_path / "cache"))
+
+
+@pytest.fixture
+def isolated_cache(tmp_path):
+    """An empty disk cache for this process, and no level-1 entries at any cache."""
+    def forget():
+        executable.clear_cache()
+        graph_cache.clear_memory()
+        lowering_cache.clear_memory()
+        torch._dynamo.reset()
+        torchtpu_compile.reset_stats()
+
+    saved = (torchtpu_compile.config.cache_dir, torchtpu_compile.config.remote_cache,
+             torchtpu_compile.config.graph_cache)
+    torchtpu_compile.config.cache_dir = str(tmp_path / "cache")
+    torchtpu_compile.config.remote_cache = None
+    torchtpu_compile.config.graph_cache = True
+    forget()
+    yield forget
+    (torchtpu_compile.config.cache_dir, torchtpu_compile.config.remote_cache,
+     torchtpu_compile.config.graph_cache) = saved
+    forget()
+
+
+def graph_entries(cache_dir) -> list:
+    directory = os.path.join(cache_dir, levels.SUBDIR)
+    return sorted(os.path.join(directory, name) for name in os.listdir(directory)
+                  if name.endswith(".xla"))
+
+
+def counts(name: str) -> dict:
+    return torchtpu_compile.stats()["graph_cache"][name]
+
+
+def test_corrupt_entries_are_discarded_and_recomputed(isolated_cache, caplog):
+    f = lambda x: torch.tanh(x @ x.T) * 3
+    x = torch.randn(8, 8)
+    expected = compile_tpu(f)(x)
+    entries = graph_entries(torchtpu_compile.config.cache_dir)
+    assert len(entries) == 2  # the aot_autograd result and the lowered StableHLO
+    for path in entries:
+        blob = bytearray(open(path, "rb").read())
+        blob[-20] ^= 0xFF
+        open(path, "wb").write(bytes(blob))
+    isolated_cache()
+    with caplog.at_level("WARNING", logger="torchtpu"):
+        again = compile_tpu(f)(x)
+    assert torch.equal(again, expected)
+    assert counts("aot_autograd")["corrupt"] == 1 and counts("aot_autograd")["hits"] == 0
+    assert counts("lowering")["corrupt"] == 1 and counts("lowering")["hits"] == 0
+    assert sum("corrupt" in r.getMessage() for r in caplog.records) == 2
+    for path in graph_entries(torchtpu_compile.config.cache_dir):
+        cache_store.unpack(open(path, "rb").read())  # rewritten whole
+
+
+def first_compile_then_variant(isolated_cache, base, variant):
+    """Compile ``base()`` (a miss), forget level 1, then run ``variant()``; its counters."""
+    base()
+    assert counts("aot_autograd")["misses"] == 1
+    isolated_cache()
+    return variant()
+
+
+def test_same_graph_hits_from_disk(isolated_cache):
+    f = lambda x: torch.sin(x) * 2
+    x = torch.randn(4, 8)
+    out = first_compile_then_variant(isolated_cache, lambda: compile_tpu(f, dynamic=False)(x),
+                                     lambda: compile_tpu(f, dynamic=False)(x))
+    torch.testing.assert_close(out, f(x))
+    assert counts("aot_autograd")["hits"] == 1 and counts("lowering")["hits"] == 1
+
+
+@pytest.mark.parametrize("change", ["dtype", "shape", "requires_grad"])
+def test_changed_inputs_do_not_hit(isolated_cache, change):
+    f = lambda x: torch.sin(x) * 2
+    x = torch.randn(4, 8)
+    y = {"dtype": x.double(), "shape": torch.randn(4, 9),
+         "requires_grad": x.clone().requires_grad_()}[change]
+    out = first_compile_then_variant(isolated_cache, lambda: compile_tpu(f, dynamic=False)(x),
+                                     lambda: compile_tpu(f, dynamic=False)(y))
+    assert counts("aot_autograd")["hits"] == 0
+    assert counts("aot_autograd")["misses"] == 1
+    torch.testing.assert_close(out, f(y))
+    assert out.dtype == y.dtype and out.requires_grad == y.requires_grad
+
+
+def test_changed_model_code_does_not_hit(isolated_cache):
+    # Same name, same shapes, one op different: as after editing a model's forward.
+    def make(op):
+        def forward(x):
+            return op(x) * 2
+        return forward
+    x = torch.randn(4, 8)
+    out = first_compile_then_variant(isolated_cache,
+                                     lambda: compile_tpu(make(torch.sin), dynamic=False)(x),
+                                     lambda: compile_tpu(make(torch.cos), dynamic=False)(x))
+    assert counts("aot_autograd")["hits"] == 0 and counts("lowering")["hits"] == 0
+    torch.testing.assert_close(out, torch.cos(x) * 2)
+
+
+def test_changed_tensor_attribute_gives_the_new_result(isolated_cache):
+    """A plain tensor attribute is a graph input (Dynamo lifts it), never a cached constant."""
+    class Shift(torch.nn.Module):
+        def __init__(self, value):
+            super().__init__()
+            self.shift = torch.full((4,), value)  # neither parameter nor buffer
+
+        def forward(self, x):
+            return x * 3 + self.shift
+
+    x = torch.randn(4)
+    out = first_compile_then_variant(isolated_cache, lambda: compile_tpu(Shift(1.0))(x),
+                                     lambda: compile_tpu(Shift(2.0))(x))
+    assert counts("aot_autograd")["hits"] == 1  # same graph: reusing it is right
+    torch.testing.assert_close(out, x * 3 + 2)
+
+
+def test_precision_reuses_aot_result_but_not_lowering(isolated_cache):
+    f = lambda a, b: a @ b
+    a, b = torch.randn(64, 64), torch.randn(64, 64)
+    with precision("highest"):
+        exact = compile_tpu(f, dynamic=False)(a, b)
+    isolated_cache()
+    with precision("medium"):
+        medium = compile_tpu(f, dynamic=False)(a, b)
+    # The aot_autograd graph does not depend on precision; its lowering and executable do.
+    assert counts("aot_autograd")["hits"] == 1
+    assert counts("lowering")["hits"] == 0 and counts("lowering")["misses"] == 1
+    assert torchtpu_compile.stats()["graphs_compiled"] == 1
+    torch.testing.assert_close(exact, a @ b, rtol=1e-5, atol=1e-5)
+    reference = (a.bfloat16().float() @ b.bfloat16().float())  # bf16 operands, f32 sums
+    torch.testing.assert_close(medium, reference, rtol=1e-4, atol=1e-4)
+    assert not torch.equal(medium, exact)
+
+
+def test_switched_off(isolated_cache):
+    with configured(graph_cache=False):
+        out = compile_tpu(lambda x: x.exp() - 1, dynamic=False)(torch.ones(3))
+    torch.testing.assert_close(out, torch.ones(3).exp() - 1)
+    for name in ("aot_autograd", "lowering"):
+        assert counts(name)["hits"] == counts(name)["misses"] == 0
+    assert not os.path.exists(os.path.join(torchtpu_compile.config.cache_dir, levels.SUBDIR))

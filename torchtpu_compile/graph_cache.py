@@ -1,0 +1,234 @@
+"""The cache above the StableHLO: aot_autograd's result per Dynamo graph, across processes.
+
+AOT tracing and decomposition is the largest part of a first call after Dynamo's own tracing
+(STACK-NOTES.md), and the executable cache does not save it. PyTorch's ``AOTAutogradCache``
+already knows how to key a Dynamo graph safely and how to rebuild aot_autograd's runtime
+wrappers (input mutations, aliased outputs, the autograd.Function of a training graph) from a
+pickled entry; it also accepts a backend whose compiled graphs are picklable
+``OutputCode`` objects ("bundled" entries). We use it as it is, with two things of our own:
+
+- ``RunnerOutputCode``: a ``GraphRunner`` as an ``OutputCode``. It pickles the aot_autograd graph
+  (through torch's ``GraphPickler``), the graph's name and its resident inputs; on load it builds
+  a new ``GraphRunner``, whose StableHLO comes from the lowering cache (``lower/cache.py``) and
+  whose executable comes from the executable cache. Nothing is traced again.
+- the storage: torch's cache talks to a "remote cache" object; ours (``_StoreAdapter``) keeps the
+  entries at our three levels (process, ``config.cache_dir``, ``config.remote_cache``), framed
+  and checked like every entry, and adds to torch's key what torch cannot know: our decomposition
+  table, partitioner and runner code (by source digest), torch-mlir and jaxlib versions, and the
+  values of tensors the Dynamo graph holds.
+
+What the key covers, then: the Dynamo graph's code, the shape, stride, dtype, device and
+requires_grad of every input, which inputs are parameters (static), grad mode, autocast and
+deterministic-algorithm state, torch's relevant configs and version (all from torch), plus the
+above. Matmul precision is not in it on purpose: the runner lowers per precision at call time,
+and the lowering and executable caches key on precision.
+
+Example::
+
+    with graph_cache.scope(dynamo_gm) as cached:   # in the backend, around aot_autograd
+        fw = graph_cache.serializable(compile_forward) if cached else compile_forward
+        compiled = aot_autograd(fw_compiler=fw, ...)(dynamo_gm, example_inputs)
+"""
+from __future__ import annotations
+
+import base64
+import contextlib
+import dataclasses
+import hashlib
+import operator
+import threading
+from typing import Any, Callable
+
+import torch
+from torch._inductor.output_code import OutputCode
+
+from . import config, counters, versions
+from ._logging import log
+from .runtime.levels import Levels
+
+_levels = Levels("aot_autograd")
+_scope_lock = threading.RLock()
+_build_lock = threading.RLock()
+
+#: Our modules whose code shapes an aot_autograd result or rebuilds one from the cache.
+_KEYED_SOURCES = ("backend.py", "program.py", "graph_cache.py", "lower")
+
+
+@dataclasses.dataclass
+class RunnerOutputCode(OutputCode):
+    """An aot_autograd graph and the ``GraphRunner`` that runs it, in a form PyTorch's
+    AOTAutogradCache can pickle into a bundled entry.
+
+    ``lazy`` defers building the runner (lowering, XLA) to the first call. Backward graphs use
+    it: the cache needs aot_autograd to hand over the backward graph when the forward is
+    compiled, but a forward run under grad mode that never calls backward should not pay for
+    compiling it, as it does not without the cache.
+
+    Example::
+
+        code = RunnerOutputCode(gm=fx_graph_module, name="graph_0/forward")
+        outputs = code([x, weight])
+    """
+
+    gm: Any = None
+    name: str = ""
+    resident_inputs: frozenset = frozenset()
+    lazy: bool = False
+    _runner: Any = dataclasses.field(default=None, init=False, repr=False)
+    _state: bytes | None = dataclasses.field(default=None, init=False, repr=False)
+
+    def __post_init__(self):
+        # We take boxed arguments. An instance attribute, not a class one, so that wrappers
+        # copying __dict__ (Dynamo's disable, around backward graphs) pass it on.
+        self._boxed_call = True
+        if not self.lazy:
+            self._build()
+
+    def _build(self):
+        from .program import GraphRunner
+        with _build_lock:
+            if self._runner is None:
+                self._runner = GraphRunner(self.gm, name=self.name,
+                                           resident_inputs=self.resident_inputs)
+        return self._runner
+
+    def __call__(self, *args):
+        return (self._runner or self._build())(*args)
+
+    def prepare_for_serialization(self) -> None:
+        # Called on a shallow copy (BundledOutputCodeLoadable.pre_save): the live one stays.
+        from torch._functorch._aot_autograd.autograd_cache import BypassAOTAutogradCache
+        from torch.fx._graph_pickler import GraphPickler, Options
+
+        state = {"gm": self.gm, "name": self.name, "lazy": self.lazy,
+                 "resident_inputs": sorted(self.resident_inputs)}
+        try:
+            self._state = GraphPickler.dumps(state, Options(ops_filter=None))
+        except Exception as exc:  # a bypass is logged quietly by torch, then compiling goes on
+            raise BypassAOTAutogradCache(f"torchtpu graph {self.name} not picklable: "
+                                         f"{exc}") from exc
+        self.gm = None
+        self._runner = None
+
+    def post_compile(self, example_inputs, constants, graph_kwargs) -> None:
+        if self._state is None:
+            return
+        from torch._subclasses import FakeTensorMode
+        from torch.fx._graph_pickler import GraphPickler
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+        state = GraphPickler.loads(self._state, FakeTensorMode(shape_env=ShapeEnv()))
+        self._state = None
+        self.gm, self.name, self.lazy = state["gm"], state["name"], state["lazy"]
+        self.resident_inputs = frozenset(state["resident_inputs"])
+        if not self.lazy:
+            self._build()
+
+    def set_triton_bundle(self, triton_bundle) -> None:
+        pass  # no Triton here
+
+
+def serializable(compile_graph: Callable) -> Callable:
+    """Mark a compiler returning ``RunnerOutputCode`` as one whose results aot_autograd may cache.
+
+    Example::
+
+        fw = serializable(lambda gm, inputs: RunnerOutputCode(gm=gm, name="forward"))
+    """
+    from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
+
+    return SerializableAOTDispatchCompiler(RunnerOutputCode, compile_graph)
+
+
+def enabled() -> bool:
+    """Whether this level is on: ``config.graph_cache`` and torch's caches not force-disabled."""
+    return bool(config.graph_cache) and not torch.compiler.config.force_disable_caches
+
+
+def _held_tensors_digest(gm: torch.fx.GraphModule) -> str:
+    """Digest of the values of tensors the Dynamo graph holds as attributes.
+
+    torch's key has only their metadata; a graph whose code is the same but whose held constant
+    differs must not hit.
+    """
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    digest = hashlib.sha256()
+    with unset_fake_temporarily():
+        for node in gm.graph.nodes:
+            if node.op != "get_attr":
+                continue
+            value = operator.attrgetter(node.target)(gm)
+            if isinstance(value, torch.Tensor) and not isinstance(
+                    value, torch._subclasses.FakeTensor):
+                flat = value.detach().cpu().contiguous().reshape(-1)
+                digest.update(node.target.encode())
+                digest.update(flat.view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+class _StoreAdapter:
+    """torch's "remote cache" interface (get/put of JSON dicts) over our cache levels."""
+
+    def __init__(self, salt: str):
+        self.salt = salt
+
+    def _key(self, key: str) -> str:
+        return f"aot|{key}|{self.salt}"
+
+    def get(self, key: str):
+        payload = _levels.get(self._key(key))
+        if payload is None:
+            return None
+        log.debug("aot_autograd cache hit (%s)", key[:16])
+        return {"data": base64.b64encode(payload).decode("ascii")}
+
+    def put(self, key: str, data: dict) -> None:
+        payload = base64.b64decode(data["data"])
+        _levels.put(self._key(key), payload,
+                    compute_seconds=float(data.get("time_taken_ms", 0)) / 1000.0)
+
+
+@contextlib.contextmanager
+def scope(gm: torch.fx.GraphModule):
+    """Let aot_autograd, run inside this block, look up and save its result in our levels.
+
+    The block patches torch's AOTAutogradCache storage for its duration (one Dynamo graph's
+    compile; Dynamo compiles one frame at a time) and compiles backward graphs eagerly, so that
+    the entry (forward and backward together) is saved before the block ends. Yields whether the
+    cache is on.
+    """
+    if not enabled():
+        yield False
+        return
+    from torch._dynamo.utils import counters as torch_counters
+    from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
+
+    salt = hashlib.sha256("|".join((
+        versions.stack_versions(), versions.source_digest(*_KEYED_SOURCES),
+        _held_tensors_digest(gm))).encode()).hexdigest()
+    adapter = _StoreAdapter(salt)
+    patched = {"get_remote_cache": staticmethod(lambda: adapter),
+               # torch also writes every entry to its own folder; ours are in our levels only.
+               "_write_to_local_cache": staticmethod(lambda key, content: None)}
+    bypasses = torch_counters["aot_autograd"]["autograd_cache_bypass"]
+    with _scope_lock, torch._functorch.config.patch(
+            bundled_autograd_cache=True, enable_autograd_cache=False,
+            enable_remote_autograd_cache=True, force_non_lazy_backward_lowering=True):
+        saved = {name: AOTAutogradCache.__dict__[name] for name in patched}
+        try:
+            for name, value in patched.items():
+                setattr(AOTAutogradCache, name, value)
+            yield True
+        finally:
+            for name, value in saved.items():
+                setattr(AOTAutogradCache, name, value)
+    if torch_counters["aot_autograd"]["autograd_cache_bypass"] > bypasses:
+        counters.add_graph_cache("aot_autograd", "bypasses")
+        log.debug("aot_autograd cache bypassed for a graph (TORCH_LOGS=+torch._functorch "
+                  "says why)")
+
+
+def clear_memory() -> None:
+    """Forget this process's aot_autograd entries (level 1 only)."""
+    _levels.clear_memory()

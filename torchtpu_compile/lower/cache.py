@@ -1,0 +1,72 @@
+"""The lowering cache: StableHLO by a key of the FX graph, so a warm process skips torch-mlir.
+
+The key is the graph's generated code (ops, their order, literal arguments), the dtype and shape
+of every value in it, the platform, the precision, the versions of the stack and the source of
+``lower/``. The graph handed to lowering is already in the program calling convention (tensor
+inputs only, constants lifted to arguments), so nothing else reaches the StableHLO.
+
+Example::
+
+    lowered = lower_graph_cached(prepared.gm, platform="cpu", precision="medium")
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+
+import torch
+import torch.fx as fx
+
+from .. import config, versions
+from ..runtime.levels import Levels
+from .importer import LoweredModule, lower_graph
+
+_levels = Levels("lowering")
+
+
+def _value_spec(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{value.dtype}{list(value.shape)}"
+    if isinstance(value, (list, tuple)):
+        return "(" + ",".join(_value_spec(v) for v in value) + ")"
+    return type(value).__name__ if value is not None else "-"
+
+
+def graph_key(gm: fx.GraphModule, platform: str, precision: str) -> str:
+    """The lowering-cache key of ``gm`` (see the module docstring for what it covers)."""
+    digest = hashlib.sha256()
+    digest.update(gm.code.encode())
+    for node in gm.graph.nodes:
+        digest.update(f"{node.name}:{_value_spec(node.meta.get('val'))};".encode())
+    context = "|".join((platform, precision, versions.stack_versions(),
+                        versions.source_digest("lower")))
+    return f"lower|{digest.hexdigest()}|{context}"
+
+
+def lower_graph_cached(gm: fx.GraphModule, platform: str, precision: str) -> LoweredModule:
+    """``lower_graph``, answered from the lowering cache when this graph was lowered before.
+
+    Off with ``config.graph_cache = False``. Failures are not cached: a graph that does not lower
+    raises ``LoweringError`` each time, as ``lower_graph`` does.
+    """
+    if not config.graph_cache:
+        return lower_graph(gm, platform=platform, precision=precision)
+    key = graph_key(gm, platform, precision)
+    payload = _levels.get(key)
+    if payload is not None:
+        header_size = int.from_bytes(payload[:4], "little")
+        header = json.loads(payload[4:4 + header_size])
+        return LoweredModule(bytecode=payload[4 + header_size:],
+                             fingerprint=header["fingerprint"], text=header["text"])
+    start = time.perf_counter()
+    lowered = lower_graph(gm, platform=platform, precision=precision)
+    header = json.dumps({"fingerprint": lowered.fingerprint, "text": lowered.text}).encode()
+    _levels.put(key, len(header).to_bytes(4, "little") + header + lowered.bytecode,
+                compute_seconds=time.perf_counter() - start)
+    return lowered
+
+
+def clear_memory() -> None:
+    """Forget this process's lowering-cache entries (level 1 only)."""
+    _levels.clear_memory()
