@@ -10,10 +10,17 @@ training, splits forward and backward; each resulting graph becomes a ``GraphRun
 from __future__ import annotations
 
 import itertools
+import sys
 
 import torch
 
 _backend_ids = itertools.count()
+
+# Dynamo resolves backend="torchtpu" (importing this module) before it traces, which is when it
+# must know that tensors of the eager tpu device are tensors.
+if "torchtpu_eager" in sys.modules:
+    import torchtpu_eager.compile_support
+    torchtpu_eager.compile_support.teach_dynamo()
 
 
 def _static_inputs(kind: str) -> frozenset:

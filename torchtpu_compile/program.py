@@ -29,7 +29,7 @@ from .lower.precision import resolve_precision
 from .lower.support import describe, is_host_scalar, op_name, probe, rule_violation
 from .runtime.client import get_client
 from .runtime.executable import compile_stablehlo
-from .runtime.transfer import to_buffer, to_torch
+from .runtime.transfer import to_buffer, wrapper_for
 
 _graph_ids = itertools.count()
 _Parameter = torch.nn.Parameter
@@ -57,6 +57,10 @@ class Program:
         self.lowered = lowered
         self.executable = compile_stablehlo(lowered.bytecode, lowered.fingerprint, precision,
                                             what=name)
+        # Results go back to the device the graph computes on: host tensors for CPU inputs,
+        # tpu tensors (no round trip through the host) for tensors of the eager tpu device.
+        self._wrap = [wrapper_for(_device_type(node)) for node in
+                      self.prepared.gm.graph.output_node().args[0]]
 
     def __call__(self, args: list) -> list:
         prepared = self.prepared
@@ -69,7 +73,7 @@ class Program:
                        for i in prepared.arg_indices]
             buffers += [to_buffer(c, True, client) for c in prepared.constants]
             buffers += [to_buffer(draw(), False, client) for draw in prepared.random_inputs]
-            results = [to_torch(b, client) for b in self.executable.run(buffers)]
+            results = [wrap(b) for wrap, b in zip(self._wrap, self.executable.run(buffers))]
         outputs = []
         for slot in prepared.outputs:
             if slot.kind == "program":
@@ -81,6 +85,11 @@ class Program:
             else:
                 outputs.append(None)
         return outputs
+
+
+def _device_type(node: fx.Node) -> str:
+    value = node.meta.get("val")
+    return value.device.type if isinstance(value, torch.Tensor) else "cpu"
 
 
 class _RegionModule(torch.nn.Module):

@@ -66,6 +66,8 @@ def register() -> None:
         torch._C._acc.register_python_privateuseone_device_guard(_Guard())
         kernels.register()
         _registered = True
+    from . import compile_support
+    compile_support.teach_dynamo_if_loaded()
 
 
 def autoload() -> None:

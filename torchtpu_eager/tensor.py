@@ -65,6 +65,11 @@ class TpuTensor(torch.Tensor):
         text = torch._tensor_str._str_intern(self, tensor_contents=contents)
         return "tensor(" + text[len(type(self).__name__) + 1:]
 
+    def __coerce_same_metadata_as_tangent__(self, expected_metadata, expected_type=None):
+        # Compiled graphs see tpu tensors as plain tensors of device "tpu": a tangent that is
+        # a TpuTensor already is what the backward graph expects.
+        return self
+
     def tolist(self):
         from .transfer import to_cpu
         return to_cpu(self).tolist()

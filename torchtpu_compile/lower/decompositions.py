@@ -39,6 +39,7 @@ def _base_table() -> dict:
 
 def decomposition_table() -> dict:
     """The table given to aot_autograd."""
+    from . import foreach_decompositions  # noqa: F401  (registers itself on import)
     from . import op_decompositions  # noqa: F401  (registers itself on import)
     table = dict(_base_table())
     for op, fn in _OURS.items():

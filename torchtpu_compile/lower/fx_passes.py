@@ -98,3 +98,22 @@ def empty_as_zeros(gm):
         zeros.meta = dict(node.meta)
         node.replace_all_uses_with(zeros)
         gm.graph.erase_node(node)
+
+
+def _host_device(value):
+    if isinstance(value, torch.device) and value.type != "cpu":
+        return torch.device("cpu")
+    if isinstance(value, (list, tuple)):
+        return type(value)(_host_device(v) for v in value)
+    return value
+
+
+@fx_pass
+def device_literals_as_host(gm):
+    # Graphs traced from tpu tensors carry device="tpu:0" in factory kwargs, which the importer
+    # does not know. The program runs on the PJRT device whatever the literal says.
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        node.args = _host_device(node.args)
+        node.kwargs = {k: _host_device(v) for k, v in node.kwargs.items()}

@@ -17,6 +17,37 @@ from .client import get_client
 # id(tensor) -> (weakref, data_ptr, version, buffer); cleared when the tensor dies.
 _resident: dict = {}
 
+# Tensor types whose data already lives in PJRT buffers (the eager "tpu" device's tensors):
+# type -> (tensor -> buffer, device type). Registered by torchtpu_eager.
+_device_tensors: dict = {}
+# device type -> (buffer -> tensor); "cpu" is to_torch.
+_wrappers: dict = {}
+
+
+def register_device_tensor(cls, read, device_type: str, wrap) -> None:
+    """Let compiled programs take ``cls`` tensors and return tensors of ``device_type``.
+
+    ``read(t)`` gives the PJRT buffer holding ``t``; ``wrap(buffer)`` a new tensor on it.
+
+    Example::
+
+        register_device_tensor(TpuTensor, read_buffer, "tpu", wrap_buffer)
+    """
+    _device_tensors[cls] = read
+    _wrappers[device_type] = wrap
+
+
+def _register_tpu_tensors() -> bool:
+    # The eager device registers itself lazily (its autoload must not import jaxlib).
+    from torchtpu_eager import compile_support
+    compile_support.register_with_runtime()
+    return True
+
+
+def wrapper_for(device_type: str):
+    """buffer -> tensor for results that live on ``device_type`` (host tensors by default)."""
+    return _wrappers.get(device_type, to_torch)
+
 
 def _upload(tensor: torch.Tensor, device):
     # The common case (a contiguous CPU tensor not requiring grad) takes no extra calls: this
@@ -41,6 +72,11 @@ def to_buffer(tensor: torch.Tensor, resident: bool = False, client=None):
         buf = to_buffer(torch.ones(3))
         back = to_torch(buf)
     """
+    read = _device_tensors.get(type(tensor))
+    if read is not None:
+        return read(tensor)
+    if tensor.device.type == "tpu" and _register_tpu_tensors():
+        return _device_tensors[type(tensor)](tensor)
     device = (client or get_client()).device
     if not resident:
         return _upload(tensor, device)
