@@ -2,7 +2,7 @@
 
 Usage::
 
-    .venv/bin/python bench/run_all.py            # full run (~4-5 min on an idle 2-core machine)
+    .venv/bin/python bench/run_all.py            # full run (~7-8 min on an idle 2-core machine)
     .venv/bin/python bench/run_all.py --quick    # fewer iterations: a smoke test (~2 min)
     .venv/bin/python bench/run_all.py --only overhead
 
