@@ -34,9 +34,20 @@ def _describe(func, args, kwargs) -> str:
     return f"{func}({', '.join(parts)})"
 
 
-def _to_host(value, originals: dict):
+# In-place random ops that overwrite every element: their input's values are never read, so
+# fetching them (which would run deferred work) is skipped.
+_OVERWRITES = {
+    "aten::normal_", "aten::uniform_", "aten::random_", "aten::exponential_", "aten::cauchy_",
+    "aten::log_normal_", "aten::geometric_", "aten::bernoulli_",
+}
+
+
+def _to_host(value, originals: dict, overwritten=False):
     if type(value) is TpuTensor:
-        host = to_cpu(value)
+        if overwritten:
+            host = torch.empty(value.shape, dtype=value.dtype)
+        else:
+            host = to_cpu(value)
         originals[id(host)] = (value, host)
         return host
     if isinstance(value, (list, tuple)):
@@ -71,7 +82,13 @@ def run_on_host(func, args, kwargs, reason: str | None):
                   "torchtpu: %s runs on the host, not the tpu device: %s",
                   _describe(func, args, kwargs), reason)
     originals: dict = {}
-    host_args = _to_host(tuple(args), originals)
+    overwrites = func._schema.name in _OVERWRITES and not (
+        len(args) > 1 and isinstance(args[1], torch.Tensor))  # bernoulli_(p=tensor) reads p
+    if overwrites:
+        host_args = (_to_host(args[0], originals, overwritten=True),) + \
+            _to_host(tuple(args[1:]), originals)
+    else:
+        host_args = _to_host(tuple(args), originals)
     host_kwargs = {k: _to_host(v, originals) for k, v in kwargs.items()}
     out = func(*host_args, **host_kwargs)
     # Written arguments (in-place, out=) get their new values back. The schema says which:

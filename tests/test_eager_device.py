@@ -1,0 +1,260 @@
+"""The eager "tpu" device against eager CPU PyTorch: device API, tensors, views, autograd, RNG."""
+import io
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torchtpu_compile
+import torchtpu_eager  # noqa: F401  (registers the device; autoload does too)
+from helpers import configured
+
+TPU = torch.device("tpu", 0)
+
+
+@pytest.fixture(autouse=True)
+def fp32_matmuls():
+    """Compare fp32 results with CPU: no bf16 emulation of TPU's default matmul precision."""
+    with configured(matmul_precision="highest"):
+        yield
+
+
+def test_device_is_registered_and_named_tpu():
+    x = torch.zeros(2, device="tpu")
+    assert x.device == TPU and x.device.index == 0
+    assert x.is_tpu and torch.ones(1).tpu().is_tpu
+    assert torch.device("tpu").type == "tpu"
+    assert "device='tpu:0'" in repr(torch.arange(3.0, device="tpu"))
+    assert repr(torch.ones(2, device="tpu")) == "tensor([1., 1.], device='tpu:0')"
+    assert f"{torch.tensor(2.5, device='tpu'):.1f}" == "2.5"
+
+
+def test_torch_tpu_module():
+    assert torch.tpu.is_available() and torch.tpu.device_count() == 1
+    assert torch.tpu.current_device() == 0
+    torch.tpu.set_device(0)
+    with pytest.raises(ValueError, match="tpu:1 does not exist"):
+        torch.tpu.set_device(1)
+    assert torch.tpu.get_device_name().startswith("cpu")
+    assert torch.tpu.get_device_properties().total_memory > 0
+    torch.tpu.synchronize()
+
+
+def test_memory_stats_follow_live_tensors():
+    torch.tpu.reset_peak_memory_stats()
+    before = torch.tpu.memory_allocated()
+    x = torch.ones(1024, 256, device="tpu")
+    assert torch.tpu.memory_allocated() - before == 1024 * 256 * 4
+    assert torch.tpu.max_memory_allocated() >= before + 1024 * 256 * 4
+    del x
+    assert torch.tpu.memory_allocated() == before
+
+
+@pytest.mark.parametrize("make", [
+    lambda d: torch.zeros(2, 3, device=d),
+    lambda d: torch.ones(4, dtype=torch.int32, device=d),
+    lambda d: torch.full((2, 2), 7.5, device=d),
+    lambda d: torch.arange(1, 10, 2, device=d),
+    lambda d: torch.linspace(0, 1, 5, device=d),
+    lambda d: torch.eye(3, device=d),
+    lambda d: torch.tensor([[1.0, 2.0], [3.0, 4.0]], device=d),
+    lambda d: torch.empty(3, device=d).fill_(2.0),
+], ids=["zeros", "ones", "full", "arange", "linspace", "eye", "tensor", "empty"])
+def test_factories_match_cpu(make):
+    out = make("tpu")
+    assert out.device == TPU
+    torch.testing.assert_close(out.cpu(), make("cpu"))
+
+
+def test_moving_data_out():
+    x = torch.arange(6.0).reshape(2, 3).to("tpu")
+    assert x.cpu().device.type == "cpu"
+    assert x.to("cpu", torch.float64).dtype == torch.float64
+    assert x.sum().item() == 15.0
+    assert x.tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+    with pytest.raises(TypeError, match="can't convert tpu:0 device type tensor to numpy"):
+        x.numpy()
+
+
+def test_host_copies_do_not_alias_device_data():
+    host = torch.ones(4)
+    dev = host.to("tpu")
+    host.add_(1)  # must not reach the device copy
+    back = dev.cpu()
+    back.add_(10)  # nor must a write to what came back
+    torch.testing.assert_close(dev.cpu(), torch.ones(4))
+
+
+def test_copy_across_devices():
+    dev = torch.zeros(2, 3, device="tpu")
+    dev.copy_(torch.arange(6.0).reshape(2, 3))
+    host = torch.empty(2, 3)
+    host.copy_(dev)
+    torch.testing.assert_close(host, torch.arange(6.0).reshape(2, 3))
+    dev.copy_(torch.tensor(1.0))  # broadcast from a 0-dim host tensor
+    torch.testing.assert_close(dev.cpu(), torch.ones(2, 3))
+
+
+def test_writes_through_views_reach_base_and_other_views():
+    base_cpu = torch.arange(16.0).reshape(4, 4)
+    base = base_cpu.to("tpu")
+    for b in (base_cpu, base):
+        b.view(16)[3:5].add_(100)
+        b.t()[0].mul_(-1)
+        b[2:, 1:3] = 7.0
+        b.diagonal().zero_()
+    torch.testing.assert_close(base.cpu(), base_cpu)
+    row = base[1]
+    base.add_(1)  # a write to the base reaches an earlier view
+    torch.testing.assert_close(row.cpu(), base_cpu[1] + 1)
+
+
+def test_in_place_and_out_ops():
+    a_cpu, b_cpu = torch.randn(3, 4), torch.randn(3, 4)
+    a, b = a_cpu.to("tpu"), b_cpu.to("tpu")
+    assert a.add_(b, alpha=2) is a
+    a_cpu.add_(b_cpu, alpha=2)
+    out = torch.empty(3, 4, device="tpu")
+    result = torch.mul(a, b, out=out)
+    assert result is out
+    torch.testing.assert_close(out.cpu(), a_cpu * b_cpu)
+    values, indices = torch.empty(3, device="tpu"), torch.empty(3, dtype=torch.long, device="tpu")
+    torch.max(a, dim=1, out=(values, indices))
+    torch.testing.assert_close(values.cpu(), a_cpu.max(dim=1).values)
+    torch.testing.assert_close(indices.cpu(), a_cpu.max(dim=1).indices)
+
+
+def test_mixing_devices_raises_like_cuda():
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.ones(2, device="tpu") + torch.ones(2)
+    # 0-dim host tensors are scalars, allowed as on CUDA
+    torch.testing.assert_close((torch.ones(2, device="tpu") * torch.tensor(3.0)).cpu(),
+                               torch.full((2,), 3.0))
+
+
+def test_autograd_grads_land_on_tpu():
+    w_cpu = torch.randn(4, 3, requires_grad=True)
+    w = w_cpu.detach().to("tpu").requires_grad_()
+    x = torch.randn(2, 4)
+    for weight, inp in ((w_cpu, x), (w, x.to("tpu"))):
+        (inp @ weight).tanh().sum().backward()
+    assert w.grad.device == TPU
+    torch.testing.assert_close(w.grad.cpu(), w_cpu.grad)
+
+
+@pytest.mark.parametrize("optimizer", [
+    lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+    # Adam divides by sqrt(v): a large eps keeps rounding noise of near-zero gradients from
+    # turning into full-size updates, on either device.
+    lambda p: torch.optim.Adam(p, lr=0.01, eps=1e-3),
+    lambda p: torch.optim.AdamW(p, lr=0.01, eps=1e-3, weight_decay=0.1),
+], ids=["sgd", "adam", "adamw"])
+def test_optimizers_match_cpu(optimizer):
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.GELU(), torch.nn.Linear(8, 2))
+    dev = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.GELU(), torch.nn.Linear(8, 2))
+    dev.load_state_dict(ref.state_dict())
+    dev.to("tpu")
+    opt_ref, opt_dev = optimizer(ref.parameters()), optimizer(dev.parameters())
+    x, y = torch.randn(5, 6), torch.randn(5, 2)
+    for _ in range(3):
+        for model, opt, inp, target in ((ref, opt_ref, x, y), (dev, opt_dev, x.to("tpu"),
+                                                               y.to("tpu"))):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(inp), target).backward()
+            opt.step()
+    for p_ref, p_dev in zip(ref.parameters(), dev.parameters()):
+        assert p_dev.device == TPU
+        torch.testing.assert_close(p_dev.detach().cpu(), p_ref.detach(), atol=1e-5, rtol=1e-4)
+
+
+def test_rng_is_reproducible_and_independent_of_cpu():
+    torch.tpu.manual_seed(123)
+    a = torch.rand(5, device="tpu")
+    cpu_before = torch.random.get_rng_state()
+    b = torch.randn(5, device="tpu")
+    assert torch.equal(torch.random.get_rng_state(), cpu_before)  # CPU generator untouched
+    torch.tpu.manual_seed(123)
+    torch.testing.assert_close(torch.rand(5, device="tpu").cpu(), a.cpu(), rtol=0, atol=0)
+    torch.testing.assert_close(torch.randn(5, device="tpu").cpu(), b.cpu(), rtol=0, atol=0)
+    assert torch.tpu.initial_seed() == 123
+    ints = torch.randint(0, 5, (100,), device="tpu").cpu()
+    assert ints.min() >= 0 and ints.max() < 5 and len(ints.unique()) > 1
+
+
+def test_dropout_follows_tpu_seed():
+    x = torch.ones(1000, device="tpu")
+    torch.tpu.manual_seed(7)
+    first = torch.nn.functional.dropout(x, 0.5).cpu()
+    torch.tpu.manual_seed(7)
+    second = torch.nn.functional.dropout(x, 0.5).cpu()
+    torch.testing.assert_close(first, second)
+    assert set(first.unique().tolist()) == {0.0, 2.0}
+
+
+def test_save_and_load_with_map_location():
+    state = {"w": torch.arange(4.0).to("tpu"), "i": torch.ones(2, dtype=torch.long).to("tpu")}
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    on_tpu = torch.load(buf)
+    assert on_tpu["w"].device == TPU
+    torch.testing.assert_close(on_tpu["w"].cpu(), torch.arange(4.0))
+    buf.seek(0)
+    on_cpu = torch.load(buf, map_location="cpu")
+    assert on_cpu["w"].device.type == "cpu" and on_cpu["i"].dtype == torch.long
+    torch.testing.assert_close(on_cpu["w"], torch.arange(4.0))
+
+
+def test_module_to_tpu_and_back():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4),
+                                torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(64, 2))
+    x = torch.randn(2, 3, 6, 6)
+    expected = model(x)
+    model.to("tpu")
+    assert all(p.device == TPU for p in model.parameters())
+    out = model(x.to("tpu"))
+    torch.testing.assert_close(out.cpu(), expected, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(model[1].running_mean.cpu(), model.cpu()[1].running_mean)
+
+
+def test_unsupported_op_falls_back_counted_and_strict_raises():
+    torchtpu_compile.reset_stats()
+    x_cpu = torch.tensor([0.0, 1.5, 0.0, 2.0])
+    x = x_cpu.to("tpu")
+    out = x.nonzero()  # data-dependent shape: cannot be one static program
+    assert out.device == TPU
+    torch.testing.assert_close(out.cpu(), x_cpu.nonzero())
+    assert torchtpu_compile.stats()["fallback_ops"].get("aten.nonzero.default") == 1
+    with configured(strict=True):
+        with pytest.raises(Exception, match="aten.masked_select.*cannot run on the tpu device"):
+            x.masked_select(x > 1)
+
+
+def test_ops_compile_once_per_signature():
+    x = torch.randn(8, 8, device="tpu")
+    (x * 2 + 1).sum().cpu()
+    before = torchtpu_compile.stats()["eager_programs_compiled"]
+    for _ in range(3):
+        (x * 2 + 1).sum().cpu()
+    assert torchtpu_compile.stats()["eager_programs_compiled"] == before
+
+
+def test_registration_leaves_cpu_and_inductor_alone():
+    # In a fresh process: the device autoloads at `import torch` and nothing else changes.
+    code = (
+        "import torch\n"
+        "assert torch.ones(1, device='tpu').device.type == 'tpu'\n"
+        "x = torch.randn(16)\n"
+        "f = torch.compile(lambda a: (a.sin() * 2).relu(), backend='inductor')\n"
+        "torch.testing.assert_close(f(x), (x.sin() * 2).relu())\n"
+        "m = torch.nn.Linear(4, 3)\n"
+        "assert torch.compile(m)(torch.randn(2, 4)).device.type == 'cpu'\n"
+        "assert (torch.arange(3) * 2).tolist() == [0, 2, 4]\n"
+        "print('ok')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().endswith("ok")
