@@ -19,7 +19,6 @@ def _fresh() -> dict:
         "graphs_with_fallback": 0,
         "resident_uploads": 0,       # parameters/constants uploaded (again only after a change)
         # The eager tpu device (torchtpu_eager).
-        "eager_ops": 0,                  # ops run (or recorded) as compiled programs
         "eager_programs_compiled": 0,    # single-op and fused programs built
         "eager_fallbacks": 0,            # ops run on the host because they do not lower
         "fused_graphs_run": 0,           # defer-and-fuse: deferred graphs executed

@@ -44,15 +44,16 @@ def handles(*ops):
     """
     def register(fn):
         for op in ops:
-            _handlers[op] = fn
+            _handlers[id(op)] = fn
         return fn
     return register
 
 
 def dispatch(func, args, kwargs):
-    handler = _handlers.get(func)
+    # Keyed by id: OpOverload hashes in Python (slow), and each op is one object for good.
+    handler = _handlers.get(id(func))
     if handler is None:
-        handler = _handlers[func] = _classify(func)
+        handler = _handlers[id(func)] = _classify(func)
     return handler(func, args, kwargs)
 
 
@@ -76,22 +77,31 @@ def _is_tensor_type(t) -> bool:
 # --- signatures: the cache key of an op call, and its tensors in order -----------------------
 
 def _sig(value, tensors: list):
-    if isinstance(value, torch.Tensor):
-        tensors.append(value)
-        return (value.dtype, value.shape, type(value) is TpuTensor)
     kind = type(value)
+    if kind is TpuTensor:
+        tensors.append(value)
+        return (value.dtype, value._shape)
     if kind is float or kind is int or kind is bool:
         return (kind, value)  # 1, 1.0 and True hash alike but give different dtypes
+    if isinstance(value, torch.Tensor):
+        tensors.append(value)
+        return (value.dtype, tuple(value.shape), "host")
     if kind is list or kind is tuple:
-        return tuple(_sig(v, tensors) for v in value)
+        return tuple([_sig(v, tensors) for v in value])
     return value
 
 
 def signature(func, args, kwargs):
+    """(hashable key of this call, its tensors in order); the key names the op by id."""
     tensors: list = []
-    key = (func, tuple(_sig(a, tensors) for a in args),
-           tuple((k, _sig(v, tensors)) for k, v in kwargs.items()) if kwargs else ())
-    return key, tensors
+    key = [id(func)]
+    for a in args:
+        key.append(_sig(a, tensors))
+    if kwargs:
+        for k, v in kwargs.items():
+            key.append(k)
+            key.append(_sig(v, tensors))
+    return tuple(key), tensors
 
 
 def _substitute(value, values):
@@ -261,7 +271,6 @@ def run_op(func, args, kwargs):
         entry = _ops[key] = _build(func, args, kwargs, tensors)
     if type(entry) is _Fallback:
         return fallback.run_on_host(func, args, kwargs, entry.reason)
-    counters.add("eager_ops")
     outputs = modes.current().apply(entry.graph, _input_values(tensors))
     n_fresh = entry.n_fresh
     for leaf, value in zip(entry.mutated, outputs[n_fresh:]):

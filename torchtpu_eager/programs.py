@@ -28,6 +28,20 @@ from torchtpu_compile.runtime.executable import compile_stablehlo
 from torchtpu_compile.runtime.transfer import to_buffer
 
 _ids = itertools.count()
+aten = torch.ops.aten
+
+#: Ops whose lowering depends on the matmul precision mode.
+_PRECISION_OPS = {
+    aten.mm.default, aten.bmm.default, aten.addmm.default, aten.baddbmm.default,
+    aten.addbmm.default, aten.dot.default, aten.mv.default, aten.addmv.default,
+    aten.convolution.default, aten._convolution.default, aten.matmul.default,
+    aten.linear.default, aten.vdot.default, aten.tensordot.default,
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _platform() -> str:
+    return get_client().platform
 
 
 @functools.lru_cache(maxsize=None)
@@ -47,6 +61,10 @@ class OpGraph:
         self.out_meta = [(tuple(n.meta["val"].shape), n.meta["val"].dtype) for n in out]
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self._compiled: dict = {}
+        # Only dots and convolutions depend on the matmul precision: other programs skip
+        # resolving it on every run.
+        self._precision_free = not any(n.op == "call_function" and n.target in _PRECISION_OPS
+                                       for n in gm.graph.nodes)
 
     def _build(self, precision: str):
         prepared = prepare(self.gm)
@@ -73,7 +91,12 @@ class OpGraph:
 
     def compiled(self):
         """(prepared graph, executable, constant buffers) at the current matmul precision."""
-        precision = resolve_precision(get_client().platform)
+        if self._precision_free:
+            entry = self._compiled.get(None)
+            if entry is None:
+                entry = self._compiled[None] = self._build(resolve_precision(_platform()))
+            return entry
+        precision = resolve_precision(_platform())
         entry = self._compiled.get(precision)
         if entry is None:
             entry = self._compiled[precision] = self._build(precision)

@@ -19,12 +19,21 @@ from .storage import Storage
 DEVICE = torch.device("tpu", 0)  # always with an index: the autograd engine asserts on -1
 
 
-def _contiguous_strides(shape) -> tuple:
-    strides, running = [], 1
-    for n in reversed(shape):
-        strides.append(running)
-        running *= max(n, 1)
-    return tuple(reversed(strides))
+_strides_of: dict = {}
+
+
+def _contiguous_strides(shape: tuple) -> tuple:
+    strides = _strides_of.get(shape)
+    if strides is None:
+        out, running = [], 1
+        for n in reversed(shape):
+            out.append(running)
+            running *= max(n, 1)
+        strides = _strides_of[shape] = tuple(reversed(out))
+    return strides
+
+
+_dispatch = None
 
 
 class TpuTensor(torch.Tensor):
@@ -43,17 +52,17 @@ class TpuTensor(torch.Tensor):
             device=DEVICE, requires_grad=requires_grad)
         t._st = storage
         t._shape = size
-        numel = 1
-        for n in size:
-            numel *= n
         # Dense: this tensor is its whole storage, in order (the common case, read directly).
-        t._dense = offset == 0 and numel == storage.numel and (stride == contiguous or numel <= 1)
+        t._dense = offset == 0 and (stride == contiguous or storage.numel <= 1) and \
+            (size == storage.shape or _numel(size) == storage.numel)
         return t
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        from .dispatch import dispatch
-        return dispatch(func, args, kwargs or {})
+        global _dispatch
+        if _dispatch is None:
+            from .dispatch import dispatch as _dispatch
+        return _dispatch(func, args, kwargs or {})
 
     def __repr__(self, *, tensor_contents=None):
         from .transfer import to_cpu
@@ -94,10 +103,15 @@ class TpuTensor(torch.Tensor):
                 (to_cpu(self), self.dtype, str(self.device), self.requires_grad))
 
 
-def new_tensor(value, shape, dtype, requires_grad: bool = False) -> TpuTensor:
-    """A dense tpu tensor over a fresh storage holding ``value`` (buffer, lazy value or None)."""
-    shape = tuple(shape)
+def _numel(shape) -> int:
     numel = 1
     for n in shape:
         numel *= n
-    return TpuTensor(Storage(value, shape, dtype, numel), shape, requires_grad=requires_grad)
+    return numel
+
+
+def new_tensor(value, shape, dtype, requires_grad: bool = False) -> TpuTensor:
+    """A dense tpu tensor over a fresh storage holding ``value`` (buffer, lazy value or None)."""
+    shape = tuple(shape)
+    return TpuTensor(Storage(value, shape, dtype, _numel(shape)), shape,
+                     requires_grad=requires_grad)
