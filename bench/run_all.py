@@ -25,8 +25,12 @@ import traceback
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+import buckets  # noqa: E402
 import compile_path  # noqa: E402
+import eager_device  # noqa: E402
 from common import fmt_time, format_table, result, wait_for_idle  # noqa: E402
+
+BENCHMARKS = {**compile_path.BENCHMARKS, **buckets.BENCHMARKS, **eager_device.BENCHMARKS}
 
 #: Others' CPU share above which a row's timings are not to be trusted.
 BUSY = 0.10
@@ -35,7 +39,7 @@ BUSY = 0.10
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer iterations (smoke test)")
-    parser.add_argument("--only", choices=sorted(compile_path.BENCHMARKS), action="append",
+    parser.add_argument("--only", choices=sorted(BENCHMARKS), action="append",
                         help="run only this benchmark (repeatable)")
     parser.add_argument("--wait-idle", type=float, default=30.0, metavar="SECONDS",
                         help="before each benchmark, wait up to this long for other processes "
@@ -44,7 +48,7 @@ def main() -> int:
 
     import torch
     compile_path.setup()
-    names = args.only or list(compile_path.BENCHMARKS)
+    names = args.only or list(BENCHMARKS)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"float32 matmul precision {torch.get_float32_matmul_precision()!r} for all "
           f"contenders (fp32 math){', quick' if args.quick else ''}", flush=True)
@@ -58,7 +62,7 @@ def main() -> int:
             print(f"  (other processes kept the CPUs busy for {args.wait_idle:.0f} s; "
                   f"running anyway)", flush=True)
         try:
-            new_rows = compile_path.BENCHMARKS[name](args.quick)
+            new_rows = BENCHMARKS[name](args.quick)
         except Exception as exc:  # one broken benchmark should not cost the others' numbers
             traceback.print_exc()
             new_rows = [result(name, {}, notes=[f"FAILED: {type(exc).__name__}: {exc}"[:300]])]

@@ -52,6 +52,9 @@ def is_symbolic(expr) -> bool:
 
 def sym_expr(value):
     """A size as a sympy expression (or int): from a SymInt, an int or an expression."""
+    if isinstance(value, torch.SymFloat):
+        expr = value.node.expr
+        return float(expr) if expr.is_number else expr
     if isinstance(value, torch.SymInt):
         expr = value.node.expr
         return int(expr) if expr.is_number else expr
@@ -75,12 +78,14 @@ def evaluate(expr, env: dict):
 
         evaluate(2 * s0 - 1, {s0: 8}) == 15
     """
-    if isinstance(expr, int):
+    if isinstance(expr, (int, float)):
         return expr
-    if isinstance(expr, torch.SymInt):
+    if isinstance(expr, (torch.SymInt, torch.SymFloat)):
         expr = expr.node.expr
     if expr.is_Integer:
         return int(expr)
+    if expr.is_number:
+        return float(expr)
     if expr.is_Symbol:
         if expr not in env:
             raise NotPaddable(f"size symbol {expr} is not bound by any input")
@@ -97,7 +102,12 @@ def evaluate(expr, env: dict):
     if isinstance(expr, (symfn.Min, sympy.Min)):
         return _fold(_minimum, args)
     if isinstance(expr, (sympy.Pow, symfn.PowByNatural)) and isinstance(args[1], int):
-        return _fold(operator.mul, [args[0]] * args[1]) if args[1] > 0 else 1
+        power = _fold(operator.mul, [args[0]] * abs(args[1])) if args[1] else 1
+        return power if args[1] >= 0 else 1 / power
+    if isinstance(expr, symfn.ToFloat):  # sizes used as float values (BatchNorm's n / (n-1))
+        return float(args[0]) if isinstance(args[0], int) else args[0].to(torch.float64)
+    if isinstance(expr, (symfn.FloatTrueDiv, symfn.IntTrueDiv)):
+        return args[0] / args[1]
     raise NotPaddable(f"size expression {expr} ({type(expr).__name__}) is not supported")
 
 

@@ -221,8 +221,7 @@ def same_layout(ctx, node, x, *args, **kwargs):
 
 
 for _op in (aten.clone.default, aten._to_copy.default, aten.alias.default, aten.detach.default,
-            aten.lift_fresh_copy.default, aten.contiguous.default if hasattr(aten, "contiguous")
-            else aten.clone.default):
+            aten.lift_fresh_copy.default):
     RULES[_op] = same_layout
 
 

@@ -61,6 +61,8 @@ def analyze(gm: fx.GraphModule, known_layouts: dict) -> InputSpec:
                 if isinstance(expr, sympy.Symbol):
                     binding.setdefault(expr, (i, d))
             layout = known_layouts.get(node.name)
+            if layout is not None and not _fits(layout, shape):
+                layout = None  # another graph's tensor of the same name
             if layout is None:
                 layout = []
                 for expr in shape:
@@ -99,6 +101,18 @@ def analyze(gm: fx.GraphModule, known_layouts: dict) -> InputSpec:
     return InputSpec(kinds, layouts, symbols, binding)
 
 
+def _fits(layout, shape) -> bool:
+    if len(layout) != len(shape):
+        return False
+    for dim, expr in zip(layout, shape):
+        if dim is None:
+            if is_symbolic(expr):
+                return False
+        elif sympy.simplify(sympy.Mul(*dim.factors) - expr) != 0:
+            return False
+    return True
+
+
 def padded_shape(layout, val, pad_env: dict) -> list:
     return [dim.padded(pad_env) if dim is not None else int(s)
             for dim, s in zip(layout, val.shape)]
@@ -119,8 +133,12 @@ def trace_bucket(gm: fx.GraphModule, spec: InputSpec, pad_env: dict) -> BucketPl
         real_env = dict(zip(spec.symbols, flat[len(flat) - len(spec.symbols):]))
         return _interpret(gm, spec, flat, Context(pad_env, real_env), plan)
 
+    # The rules emit ATen ops that the backend's table may decompose (cumsum, left whole at a
+    # symbolic length): decompose them the same way, now that sizes are static.
+    from ..lower.decompositions import decomposition_table
     with torch.no_grad():
-        plan.gm = make_fx(run, tracing_mode="fake")(*examples)
+        plan.gm = make_fx(run, decomposition_table=decomposition_table(),
+                          tracing_mode="fake")(*examples)
     return plan
 
 
@@ -152,7 +170,8 @@ def _interpret(gm, spec, flat, ctx: Context, plan: BucketPlan) -> list:
 
 def _size(expr, ctx: Context):
     if not is_symbolic(expr):
-        return int(expr)
+        return expr if isinstance(expr, (int, float)) else (
+            int(expr) if expr.is_Integer else float(expr))
     return Size(expr, evaluate(expr, ctx.pad_env), evaluate(expr, ctx.real_env))
 
 
@@ -177,7 +196,7 @@ def _run_node(node: fx.Node, args, kwargs, ctx: Context):
         return None
     if isinstance(val, (torch.SymInt, torch.SymBool, torch.SymFloat)) or (
             not isinstance(target, torch._ops.OpOverload)):
-        if isinstance(val, torch.SymInt):
+        if isinstance(val, (torch.SymInt, torch.SymFloat)):
             return _size(sym_expr(val), ctx)
         if isinstance(val, (int, bool)) and not isinstance(val, torch.SymInt):
             return val

@@ -1,0 +1,228 @@
+"""Bounded dynamism: padded buckets give eager's results at every real size, with few compiles.
+
+The full 40-length runs over 1..512 live in tests/slow/test_buckets_full.py.
+"""
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+import torch
+import torch._dynamo
+import torch.nn.functional as F
+
+import torchtpu_compile
+from torchtpu_compile.buckets import bucket_size, choose
+
+from dynamic_models import Decoder
+from helpers import compile_tpu, configured
+
+SIZES = (3, 6, 13)  # buckets 8, 8, 16: two compiles and one bucket hit
+
+
+def _graphs(kind=None):
+    graphs = torchtpu_compile.stats()["graphs"]
+    return {name: g for name, g in graphs.items() if kind is None or name.endswith(kind)}
+
+
+def _close(actual, expected):
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+
+
+# --- policy ------------------------------------------------------------------------------------
+
+def test_default_policy_is_powers_of_two_then_multiples_of_128():
+    with configured(bucket_policy="pow2-128", bucket_min=8):
+        assert [bucket_size(s) for s in (2, 8, 9, 100, 128, 129, 300, 512, 513)] == \
+            [8, 8, 16, 128, 128, 256, 384, 512, 640]
+
+
+def test_other_policies():
+    assert bucket_size(65, "multiple-64") == 128
+    assert bucket_size(70, "16,64,256") == 256
+    assert bucket_size(300, "16,64,256") == 448  # past the ladder: its last step again
+    assert bucket_size(5, lambda n: n + 1) == 6
+    with pytest.raises(ValueError, match="bucket_policy"):
+        bucket_size(5, "fibonacci")
+    with pytest.raises(ValueError, match="at least the size"):
+        bucket_size(5, lambda n: n - 1)
+
+
+def test_max_buckets_reuses_covering_bucket_then_grows():
+    with configured(bucket_policy="pow2-128", bucket_min=8, max_buckets=3):
+        assert choose((5,), []) == ((8,), True)
+        assert choose((20,), [(8,), (32,)]) == ((32,), False)            # canonical exists
+        assert choose((100,), [(8,), (32,)]) == ((128,), True)            # under the cap
+        assert choose((20,), [(8,), (64,), (128,)]) == ((64,), False)     # smallest covering
+        assert choose((300,), [(8,), (64,), (128,)]) == ((384,), True)    # past the largest
+        # two dynamic dims: the last slot covers everything seen so far
+        assert choose((3, 20), [(8, 8), (16, 16)]) == ((16, 32), True)
+
+
+# --- one rule at a time, against eager ---------------------------------------------------------
+
+def _row_sort(x):
+    values, indices = torch.sort(x, dim=1)
+    return values, indices
+
+
+CASES = {
+    "sum_mean": lambda x: (x.sum(1), x.mean(1), x.mean(), x.sum()),
+    "var_std": lambda x: (x.var(1), x.std(1, correction=0), torch.var_mean(x, 1)[0]),
+    "max_argmax": lambda x: (x.amax(1), x.argmax(1), x.min(1).values, x.logsumexp(1)),
+    "softmax": lambda x: (torch.softmax(x, 1), torch.log_softmax(x, 1)),
+    "layer_norm_over_dynamic_dim": lambda x: F.layer_norm(x.transpose(1, 2), (x.shape[1],)),
+    "cumsum": lambda x: (x.cumsum(1), x.reshape(-1).cumsum(0)),
+    "sort_topk": lambda x: (*_row_sort(x), x.topk(2, dim=1).values),
+    "arange_and_size_as_value": lambda x: (x + torch.arange(x.shape[1])[None, :, None],
+                                           x / x.shape[1], x * (x.shape[1] - 1)),
+    "index_from_real_end": lambda x: (x[:, -1], x[:, -2:], x[:, 1:] - x[:, :-1]),
+    "contraction_over_dynamic_dim": lambda x: x.transpose(1, 2) @ x,
+    "merged_dims": lambda x: (x.reshape(-1, 5).sum(0), x.reshape(-1).amax()),
+    "attention": lambda x: F.scaled_dot_product_attention(x[None], x[None], x[None])[0],
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_rule_matches_eager_at_every_size(name, fresh_dynamo):
+    fn = CASES[name]
+    compiled = compile_tpu(fn)
+    with configured(matmul_precision="highest"):
+        for i, n in enumerate(SIZES):
+            x = torch.randn(3, n, 5)
+            if i == 0:
+                torch._dynamo.mark_dynamic(x, 1)
+            _close(compiled(x), fn(x))
+    stats = torchtpu_compile.stats()
+    assert stats["buckets"]["exact_shape_compiles"] == 0
+    assert stats["buckets"]["compiles"] == 2 and stats["buckets"]["hits"] == 1
+
+
+def test_gather_with_real_positions(fresh_dynamo):
+    def fn(x, index):
+        return torch.gather(x, 1, index), x[:, index[0, :, 0]]
+
+    compiled = compile_tpu(fn)
+    with configured(matmul_precision="highest"):
+        for i, n in enumerate(SIZES):
+            x = torch.randn(3, n, 5)
+            index = torch.randint(0, n, (3, n, 5))
+            if i == 0:
+                torch._dynamo.mark_dynamic(x, 1)
+                torch._dynamo.mark_dynamic(index, 1)
+            _close(compiled(x, index), fn(x, index))
+    assert torchtpu_compile.stats()["buckets"]["exact_shape_compiles"] == 0
+
+
+def test_batch_norm_statistics_and_running_stats_over_dynamic_batch(fresh_dynamo):
+    torch.manual_seed(0)
+    eager = torch.nn.BatchNorm1d(4).train()
+    model = copy.deepcopy(eager)
+    compiled = compile_tpu(model)
+    for i, n in enumerate(SIZES):
+        x = torch.randn(n, 4) * 3 + 1
+        if i == 0:
+            torch._dynamo.mark_dynamic(x, 0)
+        _close(compiled(x), eager(x))
+    _close(model.running_mean, eager.running_mean)
+    _close(model.running_var, eager.running_var)
+    assert torchtpu_compile.stats()["buckets"]["exact_shape_compiles"] == 0
+
+
+# --- models ------------------------------------------------------------------------------------
+
+def _lengths(count, high, seed):
+    rng = random.Random(seed)
+    return [rng.randint(1, high) for _ in range(count)]
+
+
+def test_causal_decoder_over_random_lengths(fresh_dynamo):
+    # The 40 lengths in 1..512 of the issue: tests/slow/test_buckets_full.py.
+    torch.manual_seed(0)
+    model = Decoder(layers=1).eval()
+    compiled = compile_tpu(model)
+    with configured(matmul_precision="highest"), torch.no_grad():
+        for i, length in enumerate([5] + _lengths(7, 64, seed=1)):
+            ids = torch.randint(0, 64, (2, length))
+            if i == 0:
+                torch._dynamo.mark_dynamic(ids, 1)
+            _close(compiled(ids), model(ids))
+    graphs = _graphs()
+    assert torchtpu_compile.stats()["buckets"]["exact_shape_compiles"] == 0
+    assert max(g["compiles"] for g in graphs.values()) <= 4  # buckets 8, 16, 32, 64
+    assert len(graphs) == 1  # one Dynamo graph for every length (none drawn is 1)
+
+
+def test_training_step_with_dynamic_batch_matches_eager(fresh_dynamo):
+    torch.manual_seed(0)
+    eager = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32),
+                                torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    model = copy.deepcopy(eager)
+    opt_eager = torch.optim.SGD(eager.parameters(), lr=0.1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(net, x, y):
+        loss = F.cross_entropy(net(x), y)
+        loss.backward()
+        return loss
+
+    compiled = compile_tpu(step)
+    with configured(matmul_precision="highest"):
+        for i, n in enumerate((5, 12, 3, 9)):
+            x, y = torch.randn(n, 16), torch.randint(0, 4, (n,))
+            if i == 0:
+                torch._dynamo.mark_dynamic(x, 0)
+                torch._dynamo.mark_dynamic(y, 0)
+            _close(compiled(model, x, y), step(eager, x, y))
+            for p, q in zip(model.parameters(), eager.parameters()):
+                _close(p.grad, q.grad)
+            opt.step(), opt_eager.step()
+            opt.zero_grad(), opt_eager.zero_grad()
+    for p, q in zip(model.state_dict().values(), eager.state_dict().values()):
+        _close(p.float(), q.float())
+    stats = torchtpu_compile.stats()
+    assert stats["buckets"]["exact_shape_compiles"] == 0
+    assert stats["buckets"]["hits"] > 0
+    backward = _graphs("backward")
+    assert backward and all(g["compiles"] <= 3 for g in backward.values())
+
+
+# --- switches and fallbacks --------------------------------------------------------------------
+
+def test_buckets_off_compiles_once_per_shape(fresh_dynamo):
+    compiled = compile_tpu(lambda x: x.softmax(0))
+    with configured(buckets=False):
+        for i, n in enumerate((3, 5, 6)):
+            x = torch.randn(n)
+            if i == 0:
+                torch._dynamo.mark_dynamic(x, 0)
+            _close(compiled(x), x.softmax(0))
+    stats = torchtpu_compile.stats()
+    assert stats["buckets"]["compiles"] == 0
+    assert [g["compiles"] for g in stats["graphs"].values()] == [3]
+
+
+def test_graph_without_exact_rule_compiles_per_shape_and_is_counted(fresh_dynamo):
+    # flip along the padded dim would move padding in front of the real elements
+    compiled = compile_tpu(lambda x: torch.flip(x, [0]).cumsum(0))
+    for i, n in enumerate((3, 5, 5)):
+        x = torch.randn(n)
+        if i == 0:
+            torch._dynamo.mark_dynamic(x, 0)
+        _close(compiled(x), torch.flip(x, [0]).cumsum(0))
+    stats = torchtpu_compile.stats()
+    assert stats["buckets"]["exact_shape_compiles"] == 2
+    assert stats["buckets"]["compiles"] == 0
+
+
+def test_stats_report_hits_and_padding_waste(fresh_dynamo):
+    compiled = compile_tpu(lambda x: x.sum(0))
+    for i, n in enumerate((6, 3)):
+        x = torch.randn(n)
+        if i == 0:
+            torch._dynamo.mark_dynamic(x, 0)
+        compiled(x)
+    graph = next(iter(_graphs().values()))
+    assert graph["buckets"] == [[8]] and graph["bucket_hits"] == 1
+    assert graph["padding_waste_pct"] == pytest.approx(100 * (16 - 9) / 16, abs=0.01)
