@@ -258,3 +258,14 @@ def test_registration_leaves_cpu_and_inductor_alone():
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().endswith("ok")
+
+
+def test_aot_artifact_runs_on_tpu_tensors(tmp_path):
+    import aot_factories
+    from torchtpu_compile import aot
+    model, (x,) = aot_factories.mlp()
+    path = str(tmp_path / "mlp.tpu")
+    aot.compile(model, (x,)).save(path)
+    out = aot.load(path)(x.to("tpu"))
+    assert out.device == TPU
+    torch.testing.assert_close(out.cpu(), model(x), atol=1e-5, rtol=1e-5)

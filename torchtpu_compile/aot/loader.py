@@ -55,7 +55,7 @@ class LoadedArtifact:
                     f"{spec['dtype']}")
 
     def __call__(self, *args, **kwargs):
-        from ..runtime.transfer import to_buffer, to_torch
+        from ..runtime.transfer import to_buffer, wrapper_for
 
         flat = pytree.tree_leaves((args, kwargs))  # matched to the recorded inputs by position
         self._check_inputs(flat)
@@ -65,7 +65,10 @@ class LoadedArtifact:
                 buffers.append(to_buffer(flat[argument["index"]]))
             else:
                 buffers.append(to_buffer(self.state[argument["name"]], resident=True))
-        results = [to_torch(b) for b in self.executable.run(buffers)]
+        # Results come back on the inputs' device: tpu tensors in, tpu tensors out.
+        device = next((t.device.type for t in flat if t.device.type != "cpu"), "cpu")
+        wrap = wrapper_for(device)
+        results = [wrap(b) for b in self.executable.run(buffers)]
         outputs = []
         for slot in self.manifest["output_slots"]:
             if slot["kind"] == "program":
