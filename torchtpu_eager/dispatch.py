@@ -400,3 +400,23 @@ def set_(func, args, kwargs):
 
 
 __all__ = ["dispatch", "handles", "signature", "download"]
+
+
+@handles(aten.index_put_.default, aten.index_put.default)
+def index_put_with_mask(func, args, kwargs):
+    # x[mask] = v with a full-shape bool mask and one value is a select, with no
+    # data-dependent shape: the common masked assignment stays on the device.
+    self, indices, values = args[0], args[1], args[2]
+    accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
+    mask = indices[0] if len(indices) == 1 else None
+    if (mask is None or accumulate or mask.dtype != torch.bool or mask.shape != self.shape
+            or values.numel() != 1 or type(mask) is not TpuTensor):
+        return run_op(func, args, kwargs)
+    value = values.reshape(()) if values.dim() else values
+    if type(value) is not TpuTensor:
+        value = from_cpu(value)
+    selected = run_op(aten.where.self, (mask, value.to(self.dtype), self), {})
+    if func is aten.index_put.default:
+        return selected
+    views.write(self, views.read(selected))
+    return self

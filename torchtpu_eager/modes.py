@@ -52,9 +52,14 @@ class Debug(Strict):
     name = "debug"
 
     def apply(self, graph, values: list) -> list:
-        outputs = graph.run([concrete(v) for v in values])
-        for buffer in outputs:
-            buffer.block_until_ready()
+        try:
+            outputs = graph.run([concrete(v) for v in values])
+            for buffer in outputs:
+                buffer.block_until_ready()
+        except Exception as exc:
+            # Raised here, inside the op's own dispatch: the traceback is the op's Python stack.
+            raise RuntimeError(f"tpu (TORCH_TPU_LAUNCH_BLOCKING=1): {graph.label} failed on "
+                               f"the device: {exc}") from exc
         return outputs
 
 
