@@ -145,13 +145,15 @@ def enabled() -> bool:
     return bool(config.graph_cache) and not torch.compiler.config.force_disable_caches
 
 
-def _held_tensors_digest(gm: torch.fx.GraphModule) -> str:
-    """Digest of the values of tensors the Dynamo graph holds as attributes.
+def _held_tensors_digest(gm: torch.fx.GraphModule) -> str | None:
+    """Digest of the values of tensors the Dynamo graph holds as attributes; None if one of
+    them cannot be read as bytes (then the graph is not cached).
 
     torch's key has only their metadata; a graph whose code is the same but whose held constant
-    differs must not hit.
+    differs must not hit. (Dynamo lifts parameters, buffers and tensor attributes to inputs, so
+    such constants are rare.)
     """
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
     digest = hashlib.sha256()
     with unset_fake_temporarily():
@@ -159,11 +161,15 @@ def _held_tensors_digest(gm: torch.fx.GraphModule) -> str:
             if node.op != "get_attr":
                 continue
             value = operator.attrgetter(node.target)(gm)
-            if isinstance(value, torch.Tensor) and not isinstance(
-                    value, torch._subclasses.FakeTensor):
-                flat = value.detach().cpu().contiguous().reshape(-1)
+            if not isinstance(value, torch.Tensor) or isinstance(value, FakeTensor):
+                continue
+            try:
+                flat = value.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
                 digest.update(node.target.encode())
-                digest.update(flat.view(torch.uint8).numpy().tobytes())
+                digest.update(flat.numpy().tobytes())
+            except Exception as exc:  # sparse, quantized, subclasses: not worth a wrong hit
+                log.debug("graph not cached: held tensor %s unreadable (%s)", node.target, exc)
+                return None
     return digest.hexdigest()
 
 
@@ -194,11 +200,13 @@ def scope(gm: torch.fx.GraphModule):
     """Let aot_autograd, run inside this block, look up and save its result in our levels.
 
     The block patches torch's AOTAutogradCache storage for its duration (one Dynamo graph's
-    compile; Dynamo compiles one frame at a time) and compiles backward graphs eagerly, so that
-    the entry (forward and backward together) is saved before the block ends. Yields whether the
-    cache is on.
+    compile; Dynamo compiles one frame at a time) and makes aot_autograd hand over backward
+    graphs with the forward (``RunnerOutputCode`` still builds them on first use), so that the
+    entry, forward and backward together, is saved before the block ends. Yields whether the
+    cache is on for this graph.
     """
-    if not enabled():
+    held = _held_tensors_digest(gm) if enabled() else None
+    if held is None:
         yield False
         return
     from torch._dynamo.utils import counters as torch_counters
@@ -206,7 +214,7 @@ def scope(gm: torch.fx.GraphModule):
 
     salt = hashlib.sha256("|".join((
         versions.stack_versions(), versions.source_digest(*_KEYED_SOURCES),
-        _held_tensors_digest(gm))).encode()).hexdigest()
+        held)).encode()).hexdigest()
     adapter = _StoreAdapter(salt)
     patched = {"get_remote_cache": staticmethod(lambda: adapter),
                # torch also writes every entry to its own folder; ours are in our levels only.

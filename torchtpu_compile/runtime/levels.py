@@ -76,7 +76,11 @@ class Levels:
             return payload
         stores = _stores()
         for depth, store in enumerate(stores):
-            blob = store.get(key)
+            try:
+                blob = store.get(key)
+            except OSError as exc:  # an unreadable cache is a miss, never a failed compile
+                log.warning("torchtpu: %s %s cache unreadable: %s", store.level, self.name, exc)
+                continue
             if blob is None:
                 continue
             try:
