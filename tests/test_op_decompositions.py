@@ -197,3 +197,35 @@ def test_avg_pool3d_divisor_override():
     F = torch.nn.functional
     check(lambda x: F.avg_pool3d(x, 2, stride=1, padding=1, ceil_mode=True,
                                  count_include_pad=False, divisor_override=2), randn(1, 2, 4, 4, 4))
+
+
+# --- reductions of 0-d tensors (torch-mlir crashed the process on several) -------------------
+
+ZERO_DIM_REDUCTIONS = {
+    "sum_keepdim": lambda x: torch.sum(x, 0, keepdim=True),
+    "sum_dtype": lambda x: torch.sum(x, [0], dtype=torch.float64),
+    "logsumexp": lambda x: torch.logsumexp(x, 0),
+    "var": lambda x: torch.var(x, 0),
+    "std": lambda x: torch.std(x, 0, correction=0),
+    "var_mean": lambda x: torch.var_mean(x, 0, correction=0),
+    "softmax": lambda x: torch.softmax(x, 0),
+    "log_softmax": lambda x: torch.log_softmax(x, -1),
+    "prod": lambda x: torch.prod(x, 0),
+    "argmax": lambda x: torch.argmax(x, 0),
+    "any": lambda x: torch.any(x > 0, 0),
+    "max_dim": lambda x: torch.max(x, 0),
+    "vector_norm": lambda x: torch.linalg.vector_norm(x, 2, 0),
+}
+
+
+@pytest.mark.parametrize("name", list(ZERO_DIM_REDUCTIONS))
+def test_reduction_of_a_0d_tensor(name):
+    check(ZERO_DIM_REDUCTIONS[name], torch.tensor(1.5))
+
+
+def test_reductions_of_nd_tensors_keep_their_lowering():
+    check(lambda x: (torch.logsumexp(x, 1), torch.var(x, 0), torch.softmax(x, -1)), randn(4, 5))
+
+
+def test_take_wraps_negative_indices():
+    check(torch.take, randn(3, 4), torch.tensor([[0, -1], [5, -12]]))

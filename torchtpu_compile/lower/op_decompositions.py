@@ -484,3 +484,50 @@ def avg_pool3d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_incl
                divisor_override=None):
     return _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad,
                      divisor_override, 3, aten.avg_pool3d.default)
+
+
+# --- reductions over 0-d tensors -------------------------------------------------------------
+
+def _over_one_element(op):
+    """The decomposition of reduction ``op``: on a 0-d input, the same op over a [1] tensor.
+
+    torch-mlir crashes the process (sum with keepdim, logsumexp, var, std, softmax) or fails
+    (prod, argmax, any, all, max.dim, vector_norm) on a 0-d input with a ``dim``. Other inputs
+    go to torch-mlir's own decomposition of the op, if it has one.
+    """
+    names = [a.name for a in op._schema.arguments]
+    dim_at = names.index("dim")
+
+    def decompose(x, *args, **kwargs):
+        if x.dim() != 0:
+            from .decompositions import _base_table
+            base = _base_table().get(op)
+            return base(x, *args, **kwargs) if base is not None else NotImplemented
+        args = list(args)
+        if len(args) >= dim_at:  # args exclude x, so "dim" sits at dim_at - 1
+            dim = args[dim_at - 1]
+            args[dim_at - 1] = [0] if isinstance(dim, (list, tuple)) else (None if dim is None else 0)
+        elif "dim" in kwargs and kwargs["dim"] is not None:
+            kwargs["dim"] = [0] if isinstance(kwargs["dim"], (list, tuple)) else 0
+        out = op(x.reshape(1), *args, **kwargs)
+        if isinstance(out, (tuple, list)):
+            return tuple(o.reshape(()) for o in out)
+        return out.reshape(())
+    decompose.__name__ = f"{op.__name__.replace('.', '_')}_of_0d"
+    return decompose
+
+
+for _op in (aten.sum.dim_IntList, aten.logsumexp.default, aten.var.correction,
+            aten.std.correction, aten.var_mean.correction, aten.std_mean.correction,
+            aten._softmax.default, aten._log_softmax.default, aten.prod.dim_int,
+            aten.argmax.default, aten.argmin.default, aten.any.dim, aten.any.dims, aten.all.dim,
+            aten.all.dims, aten.max.dim, aten.min.dim, aten.linalg_vector_norm.default):
+    decomposition(_op)(_over_one_element(_op))
+
+
+@decomposition(aten.take.default)
+def take(x, index):
+    # torch-mlir's take does not wrap negative indices (they count from the end in eager).
+    flat = x.reshape(-1)
+    index = torch.where(index < 0, index + flat.shape[0], index)
+    return flat[index]
