@@ -257,3 +257,15 @@ def test_switched_off(isolated_cache):
     for name in ("aot_autograd", "lowering"):
         assert counts(name)["hits"] == counts(name)["misses"] == 0
     assert not os.path.exists(os.path.join(torchtpu_compile.config.cache_dir, levels.SUBDIR))
+
+
+def test_dynamic_graph_from_the_cache_serves_other_sizes(isolated_cache):
+    """A graph with symbolic sizes comes back with its symbols; each size runs correctly."""
+    f = lambda x: torch.softmax(x * 2, dim=-1).sum(-1)
+    compile_tpu(f, dynamic=True)(torch.randn(3, 5))
+    isolated_cache()
+    compiled = compile_tpu(f, dynamic=True)
+    for rows, cols in ((3, 5), (4, 7), (2, 9)):
+        x = torch.randn(rows, cols)
+        torch.testing.assert_close(compiled(x), f(x))
+    assert counts("aot_autograd")["hits"] == 1
