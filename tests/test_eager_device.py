@@ -269,3 +269,38 @@ def test_aot_artifact_runs_on_tpu_tensors(tmp_path):
     out = aot.load(path)(x.to("tpu"))
     assert out.device == TPU
     torch.testing.assert_close(out.cpu(), model(x), atol=1e-5, rtol=1e-5)
+
+
+def test_new_float_arguments_do_not_compile_again():
+    x_cpu = torch.randn(5)
+    x = x_cpu.to("tpu")
+    for value in (0.5, 0.25, -3.0):  # the second value lifts the floats into an input
+        torch.testing.assert_close(x.add(x, alpha=value).cpu(), x_cpu.add(x_cpu, alpha=value))
+        torch.testing.assert_close(x.addcdiv(x, x.abs() + 1, value=value).cpu(),
+                                   x_cpu.addcdiv(x_cpu, x_cpu.abs() + 1, value=value))
+    before = torchtpu_compile.stats()["eager_programs_compiled"]
+    for value in (0.125, 7.0):
+        torch.testing.assert_close((x * value).add(x, alpha=value).cpu(),
+                                   (x_cpu * value).add(x_cpu, alpha=value))
+    assert torchtpu_compile.stats()["eager_programs_compiled"] == before
+
+
+def test_adam_loop_stops_compiling():
+    # Adam's bias corrections are new floats every step: they must not mean new programs.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    model.to("tpu")
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    x, y = torch.randn(5, 6).to("tpu"), torch.randn(5, 2).to("tpu")
+
+    def step():
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+
+    for _ in range(3):
+        step()
+    before = torchtpu_compile.stats()["eager_programs_compiled"]
+    for _ in range(3):
+        step()
+    assert torchtpu_compile.stats()["eager_programs_compiled"] == before

@@ -22,8 +22,8 @@ import torch
 from torchtpu_compile import counters
 from torchtpu_compile.errors import LoweringError
 
-from . import fallback, modes, rng, views
-from .programs import example, trace
+from . import fallback, modes, rng, scalars, views
+from .programs import OpGraph, example, trace
 from .tensor import DEVICE, TpuTensor, new_tensor
 from .transfer import download, from_cpu, to_cpu, upload
 
@@ -131,12 +131,14 @@ def _input_values(tensors) -> list:
 # --- the compiled path ------------------------------------------------------------------------
 
 class _Compiled:
-    """How to run one op signature: its graph, which leaves it writes, how to rebuild returns."""
+    """How to run one op signature: its graph, which leaves it writes, how to rebuild returns;
+    ``lifted``: the op's floats are an extra input (``scalars.py``)."""
 
-    __slots__ = ("graph", "mutated", "returns", "n_fresh")
+    __slots__ = ("graph", "mutated", "returns", "n_fresh", "lifted")
 
-    def __init__(self, graph, mutated, returns, n_fresh):
+    def __init__(self, graph, mutated, returns, n_fresh, lifted=False):
         self.graph, self.mutated, self.returns, self.n_fresh = graph, mutated, returns, n_fresh
+        self.lifted = lifted
 
 
 class _Fallback:
@@ -188,18 +190,19 @@ def _return_plan(func, args, kwargs):
     return plan
 
 
-def _build(func, args, kwargs, tensors):
+def _build(func, args, kwargs, tensors, lift_floats=False):
     written = _written_leaves(func, args, kwargs)
     plan = _return_plan(func, args, kwargs)
     shapes: list = []   # number of tensors per fresh return, filled while tracing
 
-    def fn(*values):
+    def fn(*values, _call=None):
         values = list(values)
         for i in written:
             values[i] = values[i].clone()  # write into a copy: the graph stays functional
         it = iter(values)
-        call_args = _substitute(tuple(args), it)
-        call_kwargs = {k: _substitute(v, it) for k, v in kwargs.items()}
+        op_args, op_kwargs = _call if _call is not None else (args, kwargs)
+        call_args = _substitute(tuple(op_args), it)
+        call_kwargs = {k: _substitute(v, it) for k, v in op_kwargs.items()}
         out = func(*call_args, **call_kwargs)
         outs = out if isinstance(out, tuple) else (out,)
         fresh = []
@@ -220,14 +223,41 @@ def _build(func, args, kwargs, tensors):
     examples = [example(t.shape, t.dtype) for t in tensors]
     label = str(func)
     try:
-        graph = trace(fn, examples, label)
+        if lift_floats:
+            graph = _trace_lifted(fn, examples, label, args, kwargs)
+            if graph is None:
+                return None
+        else:
+            graph = trace(fn, examples, label)
         modes.current().check(graph)
     except (LoweringError, NotImplementedError, RuntimeError, TypeError, ValueError,
             AssertionError, IndexError) as exc:
+        if lift_floats:
+            return None
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return _Fallback(first[:300])
     n_fresh = len(graph.out_meta) - len(written)
-    return _Compiled(graph, written, (plan, list(shapes)), n_fresh)
+    return _Compiled(graph, written, (plan, list(shapes)), n_fresh, lifted=lift_floats)
+
+
+def _trace_lifted(fn, examples, label, args, kwargs):
+    """Trace ``fn`` with its floats as an input (see scalars.py), or None if they cannot be."""
+    count = len(scalars.collect(args, kwargs))
+    graphs = []
+    for variant in (0, 1):
+        values = scalars.sentinels(count, variant)
+        swapped_args, swapped_kwargs = scalars.replace(args, kwargs, values)
+
+        def traced(*tensors, _a=swapped_args, _k=swapped_kwargs):
+            return fn(*tensors, _call=(_a, _k))
+        graph = trace(traced, examples, label)
+        lifted = scalars.lift(graph.gm, values)
+        if lifted is None:
+            return None
+        graphs.append(lifted)
+    if graphs[0].code != graphs[1].code:  # a float was transformed, not just passed along
+        return None
+    return OpGraph(graphs[0], label + " (floats as inputs)")
 
 
 def _rebuild(entry: _Compiled, outputs: list, args, kwargs):
@@ -263,15 +293,39 @@ def _fresh(value, shape, dtype):
     return t
 
 
+_SEEN_ONCE, _NOT_LIFTABLE = object(), object()
+_by_structure: dict = {}   # signature with floats blanked -> lifted _Compiled, or a marker
+
+
+def _lifted_entry(func, args, kwargs, tensors, key):
+    """The op's entry with its floats as an input, once it is seen with a second set of floats."""
+    structure = scalars.structure(key)
+    if structure == key:
+        return None  # no floats
+    known = _by_structure.get(structure)
+    if known is None:
+        _by_structure[structure] = _SEEN_ONCE
+        return None
+    if known is _SEEN_ONCE:
+        known = _build(func, args, kwargs, tensors, lift_floats=True) or _NOT_LIFTABLE
+        _by_structure[structure] = known
+    return None if known is _NOT_LIFTABLE else known
+
+
 def run_op(func, args, kwargs):
     key, tensors = signature(func, args, kwargs)
     entry = _ops.get(key)
     if entry is None:
         _check_devices(func, tensors)
-        entry = _ops[key] = _build(func, args, kwargs, tensors)
+        entry = _lifted_entry(func, args, kwargs, tensors, key) or \
+            _build(func, args, kwargs, tensors)
+        _ops[key] = entry
     if type(entry) is _Fallback:
         return fallback.run_on_host(func, args, kwargs, entry.reason)
-    outputs = modes.current().apply(entry.graph, _input_values(tensors))
+    values = _input_values(tensors)
+    if entry.lifted:
+        values.append(upload(torch.tensor(scalars.collect(args, kwargs), dtype=torch.float32)))
+    outputs = modes.current().apply(entry.graph, values)
     n_fresh = entry.n_fresh
     for leaf, value in zip(entry.mutated, outputs[n_fresh:]):
         views.write(tensors[leaf], value)

@@ -1,0 +1,133 @@
+"""Python floats as program inputs, so that an op called with new float values compiles once.
+
+An op's cache key holds its float arguments, so ``p.addcdiv_(m, v, value=-step_size)`` with a new
+step size would compile again: Adam's bias corrections change every step. When an op is seen a
+second time with other floats, it is traced twice, with two sets of sentinel values, and each
+sentinel in the traced graph is replaced by an element of one extra 1-D float32 input. The
+result is kept only if both traces give the same graph and no sentinel is left: a float that a
+decomposition transformed (``1 - x``) or that sits where only a Python scalar fits keeps the op
+on exact keys. Lifted floats meet tensors as 0-dim float32 tensors do, which promote like
+Python floats.
+
+Example::
+
+    floats = collect(args, kwargs)                 # [0.9, 1e-3]
+    args2, kwargs2 = replace(args, kwargs, sentinels(len(floats), 0))
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+aten = torch.ops.aten
+
+
+def _leaves(value, out: list):
+    if type(value) is float:
+        out.append(value)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _leaves(v, out)
+
+
+def collect(args, kwargs) -> list:
+    """The Python floats among the op's arguments, in signature order."""
+    out: list = []
+    for a in args:
+        _leaves(a, out)
+    for v in kwargs.values():
+        _leaves(v, out)
+    return out
+
+
+def _replace(value, it):
+    if type(value) is float:
+        return next(it)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_replace(v, it) for v in value)
+    return value
+
+
+def replace(args, kwargs, floats: list):
+    """``args`` and ``kwargs`` with their floats replaced, in order, by ``floats``."""
+    it = iter(floats)
+    return (tuple(_replace(a, it) for a in args),
+            {k: _replace(v, it) for k, v in kwargs.items()})
+
+
+def structure(key: tuple) -> tuple:
+    """A signature with its float values blanked (floats appear as ``(float, value)``)."""
+    def blank(part):
+        if type(part) is tuple:
+            if len(part) == 2 and part[0] is float:
+                return (float, None)
+            return tuple(blank(p) for p in part)
+        return part
+    return tuple(blank(p) for p in key)
+
+
+def sentinels(count: int, variant: int) -> list:
+    """Values no program would hold by chance, distinct per position and per variant."""
+    return [-(7.0 + variant) * 1.000000119 ** (i + 1) * 1e-13 for i in range(count)]
+
+
+def _tensor_slot(node: fx.Node, position, name=None) -> bool:
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return False
+    if name is not None:
+        arg = next((a for a in schema.arguments if a.name == name), None)
+    else:
+        arg = schema.arguments[position] if position < len(schema.arguments) else None
+    return arg is not None and str(arg.type) == "Tensor"
+
+
+def lift(gm: fx.GraphModule, values: list) -> fx.GraphModule | None:
+    """``gm`` with each float in ``values`` read from a new last input, or None if it cannot."""
+    graph = gm.graph
+    index = {v: i for i, v in enumerate(values)}
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    anchor = placeholders[-1] if placeholders else None
+    ctx = graph.inserting_after(anchor) if anchor is not None else \
+        graph.inserting_before(next(iter(graph.nodes)))
+    with ctx:
+        lifted = graph.placeholder("lifted_floats")
+    lifted.meta["val"] = torch.empty(len(values), dtype=torch.float32)
+    from torch.fx.passes.shape_prop import _extract_tensor_metadata
+    lifted.meta["tensor_meta"] = _extract_tensor_metadata(lifted.meta["val"])
+    reads: dict = {}
+
+    def read(i):
+        node = reads.get(i)
+        if node is None:
+            with graph.inserting_after(lifted):
+                node = reads[i] = graph.call_function(aten.select.int, (lifted, 0, i))
+            node.meta["val"] = torch.empty((), dtype=torch.float32)
+            node.meta["tensor_meta"] = _extract_tensor_metadata(node.meta["val"])
+        return node
+
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node in reads.values():
+            continue
+        args = list(node.args)
+        for pos, a in enumerate(args):
+            if type(a) is float and a in index:
+                if not _tensor_slot(node, pos):
+                    return None
+                args[pos] = read(index[a])
+        kwargs = dict(node.kwargs)
+        for name, a in kwargs.items():
+            if type(a) is float and a in index:
+                if not _tensor_slot(node, None, name):
+                    return None
+                kwargs[name] = read(index[a])
+        node.args, node.kwargs = tuple(args), kwargs
+    for node in graph.nodes:  # a sentinel left inside a list, or anywhere else
+        left: list = []
+        _leaves(node.args, left)
+        _leaves(list(node.kwargs.values()), left)
+        if any(v in index for v in left):
+            return None
+    graph.lint()
+    gm.recompile()
+    return gm
