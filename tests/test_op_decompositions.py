@@ -204,6 +204,7 @@ def test_avg_pool3d_divisor_override():
 ZERO_DIM_REDUCTIONS = {
     "sum_keepdim": lambda x: torch.sum(x, 0, keepdim=True),
     "sum_dtype": lambda x: torch.sum(x, [0], dtype=torch.float64),
+    "mean_keepdim": lambda x: torch.mean(x, 0, keepdim=True),
     "logsumexp": lambda x: torch.logsumexp(x, 0),
     "var": lambda x: torch.var(x, 0),
     "std": lambda x: torch.std(x, 0, correction=0),
