@@ -275,6 +275,7 @@ def test_new_float_arguments_do_not_compile_again():
     x_cpu = torch.randn(5)
     x = x_cpu.to("tpu")
     for value in (0.5, 0.25, -3.0):  # the second value lifts the floats into an input
+        torch.testing.assert_close((x * value).cpu(), x_cpu * value)
         torch.testing.assert_close(x.add(x, alpha=value).cpu(), x_cpu.add(x_cpu, alpha=value))
         torch.testing.assert_close(x.addcdiv(x, x.abs() + 1, value=value).cpu(),
                                    x_cpu.addcdiv(x_cpu, x_cpu.abs() + 1, value=value))

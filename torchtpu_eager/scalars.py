@@ -82,6 +82,24 @@ def _tensor_slot(node: fx.Node, position, name=None) -> bool:
     return arg is not None and str(arg.type) == "Tensor"
 
 
+def _alpha_as_product(graph: fx.Graph, node: fx.Node, index: dict, read) -> None:
+    # add/sub(x, y, alpha=a): alpha is a Python scalar slot; x + y * a is the same value with
+    # a in a tensor slot.
+    if node.target not in (aten.add.Tensor, aten.sub.Tensor):
+        return
+    alpha = node.kwargs.get("alpha", node.args[2] if len(node.args) > 2 else None)
+    other = node.args[1] if len(node.args) > 1 else None
+    if type(alpha) is not float or alpha not in index or not isinstance(other, fx.Node):
+        return
+    with graph.inserting_before(node):
+        scaled = graph.call_function(aten.mul.Tensor, (other, read(index[alpha])))
+    scaled.meta["val"] = other.meta.get("val")
+    if "tensor_meta" in other.meta:
+        scaled.meta["tensor_meta"] = other.meta["tensor_meta"]
+    node.args = (node.args[0], scaled)
+    node.kwargs = {k: v for k, v in node.kwargs.items() if k != "alpha"}
+
+
 def lift(gm: fx.GraphModule, values: list) -> fx.GraphModule | None:
     """``gm`` with each float in ``values`` read from a new last input, or None if it cannot."""
     graph = gm.graph
@@ -109,6 +127,7 @@ def lift(gm: fx.GraphModule, values: list) -> fx.GraphModule | None:
     for node in list(graph.nodes):
         if node.op != "call_function" or node in reads.values():
             continue
+        _alpha_as_product(graph, node, index, read)
         args = list(node.args)
         for pos, a in enumerate(args):
             if type(a) is float and a in index:
