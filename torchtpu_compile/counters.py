@@ -34,6 +34,9 @@ def _fresh() -> dict:
         "graph_cache": {name: {"hits": 0, "misses": 0, "bypasses": 0, "corrupt": 0,
                                "bytes_read": 0, "bytes_written": 0, "seconds_saved": 0.0}
                         for name in ("aot_autograd", "lowering")},
+        # tpu_dist (torchtpu_eager.distributed): collectives and how they travelled.
+        "tpu_dist": {"collectives": 0, "host_staged_collectives": 0, "host_staged_bytes": 0,
+                     "functional_collectives": 0, "compiled_graph_collectives": 0},
     }
 
 
@@ -66,6 +69,17 @@ def add_graph_cache(name: str, counter: str, value=1) -> None:
     """
     with _lock:
         _stats["graph_cache"][name][counter] += value
+
+
+def add_dist(name: str, value=1) -> None:
+    """Add to the tpu_dist counter ``name``.
+
+    Example::
+
+        add_dist("host_staged_collectives")
+    """
+    with _lock:
+        _stats["tpu_dist"][name] += value
 
 
 def count_fallback(op_name: str) -> None:

@@ -36,6 +36,15 @@ _Parameter = torch.nn.Parameter
 
 #: The "reason" of nodes that compute host scalars (sizes, asserts) rather than tensors.
 HOST_SCALAR = "host scalar arithmetic"
+#: The "reason" of functional collectives: the graph is cut there and the collective runs
+#: through its process group (tpu_dist), by design rather than as a fallback.
+COLLECTIVE = "collective through the process group"
+_COLLECTIVE_NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd")
+
+
+def _is_collective(node: fx.Node) -> bool:
+    return node.op == "call_function" and \
+        getattr(node.target, "namespace", None) in _COLLECTIVE_NAMESPACES
 
 
 class Program:
@@ -148,6 +157,9 @@ def _find_unsupported(gm: fx.GraphModule, platform: str, precision: str):
     """(bad nodes with reasons, lowered module of the whole graph if it lowered)."""
     bad = {}
     for node in gm.graph.nodes:
+        if _is_collective(node):
+            bad[node] = COLLECTIVE
+            continue
         if is_host_scalar(node):
             bad[node] = HOST_SCALAR
             continue
@@ -189,7 +201,13 @@ def build_static(gm: fx.GraphModule, precision: str, name: str,
     if not bad:
         return Program(gm, precision, name, prepared=prepared, lowered=lowered,
                        resident_inputs=resident_inputs)
-    fallbacks = {node: reason for node, reason in bad.items() if reason is not HOST_SCALAR}
+    fallbacks = {node: reason for node, reason in bad.items()
+                 if reason is not HOST_SCALAR and reason is not COLLECTIVE}
+    collectives = [node for node, reason in bad.items() if reason is COLLECTIVE]
+    if collectives:
+        counters.add_dist("compiled_graph_collectives", len(collectives))
+        log.info("torchtpu: graph %s is cut at %d collective op(s), which run through the "
+                 "process group", name, len(collectives))
     for node, reason in fallbacks.items():
         if config.strict:
             raise UnsupportedOpError(

@@ -12,7 +12,9 @@ Example::
     print(y.cpu())
 """
 from .device import autoload, register
+from .distributed import register as _register_tpu_dist
 
 register()
+_register_tpu_dist()  # the "tpu_dist" c10d backend: a name only, nothing starts here
 
 __all__ = ["autoload", "register"]

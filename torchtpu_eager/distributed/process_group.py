@@ -1,0 +1,283 @@
+"""``TpuProcessGroup``: the c10d process group behind ``init_process_group("tpu_dist")``.
+
+A Python ``ProcessGroup``: ``torch.distributed`` calls its methods with tpu tensors (and CPU
+tensors, which go straight to gloo). Each collective stages tpu tensors through host memory
+(``staging.py``), runs on an inner gloo group over the same rendezvous store, and returns a
+``StagedWork`` that copies results back when waited on. Timeouts are the group's
+(``init_process_group(timeout=...)``): a rank that dies or never joins gives an error on the
+others, never a hang; gloo also errors at once when a peer's connection closes.
+
+Example::
+
+    dist.init_process_group("tpu_dist", rank=r, world_size=2, init_method="tcp://127.0.0.1:29500")
+    t = torch.arange(4.0, device="tpu")
+    dist.broadcast(t, src=0)
+"""
+from __future__ import annotations
+
+import os
+import zlib
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import (AllgatherOptions, AllreduceOptions, AllToAllOptions,
+                                        BarrierOptions, PrefixStore, ProcessGroupGloo,
+                                        ReduceOptions, ReduceScatterOptions)
+
+from torchtpu_compile import counters
+from torchtpu_compile._logging import log
+
+from . import functional, reduce_ops
+from .staging import host_input, host_output, note, stage_in, stage_out
+from .work import StagedWork
+
+
+def _flat(nested) -> list:
+    return [t for inner in nested for t in inner]
+
+
+class TpuProcessGroup(dist.ProcessGroup):
+    """Collectives on tpu tensors for ``world_size`` processes (one tpu device each)."""
+
+    def __init__(self, store, rank: int, world_size: int, timeout):
+        super().__init__(rank, world_size)
+        functional.register()
+        self._rank, self._world_size, self._timeout = rank, world_size, timeout
+        self._gloo = ProcessGroupGloo(PrefixStore("tpu_dist_gloo/", store), rank, world_size,
+                                      timeout)
+        # PyTorch keeps a group's name (which functional collectives and DTensor resolve it
+        # by) in its registered backends; gloo is also the right backend for CPU tensors.
+        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO,
+                               self._gloo)
+        log.info("torchtpu: tpu_dist process group rank %d of %d (timeout %s)", rank,
+                 world_size, timeout)
+
+    def getBackendName(self) -> str:
+        return "tpu_dist"
+
+    def name(self) -> str:
+        return "tpu_dist"
+
+    def __repr__(self) -> str:
+        return f"TpuProcessGroup(rank={self._rank}, world_size={self._world_size})"
+
+    # --- helpers --------------------------------------------------------------------------
+
+    def _check(self, name: str, tensors, shapes: bool = True) -> None:
+        """Raise on every rank if the ranks disagree on this collective's shapes or dtypes.
+
+        Gloo on host buffers of different sizes can return wrong values without an error;
+        one small MAX all-reduce of (h, -h), h a checksum of the signature, finds a
+        disagreement on all ranks at once (max(h) == -max(-h) only when every h is equal).
+        ``TORCHTPU_DIST_CHECK=0`` skips it.
+        """
+        if not _CHECK:
+            return
+        described = ",".join(f"{str(t.dtype)[6:]}{list(t.shape) if shapes else ''}"
+                             for t in tensors)
+        signature = f"{name}({described})"
+        h = zlib.crc32(signature.encode())
+        probe = torch.tensor([h, -h], dtype=torch.int64)
+        opts = AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.MAX
+        self._gloo.allreduce([probe], opts).wait()
+        if probe[0].item() != -probe[1].item():
+            raise RuntimeError(
+                f"tpu_dist: ranks called {name} with different shapes or dtypes (rank "
+                f"{self._rank}: {signature}); every rank must pass tensors of the same shape "
+                f"and dtype to a collective")
+
+    def _work(self, inner, back, result, after=None) -> StagedWork:
+        counters.add_dist("collectives")
+
+        def finish():
+            if after is not None:
+                after()
+            stage_out(back)
+        return StagedWork(inner, finish, result)
+
+    def _reduce_opts(self, opts, dtype, kind=AllreduceOptions):
+        op, divide = reduce_ops.resolve(opts.reduceOp, dtype)
+        new = kind()
+        new.reduceOp = op
+        new.timeout = opts.timeout
+        if hasattr(opts, "rootRank"):
+            new.rootRank, new.rootTensor = opts.rootRank, opts.rootTensor
+        return new, divide
+
+    # --- reductions -----------------------------------------------------------------------
+
+    def allreduce(self, tensors, opts=AllreduceOptions()):
+        self._check("all_reduce", tensors)
+        gloo_opts, divide = self._reduce_opts(opts, tensors[0].dtype)
+        host, back = stage_in(tensors)
+        inner = self._gloo.allreduce(host, gloo_opts)
+        after = (lambda: [reduce_ops.average(h, self._world_size) for h in host]) \
+            if divide else None
+        return self._work(inner, back, tensors, after)
+
+    def allreduce_coalesced(self, tensors, opts=AllreduceOptions()):
+        # One flat buffer: one transport call for the bucket, as gloo's coalesced op does.
+        return self.allreduce(tensors, opts)
+
+    def reduce(self, tensors, opts=ReduceOptions()):
+        self._check("reduce", tensors)
+        gloo_opts, divide = self._reduce_opts(opts, tensors[0].dtype, ReduceOptions)
+        host, back = stage_in(tensors)
+        inner = self._gloo.reduce(host, gloo_opts)
+        root = opts.rootRank == self._rank
+        after = (lambda: [reduce_ops.average(h, self._world_size) for h in host]) \
+            if divide and root else None
+        return self._work(inner, back if root else [], tensors, after)
+
+    def reduce_scatter(self, outputs, inputs, opts=ReduceScatterOptions()):
+        # As a sum of everything then a local slice: gloo's reduce_scatter needs equal chunks
+        # on the host anyway, and this keeps every rank's view of the op identical.
+        chunks = inputs[0]
+        self._check("reduce_scatter", list(chunks) + list(outputs))
+        flat_in = torch.cat([host_input(c).reshape(-1) for c in chunks])
+        gloo_opts, divide = self._reduce_opts(opts, chunks[0].dtype)
+        note(list(chunks) + list(outputs))
+        inner = self._gloo.allreduce([flat_in], gloo_opts)
+        sizes = [c.numel() for c in chunks]
+        host_out = host_output(outputs[0])
+        back = [(outputs[0], host_out)] if host_out is not outputs[0] else []
+
+        def after():
+            mine = torch.split(flat_in, sizes)[self._rank]
+            if divide:
+                mine = mine.clone()
+                reduce_ops.average(mine, self._world_size)
+            host_out.copy_(mine.reshape(host_out.shape))
+        return self._work(inner, back, outputs, after)
+
+    def reduce_scatter_single(self, output, input, opts=ReduceScatterOptions()):
+        return self.reduce_scatter([output], [list(torch.chunk(input, self._world_size))], opts)
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=ReduceScatterOptions()):
+        works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        return _all_of(works, outputs)
+
+    # --- data movement --------------------------------------------------------------------
+
+    def broadcast(self, tensors, opts=dist.BroadcastOptions()):
+        self._check("broadcast", tensors)
+        root = opts.rootRank == self._rank
+        host, back = stage_in(tensors, read=root)
+        inner = self._gloo.broadcast(host, opts)
+        return self._work(inner, [] if root else back, tensors)
+
+    def allgather(self, output_lists, inputs, opts=AllgatherOptions()):
+        self._check("all_gather", list(inputs) + _flat(output_lists))
+        host_in, _ = stage_in(inputs)
+        host_out, back = stage_in(_flat(output_lists), read=False)
+        it = iter(host_out)
+        nested = [[next(it) for _ in outs] for outs in output_lists]
+        inner = self._gloo.allgather(nested, host_in, opts)
+        return self._work(inner, back, output_lists)
+
+    def allgather_coalesced(self, output_lists, inputs, opts=AllgatherOptions()):
+        works = [self.allgather([outs], [t], opts) for outs, t in zip(output_lists, inputs)]
+        return _all_of(works, output_lists)
+
+    def all_gather_single(self, output, input, opts=AllgatherOptions()):
+        return self.allgather([list(torch.chunk(output, self._world_size))], [input], opts)
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=AllgatherOptions()):
+        works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        return _all_of(works, outputs)
+
+    def gather(self, output_lists, inputs, opts=dist.GatherOptions()):
+        host_in, _ = stage_in(inputs)
+        host_out, back = stage_in(_flat(output_lists), read=False)
+        it = iter(host_out)
+        nested = [[next(it) for _ in outs] for outs in output_lists]
+        inner = self._gloo.gather(nested, host_in, opts)
+        return self._work(inner, back, output_lists)
+
+    def scatter(self, outputs, input_lists, opts=dist.ScatterOptions()):
+        host_out, back = stage_in(outputs, read=False)
+        host_in = [[host_input(t) for t in inner] for inner in input_lists]
+        note(_flat(input_lists))
+        inner = self._gloo.scatter(host_out, host_in, opts)
+        return self._work(inner, back, outputs)
+
+    def alltoall(self, outputs, inputs, opts=AllToAllOptions()):
+        # As one alltoall_base over concatenated host buffers with per-peer split sizes.
+        self._check("all_to_all", inputs, shapes=False)
+        flat_in = torch.cat([host_input(t).reshape(-1) for t in inputs])
+        note(list(inputs) + list(outputs))
+        out_sizes = [t.numel() for t in outputs]
+        flat_out = torch.empty(sum(out_sizes), dtype=outputs[0].dtype)
+        inner = self._gloo.alltoall_base(flat_out, flat_in, out_sizes,
+                                         [t.numel() for t in inputs], opts)
+        host_outs = [host_output(t) for t in outputs]
+        back = [(t, h) for t, h in zip(outputs, host_outs) if h is not t]
+
+        def after():
+            for h, part in zip(host_outs, torch.split(flat_out, out_sizes)):
+                h.copy_(part.reshape(h.shape))
+        return self._work(inner, back, outputs, after)
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes,
+                          opts=AllToAllOptions()):
+        return self.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes,
+                      opts=AllToAllOptions()):
+        self._check("all_to_all_single", [input], shapes=False)
+        [host_in], _ = stage_in([input])
+        [host_out], back = stage_in([output], read=False)
+        inner = self._gloo.alltoall_base(host_out, host_in, list(output_split_sizes or []),
+                                         list(input_split_sizes or []), opts)
+        return self._work(inner, back, [output])
+
+    # --- point to point and barrier -------------------------------------------------------
+
+    def send(self, tensors, dst: int, tag: int = 0):
+        host, _ = stage_in(tensors)
+        return self._work(self._gloo.send(host, dst, tag), [], tensors)
+
+    def recv(self, tensors, src: int, tag: int = 0):
+        host, back = stage_in(tensors, read=False)
+        return self._work(self._gloo.recv(host, src, tag), back, tensors)
+
+    def recv_anysource(self, tensors, tag: int = 0):
+        host, back = stage_in(tensors, read=False)
+        return self._work(self._gloo.recv_anysource(host, tag), back, tensors)
+
+    def barrier(self, opts=BarrierOptions()):
+        torch.tpu.synchronize()  # as on CUDA: work queued on the device is part of the barrier
+        gloo_opts = BarrierOptions()
+        gloo_opts.timeout = opts.timeout
+        return self._work(self._gloo.barrier(gloo_opts), [], None)
+
+    def _start_coalescing(self, device=None):  # collectives here run one by one
+        pass
+
+    def _end_coalescing(self, device=None):
+        return StagedWork(None, None, None)
+
+
+_CHECK = os.environ.get("TORCHTPU_DIST_CHECK", "1").strip().lower() not in ("0", "false", "off")
+
+
+def _eager_only(cls):
+    """Keep Dynamo out of the group's methods: a compiled caller (DDP's forward under
+    torch.compile) must break its graph at a collective call, as it does at gloo's or NCCL's
+    C++ methods, not trace our staging code."""
+    for name, fn in list(vars(cls).items()):
+        if callable(fn) and not name.startswith("__"):
+            setattr(cls, name, torch._disable_dynamo(fn, recursive=True))
+    return cls
+
+
+TpuProcessGroup = _eager_only(TpuProcessGroup)
+
+
+def _all_of(works, result) -> StagedWork:
+    """One handle for several works: waiting on it waits on each, in order."""
+    def finish():
+        for w in works:
+            w.wait()
+    return StagedWork(None, finish, result)

@@ -1,0 +1,71 @@
+"""Host staging: the transport of tpu_dist today, on every platform.
+
+A collective on tpu tensors copies them to host memory, runs the same collective with gloo on
+the host copies, and copies the results back onto the device. That is correct everywhere and
+costs two device<->host copies per collective (on the PJRT CPU client, two memcpys). It is said
+once in the log and counted in ``torchtpu_compile.stats()["tpu_dist"]``; a transport through
+the PJRT client's own collectives (ICI on TPU) is the replacement to come.
+
+Example::
+
+    host, back = stage_in([x])       # host copies of tpu tensors (CPU tensors pass through)
+    gloo.allreduce(host).wait()
+    stage_out(back)                  # results written into x through its view
+"""
+from __future__ import annotations
+
+import torch
+
+from torchtpu_compile import counters
+from torchtpu_compile._logging import warn_once
+
+from .. import views
+from ..tensor import TpuTensor
+from ..transfer import to_cpu, upload
+
+
+def is_tpu(t) -> bool:
+    return type(t) is TpuTensor
+
+
+def note(tensors) -> None:
+    """Count a host-staged collective over ``tensors`` (and say once that it is staged)."""
+    nbytes = sum(t.numel() * t.element_size() for t in tensors if is_tpu(t))
+    if nbytes or any(is_tpu(t) for t in tensors):
+        counters.add_dist("host_staged_collectives")
+        counters.add_dist("host_staged_bytes", nbytes)
+        warn_once(("tpu_dist", "host-staged"),
+                  "torchtpu: tpu_dist collectives are staged through host memory and gloo "
+                  "(no PJRT collective transport across processes yet); counted in "
+                  "torchtpu_compile.stats()['tpu_dist']")
+
+
+def host_input(t) -> torch.Tensor:
+    """A host tensor with ``t``'s values (``t`` itself if it is on the host already)."""
+    return to_cpu(t) if is_tpu(t) else t
+
+
+def host_output(t) -> torch.Tensor:
+    """A host tensor to receive ``t``'s new values (its old ones are not read)."""
+    return torch.empty(t.shape, dtype=t.dtype) if is_tpu(t) else t
+
+
+def stage_in(tensors, read: bool = True):
+    """(host tensors for the transport, pairs (tpu tensor, host tensor) to copy back).
+
+    ``read=False`` for pure outputs: their current values are not downloaded.
+    """
+    note(tensors)
+    host, back = [], []
+    for t in tensors:
+        h = host_input(t) if read else host_output(t)
+        host.append(h)
+        if is_tpu(t):
+            back.append((t, h))
+    return host, back
+
+
+def stage_out(pairs) -> None:
+    """Write each host result into its tpu tensor (through its view, reaching every alias)."""
+    for dst, host in pairs:
+        views.write(dst, upload(host.to(dst.dtype).reshape(dst.shape)))

@@ -1,0 +1,83 @@
+"""``StagedWork``: the handle of a collective in flight, finished on the caller's thread.
+
+The transport (gloo on host copies) runs the collective on its own threads; copying results
+back onto the tpu device happens in ``wait()`` (or ``get_future()``, which DDP's reducer
+calls), on the thread that waits, because the eager device is driven from one thread.
+
+Example::
+
+    work = dist.all_reduce(x, async_op=True)   # a StagedWork
+    work.wait()                                # x now holds the sum
+"""
+from __future__ import annotations
+
+import threading
+
+import torch.distributed as dist
+from torch.futures import Future
+
+
+class StagedWork(dist.Work):
+    """A collective: ``inner`` (a transport Work, or None) then ``finish()``; value ``result``."""
+
+    def __init__(self, inner, finish, result):
+        super().__init__()
+        self._inner = inner
+        self._finish = finish
+        self._result = result
+        self._done = False
+        self._error = None
+        self._lock = threading.Lock()
+
+    def wait(self, timeout=None) -> bool:
+        with self._lock:
+            if self._error is not None:
+                raise self._error
+            if self._done:
+                return True
+            try:
+                if self._inner is not None:
+                    # Raises on a peer that died or on the group's timeout: never hangs.
+                    if timeout is None:
+                        self._inner.wait()
+                    else:
+                        self._inner.wait(timeout)
+                if self._finish is not None:
+                    self._finish()
+            except Exception as exc:
+                self._error = RuntimeError(f"tpu_dist: collective failed: {exc}")
+                raise self._error from exc
+            self._done = True
+            return True
+
+    def is_completed(self) -> bool:
+        if self._done:
+            return True
+        if self._inner is None or self._inner.is_completed():
+            self.wait()
+            return True
+        return False
+
+    def is_success(self) -> bool:
+        return self._done and self._error is None
+
+    def exception(self):
+        return self._error
+
+    def get_future(self) -> Future:
+        # DDP's reducer chains on this future; results must be on the device when it
+        # completes, so finish first.
+        self.wait()
+        future = Future()
+        future.set_result(self._result)
+        return future
+
+    def synchronize(self) -> None:
+        self.wait()
+
+
+def done(result) -> StagedWork:
+    """A work handle that is already complete (collectives finished synchronously)."""
+    work = StagedWork(None, None, result)
+    work._done = True
+    return work
