@@ -491,7 +491,8 @@ def avg_pool3d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_incl
 def _over_one_element(op):
     """The decomposition of reduction ``op``: on a 0-d input, the same op over a [1] tensor.
 
-    torch-mlir crashes the process (sum and mean with keepdim, logsumexp, var, std, softmax) or fails
+    torch-mlir crashes the process (sum, mean, amax, amin, aminmax with keepdim; logsumexp,
+    var, std, softmax) or fails
     (prod, argmax, any, all, max.dim, vector_norm) on a 0-d input with a ``dim``. Other inputs
     go to torch-mlir's own decomposition of the op, if it has one.
     """
@@ -517,7 +518,8 @@ def _over_one_element(op):
     return decompose
 
 
-for _op in (aten.sum.dim_IntList, aten.mean.dim, aten.logsumexp.default, aten.var.correction,
+for _op in (aten.sum.dim_IntList, aten.mean.dim, aten.amax.default, aten.amin.default,
+            aten.aminmax.default, aten.logsumexp.default, aten.var.correction,
             aten.std.correction, aten.var_mean.correction, aten.std_mean.correction,
             aten._softmax.default, aten._log_softmax.default, aten.prod.dim_int,
             aten.argmax.default, aten.argmin.default, aten.any.dim, aten.any.dims, aten.all.dim,
