@@ -29,7 +29,7 @@ from torchtpu_compile._logging import log
 
 from . import functional, reduce_ops
 from .staging import host_input, host_output, note, stage_in, stage_out
-from .work import StagedWork
+from .work import StagedWork, eager_only
 
 
 def _flat(nested) -> list:
@@ -262,17 +262,7 @@ class TpuProcessGroup(dist.ProcessGroup):
 _CHECK = os.environ.get("TORCHTPU_DIST_CHECK", "1").strip().lower() not in ("0", "false", "off")
 
 
-def _eager_only(cls):
-    """Keep Dynamo out of the group's methods: a compiled caller (DDP's forward under
-    torch.compile) must break its graph at a collective call, as it does at gloo's or NCCL's
-    C++ methods, not trace our staging code."""
-    for name, fn in list(vars(cls).items()):
-        if callable(fn) and not name.startswith("__"):
-            setattr(cls, name, torch._disable_dynamo(fn, recursive=True))
-    return cls
-
-
-TpuProcessGroup = _eager_only(TpuProcessGroup)
+TpuProcessGroup = eager_only(TpuProcessGroup)
 
 
 def _all_of(works, result) -> StagedWork:

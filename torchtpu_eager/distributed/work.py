@@ -13,10 +13,22 @@ from __future__ import annotations
 
 import threading
 
+import torch
 import torch.distributed as dist
 from torch.futures import Future
 
 
+def eager_only(cls):
+    """Keep Dynamo out of a class's methods: a compiled caller (DDP's forward under
+    torch.compile) must break its graph at a collective call, as it does at gloo's or NCCL's
+    C++ methods, not trace our staging code."""
+    for name, fn in list(vars(cls).items()):
+        if callable(fn) and not name.startswith("__"):
+            setattr(cls, name, torch._disable_dynamo(fn, recursive=True))
+    return cls
+
+
+@eager_only
 class StagedWork(dist.Work):
     """A collective: ``inner`` (a transport Work, or None) then ``finish()``; value ``result``."""
 

@@ -1,0 +1,284 @@
+"""Worker bodies for tests/test_tpu_dist.py: ``python tests/dist_workers.py CASE RANK WORLD PORT``.
+
+Each case runs in one process of a group on loopback, checks its own results against values
+computed on the host (every rank can compute what every other rank sent), and exits non-zero
+on a mismatch. ``tests/test_tpu_dist.py`` starts the processes with a deadline.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+CASES = {}
+
+
+def case(fn):
+    CASES[fn.__name__] = fn
+    return fn
+
+
+def init(rank, world, port, backend="tpu_dist", timeout=60):
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=timeout))
+
+
+def same(got, want, what, atol=1e-5):
+    got = got.cpu() if isinstance(got, torch.Tensor) else got
+    if not torch.allclose(got.to(want.dtype), want, atol=atol, rtol=1e-5):
+        raise AssertionError(f"{what}: got {got} want {want}")
+
+
+def data(rank, shape=(4, 3), dtype=torch.float32):
+    """What rank ``rank`` contributes: different on each rank, known to all."""
+    g = torch.Generator().manual_seed(100 + rank)
+    x = torch.randn(shape, generator=g)
+    return x.to(dtype) if dtype.is_floating_point else (x * 10).to(dtype)
+
+
+@case
+def collectives(rank, world, port):
+    init(rank, world, port)
+    everyone = [data(r) for r in range(world)]
+    stack = torch.stack(everyone)
+    for op, want in [(dist.ReduceOp.SUM, stack.sum(0)), (dist.ReduceOp.AVG, stack.mean(0)),
+                     (dist.ReduceOp.MAX, stack.amax(0)), (dist.ReduceOp.MIN, stack.amin(0)),
+                     (dist.ReduceOp.PRODUCT, stack.prod(0))]:
+        x = data(rank).to("tpu")
+        dist.all_reduce(x, op=op)
+        same(x, want, f"all_reduce {op}")
+        assert x.device.type == "tpu"
+    # integers, and a view: the write reaches the base
+    base = torch.zeros(2, 4, dtype=torch.int64, device="tpu")
+    row = base[1]
+    row.copy_(data(rank, (4,), torch.int64).to("tpu"))
+    dist.all_reduce(row)
+    same(base[1], sum(data(r, (4,), torch.int64) for r in range(world)), "all_reduce view")
+    same(base[0], torch.zeros(4, dtype=torch.int64), "all_reduce view leaves the rest")
+    # async
+    x = data(rank).to("tpu")
+    work = dist.all_reduce(x, async_op=True)
+    assert work.wait()
+    same(x, stack.sum(0), "async all_reduce")
+    # broadcast
+    x = data(rank).to("tpu")
+    dist.broadcast(x, src=1)
+    same(x, everyone[1], "broadcast")
+    # all_gather (list and into tensor)
+    outs = [torch.empty(4, 3, device="tpu") for _ in range(world)]
+    dist.all_gather(outs, data(rank).to("tpu"))
+    for r in range(world):
+        same(outs[r], everyone[r], f"all_gather[{r}]")
+    out = torch.empty(world * 4, 3, device="tpu")
+    dist.all_gather_into_tensor(out, data(rank).to("tpu"))
+    same(out, torch.cat(everyone), "all_gather_into_tensor")
+    # reduce_scatter (list and tensor); input: world chunks of (2, 3)
+    big = [data(r, (world * 2, 3)) for r in range(world)]
+    total = torch.stack(big).sum(0)
+    mine = total[rank * 2:(rank + 1) * 2]
+    out = torch.empty(2, 3, device="tpu")
+    dist.reduce_scatter(out, list(big[rank].to("tpu").chunk(world)))
+    same(out, mine, "reduce_scatter")
+    out = torch.empty(2, 3, device="tpu")
+    dist.reduce_scatter_tensor(out, big[rank].to("tpu"), op=dist.ReduceOp.AVG)
+    same(out, mine / world, "reduce_scatter_tensor avg")
+    # all_to_all: rank r sends chunk j to rank j
+    ins = [data(rank * 10 + j, (3,)).to("tpu") for j in range(world)]
+    outs = [torch.empty(3, device="tpu") for _ in range(world)]
+    dist.all_to_all(outs, ins)
+    for j in range(world):
+        same(outs[j], data(j * 10 + rank, (3,)), f"all_to_all[{j}]")
+    inp = torch.cat([data(rank * 10 + j, (3,)) for j in range(world)]).to("tpu")
+    out = torch.empty(world * 3, device="tpu")
+    dist.all_to_all_single(out, inp)
+    same(out, torch.cat([data(j * 10 + rank, (3,)) for j in range(world)]),
+         "all_to_all_single")
+    # uneven splits: rank r sends r+1+j elements to rank j
+    in_splits = [rank + 1 + j for j in range(world)]
+    out_splits = [j + 1 + rank for j in range(world)]
+    inp = torch.arange(sum(in_splits), dtype=torch.float32, device="tpu") + 100 * rank
+    out = torch.empty(sum(out_splits), device="tpu")
+    dist.all_to_all_single(out, inp, out_splits, in_splits)
+    want = []
+    for j in range(world):
+        start = sum(j + 1 + k for k in range(rank))
+        want.append(torch.arange(start, start + j + 1 + rank, dtype=torch.float32) + 100 * j)
+    same(out, torch.cat(want), "all_to_all_single uneven")
+    # send / recv, isend / irecv
+    if rank == 0:
+        dist.send(data(0).to("tpu"), dst=1)
+        got = torch.empty(4, 3, device="tpu")
+        dist.irecv(got, src=1).wait()
+        same(got, everyone[1], "irecv")
+    elif rank == 1:
+        got = torch.empty(4, 3, device="tpu")
+        dist.recv(got, src=0)
+        same(got, everyone[0], "recv")
+        dist.isend(data(1).to("tpu"), dst=0).wait()
+    dist.barrier()
+    # CPU tensors on the same group go through gloo untouched
+    c = data(rank)
+    dist.all_reduce(c)
+    same(c, stack.sum(0), "cpu all_reduce")
+    import torchtpu_compile
+    stats = torchtpu_compile.stats()["tpu_dist"]
+    assert stats["host_staged_collectives"] >= 15, stats
+    assert stats["host_staged_bytes"] > 0, stats
+    _bad_reduce_ops(world)
+    _mismatched_shapes(rank)
+    dist.destroy_process_group()
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+
+
+def _reference_training(batches, steps):
+    """Single-process training on the global batch, on the host: what DDP must reproduce."""
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in batches[:steps]:
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    return model
+
+
+def _batches(steps, global_batch=8):
+    g = torch.Generator().manual_seed(7)
+    return [(torch.randn(global_batch, 6, generator=g), torch.randn(global_batch, 3, generator=g))
+            for _ in range(steps)]
+
+
+def _ddp(rank, world, port, compiled):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    torch.set_float32_matmul_precision("highest")
+    init(rank, world, port)
+    steps = 3
+    batches = _batches(steps)
+    model = _mlp()
+    if rank == 1:  # DDP must broadcast rank 0's weights at construction
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+    ddp = DDP(model.to("tpu"))
+    run = torch.compile(ddp, backend="torchtpu") if compiled else ddp
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    per_rank = 8 // world
+    for x, y in batches:
+        x, y = x[rank * per_rank:(rank + 1) * per_rank], y[rank * per_rank:(rank + 1) * per_rank]
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(run(x.to("tpu")), y.to("tpu")).backward()
+        opt.step()
+    ref = _reference_training(batches, steps)
+    for (name, p), q in zip(ddp.module.named_parameters(), ref.parameters()):
+        assert p.device.type == "tpu"
+        same(p, q.detach(), f"DDP{' compiled' if compiled else ''} parameter {name}", atol=1e-5)
+    dist.destroy_process_group()
+
+
+@case
+def ddp_eager(rank, world, port):
+    _ddp(rank, world, port, compiled=False)
+
+
+@case
+def ddp_compiled(rank, world, port):
+    _ddp(rank, world, port, compiled=True)
+
+
+@case
+def compiled_collective(rank, world, port):
+    """A functional all_reduce inside a torch.compile graph, on tpu tensors."""
+    import torch.distributed._functional_collectives as funcol
+    import torchtpu_compile
+    init(rank, world, port)
+    group = dist.group.WORLD
+
+    def f(x):
+        y = torch.sin(x) * 2
+        y = funcol.all_reduce(y, "sum", group)
+        return y + x
+
+    compiled = torch.compile(f, backend="torchtpu", fullgraph=True)
+    x = data(rank)
+    out = compiled(x.to("tpu"))
+    assert out.device.type == "tpu"
+    want = sum(torch.sin(data(r)) * 2 for r in range(world)) + x
+    same(out, want, "compiled all_reduce")
+    stats = torchtpu_compile.stats()
+    assert stats["tpu_dist"]["compiled_graph_collectives"] >= 1, stats["tpu_dist"]
+    assert not any("c10d" in op for op in stats["fallback_ops"]), stats["fallback_ops"]
+    # eager functional collectives on tpu tensors
+    y = funcol.all_gather_tensor(x.to("tpu"), 0, group)
+    same(y, torch.cat([data(r) for r in range(world)]), "funcol all_gather")
+    dist.destroy_process_group()
+
+
+def _bad_reduce_ops(world):
+    import torch.distributed._functional_collectives as funcol
+    x = torch.ones(3, device="tpu")
+    for bad in [dist.ReduceOp.BAND, dist._make_nccl_premul_sum(2.0)]:
+        try:
+            dist.all_reduce(x, op=bad)
+        except (ValueError, RuntimeError) as exc:
+            assert "tpu_dist" in str(exc) and "sum, avg" in str(exc), exc
+        else:
+            raise AssertionError(f"{bad} on a float tensor did not raise")
+    try:
+        funcol.all_reduce(x, "median", dist.group.WORLD)
+    except (ValueError, RuntimeError) as exc:
+        assert "median" in str(exc), exc
+    else:
+        raise AssertionError("unknown reduce op name did not raise")
+    # the group still works after the errors: nothing was sent
+    dist.all_reduce(x)
+    same(x, torch.full((3,), float(world)), "all_reduce after errors")
+
+
+@case
+def dead_rank(rank, world, port):
+    """Rank 1 dies before a collective: rank 0 must get an error, not hang."""
+    import time
+    init(rank, world, port, timeout=15)
+    x = torch.ones(3, device="tpu")
+    dist.all_reduce(x)
+    if rank == 1:
+        os._exit(0)
+    start = time.monotonic()
+    try:
+        dist.all_reduce(x)
+        x.cpu()
+    except Exception as exc:  # gloo: connection closed, or the group's timeout
+        took = time.monotonic() - start
+        print(f"rank 0: error after {took:.1f}s: {str(exc).splitlines()[0][:200]}", flush=True)
+        assert took < 40, took
+        os._exit(0)
+    raise AssertionError("all_reduce with a dead peer returned")
+
+
+def _mismatched_shapes(rank):
+    """Ranks disagree on the shape: an error on every rank (not wrong values), then the
+    group still works."""
+    for name, call in [("all_reduce", lambda x: dist.all_reduce(x)),
+                       ("broadcast", lambda x: dist.broadcast(x, src=0))]:
+        x = torch.ones(3 + rank, device="tpu")
+        try:
+            call(x)
+        except RuntimeError as exc:
+            assert "different shapes" in str(exc) and name in str(exc), exc
+        else:
+            raise AssertionError(f"rank {rank}: {name} of mismatched shapes returned")
+    x = torch.ones(2, device="tpu")
+    dist.all_reduce(x)
+    same(x, torch.full((2,), 2.0), "all_reduce after a mismatch")
+
+
+if __name__ == "__main__":
+    name, rank, world, port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    CASES[name](rank, world, port)
+    print(f"rank {rank}: {name} ok", flush=True)
