@@ -1,0 +1,158 @@
+"""tpu_dist on 2 processes: all_reduce bus bandwidth against gloo, DDP step time against one.
+
+Both ranks run in one group ``"cpu:gloo,tpu:tpu_dist"``; each size is timed on tpu tensors
+(tpu_dist, host-staged) and on CPU tensors (gloo) alternately in the same run, median of the
+rounds. Bus bandwidth is the NCCL-tests convention: 2 (n-1)/n * bytes / time. The DDP row is
+one training step of an MLP on a global batch of 64, split over 2 processes, against the
+same step in one process on the whole batch (rank 0 times it after the group's runs).
+
+Usage::
+
+    .venv/bin/python bench/tpu_dist.py            # prints the table
+    .venv/bin/python bench/run_all.py --only tpu_dist
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SIZES_MB = (1, 4, 16, 64)
+
+
+def _worker(rank: int, port: int, quick: bool) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    torch.set_num_threads(1)  # two processes share two cores
+    dist.init_process_group("cpu:gloo,tpu:tpu_dist", init_method=f"tcp://127.0.0.1:{port}",
+                            rank=rank, world_size=2, timeout=datetime.timedelta(seconds=120))
+    rounds = 3 if quick else 7
+    out = {"allreduce": {}, "ddp": {}}
+    for mb in SIZES_MB:
+        n = mb * 2**20 // 4
+        host = torch.ones(n)
+        dev = host.to("tpu")
+        times = {"tpu_dist": [], "gloo": []}
+        for _ in range(rounds + 1):  # first round: warm-up
+            for name, t in (("tpu_dist", dev), ("gloo", host)):
+                dist.barrier()
+                start = time.perf_counter()
+                dist.all_reduce(t)
+                if name == "tpu_dist":
+                    torch.tpu.synchronize()
+                times[name].append(time.perf_counter() - start)
+        out["allreduce"][mb] = {k: statistics.median(v[1:]) for k, v in times.items()}
+
+    def model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),
+                                   torch.nn.Linear(512, 256)).to("tpu")
+
+    x, y = torch.randn(64, 256), torch.randn(64, 256)
+
+    def step_fn(net, xb, yb):
+        opt = torch.optim.SGD(net.parameters(), lr=0.01)
+
+        def step():
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(net(xb), yb).backward()
+            opt.step()
+            torch.tpu.synchronize()
+        return step
+
+    ddp_step = step_fn(DDP(model()), x[rank * 32:(rank + 1) * 32].to("tpu"),
+                       y[rank * 32:(rank + 1) * 32].to("tpu"))
+    samples = []
+    for _ in range(rounds + 2):
+        dist.barrier()
+        start = time.perf_counter()
+        ddp_step()
+        samples.append(time.perf_counter() - start)
+    out["ddp"]["two_processes"] = statistics.median(samples[2:])
+    dist.barrier()
+    if rank == 0:
+        single = step_fn(model(), x.to("tpu"), y.to("tpu"))
+        samples = []
+        for _ in range(rounds + 2):
+            start = time.perf_counter()
+            single()
+            samples.append(time.perf_counter() - start)
+        out["ddp"]["one_process"] = statistics.median(samples[2:])
+        import torchtpu_compile
+        out["stats"] = torchtpu_compile.stats()["tpu_dist"]
+        print("RESULT " + json.dumps(out), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def measure(quick: bool = False, deadline: float = 600.0) -> dict:
+    """Run the two workers; rank 0's measurements."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(rank), str(port)]
+                              + (["--quick"] if quick else []),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for rank in range(2)]
+    outputs = []
+    for proc in procs:
+        try:
+            outputs.append(proc.communicate(timeout=deadline)[0])
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            outputs.append(proc.communicate()[0])
+    for line in outputs[0].splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    raise RuntimeError("tpu_dist benchmark workers failed:\n" + "\n".join(
+        o[-2000:] for o in outputs))
+
+
+def _busbw(mb: int, seconds: float, world: int = 2) -> float:
+    return 2 * (world - 1) / world * mb * 2**20 / seconds / 1e9
+
+
+def bench_tpu_dist(quick: bool) -> list[dict]:
+    """Rows for run_all: all_reduce per size (eager column: gloo on CPU tensors), DDP step."""
+    from common import result
+    data = measure(quick)
+    rows = []
+    for mb, t in data["allreduce"].items():
+        rows.append(result(
+            f"all_reduce {mb} MB, 2 procs", {"eager": t["gloo"], "torchtpu": t["tpu_dist"]},
+            notes=[f"bus bandwidth {mb} MB: tpu_dist {_busbw(int(mb), t['tpu_dist']):.2f} GB/s, "
+                   f"gloo on CPU tensors {_busbw(int(mb), t['gloo']):.2f} GB/s "
+                   f"(eager column: gloo; tpu_dist is host-staged)"]))
+    ddp = data["ddp"]
+    rows.append(result(
+        "DDP MLP step, 2 procs vs 1", {"eager": ddp["one_process"],
+                                       "torchtpu": ddp["two_processes"]},
+        notes=["DDP row: eager column is the same step on tpu in one process on the global "
+               "batch; torchtpu column is DDP on 2 processes (half the batch each)"]))
+    return rows
+
+
+BENCHMARKS = {"tpu_dist": bench_tpu_dist}
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        _worker(int(sys.argv[2]), int(sys.argv[3]), "--quick" in sys.argv)
+    else:
+        quick = "--quick" in sys.argv
+        data = measure(quick)
+        print(f"{'size':>6} {'tpu_dist':>10} {'gloo':>10} {'tpu_dist GB/s':>14} {'gloo GB/s':>10}")
+        for mb, t in data["allreduce"].items():
+            print(f"{mb:>4}MB {t['tpu_dist'] * 1e3:>8.2f}ms {t['gloo'] * 1e3:>8.2f}ms "
+                  f"{_busbw(int(mb), t['tpu_dist']):>14.2f} {_busbw(int(mb), t['gloo']):>10.2f}")
+        ddp = data["ddp"]
+        print(f"DDP step: 2 processes {ddp['two_processes'] * 1e3:.1f} ms, one process "
+              f"{ddp['one_process'] * 1e3:.1f} ms")
+        print("stats:", data["stats"])
