@@ -233,3 +233,18 @@ def test_reductions_of_nd_tensors_keep_their_lowering():
 
 def test_take_wraps_negative_indices():
     check(torch.take, randn(3, 4), torch.tensor([[0, -1], [5, -12]]))
+
+
+# --- indexing --------------------------------------------------------------------------------
+
+def test_index_put_rows_negative_and_accumulated():
+    x = randn(5, 5)
+    check(lambda x, i, v: torch.index_put(x, [i], v), x, torch.tensor([3]), randn(1, 5))
+    check(lambda x, i, v: torch.index_put(x, [i], v), x, torch.tensor([4, 0, -1, 2, 1]), randn(5))
+    check(lambda x, i, j, v: torch.index_put(x, [i, j], v, accumulate=True), x,
+          torch.tensor([4, 0, 4]), torch.tensor([1, 1, 1]), randn(3))
+
+
+@pytest.mark.parametrize("shifts, dims", [(2, 0), ((-1, 7), (1, 2)), (3, ()), (0, 1)])
+def test_roll(shifts, dims):
+    check(lambda x: torch.roll(x, shifts, dims), randn(5, 4, 3))

@@ -533,3 +533,47 @@ def take(x, index):
     flat = x.reshape(-1)
     index = torch.where(index < 0, index + flat.shape[0], index)
     return flat[index]
+
+
+@decomposition(aten.roll.default)
+def roll(x, shifts, dims=()):
+    # torch-mlir's roll builds a concatenate of the wrong size for some shifts (|shift| > 1 on
+    # a 3-d input). Two slices and a concatenate per rolled dim.
+    shifts = [shifts] if isinstance(shifts, int) else list(shifts)
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    if not dims:
+        return roll(x.flatten(), shifts, [0]).reshape(x.shape)
+    out = x.clone()  # a roll by zero is still a new tensor
+    for shift, dim in zip(shifts, dims):
+        n = out.shape[dim]
+        shift = shift % n if n else 0
+        if shift:
+            out = torch.cat([out.narrow(dim, n - shift, shift), out.narrow(dim, 0, n - shift)], dim)
+    return out
+
+
+@decomposition(aten.index_put.default)
+def index_put(x, indices, values, accumulate=False):
+    # torch-mlir leaves a torch.constant.int behind (x[idx] = v with a 1-d index). With integer
+    # indices on the leading dims: one linear index into the flattened leading dims, then a
+    # scatter (or scatter-add) of rows. Boolean masks and gaps between indices stay with it.
+    if any(i is None for i in indices) or any(i.dtype == torch.bool for i in indices):
+        return NotImplemented
+    k = len(indices)
+    lead, rest = list(x.shape[:k]), list(x.shape[k:])
+    index = torch.broadcast_tensors(*indices)
+    linear = torch.zeros(index[0].shape, dtype=torch.int64)
+    for i, size in zip(index, lead):
+        linear = linear * size + torch.where(i < 0, i + size, i)
+    rows = linear.reshape(-1)
+    count = 1
+    for size in lead:
+        count *= size
+    flat = x.reshape([count] + rest)
+    vals = values.to(x.dtype).expand(list(linear.shape) + rest).reshape([rows.shape[0]] + rest)
+    where = rows.view([-1] + [1] * len(rest)).expand(vals.shape)
+    if accumulate:
+        flat = flat.scatter_add(0, where, vals)
+    else:
+        flat = flat.scatter(0, where, vals)
+    return flat.reshape(x.shape)
