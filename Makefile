@@ -3,7 +3,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test test-full bench clean
+.PHONY: install run test test-full test-opinfo test-zoo coverage bench clean
 
 install: $(STAMP)
 
@@ -23,6 +23,17 @@ test: install
 
 test-full: install
 	$(PY) -m pytest -q tests
+
+# The whole OpInfo sweep alone (both paths, fp32 and bf16; TORCHTPU_OPINFO_JOBS workers), and
+# the model zoo alone; both write build/coverage/*.json, which `make coverage` renders.
+test-opinfo: install
+	$(PY) -m pytest -q tests/slow/test_opinfo_full.py
+
+test-zoo: install
+	$(PY) -m pytest -q tests/slow/test_zoo_full.py
+
+coverage: install
+	PYTHONPATH=tests $(PY) -m opinfo.report --out docs/coverage.md
 
 bench: install
 	$(PY) bench/run_all.py

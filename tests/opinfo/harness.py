@@ -1,0 +1,207 @@
+"""One OpInfo entry on one path and dtype, compared with eager CPU: ``check(op, path, dtype)``.
+
+An entry passes on a path when, for each of its first ``max_samples`` samples, the path's
+result matches eager CPU PyTorch and nothing ran outside XLA (no eager fallback, no Dynamo graph
+break). Statuses:
+
+- ``pass``;
+- ``fallback``: results match, but some op ran in eager PyTorch (named, with the backend's reason)
+  or Dynamo broke the graph; not a pass on XLA;
+- ``fail``: an exception, or results that differ (the message says which);
+- ``skip``: listed in ``skips.py`` (category and reason), or the path is unavailable;
+- ``n/a``: the op does not support the dtype on CPU (not counted).
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import traceback
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+from . import paths, skips
+
+#: Elementwise tolerances. fp32 runs under matmul precision "highest"; the bound leaves room
+#: for XLA's own exp/log/erf approximations (a few ulp) and reduction order. bf16 uses the
+#: numerics policy's rtol (torchtpu_compile.numerics.policy) and an atol at bf16's resolution
+#: near 1, since sums that cancel keep bf16 rounding in absolute terms.
+TOLERANCES = {torch.float32: dict(rtol=1e-4, atol=1e-5), torch.bfloat16: dict(rtol=5e-2, atol=1e-2)}
+DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
+
+
+@dataclasses.dataclass
+class Result:
+    """The verdict for one (entry, path, dtype)."""
+    op: str            # the OpInfo name, with ".variant" when there is one
+    path: str          # "compile" or "eager"
+    dtype: str         # "fp32" or "bf16"
+    status: str        # pass | fallback | fail | skip | n/a
+    detail: str = ""   # why (fail, fallback, skip), or a note on a pass
+    category: str = ""  # skips: xla-unsupported | ours | test-artifact; fallbacks: the same
+    samples: int = 0   # samples checked
+    fallback_ops: dict = dataclasses.field(default_factory=dict)
+    seconds: float = 0.0
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def entry_name(op) -> str:
+    """``"op"`` or ``"op.variant"``, the key used by the skip list and the coverage table."""
+    return f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name
+
+
+def _clone(value):
+    return value.clone() if isinstance(value, torch.Tensor) else value
+
+
+def _sample_call(sample):
+    """(args, kwargs) of a SampleInput, tensors cloned so no side sees the other's writes."""
+    args = tree_map(_clone, (sample.input, *sample.args))
+    kwargs = tree_map(_clone, dict(sample.kwargs))
+    return args, kwargs
+
+
+def _compare(actual, expected, dtype, reference_fp32=None):
+    """Raise AssertionError naming the first mismatch; fp32 reference rescues bf16 rounding."""
+    tol = TOLERANCES[dtype]
+    actual_flat, actual_spec = tree_flatten(actual)
+    expected_flat, expected_spec = tree_flatten(expected)
+    if actual_spec != expected_spec:
+        raise AssertionError(f"output structure {actual_spec} instead of {expected_spec}")
+    ref_flat = tree_flatten(reference_fp32)[0] if reference_fp32 is not None else None
+    for i, (a, e) in enumerate(zip(actual_flat, expected_flat)):
+        if not isinstance(e, torch.Tensor):
+            if isinstance(e, float) and isinstance(a, float):
+                torch.testing.assert_close(a, e, **tol, equal_nan=True)
+            elif a != e:
+                raise AssertionError(f"output {i}: {a!r} instead of {e!r}")
+            continue
+        try:
+            torch.testing.assert_close(a, e, **tol, equal_nan=True,
+                                       msg=lambda m: f"output {i}: {m}")
+        except AssertionError:
+            # XLA keeps bf16 intermediates in f32 where CPU kernels round each step: a result
+            # at least as close to the fp32 answer as eager bf16 is is a pass.
+            if ref_flat is None or not isinstance(ref_flat[i], torch.Tensor):
+                raise
+            ref = ref_flat[i].to(e.dtype) if ref_flat[i].is_floating_point() else ref_flat[i]
+            if a.shape != ref.shape or a.dtype != e.dtype:
+                raise
+            torch.testing.assert_close(a, ref, **tol, equal_nan=True,
+                                       msg=lambda m: f"output {i} (against fp32 reference): {m}")
+
+
+def _fp32_reference(fn, args, kwargs):
+    """The op on fp32 copies of bf16 inputs, or None when that is not meaningful."""
+    def up(value):
+        if isinstance(value, torch.Tensor) and value.dtype is torch.bfloat16:
+            return value.float()
+        if isinstance(value, torch.dtype) and value is torch.bfloat16:
+            return torch.float32
+        return value
+    try:
+        return fn(*tree_map(up, args), **tree_map(up, kwargs))
+    except Exception:
+        return None
+
+
+def _samples(op, dtype, max_samples: int):
+    samples = []
+    for sample in op.sample_inputs("cpu", dtype, requires_grad=False):
+        samples.append(sample)
+        if len(samples) >= max_samples:
+            break
+    return samples
+
+
+def check(op, path: str, dtype: torch.dtype, max_samples: int = 3) -> Result:
+    """Run the first ``max_samples`` samples of OpInfo ``op`` on ``path`` and compare with eager.
+
+    Example::
+
+        from torch.testing._internal.common_methods_invocations import op_db
+        add = next(o for o in op_db if o.name == "add")
+        check(add, "compile", torch.float32).status   # "pass"
+    """
+    import time
+
+    name = entry_name(op)
+    result = Result(name, path, DTYPE_NAMES[dtype], "pass")
+    if dtype not in op.supported_dtypes("cpu"):
+        result.status, result.detail = "n/a", "dtype not supported by the op on CPU"
+        return result
+    listed = skips.lookup(name, path, DTYPE_NAMES[dtype])
+    if listed is not None:
+        result.status, result.category, result.detail = "skip", listed.category, listed.reason
+        return result
+    why_not = paths.unavailable(path)
+    if why_not:
+        result.status, result.category, result.detail = "skip", "unavailable", why_not
+        return result
+
+    start = time.perf_counter()
+    run = paths.PATHS[path]
+    fn = op.op
+    notes = []
+    try:
+        for index, sample in enumerate(_samples(op, dtype, max_samples)):
+            args, kwargs = _sample_call(sample)
+            torch.manual_seed(index)  # random ops draw from torch's generator on both sides
+            expected = fn(*args, **kwargs)
+            reference = _fp32_reference(fn, *_sample_call(sample)) if dtype is torch.bfloat16 \
+                else None
+            args, kwargs = _sample_call(sample)
+            torch.manual_seed(index)
+            outcome = run(fn, args, kwargs)
+            _compare(outcome.value, expected, dtype, reference)
+            result.samples += 1
+            result.fallback_ops.update(outcome.fallbacks)
+            if outcome.graph_breaks:
+                notes.append(f"graph break: {outcome.graph_breaks[0]}")
+            if path == "compile" and outcome.graphs == 0:
+                notes.append("Dynamo ran it eagerly (no graph)")
+    except Exception as exc:  # every failure becomes a row of the table, named
+        result.status = "fail"
+        result.detail = _one_line(exc)
+        result.seconds = time.perf_counter() - start
+        return result
+    result.seconds = time.perf_counter() - start
+    if result.samples == 0:
+        result.status, result.category = "skip", "test-artifact"
+        result.detail = "OpInfo yields no samples for this dtype"
+    elif result.fallback_ops or notes:
+        result.status = "fallback"
+        parts = [f"{op} ({why})" for op, why in sorted(result.fallback_ops.items())]
+        result.detail = "; ".join(parts + sorted(set(notes)))
+        result.category = fallback_category(result.fallback_ops, notes)
+    return result
+
+
+_DATA_DEPENDENT = ("depends on tensor data", "Data dependent operator", "Dynamic shape operator",
+                   "data-dependent", "sparse")
+
+
+def fallback_category(fallbacks: dict, notes: list) -> str:
+    """Why an entry fell back: ``xla-unsupported`` (data-dependent shapes or values, sparse
+    layouts), ``ours`` (an op we do not lower yet), or ``dynamo`` (Dynamo runs the call
+    eagerly whatever the backend)."""
+    # "no graph" only says that Dynamo ran everything eagerly; the graph break says why.
+    reasons = list(fallbacks.values()) or [n for n in notes if not n.startswith("Dynamo ran")]
+    if reasons and all(any(mark in why for mark in _DATA_DEPENDENT) for why in reasons):
+        return "xla-unsupported"
+    return "ours" if fallbacks else "dynamo"
+
+
+def _one_line(exc: BaseException, limit: int = 300) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip().replace("\n", " ")
+    text = " ".join(text.split())
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return text
+
+
+def format_traceback(exc: BaseException) -> str:
+    """The full traceback of ``exc`` (for ``--verbose`` sweeps)."""
+    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))

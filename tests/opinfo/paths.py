@@ -1,0 +1,147 @@
+"""The two paths an OpInfo sample runs on, each a function ``run(fn, args, kwargs) -> Outcome``.
+
+- ``compile``: ``torch.compile(fn, backend="torchtpu", dynamic=False)`` after a Dynamo reset;
+  the outcome names every op that fell back to eager PyTorch and every Dynamo graph break.
+- ``eager``: the inputs moved to device ``"tpu"``, the op run there, the results brought back.
+  Until ``torchtpu_eager`` provides that device, ``available()`` says why not and the harness
+  skips with that reason.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+from dataclasses import dataclass, field
+
+import torch
+import torch._dynamo
+from torch.utils._pytree import tree_map
+
+EAGER_UNAVAILABLE = "eager tpu device not available yet"
+
+
+@dataclass
+class Outcome:
+    """What one sample returned on a path and what it used other than XLA."""
+    value: object
+    fallbacks: dict = field(default_factory=dict)     # op name -> reason it ran in eager
+    graph_breaks: list = field(default_factory=list)  # Dynamo's reasons
+    graphs: int = 0                                   # graphs the backend was handed
+
+
+class _CountingBackend:
+    """The registered "torchtpu" backend, counting the graphs Dynamo hands it."""
+
+    def __init__(self):
+        self.graphs = 0
+        self.backend = torch._dynamo.lookup_backend("torchtpu")
+
+    def __call__(self, gm, example_inputs):
+        self.graphs += 1
+        return self.backend(gm, example_inputs)
+
+
+class _FallbackLog(logging.Handler):
+    """Captures the "X runs in eager PyTorch, not XLA: reason" warnings of the backend (and
+    "X runs on the host, not the tpu device: reason" of the eager device).
+
+    The backend warns once per op and process; the harness forgets which ops it warned about
+    before each sample so that every sample names its own fallbacks' reasons.
+    """
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.reasons: dict = {}
+
+    def emit(self, record):
+        message = record.getMessage()
+        match = re.match(r"torchtpu: (\S+?)\(.*(?:runs in eager PyTorch, not XLA|runs on the "
+                         r"host, not the tpu device): (.*)", message, re.S)
+        if match:
+            self.reasons.setdefault(match.group(1), match.group(2).strip())
+
+
+@contextlib.contextmanager
+def _capture_fallbacks():
+    from torchtpu_compile import _logging
+    handler = _FallbackLog()
+    _logging._warned.clear()
+    saved = _logging.log.propagate
+    _logging.log.addHandler(handler)
+    _logging.log.propagate = False  # the outcome carries the reasons; keep stderr quiet
+    try:
+        yield handler.reasons
+    finally:
+        _logging.log.removeHandler(handler)
+        _logging.log.propagate = saved
+
+
+def run_compiled(fn, args, kwargs) -> Outcome:
+    """Run ``fn(*args, **kwargs)`` through ``torch.compile(backend="torchtpu")``.
+
+    Example::
+
+        out = run_compiled(torch.add, (torch.ones(2), torch.ones(2)), {})
+        out.value, out.fallbacks   # tensor([2., 2.]), {}
+    """
+    import torchtpu_compile
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    torchtpu_compile.reset_stats()
+    backend = _CountingBackend()
+
+    def call(*a, **k):
+        return fn(*a, **k)
+
+    compiled = torch.compile(call, backend=backend, dynamic=False, fullgraph=False)
+    with _capture_fallbacks() as reasons:
+        value = compiled(*args, **kwargs)
+    counted = torchtpu_compile.stats()["fallback_ops"]
+    fallbacks = {op: reasons.get(op, "no reason logged") for op in counted}
+    breaks = [str(reason) for reason in counters["graph_break"]]
+    torch._dynamo.reset()
+    return Outcome(value, fallbacks, breaks, backend.graphs)
+
+
+def eager_available() -> str | None:
+    """None when the ``tpu`` device works, else why not (the harness skips with it)."""
+    try:
+        import torchtpu_eager  # noqa: F401  (registers the device)
+        torch.empty(1, device="tpu").cpu()
+    except Exception:  # not built yet, or broken: both mean the path cannot run
+        return EAGER_UNAVAILABLE
+    return None
+
+
+def _to(device):
+    def move(value):
+        if isinstance(value, torch.Tensor):
+            return value.detach().to(device).requires_grad_(value.requires_grad)
+        return value
+    return move
+
+
+def run_eager(fn, args, kwargs) -> Outcome:
+    """Run ``fn`` on device ``"tpu"``: inputs moved there, results moved back to the CPU.
+
+    Example::
+
+        run_eager(torch.add, (torch.ones(2), torch.ones(2)), {}).value   # tensor([2., 2.])
+    """
+    import torchtpu_compile
+    torchtpu_compile.reset_stats()  # the eager device counts its host fallbacks there too
+    args, kwargs = tree_map(_to("tpu"), (args, kwargs))
+    with _capture_fallbacks() as reasons:
+        value = tree_map(_to("cpu"), fn(*args, **kwargs))
+    counted = torchtpu_compile.stats()["fallback_ops"]
+    return Outcome(value, {op: reasons.get(op, "no reason logged") for op in counted})
+
+
+PATHS = {"compile": run_compiled, "eager": run_eager}
+
+
+def unavailable(path: str) -> str | None:
+    """Why ``path`` cannot run here, or None."""
+    return eager_available() if path == "eager" else None

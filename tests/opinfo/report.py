@@ -1,0 +1,224 @@
+"""docs/coverage.md from the sweep's results: OpInfo per path and dtype, and the model zoo.
+
+Usage (from the repository root)::
+
+    PYTHONPATH=tests python -m opinfo.report                      # build/coverage/*.json
+    PYTHONPATH=tests python -m opinfo.report --opinfo a.json --zoo z.json --out docs/coverage.md
+
+Results of several runs are merged (a later file wins for the same entry, path and dtype), so
+the fp32 and bf16 halves, or shards, can run separately.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import glob
+import json
+import os
+import sys
+
+COLUMNS = [("compile", "fp32"), ("compile", "bf16"), ("eager", "fp32"), ("eager", "bf16")]
+STATUSES = ("pass", "fallback", "fail", "skip", "n/a")
+
+
+def load_opinfo(files: list) -> tuple:
+    """{(op, path, dtype): result} merged over ``files``, and the seconds each file took."""
+    merged, seconds = {}, {}
+    for name in files:
+        with open(name) as f:
+            data = json.load(f)
+        seconds[name] = data.get("seconds", 0.0)
+        for r in data["results"]:
+            merged[(r["op"], r["path"], r["dtype"])] = r
+    return merged, seconds
+
+
+def load_zoo(files: list) -> dict:
+    """{model: record} merged over ``files``."""
+    merged = {}
+    for name in files:
+        with open(name) as f:
+            for record in json.load(f)["models"]:
+                merged[record["model"]] = record
+    return merged
+
+
+def _cell(r) -> str:
+    if r is None:
+        return "·"
+    status = r["status"]
+    if status == "pass":
+        return "pass"
+    if status == "fallback":
+        ops = ", ".join(op.removeprefix("aten.").removesuffix(".default")
+                        for op in sorted(r["fallback_ops"]))
+        return f"falls back ({ops or 'Dynamo'})"
+    if status == "skip":
+        return f"skip ({r['category']})"
+    return status
+
+
+def totals(results: dict) -> list:
+    """Markdown rows: per path and dtype, counts by status and skip category."""
+    rows = ["| path | dtype | pass | falls back (xla-unsupported / ours / dynamo) | fail | "
+            "skip: xla-unsupported | skip: ours | skip: test-artifact | skip: path unavailable | "
+            "entries (n/a excluded) |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for path, dtype in COLUMNS:
+        rs = [r for (op, p, d), r in results.items() if p == path and d == dtype]
+        if not rs:
+            continue
+        status = collections.Counter(r["status"] for r in rs)
+        skip = collections.Counter(r["category"] for r in rs if r["status"] == "skip")
+        cause = collections.Counter(r["category"] for r in rs if r["status"] == "fallback")
+        counted = len(rs) - status["n/a"]
+        fallback = (f"{status['fallback']} ({cause['xla-unsupported']} / {cause['ours']} / "
+                    f"{cause['dynamo']})")
+        rows.append(f"| {path} | {dtype} | **{status['pass']}** | {fallback} | "
+                    f"{status['fail']} | {skip['xla-unsupported']} | {skip['ours']} | "
+                    f"{skip['test-artifact']} | {skip['unavailable']} | {counted} |")
+    return rows
+
+
+def fallback_summary(results: dict, limit: int = 40) -> list:
+    """The ops that fell back most often on the compile path, with one reason each."""
+    count, why, cause = collections.Counter(), {}, {}
+    for (op, path, dtype), r in results.items():
+        if r["status"] != "fallback" or path != "compile":
+            continue
+        for name in r["fallback_ops"] or {"(Dynamo graph break)": r["detail"]}:
+            count[name] += 1
+            why.setdefault(name, (r["fallback_ops"] or {}).get(name, r["detail"]))
+            cause.setdefault(name, r["category"])
+    rows = ["| op | entries (fp32 + bf16) | cause | first reason |", "|---|---|---|---|"]
+    for name, n in count.most_common(limit):
+        rows.append(f"| `{name}` | {n} | {cause[name]} | {_short(why[name], 140)} |")
+    return rows
+
+
+def _short(text: str, limit: int) -> str:
+    text = " ".join(str(text).split()).replace("|", "\\|")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def entry_table(results: dict) -> list:
+    ops = list(dict.fromkeys(op for op, _, _ in results))
+    present = [c for c in COLUMNS if any((op, *c) in results for op in ops)]
+    header = "| entry | " + " | ".join(f"{p} {d}" for p, d in present) + " |"
+    rows = [header, "|---|" + "---|" * len(present)]
+    for op in sorted(ops):
+        cells = [_cell(results.get((op, p, d))) for p, d in present]
+        rows.append(f"| `{op}` | " + " | ".join(cells) + " |")
+    return rows
+
+
+def details(results: dict) -> list:
+    """Every entry that did not pass on the compile path, with its full reason."""
+    rows = ["| entry | path | dtype | status | category | reason |", "|---|---|---|---|---|---|"]
+    for (op, path, dtype), r in sorted(results.items()):
+        if r["status"] in ("pass", "n/a") or r["category"] == "unavailable":
+            continue
+        rows.append(f"| `{op}` | {path} | {dtype} | {r['status']} | {r['category']} | "
+                    f"{_short(r['detail'], 220)} |")
+    return rows
+
+
+def _phase(phase: dict) -> str:
+    status = phase.get("status", "?")
+    if status == "fallback":
+        return "falls back"
+    return status
+
+
+def zoo_table(models: dict) -> list:
+    rows = ["| model | family | params | inference | training | max error inference / "
+            "training (of scale) | tolerance | Dynamo graphs / breaks | fallback ops | note |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, m in models.items():
+        inf, tr = m["inference"], m["training"]
+        errs = " / ".join(f"{p['max_err']:.1e}" if "max_err" in p else "-" for p in (inf, tr))
+        graphs = f"{inf.get('graphs', '-')} / {inf.get('graph_breaks', '-')} (inf), " \
+                 f"{tr.get('graphs', '-')} / {tr.get('graph_breaks', '-')} (train)"
+        fallbacks = sorted(set(inf.get("fallback_ops", {})) | set(tr.get("fallback_ops", {})))
+        note = "; ".join(_short(p["error"], 160) for p in (inf, tr) if p.get("error"))
+        note = note or m.get("note", "")
+        rows.append(f"| {name} | {m['family']} | {m.get('params', '-')} | {_phase(inf)} | "
+                    f"{_phase(tr)} | {errs} | {tr.get('tolerance', inf.get('tolerance', '-'))} | "
+                    f"{graphs} | {', '.join(fallbacks) or '-'} | {note} |")
+    return rows
+
+
+def render(results: dict, seconds: dict, models: dict) -> str:
+    """The whole of docs/coverage.md."""
+    today = datetime.date.today().isoformat()
+    lines = [
+        "# Op and model coverage",
+        "",
+        f"Generated on {today} by `make coverage` (`python -m opinfo.report`) from the results "
+        "that `make test-full` writes to `build/coverage/`; do not edit by hand.",
+        "",
+        "OpInfo: every entry of PyTorch's `op_db` (function variant, first 3 samples), run on "
+        "each path and compared with eager CPU PyTorch. **compile**: "
+        "`torch.compile(backend=\"torchtpu\")` on a function calling the op, matmul precision "
+        "`highest`; **eager**: the `tpu` device. A pass means every sample matched *and* ran "
+        "through XLA: an entry that matched but had an op run in eager PyTorch (or a Dynamo "
+        "graph break) is *falls back*, counted apart, with its cause: `xla-unsupported` "
+        "(data-dependent shapes or values, sparse layouts), `ours` (an op we do not lower yet) "
+        "or `dynamo` (Dynamo runs the call eagerly whatever the backend). Skips come from "
+        "`tests/opinfo/skips.py`, each with a category (`xla-unsupported`, `ours`, "
+        "`test-artifact`) and reason. Tolerances: fp32 rtol 1e-4, atol 1e-5; bf16 rtol "
+        "5e-2, atol 1e-2 against eager bf16 or, where eager rounds more, an fp32 reference.",
+        "",
+        "## Totals",
+        "",
+        *totals(results),
+        "",
+    ]
+    if seconds:
+        lines += ["Sweep time: " + ", ".join(
+            f"{os.path.basename(k)} {v / 60:.1f} min" for k, v in seconds.items()), ""]
+    if models:
+        passing = sum(1 for m in models.values()
+                      if m["inference"].get("status") == "pass"
+                      and m["training"].get("status") == "pass")
+        lines += ["## Model zoo", "",
+                  f"{len(models)} random-init models (`tests/zoo_full.py`), inference and "
+                  f"{3} SGD steps, compiled against eager at matmul precision `highest`; "
+                  f"{passing} pass both with no fallback. Errors are max |compiled - eager| "
+                  "over the reference's max magnitude; training is the worst of first output, "
+                  "losses, gradients and parameter change.", "", *zoo_table(models), ""]
+    lines += ["## Ops that fall back on the compile path", "", *fallback_summary(results), "",
+              "## Every entry", "", "`·`: not run. n/a: the op has no CPU kernel for the dtype.",
+              "", *entry_table(results), "",
+              "## Reasons (compile path; eager skips while the device is unavailable)", "",
+              *details(results), ""]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--opinfo", nargs="*", help="sweep results (default: "
+                        "build/coverage/opinfo*.json)")
+    parser.add_argument("--zoo", nargs="*", help="zoo results (default: build/coverage/zoo*.json)")
+    parser.add_argument("--out", default="docs/coverage.md")
+    args = parser.parse_args(argv)
+    opinfo_files = args.opinfo if args.opinfo is not None else \
+        sorted(glob.glob("build/coverage/opinfo*.json"), key=os.path.getmtime)
+    zoo_files = args.zoo if args.zoo is not None else \
+        sorted(glob.glob("build/coverage/zoo*.json"), key=os.path.getmtime)
+    if not opinfo_files and not zoo_files:
+        print("no results in build/coverage/: run `make test-full` (or python -m opinfo.sweep)"
+              " first", file=sys.stderr)
+        return 2
+    results, seconds = load_opinfo(opinfo_files)
+    models = load_zoo(zoo_files)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        f.write(render(results, seconds, models))
+    print(f"wrote {args.out}: {len(results)} OpInfo results, {len(models)} models")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""The whole OpInfo sweep: every op_db entry on both paths, fp32 and bf16, against eager CPU.
+
+The sweep runs once per session in crash-isolated worker processes (tests/opinfo/sweep.py) and
+writes build/coverage/opinfo.json, from which ``make coverage`` renders docs/coverage.md. Each
+(entry, path, dtype) is then one test: pass, a named skip (skips.py), an xfail for a fallback
+(the ops named), or a failure. Environment: TORCHTPU_OPINFO_JOBS (parallel workers, default 2),
+TORCHTPU_OPINFO_PATHS / TORCHTPU_OPINFO_DTYPES (comma lists, default all).
+"""
+from __future__ import annotations
+
+import collections
+import os
+import time
+
+import pytest
+
+from opinfo import sweep as sweeper
+from opinfo.verdict import assert_result
+
+pytestmark = pytest.mark.slow
+
+RESULTS = os.path.join("build", "coverage", "opinfo.json")
+PATHS = os.environ.get("TORCHTPU_OPINFO_PATHS", ",".join(sweeper.PATHS)).split(",")
+DTYPES = os.environ.get("TORCHTPU_OPINFO_DTYPES", ",".join(sweeper.DTYPES)).split(",")
+ENTRIES = sweeper.entries()
+
+#: The issue's bar for the compile path in fp32.
+MIN_COMPILE_FP32_PASSES = 450
+
+
+@pytest.fixture(scope="module")
+def results():
+    start = time.perf_counter()
+    jobs = int(os.environ.get("TORCHTPU_OPINFO_JOBS", "2"))
+    found = sweeper.sweep(ENTRIES, PATHS, DTYPES, jobs=jobs, log=lambda r: None)
+    sweeper.write(RESULTS, found, time.perf_counter() - start, 3)
+    return {(r["op"], r["path"], r["dtype"]): r for r in found}
+
+
+class _Result:
+    def __init__(self, record: dict):
+        self.__dict__.update(record)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_entry(results, entry, path, dtype):
+    assert_result(_Result(results[(entry, path, dtype)]))
+
+
+@pytest.mark.skipif("compile" not in PATHS or "fp32" not in DTYPES,
+                    reason="the compile fp32 sweep is not selected")
+def test_compile_fp32_pass_count(results):
+    status = collections.Counter(r["status"] for (_, p, d), r in results.items()
+                                 if p == "compile" and d == "fp32")
+    assert status["pass"] >= MIN_COMPILE_FP32_PASSES, dict(status)

@@ -1,0 +1,80 @@
+"""A fast subset of PyTorch's OpInfo database on both paths, against eager CPU, in fp32.
+
+The whole sweep (every entry, fp32 and bf16) is tests/slow/test_opinfo_full.py; the harness is
+tests/opinfo. Entries here span the families the backend must get right: elementwise math,
+broadcasting binaries, reductions, matmuls, shape and indexing ops, nn.functional layers, and
+the ops our own decompositions cover (lower/op_decompositions.py).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import configured
+from opinfo.harness import check, entry_name
+from opinfo.verdict import assert_result
+
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
+
+FAST = [
+    # elementwise and broadcasting
+    "add", "mul", "div.no_rounding_mode", "sub", "pow", "exp", "log", "tanh", "sigmoid",
+    "rsqrt", "erf", "where", "maximum", "atan2", "lerp", "isclose",
+    # reductions
+    "sum", "mean", "amax", "argmax", "var_mean", "logsumexp", "prod", "norm",
+    # matmuls and convolutions
+    "matmul", "addmm", "baddbmm", "einsum", "nn.functional.linear", "nn.functional.conv2d",
+    # shape, indexing, creation
+    "cat", "stack", "permute", "reshape", "index_select", "gather", "scatter_add",
+    "index_put", "masked_fill", "tril", "flip", "roll", "arange", "full_like", "topk", "sort",
+    # nn.functional
+    "softmax", "log_softmax", "nn.functional.layer_norm", "nn.functional.gelu",
+    "nn.functional.embedding", "nn.functional.cross_entropy", "nn.functional.max_pool2d",
+    "nn.functional.group_norm",
+    # our decompositions
+    "remainder", "cumsum", "cummax", "diagonal", "kthvalue", "cdist", "fmax", "clamp_max",
+    "addmv",
+]
+
+
+def _op_db() -> dict:
+    from torch.testing._internal.common_methods_invocations import op_db
+    return {entry_name(op): op for op in op_db}
+
+
+OPS = _op_db()
+
+
+@pytest.mark.parametrize("path", ["compile", "eager"])
+@pytest.mark.parametrize("entry", FAST)
+def test_opinfo_fp32(entry, path):
+    with configured(matmul_precision="highest"):
+        result = check(OPS[entry], path, torch.float32, max_samples=2)
+    assert_result(result)
+
+
+def test_fast_subset_names_real_entries():
+    assert not set(FAST) - set(OPS), "FAST names entries that op_db does not have"
+
+
+def test_every_skip_names_an_entry_a_category_and_a_reason():
+    from opinfo.skips import CATEGORIES, SKIPS
+    assert not set(SKIPS) - set(OPS), "skips.py names entries that op_db does not have"
+    for name, skip in SKIPS.items():
+        assert skip.category in CATEGORIES and len(skip.reason) > 20, name
+
+
+def test_eager_path_reports_why_it_cannot_run(monkeypatch):
+    from opinfo import paths
+    monkeypatch.setattr(paths, "eager_available", lambda: paths.EAGER_UNAVAILABLE)
+    with configured(matmul_precision="highest"):
+        result = check(OPS["add"], "eager", torch.float32)
+    assert (result.status, result.category, result.detail) == \
+        ("skip", "unavailable", "eager tpu device not available yet")
+
+
+def test_a_fallback_is_not_a_pass():
+    # nonzero's output shape depends on the data: Dynamo runs it eagerly, so it is not XLA.
+    with configured(matmul_precision="highest"):
+        result = check(OPS["nonzero"], "compile", torch.float32, max_samples=1)
+    assert result.status == "fallback" and result.category == "xla-unsupported", result
