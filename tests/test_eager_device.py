@@ -305,3 +305,14 @@ def test_adam_loop_stops_compiling():
     for _ in range(3):
         step()
     assert torchtpu_compile.stats()["eager_programs_compiled"] == before
+
+
+def test_deepcopy_of_a_tpu_model_is_independent():
+    import copy
+    model = torch.nn.Linear(3, 2).to("tpu")
+    twin = copy.deepcopy(model)
+    assert isinstance(twin.weight, torch.nn.Parameter) and twin.weight.device == TPU
+    torch.testing.assert_close(twin.weight.cpu(), model.weight.cpu())
+    with torch.no_grad():
+        twin.weight.add_(1)
+    torch.testing.assert_close(twin.weight.cpu(), model.weight.cpu() + 1)

@@ -50,8 +50,11 @@ def teach_dynamo() -> None:
     global _taught
     if _taught:
         return
+    from torch._dynamo import trace_rules
     from torch._dynamo.variables.builder import VariableBuilder
     VariableBuilder._type_dispatch()[TpuTensor] = VariableBuilder.wrap_tensor
+    # Our dispatch code runs below the graph (as ATen kernels do); Dynamo must never trace it.
+    trace_rules.add("torchtpu_eager")
     register_with_runtime()
     _taught = True
 

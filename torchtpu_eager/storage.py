@@ -37,8 +37,8 @@ class Storage:
 
     def __del__(self):
         global _allocated
-        with _lock:
-            _allocated -= self.nbytes
+        with _lock:  # getattr: an instance made without __init__ was never counted
+            _allocated -= getattr(self, "nbytes", 0)
 
 
 def memory_allocated() -> int:

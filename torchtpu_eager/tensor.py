@@ -79,6 +79,21 @@ class TpuTensor(torch.Tensor):
         # a TpuTensor already is what the backward graph expects.
         return self
 
+    def __deepcopy__(self, memo):
+        # A copy shares the immutable buffer until either side is written (clone does that).
+        if id(self) in memo:
+            return memo[id(self)]
+        with torch.no_grad():
+            copy = self.clone()
+        copy.requires_grad_(self.requires_grad)
+        if getattr(self, "_is_param", False):
+            copy._is_param = True
+        memo[id(self)] = copy
+        if self.grad is not None:
+            import copy as copy_module
+            copy.grad = copy_module.deepcopy(self.grad, memo)
+        return copy
+
     def tolist(self):
         from .transfer import to_cpu
         return to_cpu(self).tolist()
