@@ -248,3 +248,28 @@ def test_index_put_rows_negative_and_accumulated():
 @pytest.mark.parametrize("shifts, dims", [(2, 0), ((-1, 7), (1, 2)), (3, ()), (0, 1)])
 def test_roll(shifts, dims):
     check(lambda x: torch.roll(x, shifts, dims), randn(5, 4, 3))
+
+
+# --- small gaps ------------------------------------------------------------------------------
+
+def test_erfc():
+    check(torch.erfc, randn(5, 6) * 3)
+
+
+@pytest.mark.parametrize("dim, size, step", [(1, 2, 2), (0, 3, 1), (-1, 3, 2)])
+def test_unfold_windows(dim, size, step):
+    check(lambda x: x.unfold(dim, size, step) + 1, randn(5, 4, 6))
+
+
+def test_searchsorted_left_right_and_isin():
+    s = torch.sort(randn(4, 7)).values
+    check(lambda s, v: torch.searchsorted(s, v), s, randn(4, 3, seed=1))
+    check(lambda s, v: torch.searchsorted(s, v, right=True, out_int32=True), s[0],
+          torch.cat([s[0, :3], randn(3, seed=2)]))
+    check(torch.isin, torch.randint(0, 9, (10,)), torch.tensor([1, 3, 5]))
+
+
+def test_view_copy_and_unbind_copy():
+    x = randn(5, 6)
+    check(lambda x: torch.ops.aten.view_copy(x, [3, 10]), x)
+    check(lambda x: torch.ops.aten.unbind_copy(x, 1), x)

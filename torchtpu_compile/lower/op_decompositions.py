@@ -577,3 +577,48 @@ def index_put(x, indices, values, accumulate=False):
     else:
         flat = flat.scatter(0, where, vals)
     return flat.reshape(x.shape)
+
+
+# --- small gaps: each op a short formula of ops that lower ------------------------------------
+
+@decomposition(aten.erfc.default)
+def erfc(x):
+    # No lowering. 1 - erf loses relative accuracy only where erfc < ~1e-7, far below the
+    # absolute tolerance of an fp32 comparison.
+    return 1 - torch.erf(x)
+
+
+@decomposition(aten.unfold.default)
+def unfold(x, dimension, size, step):
+    # torch-mlir leaves a torch.constant.int behind. The windows as slices, stacked on dim
+    # ``dimension``, their elements last, as eager lays them out.
+    if x.dim() == 0:
+        return x.reshape(1)
+    dimension %= x.dim()
+    count = (x.shape[dimension] - size) // step + 1
+    windows = [x.narrow(dimension, i * step, size) for i in range(count)]
+    return torch.stack(windows, dimension).movedim(dimension + 1, -1)
+
+
+@decomposition(aten.searchsorted.Tensor)
+def searchsorted(sorted_sequence, values, *, out_int32=False, right=False, side=None,
+                 sorter=None):
+    # No lowering. The insertion point is the count of sequence elements below the value
+    # (at or below it, for right=True): one comparison per pair, fine at OpInfo's sizes.
+    if sorter is not None:
+        sorted_sequence = sorted_sequence.gather(-1, sorter)
+    right = right or side == "right"
+    seq = sorted_sequence.unsqueeze(-2) if sorted_sequence.dim() > 1 else sorted_sequence
+    v = values.unsqueeze(-1)
+    below = (seq <= v) if right else (seq < v)
+    return below.sum(-1).to(torch.int32 if out_int32 else torch.int64)
+
+
+@decomposition(aten.view_copy.default)
+def view_copy(x, size):
+    return x.reshape(size).clone()
+
+
+@decomposition(aten.unbind_copy.int)
+def unbind_copy(x, dim=0):
+    return [t.clone() for t in torch.unbind(x, dim)]
