@@ -273,3 +273,28 @@ def test_view_copy_and_unbind_copy():
     x = randn(5, 6)
     check(lambda x: torch.ops.aten.view_copy(x, [3, 10]), x)
     check(lambda x: torch.ops.aten.unbind_copy(x, 1), x)
+
+
+def test_copies_hypot_angle_dist():
+    x = randn(4, 5)
+    check(lambda x: torch.narrow_copy(x, 1, 1, 3), x)
+    check(lambda x: torch.permute_copy(x, (1, 0)), x)
+    check(torch.hypot, x, randn(5, seed=1))
+    check(torch.angle, torch.tensor([-1.0, 0.0, 2.0, NAN, -0.0]))
+    check(torch.angle, torch.tensor([-1, 0, 2]))
+    check(lambda a, b: torch.dist(a, b, 3), x, randn(4, 5, seed=1))
+
+
+@pytest.mark.parametrize("dims, kwargs", [
+    (2, dict(stride=2, padding=1, output_padding=1, groups=2, dilation=(1, 2))),
+    (2, dict(stride=2)),
+    (1, dict(stride=3, padding=2)),
+    (3, dict(stride=(1, 2, 1))),
+])
+def test_transposed_convolution(dims, kwargs):
+    F = torch.nn.functional
+    conv = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}[dims]
+    groups = kwargs.get("groups", 1)
+    x = randn(2, 4, *[5, 6, 4][:dims])
+    w = randn(4, 3, *[3, 2, 2][:dims], seed=1)
+    check(lambda x, w, b: conv(x, w, b, **kwargs), x, w, randn(3 * groups, seed=2))

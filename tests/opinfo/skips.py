@@ -38,7 +38,8 @@ _RANDOM = ("a random op: the compiled program draws from torch's generator in a 
 _SEEDED = ("OpInfo wraps the op in wrapper_set_seed (freeze_rng_state under no_dispatch), which "
            "Dynamo cannot fake-tensorize; and the values are random anyway")
 _JITERATOR = "jiterator ops compile CUDA source at run time; they exist only on CUDA and ROCm"
-_SPARSE = "sparse tensor inputs: Dynamo does not trace them and XLA has no sparse layouts"
+_ANY_BACKEND = ("fails under torch.compile with any backend (aot_eager too): a PyTorch "
+                "limitation, not the lowering")
 
 SKIPS: dict = {
     **{name: Skip("test-artifact", _UNINITIALIZED) for name in (
@@ -57,6 +58,10 @@ SKIPS: dict = {
     **{name: Skip("test-artifact", _JITERATOR) for name in (
         "jiterator_unary", "jiterator_binary", "jiterator_4inputs_with_extra_args",
         "jiterator_binary_return_by_ref", "jiterator_2inputs_2outputs")},
+    # Its third sample views storage beyond the input view (offset 10 of a 2x2 view);
+    # aot_autograd's functionalization rejects that.
+    "as_strided.partial_views": Skip("test-artifact", _ANY_BACKEND),
+    "chalf": Skip("xla-unsupported", "complex32 (chalf) is not an XLA element type"),
 }
 
 

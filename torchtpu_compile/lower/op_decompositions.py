@@ -622,3 +622,63 @@ def view_copy(x, size):
 @decomposition(aten.unbind_copy.int)
 def unbind_copy(x, dim=0):
     return [t.clone() for t in torch.unbind(x, dim)]
+
+
+@decomposition(aten.narrow_copy.default)
+def narrow_copy(x, dim, start, length):
+    return x.narrow(dim, start, length).clone()
+
+
+@decomposition(aten.permute_copy.default)
+def permute_copy(x, dims):
+    return x.permute(dims).clone()
+
+
+@decomposition(aten.hypot.default)
+def hypot(a, b):
+    a, b = _promoted(a, b)
+    return torch.sqrt(a * a + b * b)
+
+
+@decomposition(aten.angle.default)
+def angle(x):
+    # Real inputs only (complex ones do not reach XLA from us): pi below zero, else 0; NaN stays.
+    if x.is_complex():
+        return NotImplemented
+    x = x if x.is_floating_point() else x.to(torch.get_default_dtype())
+    return torch.where(x < 0, torch.pi, 0.0).to(x.dtype) + x * 0
+
+
+@decomposition(aten.dist.default)
+def dist(a, b, p=2):
+    return torch.linalg.vector_norm(a - b, p)
+
+
+# --- transposed convolution as a forward one -------------------------------------------------
+
+@decomposition(aten.convolution.default)
+def transposed_convolution(x, weight, bias, stride, padding, dilation, transposed,
+                           output_padding, groups):
+    # torch-mlir fails on transposed convolutions (conv_transpose2d/3d). A transposed
+    # convolution is a forward one over the input spread by the stride, padded by the kernel
+    # extent less the padding, with the kernel flipped and its channel dims swapped.
+    if not transposed:
+        return NotImplemented
+    from .decompositions import _interleave_zeros, _pad_spatial
+    spatial = x.dim() - 2
+    stride, padding, dilation = list(stride), list(padding), list(dilation)
+    output_padding = list(output_padding)
+    kernel = list(weight.shape[2:])
+    spread = x
+    for i in range(spatial):
+        spread = _interleave_zeros(spread, 2 + i, stride[i])
+    extent = [dilation[i] * (kernel[i] - 1) for i in range(spatial)]
+    spread = _pad_spatial(spread, [(extent[i] - padding[i],
+                                    extent[i] - padding[i] + output_padding[i])
+                                   for i in range(spatial)])
+    in_ch, out_per_group = weight.shape[0], weight.shape[1]
+    w = weight.reshape([groups, in_ch // groups, out_per_group] + kernel)
+    w = w.transpose(1, 2).reshape([groups * out_per_group, in_ch // groups] + kernel)
+    w = aten.flip(w, list(range(2, 2 + spatial)))
+    return aten.convolution(spread, w, bias, [1] * spatial, [0] * spatial, dilation, False,
+                            [0] * spatial, groups)
