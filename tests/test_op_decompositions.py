@@ -298,3 +298,16 @@ def test_transposed_convolution(dims, kwargs):
     x = randn(2, 4, *[5, 6, 4][:dims])
     w = randn(4, 3, *[3, 2, 2][:dims], seed=1)
     check(lambda x, w, b: conv(x, w, b, **kwargs), x, w, randn(3 * groups, seed=2))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_batch_norm_with_update_outputs_and_running_stats(dtype):
+    x = randn(5, 5, 5).to(dtype)
+    stats = [randn(5, seed=i).to(dtype) for i in range(3)] + [randn(5, seed=3).abs().to(dtype)]
+
+    def step(x, w, b, mean, var):
+        mean, var = mean.clone(), var.clone()
+        out = torch.ops.aten._batch_norm_with_update(x, w, b, mean, var, 0.5, 0.6)
+        return out[0], out[1], out[2], mean, var
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype is torch.bfloat16 else {}
+    check(step, x, *stats, **tol)

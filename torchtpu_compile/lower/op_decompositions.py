@@ -682,3 +682,13 @@ def transposed_convolution(x, weight, bias, stride, padding, dilation, transpose
     w = aten.flip(w, list(range(2, 2 + spatial)))
     return aten.convolution(spread, w, bias, [1] * spatial, [0] * spatial, dilation, False,
                             [0] * spatial, groups)
+
+
+@decomposition(aten._batch_norm_with_update_functional.default)
+def batch_norm_with_update(input, weight, bias, running_mean, running_var, momentum, eps):
+    # No lowering (and its bf16 fallback region was typed f32). The same computation as
+    # _native_batch_norm_legit_functional in training mode, plus the empty reserve tensor.
+    out, mean, rstd, new_mean, new_var = aten._native_batch_norm_legit_functional.default(
+        input, weight, bias, running_mean, running_var, True, momentum, eps)
+    reserve = input.new_zeros((0,), dtype=torch.uint8)
+    return out, mean, rstd, reserve, new_mean, new_var
