@@ -267,6 +267,9 @@ def test_searchsorted_left_right_and_isin():
     check(lambda s, v: torch.searchsorted(s, v, right=True, out_int32=True), s[0],
           torch.cat([s[0, :3], randn(3, seed=2)]))
     check(torch.isin, torch.randint(0, 9, (10,)), torch.tensor([1, 3, 5]))
+    empty = torch.tensor([])
+    check(lambda s, v, i: torch.searchsorted(s, v, sorter=i), empty, empty,
+          torch.tensor([], dtype=torch.int64))
 
 
 def test_view_copy_and_unbind_copy():

@@ -62,6 +62,8 @@ SKIPS: dict = {
     # aot_autograd's functionalization rejects that.
     "as_strided.partial_views": Skip("test-artifact", _ANY_BACKEND),
     "chalf": Skip("xla-unsupported", "complex32 (chalf) is not an XLA element type"),
+    "topk": Skip("test-artifact", "bf16 samples hold equal values; which of their indices "
+                 "topk returns is unspecified (values match)", dtypes=("bf16",)),
 }
 
 

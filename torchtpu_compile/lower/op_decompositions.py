@@ -605,13 +605,16 @@ def searchsorted(sorted_sequence, values, *, out_int32=False, right=False, side=
                  sorter=None):
     # No lowering. The insertion point is the count of sequence elements below the value
     # (at or below it, for right=True): one comparison per pair, fine at OpInfo's sizes.
+    dtype = torch.int32 if out_int32 else torch.int64
+    if sorted_sequence.numel() == 0 or values.numel() == 0:  # XLA aborts on an empty gather
+        return torch.zeros(values.shape, dtype=dtype)
     if sorter is not None:
         sorted_sequence = sorted_sequence.gather(-1, sorter)
     right = right or side == "right"
     seq = sorted_sequence.unsqueeze(-2) if sorted_sequence.dim() > 1 else sorted_sequence
     v = values.unsqueeze(-1)
     below = (seq <= v) if right else (seq < v)
-    return below.sum(-1).to(torch.int32 if out_int32 else torch.int64)
+    return below.sum(-1).to(dtype)
 
 
 @decomposition(aten.view_copy.default)
