@@ -314,3 +314,23 @@ def test_batch_norm_with_update_outputs_and_running_stats(dtype):
         return out[0], out[1], out[2], mean, var
     tol = dict(rtol=2e-2, atol=2e-2) if dtype is torch.bfloat16 else {}
     check(step, x, *stats, **tol)
+
+
+def test_advanced_indexing_with_negative_indices():
+    # torch-mlir read the wrong elements for these (Falcon's fused QKV split), silently.
+    x = randn(2, 8, 6, 4)
+    check(lambda x: x[..., [-2], :] * 1, x)
+    check(lambda x, i: x[:, i] * 1, x, torch.tensor([-1, 0, -3]))
+    check(lambda x, i, j: x[i, :, j] * 1, x, torch.tensor([[-1], [0]]), torch.tensor([-6, 5]))
+
+
+def test_index_put_with_gaps_and_negative_indices():
+    def update(x, v):
+        y = x.clone()
+        y[:, [-2]] = v  # index_put with a None gap, then the negative index
+        return y
+    check(update, randn(4, 5), randn(4, 1))
+
+    def grad_of_negative_index(x):  # backward: index_put(accumulate=True) with a gap
+        return torch.autograd.grad((x[..., [-2], :] * 2).sum(), x)[0]
+    check(grad_of_negative_index, randn(2, 3, 4, 5).requires_grad_())

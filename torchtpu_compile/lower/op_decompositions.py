@@ -12,11 +12,16 @@ Example::
 """
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from .decompositions import decomposition
 
 aten = torch.ops.aten
+
+#: Set while a decomposition that only rewrites its indices calls its own op again.
+_wrapping = threading.local()
 
 
 # --- elementwise -----------------------------------------------------------------------------
@@ -556,9 +561,16 @@ def roll(x, shifts, dims=()):
 def index_put(x, indices, values, accumulate=False):
     # torch-mlir leaves a torch.constant.int behind (x[idx] = v with a 1-d index). With integer
     # indices on the leading dims: one linear index into the flattened leading dims, then a
-    # scatter (or scatter-add) of rows. Boolean masks and gaps between indices stay with it.
+    # scatter (or scatter-add) of rows. Otherwise (None gaps, boolean masks) the op stays, its
+    # negative indices wrapped first, as for index (backward of x[..., [-2], :]).
     if any(i is None for i in indices) or any(i.dtype == torch.bool for i in indices):
-        return NotImplemented
+        if getattr(_wrapping, "active", False):
+            return NotImplemented
+        _wrapping.active = True
+        try:
+            return aten.index_put.default(x, _wrap_negative(x, indices), values, accumulate)
+        finally:
+            _wrapping.active = False
     k = len(indices)
     lead, rest = list(x.shape[:k]), list(x.shape[k:])
     index = torch.broadcast_tensors(*indices)
@@ -695,3 +707,33 @@ def batch_norm_with_update(input, weight, bias, running_mean, running_var, momen
         input, weight, bias, running_mean, running_var, True, momentum, eps)
     reserve = input.new_zeros((0,), dtype=torch.uint8)
     return out, mean, rstd, reserve, new_mean, new_var
+
+
+
+@decomposition(aten.index.Tensor)
+def index(x, indices):
+    # torch-mlir's gather does not wrap negative indices: x[..., [-2], :] (Falcon's fused QKV
+    # split) read the wrong elements, silently. Wrap them, then index as usual; the flag lets
+    # that inner call through to the op itself.
+    if getattr(_wrapping, "active", False):
+        return NotImplemented
+    _wrapping.active = True
+    try:
+        return aten.index.Tensor(x, _wrap_negative(x, indices))
+    finally:
+        _wrapping.active = False
+
+
+def _wrap_negative(x, indices) -> list:
+    """Integer ``indices`` (of aten.index / index_put) with negative entries counted from
+    the end of their dim; None gaps and boolean masks kept."""
+    wrapped, dim = [], 0
+    for i in indices:
+        if i is not None and i.dtype in (torch.bool, torch.uint8):
+            dim += i.dim()  # a mask spans as many dims as it has
+        else:
+            if i is not None:
+                i = torch.where(i < 0, i + x.shape[dim], i)
+            dim += 1
+        wrapped.append(i)
+    return wrapped
