@@ -334,3 +334,12 @@ def test_index_put_with_gaps_and_negative_indices():
     def grad_of_negative_index(x):  # backward: index_put(accumulate=True) with a gap
         return torch.autograd.grad((x[..., [-2], :] * 2).sum(), x)[0]
     check(grad_of_negative_index, randn(2, 3, 4, 5).requires_grad_())
+
+
+@pytest.mark.parametrize("dim, g_shape", [(2, (1, 1, 5)), (0, (4, 1, 1))])
+def test_weight_norm_backward(dim, g_shape):
+    def grads(v, g, x):
+        w, _ = torch._weight_norm_interface(v, g, dim)
+        return torch.autograd.grad((w * x).sum(), (v, g))
+    check(grads, randn(4, 3, 5).requires_grad_(), randn(*g_shape, seed=1).requires_grad_(),
+          randn(4, 3, 5, seed=2))

@@ -737,3 +737,17 @@ def _wrap_negative(x, indices) -> list:
             dim += 1
         wrapped.append(i)
     return wrapped
+
+
+@decomposition(aten._weight_norm_interface_backward.default)
+def weight_norm_backward(grad_w, saved_v, saved_g, saved_norms, dim):
+    # No lowering (wav2vec2/HuBERT's convolutional position embedding trains through it).
+    # With w = g * v / |v| (the norm over every dim but ``dim``; all of them for dim = -1):
+    # dL/dg = sum(dL/dw * v) / |v|, dL/dv = g / |v| * (dL/dw - v * sum(dL/dw * v) / |v|^2).
+    dims = [d for d in range(saved_v.dim()) if d != dim] if dim != -1 else \
+        list(range(saved_v.dim()))
+    per_dim = (grad_w * saved_v).sum(dims, keepdim=True).reshape(saved_norms.shape)
+    norms = saved_norms
+    grad_v = (saved_g / norms) * (grad_w - saved_v * (per_dim / (norms * norms)))
+    grad_g = per_dim / norms
+    return grad_v, grad_g.reshape(saved_g.shape)
