@@ -343,3 +343,23 @@ def test_weight_norm_backward(dim, g_shape):
         return torch.autograd.grad((w * x).sum(), (v, g))
     check(grads, randn(4, 3, 5).requires_grad_(), randn(*g_shape, seed=1).requires_grad_(),
           randn(4, 3, 5, seed=2))
+
+
+@pytest.mark.parametrize("dims, kwargs", [
+    (2, dict(stride=2, padding=1, output_padding=1, groups=2, dilation=(1, 2))),
+    (2, dict(stride=2)),
+    (1, dict(stride=3, padding=2)),
+])
+def test_transposed_convolution_backward(dims, kwargs):
+    # convolution_backward with transposed=True (decompositions.py): gradients of input,
+    # weight and bias all through XLA.
+    F = torch.nn.functional
+    conv = {1: F.conv_transpose1d, 2: F.conv_transpose2d}[dims]
+    groups = kwargs.get("groups", 1)
+
+    def grads(x, w, b):
+        y = conv(x, w, b, **kwargs)
+        return torch.autograd.grad((y * y.detach().sin()).sum(), (x, w, b))
+    x = randn(2, 4, *[5, 6][:dims]).requires_grad_()
+    w = randn(4, 3, *[3, 2][:dims], seed=1).requires_grad_()
+    check(grads, x, w, randn(3 * groups, seed=2).requires_grad_())

@@ -102,7 +102,8 @@ def convolution_backward(grad_out, input, weight, bias_sizes, stride, padding, d
     # (in + 2*pad - extent) % stride differs between spatial dims (STACK-NOTES). Both
     # gradients are forward convolutions, which lower in every case.
     if transposed:
-        return NotImplemented
+        return _transposed_convolution_backward(grad_out, input, weight, stride, padding,
+                                                dilation, groups, output_mask)
     spatial = input.dim() - 2
     stride, padding, dilation = list(stride), list(padding), list(dilation)
     kernel = list(weight.shape[2:])
@@ -143,6 +144,24 @@ def convolution_backward(grad_out, input, weight, bias_sizes, stride, padding, d
                               [0] * spatial, groups)
         grad_weight = gw.transpose(0, 1)
 
+    if output_mask[2]:
+        grad_bias = grad_out.sum([0] + list(range(2, 2 + spatial)))
+    return grad_input, grad_weight, grad_bias
+
+
+def _transposed_convolution_backward(grad_out, input, weight, stride, padding, dilation, groups,
+                                     output_mask):
+    # y = conv_transpose(x, w) is the adjoint of z = conv(y, w): so dL/dx is that forward
+    # convolution of dL/dy, and dL/dw is the weight gradient of conv(dL/dy, w) at output x.
+    spatial = input.dim() - 2
+    grad_input = grad_weight = grad_bias = None
+    if output_mask[0]:
+        grad_input = aten.convolution(grad_out, weight, None, stride, padding, dilation, False,
+                                      [0] * spatial, groups)
+    if output_mask[1]:
+        _, grad_weight, _ = convolution_backward(input, grad_out, weight, None, stride, padding,
+                                                 dilation, False, [0] * spatial, groups,
+                                                 [False, True, False])
     if output_mask[2]:
         grad_bias = grad_out.sum([0] + list(range(2, 2 + spatial)))
     return grad_input, grad_weight, grad_bias
