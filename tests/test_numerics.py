@@ -1,6 +1,6 @@
 """torchtpu_compile.numerics: compare, locate, the CLI and the pytest fixture.
 
-The planted divergence wraps torchtpu's lowering (``program.lower_graph``) so that one op,
+The planted divergence wraps torchtpu's lowering (``lower_graph``) so that one op,
 ``aten.tanh``, comes out 1% too large under torchtpu while eager PyTorch is untouched; locate
 must name that op and the line of ``Planted.forward`` that called it.
 """
@@ -79,8 +79,12 @@ def scale_op_after_lowering(lower_graph, op, factor):
 def tanh_one_percent_high(monkeypatch):
     """torchtpu's aten.tanh is 1% too large until the test ends (a new lowering, so the
     compile cache, keyed by StableHLO, compiles it anew)."""
-    monkeypatch.setattr(torchtpu_compile.program, "lower_graph", scale_op_after_lowering(
-        torchtpu_compile.program.lower_graph, aten.tanh.default, 1.01))
+    import torchtpu_compile.lower.cache as lowering_cache
+    planted_lowering = scale_op_after_lowering(lowering_cache.lower_graph, aten.tanh.default, 1.01)
+    # Cached lowerings of the same graph (from earlier tests) must not answer for the plant.
+    monkeypatch.setattr(torchtpu_compile.config, "graph_cache", False)
+    monkeypatch.setattr(lowering_cache, "lower_graph", planted_lowering)
+    monkeypatch.setattr(torchtpu_compile.program, "lower_graph", planted_lowering)
 
 
 # --- the tolerance policy ----------------------------------------------------------------------
@@ -235,7 +239,9 @@ def good():
 def bad():
     # A stand-in for a broken lowering: torchtpu's tanh comes out 1% too large.
     import copy
-    import torchtpu_compile.program as program
+    import torchtpu_compile
+    import torchtpu_compile.lower.cache as program  # where compiled graphs are lowered
+    torchtpu_compile.config.graph_cache = False  # no cached lowering may answer instead
     lower_graph = program.lower_graph
     def perturbed(gm, **kwargs):
         gm = copy.deepcopy(gm)

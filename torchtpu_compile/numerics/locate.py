@@ -68,7 +68,7 @@ def capture(model_or_fn, inputs: tuple, train: bool, cotangents: dict) -> list:
 
     runs: list = []
 
-    def recording_compiler(kind: str, graph_id: int):
+    def recording_compiler(kind: str, graph_id: int, cached: bool = False):
         label = f"{kind} graph {graph_id}"
 
         def compile_graph(gm: fx.GraphModule, example_inputs):
@@ -85,14 +85,19 @@ def capture(model_or_fn, inputs: tuple, train: bool, cotangents: dict) -> list:
             return run
         return compile_graph
 
+    from .. import config
+
     side = Side.build(model_or_fn, inputs, None, train)
-    saved = backend._compiler
+    saved = backend._compiler, config.graph_cache
     torch._dynamo.reset()
     backend._compiler = recording_compiler
+    # A graph-cache hit would hand back compiled graphs without calling our compiler: the
+    # capture must see every graph being built.
+    config.graph_cache = False
     try:
         side.run(torch.compile(side.fn, backend="torchtpu"), cotangents or None)
     finally:
-        backend._compiler = saved
+        backend._compiler, config.graph_cache = saved
         torch._dynamo.reset()
     return runs
 
