@@ -363,3 +363,11 @@ def test_transposed_convolution_backward(dims, kwargs):
     x = randn(2, 4, *[5, 6][:dims]).requires_grad_()
     w = randn(4, 3, *[3, 2][:dims], seed=1).requires_grad_()
     check(grads, x, w, randn(3 * groups, seed=2).requires_grad_())
+
+
+def test_convolution_backward_with_one_padding_for_all_dims():
+    # padding="valid" reaches convolution_backward as [0] for a 2-d convolution (SigLIP).
+    def grads(x, w):
+        y = torch.nn.functional.conv2d(x, w, stride=2, padding="valid")
+        return torch.autograd.grad((y * y.detach().cos()).sum(), (x, w))
+    check(grads, randn(2, 3, 8, 8).requires_grad_(), randn(4, 3, 2, 2, seed=1).requires_grad_())

@@ -105,7 +105,9 @@ def convolution_backward(grad_out, input, weight, bias_sizes, stride, padding, d
         return _transposed_convolution_backward(grad_out, input, weight, stride, padding,
                                                 dilation, groups, output_mask)
     spatial = input.dim() - 2
-    stride, padding, dilation = list(stride), list(padding), list(dilation)
+    # A one-element list applies to every spatial dim (SigLIP's padding="valid" gives [0]).
+    stride, padding, dilation = (list(v) * spatial if len(v) == 1 else list(v)
+                                 for v in (stride, padding, dilation))
     kernel = list(weight.shape[2:])
     out_sizes = list(grad_out.shape[2:])
     in_sizes = list(input.shape[2:])
