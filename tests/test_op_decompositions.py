@@ -371,3 +371,8 @@ def test_convolution_backward_with_one_padding_for_all_dims():
         y = torch.nn.functional.conv2d(x, w, stride=2, padding="valid")
         return torch.autograd.grad((y * y.detach().cos()).sum(), (x, w))
     check(grads, randn(2, 3, 8, 8).requires_grad_(), randn(4, 3, 2, 2, seed=1).requires_grad_())
+
+
+def test_as_strided_scatter():
+    check(lambda x, s: torch.as_strided_scatter(x * 1, s, (3, 2), (1, 3), 1), randn(12),
+          randn(3, 2, seed=1))

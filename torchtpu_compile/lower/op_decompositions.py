@@ -364,12 +364,28 @@ def as_strided(x, size, stride, storage_offset=None):
     if offset == 0 and count == x.numel() and all(
             st == cs for s, st, cs in zip(size, stride, _contiguous_strides(size)) if s > 1):
         return x.reshape(size).clone()
+    return x.reshape(-1)[_strided_index(size, stride, offset)]
+
+
+def _strided_index(size, stride, offset):
+    """Flat storage positions of the elements of an as_strided(size, stride, offset) view."""
     index = torch.full([1] * len(size), offset, dtype=torch.int64)
     for d, (s, st) in enumerate(zip(size, stride)):
         shape = [1] * len(size)
         shape[d] = s
         index = index + torch.arange(s, dtype=torch.int64).view(shape) * st
-    return x.reshape(-1)[index.expand(size)]
+    return index.expand(list(size))
+
+
+@decomposition(aten.as_strided_scatter.default)
+def as_strided_scatter(x, src, size, stride, storage_offset=None):
+    # No lowering (Swin's window partition backward). On a contiguous input: a scatter of
+    # ``src`` into the flat storage at the view's positions.
+    if not x.is_contiguous() or x.storage_offset() != 0:
+        return NotImplemented
+    index = _strided_index(list(size), list(stride), storage_offset or 0)
+    flat = x.reshape(-1).scatter(0, index.reshape(-1), src.reshape(-1).to(x.dtype))
+    return flat.reshape(x.shape)
 
 
 # --- pooling: ceil_mode, divisor_override and count_include_pad as explicit padding ----------
