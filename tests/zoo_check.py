@@ -31,7 +31,13 @@ TRAIN_STEPS = 3
 LOOSER: dict = {}
 
 #: Models that do not match yet, each with the reason (ours to fix): name -> reason.
-KNOWN_FAILURES: dict = {}
+KNOWN_FAILURES: dict = {
+    "mobilenet_v2": "ours to investigate: inference matches (1e-6 of scale) but training's "
+                    "first-step output and gradients are off by ~1e-5 of scale (other models: "
+                    "1e-7), and three SGD steps at lr 0.1 grow that to a 6% loss difference; "
+                    "suspects: depthwise convolution backward, or train-mode BatchNorm over few "
+                    "elements amplifying rounding",
+}
 
 
 def _tolerances(name: str) -> dict:
