@@ -376,3 +376,10 @@ def test_convolution_backward_with_one_padding_for_all_dims():
 def test_as_strided_scatter():
     check(lambda x, s: torch.as_strided_scatter(x * 1, s, (3, 2), (1, 3), 1), randn(12),
           randn(3, 2, seed=1))
+
+
+def test_index_put_with_a_boolean_mask_and_a_broadcast_value():
+    mask = torch.tensor([True, True, False, True, False])
+    check(lambda x, v: torch.index_put(x, (mask,), v), randn(5, 5), randn(5, seed=1))
+    check(lambda x, v: torch.index_put(x, (mask,), v, accumulate=True), randn(5, 5),
+          torch.tensor(2.0))

@@ -579,6 +579,17 @@ def index_put(x, indices, values, accumulate=False):
     # indices on the leading dims: one linear index into the flattened leading dims, then a
     # scatter (or scatter-add) of rows. Otherwise (None gaps, boolean masks) the op stays, its
     # negative indices wrapped first, as for index (backward of x[..., [-2], :]).
+    if len(indices) == 1 and indices[0] is not None and indices[0].dtype == torch.bool:
+        # x[mask] = v with v the same for every selected element (it broadcasts over the dims
+        # the mask leaves): a select, no data-dependent shapes.
+        mask = indices[0]
+        rest = x.dim() - mask.dim()
+        if values.dim() <= rest:
+            mask = mask.view(list(mask.shape) + [1] * rest)
+            values = values.to(x.dtype)
+            if accumulate:
+                return x + torch.where(mask, values, torch.zeros_like(x))
+            return torch.where(mask, values, x)
     if any(i is None for i in indices) or any(i.dtype == torch.bool for i in indices):
         if getattr(_wrapping, "active", False):
             return NotImplemented
