@@ -129,9 +129,11 @@ def test_precision_follows_torch_when_set_explicitly():
             assert resolve_precision() == "medium"  # our config wins
     finally:
         torch.set_float32_matmul_precision(saved)
-        torch.backends.fp32_precision = "none"
-        torch.backends.cuda.matmul.fp32_precision = "none"
-        torch.backends.mkldnn.matmul.fp32_precision = "none"
+        # torch.testing._internal (the OpInfo tests) freezes these flags when imported.
+        with getattr(torch.backends, "__allow_nonbracketed_mutation")():
+            torch.backends.fp32_precision = "none"
+            torch.backends.cuda.matmul.fp32_precision = "none"
+            torch.backends.mkldnn.matmul.fp32_precision = "none"
     assert resolve_precision() == "medium"
 
 

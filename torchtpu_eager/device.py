@@ -76,3 +76,14 @@ def autoload() -> None:
     ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` turns every such autoload off.
     """
     register()
+    register_log_name()
+
+
+def register_log_name() -> None:
+    """Make ``TORCH_LOGS=+torchtpu`` a setting torch accepts (it parses TORCH_LOGS at import,
+    right after the autoload, and rejects names it does not know)."""
+    try:
+        from torch._logging._internal import register_log
+        register_log("torchtpu", "torchtpu")
+    except Exception:  # a torch without the registry: our own TORCH_LOGS parsing still works
+        pass

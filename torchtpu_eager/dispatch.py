@@ -64,6 +64,8 @@ def _classify(func):
         return run_view
     if torch.Tag.nondeterministic_seeded in func.tags:
         return run_random
+    if torch.Tag.dynamic_output_shape in func.tags:
+        return run_data_dependent
     if schema.returns and not all(_is_tensor_type(r.type) for r in schema.returns):
         return run_host_value
     return run_op
@@ -381,6 +383,12 @@ class _NotAView(Exception):
 def run_random(func, args, kwargs):
     with rng.drawing_from_tpu_generator():
         return fallback.run_on_host(func, args, kwargs, reason=None)
+
+
+def run_data_dependent(func, args, kwargs):
+    # Its output shape depends on the values (nonzero, masked_select, unique): never one static
+    # program, so not traced at all (tracing 0-dim inputs crashed torch-mlir).
+    return fallback.run_on_host(func, args, kwargs, "its output shape depends on the data")
 
 
 def run_host_value(func, args, kwargs):

@@ -96,6 +96,10 @@ def storage_value(storage):
 def read(t):
     """The value of tpu tensor ``t``: its storage's buffer when dense, else a gathered copy."""
     storage = t._st
+    if _numel(t._shape) == 0 or storage.numel == 0:
+        # Nothing to gather (and torch-mlir rejects zero-size slices): an empty buffer.
+        from .transfer import upload
+        return upload(torch.empty(t._shape, dtype=storage.dtype))
     value = storage_value(storage)
     if t._dense and t._shape == storage.shape:
         return value

@@ -61,13 +61,17 @@ def full_fp32(device: torch.device):
     """
     saved = {path: _switch(path).fp32_precision
              for path in _FP32_SWITCHES.get(device.type, ()) if _switch(path)}
+    # Importing torch.testing._internal freezes torch.backends flags; ours are set and restored.
+    unfrozen = getattr(torch.backends, "__allow_nonbracketed_mutation")
     try:
-        for path in saved:
-            _switch(path).fp32_precision = "ieee"
+        with unfrozen():
+            for path in saved:
+                _switch(path).fp32_precision = "ieee"
         yield
     finally:
-        for path, value in saved.items():
-            _switch(path).fp32_precision = value
+        with unfrozen():
+            for path, value in saved.items():
+                _switch(path).fp32_precision = value
 
 
 @contextlib.contextmanager
