@@ -199,3 +199,48 @@ class RemoteStore:
                 log.warning("torchtpu: remote compile cache %s write failed: %s", self.url, exc)
             finally:
                 self._writes.task_done()
+
+
+_configured_lock = threading.Lock()
+_configured: dict = {}
+
+
+def configured_stores(subdir: str | None = None, what: str = "compile cache") -> list:
+    """The disk and remote stores ``config`` asks for now, under ``subdir`` of each root.
+
+    Built once per configuration and subdir, and shared: the executable cache uses the roots,
+    the graph caches (``levels.py``) a ``graphs/`` folder in them. A misconfigured remote is
+    logged and left out, never fatal. With a ``subdir``, so is an unwritable disk folder.
+
+    Example::
+
+        for store in configured_stores("graphs", "graph cache"):
+            blob = store.get(key)
+    """
+    from .. import config
+    wanted = (subdir, config.cache_dir, config.cache_max_bytes, config.remote_cache)
+    with _configured_lock:
+        stores = _configured.get(wanted)
+        if stores is not None:
+            return stores
+        stores = []
+        if config.cache_dir:
+            if subdir is None:
+                stores.append(DiskStore(config.cache_dir, config.cache_max_bytes))
+            else:
+                try:
+                    stores.append(DiskStore(os.path.join(config.cache_dir, subdir),
+                                            config.cache_max_bytes))
+                except OSError as exc:  # an unwritable cache dir must not stop compiling
+                    log.warning("torchtpu: %s on disk disabled: %s", what, exc)
+        if config.remote_cache:
+            url = config.remote_cache if subdir is None else \
+                f"{config.remote_cache.rstrip('/')}/{subdir}"
+            try:
+                stores.append(RemoteStore(url))
+            except Exception as exc:  # a misconfigured remote must not stop compiling
+                log.warning("torchtpu: remote %s disabled: %s", what, exc)
+        for key in [k for k in _configured if k[0] == subdir]:
+            del _configured[key]  # one configuration per subdir at a time, as before
+        _configured[wanted] = stores
+        return stores

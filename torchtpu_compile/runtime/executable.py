@@ -15,7 +15,7 @@ import time
 
 from jaxlib import _jax
 
-from .. import config, counters
+from .. import counters
 from .._logging import log
 from ..errors import LoweringError
 from . import cache as cache_store
@@ -23,8 +23,6 @@ from .client import get_client
 
 _cache: dict = {}
 _lock = threading.Lock()
-_stores_lock = threading.Lock()
-_stores_for: dict = {}
 
 #: Bump when what we hand to XLA changes meaning for the same StableHLO.
 COMPILE_OPTIONS_VERSION = "1"
@@ -67,20 +65,7 @@ def cache_key(fingerprint: str, precision: str) -> str:
 
 def _stores() -> list:
     """The persistent levels configured now (built once per configuration)."""
-    wanted = (config.cache_dir, config.cache_max_bytes, config.remote_cache)
-    with _stores_lock:
-        if wanted not in _stores_for:
-            stores = []
-            if config.cache_dir:
-                stores.append(cache_store.DiskStore(config.cache_dir, config.cache_max_bytes))
-            if config.remote_cache:
-                try:
-                    stores.append(cache_store.RemoteStore(config.remote_cache))
-                except Exception as exc:  # a misconfigured remote must not stop compiling
-                    log.warning("torchtpu: remote compile cache disabled: %s", exc)
-            _stores_for.clear()
-            _stores_for[wanted] = stores
-        return _stores_for[wanted]
+    return cache_store.configured_stores()
 
 
 def _load_from(store, key: str, client):

@@ -16,41 +16,18 @@ Example::
 """
 from __future__ import annotations
 
-import os
 import threading
 
-from .. import config, counters
+from .. import counters
 from .._logging import log
 from . import cache as cache_store
 
 #: Subfolder (of ``config.cache_dir`` and of the remote) that holds the graph-level entries.
 SUBDIR = "graphs"
 
-_stores_lock = threading.Lock()
-_stores_for: dict = {}
-
-
 def _stores() -> list:
     """Disk and remote stores of the graph levels, built once per configuration."""
-    wanted = (config.cache_dir, config.cache_max_bytes, config.remote_cache)
-    with _stores_lock:
-        if wanted not in _stores_for:
-            stores = []
-            if config.cache_dir:
-                try:
-                    stores.append(cache_store.DiskStore(
-                        os.path.join(config.cache_dir, SUBDIR), config.cache_max_bytes))
-                except OSError as exc:  # an unwritable cache dir must not stop compiling
-                    log.warning("torchtpu: graph cache on disk disabled: %s", exc)
-            if config.remote_cache:
-                try:
-                    stores.append(cache_store.RemoteStore(f"{config.remote_cache.rstrip('/')}/"
-                                                          f"{SUBDIR}"))
-                except Exception as exc:
-                    log.warning("torchtpu: remote graph cache disabled: %s", exc)
-            _stores_for.clear()
-            _stores_for[wanted] = stores
-        return _stores_for[wanted]
+    return cache_store.configured_stores(SUBDIR, "graph cache")
 
 
 class Levels:
