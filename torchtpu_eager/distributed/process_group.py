@@ -32,6 +32,13 @@ from .staging import host_input, host_output, note, stage_in, stage_out
 from .work import StagedWork, eager_only
 
 
+def _stage_output_lists(output_lists):
+    """Host buffers for per-rank output lists (not read: written), nested the same way."""
+    host_out, back = stage_in(_flat(output_lists), read=False)
+    it = iter(host_out)
+    return [[next(it) for _ in outs] for outs in output_lists], back
+
+
 def _flat(nested) -> list:
     return [t for inner in nested for t in inner]
 
@@ -170,9 +177,7 @@ class TpuProcessGroup(dist.ProcessGroup):
     def allgather(self, output_lists, inputs, opts=AllgatherOptions()):
         self._check("all_gather", list(inputs) + _flat(output_lists))
         host_in, _ = stage_in(inputs)
-        host_out, back = stage_in(_flat(output_lists), read=False)
-        it = iter(host_out)
-        nested = [[next(it) for _ in outs] for outs in output_lists]
+        nested, back = _stage_output_lists(output_lists)
         inner = self._gloo.allgather(nested, host_in, opts)
         return self._work(inner, back, output_lists)
 
@@ -189,9 +194,7 @@ class TpuProcessGroup(dist.ProcessGroup):
 
     def gather(self, output_lists, inputs, opts=dist.GatherOptions()):
         host_in, _ = stage_in(inputs)
-        host_out, back = stage_in(_flat(output_lists), read=False)
-        it = iter(host_out)
-        nested = [[next(it) for _ in outs] for outs in output_lists]
+        nested, back = _stage_output_lists(output_lists)
         inner = self._gloo.gather(nested, host_in, opts)
         return self._work(inner, back, output_lists)
 
