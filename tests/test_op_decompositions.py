@@ -33,6 +33,16 @@ def test_remainder_takes_the_divisors_sign():
     check(lambda x: torch.remainder(2.5, x), b)
 
 
+def test_comparisons_of_float_literals_with_integers():
+    # torch-mlir folds ge(scalar_tensor(-1.5), -2) to false; fx_passes folds it correctly first.
+    def compare_literal(x):
+        literal = torch.ops.aten.scalar_tensor.default(-1.5, dtype=torch.float32)
+        return torch.stack([x + torch.ops.aten.ge.Scalar(literal, -2),
+                            x + torch.ops.aten.lt.Scalar(literal, 0),
+                            x + torch.ops.aten.eq.Scalar(literal, -1.5)])
+    check(compare_literal, randn(4))
+
+
 def test_remainder_of_integers():
     check(torch.remainder, torch.tensor([-7, -3, 0, 4, 9, -9]), torch.tensor([3, -4, 5, 2, -3, 7]))
 

@@ -117,3 +117,40 @@ def device_literals_as_host(gm):
             continue
         node.args = _host_device(node.args)
         node.kwargs = {k: _host_device(v) for k, v in node.kwargs.items()}
+
+
+_COMPARISONS = {getattr(aten, name).Scalar for name in ("lt", "le", "gt", "ge", "eq", "ne")}
+
+
+def _literal_scalar(node):
+    """The Python number a node is made of, when it is ``scalar_tensor(number)``; else None."""
+    if (isinstance(node, fx.Node) and node.op == "call_function"
+            and node.target is aten.scalar_tensor.default
+            and isinstance(node.args[0], (bool, int, float))):
+        return node.args[0]
+    return None
+
+
+@fx_pass
+def fold_comparisons_of_literals(gm):
+    # torch-mlir's canonicalizer folds a comparison of a float literal with an integer scalar
+    # wrongly, and not even the same way in every process: ge(scalar_tensor(-1.5), -2) folds to
+    # false. remainder(x, -1.5) decomposes into exactly that. We fold such comparisons here, with
+    # eager PyTorch, so the importer only ever sees the answer.
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in _COMPARISONS:
+            continue
+        value = _literal_scalar(node.args[0])
+        other = node.args[1]
+        if value is None or not isinstance(other, (bool, int, float)):
+            continue
+        source = node.args[0]
+        literal = torch.scalar_tensor(value, dtype=source.kwargs.get("dtype"))
+        answer = bool(node.target(literal, other))
+        with gm.graph.inserting_before(node):
+            folded = gm.graph.call_function(
+                aten.scalar_tensor.default, (answer,),
+                {"dtype": torch.bool, "device": source.kwargs.get("device"), "pin_memory": False})
+        folded.meta = dict(node.meta)
+        node.replace_all_uses_with(folded)
+        gm.graph.erase_node(node)
