@@ -19,7 +19,7 @@ run: install
 	$(PY) examples/demo.py
 
 test: install
-	$(PY) -m pytest -q tests --ignore=tests/slow
+	$(PY) -m pytest -q --durations=15 tests --ignore=tests/slow
 
 test-full: install
 	$(PY) -m pytest -q tests
