@@ -500,3 +500,6 @@ def index_put_with_mask(func, args, kwargs):
         return selected
     views.write(self, views.read(selected))
     return self
+
+
+from . import storage_ops  # noqa: E402,F401  (registers record_stream; FSDP2 storage helpers)

@@ -8,6 +8,8 @@ Example::
     x = torch.randn(3, device="tpu")
     torch.tpu.synchronize()
     torch.tpu.memory_allocated()      # bytes held by live tpu tensors
+    with torch.tpu.stream(torch.tpu.Stream()):   # streams: ordered no-ops (streams.py)
+        y = x * 2
 """
 from __future__ import annotations
 
@@ -17,6 +19,9 @@ import torch
 
 from . import storage as _storage
 from .modes import get_eager_mode, set_eager_mode  # noqa: F401  (part of the module API)
+from . import streams as _streams
+from .streams import (Event, Stream, StreamContext, current_stream, default_stream,  # noqa: F401
+                      set_stream, stream)
 from .rng import get_rng_state, initial_seed, manual_seed, seed, set_rng_state  # noqa: F401
 
 
@@ -57,12 +62,7 @@ def seed_all() -> None:
 
 def synchronize(device=None) -> None:
     """Wait until every queued op has finished (runs pending deferred ops first)."""
-    from . import modes
-    modes.current().flush()
-    for st in _storage.live_storages():
-        value = st.value
-        if value is not None and hasattr(value, "block_until_ready"):
-            value.block_until_ready()
+    _streams.synchronize_device()
 
 
 def _client():

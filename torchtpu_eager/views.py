@@ -88,6 +88,10 @@ def storage_value(storage):
     """The storage's buffer (or lazy value); storage never written reads as zeros."""
     value = storage.value
     if value is None:
+        if storage.freed:
+            raise RuntimeError(
+                f"tpu: reading a tensor whose storage was freed (untyped_storage().resize_(0)): "
+                f"{str(storage.dtype)[6:]}[{storage.numel}]; re-allocate it and write it first")
         [value] = modes.current().apply(_zeros_graph(storage.shape, storage.dtype), [])
         storage.value = value
     return value
@@ -111,6 +115,9 @@ def read(t):
 def write(t, value) -> None:
     """Make ``value`` (with ``t``'s shape and dtype) the contents of ``t``, through its view."""
     storage = t._st
+    if storage.freed:
+        raise RuntimeError(f"tpu: writing into a tensor of shape {list(t._shape)} whose storage "
+                           f"was freed (untyped_storage().resize_(0)); re-allocate it first")
     if t._dense:
         storage.value = value
         storage.shape = t._shape

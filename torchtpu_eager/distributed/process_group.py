@@ -49,6 +49,9 @@ class TpuProcessGroup(dist.ProcessGroup):
     def __init__(self, store, rank: int, world_size: int, timeout):
         super().__init__(rank, world_size)
         functional.register()
+        # FSDP2 frees and re-allocates parameter storage; tpu storages need their own way.
+        from ..storage_ops import install_fsdp_hooks
+        install_fsdp_hooks()
         self._rank, self._world_size, self._timeout = rank, world_size, timeout
         self._gloo = ProcessGroupGloo(PrefixStore("tpu_dist_gloo/", store), rank, world_size,
                                       timeout)

@@ -1,0 +1,53 @@
+"""torch.tpu's stream API (ordered no-ops that really wait) and in-place storage freeing,
+the device features FSDP2 uses; checked against CPU values."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torchtpu_eager  # noqa: F401
+from torchtpu_eager.storage_ops import resize_storage_bytes_, storage_bytes
+
+
+def test_streams_and_events_order_and_wait():
+    x = torch.arange(6.0).to("tpu")
+    side = torch.tpu.Stream(priority=-1)
+    assert isinstance(side, torch.Stream) and isinstance(torch.tpu.Event(), torch.Event)
+    with torch.tpu.stream(side):
+        assert torch.tpu.current_stream() is side
+        y = x * 2
+    assert torch.tpu.current_stream() is torch.tpu.default_stream()
+    torch.tpu.current_stream().wait_stream(side)
+    event = side.record_event()
+    torch.tpu.current_stream().wait_event(event)
+    event.synchronize()
+    assert event.query() and side.query()
+    y.record_stream(side)                      # nothing to do, and no host fallback
+    assert torch.equal(y.cpu(), torch.arange(6.0) * 2)
+    start, end = torch.tpu.Event(enable_timing=True), torch.tpu.Event(enable_timing=True)
+    start.record()
+    (y @ y).cpu()
+    end.record()
+    assert start.elapsed_time(end) >= 0
+    with pytest.raises(RuntimeError, match="enable_timing"):
+        torch.tpu.Event().elapsed_time(end)
+    from torch.distributed.device_mesh import _get_device_handle
+    assert _get_device_handle("tpu").Stream is torch.tpu.Stream
+
+
+def test_storage_free_and_realloc_keeps_views():
+    base = torch.arange(8.0).to("tpu")
+    view = base.view(2, 4)[1]
+    before = torch.tpu.memory_allocated()
+    resize_storage_bytes_(base, 0)
+    assert storage_bytes(view) == 0
+    assert torch.tpu.memory_allocated() == before - 32
+    with pytest.raises(RuntimeError, match="freed"):
+        view.cpu()
+    with pytest.raises(RuntimeError, match="0 \\(freed\\) or back to 32"):
+        resize_storage_bytes_(base, 16)
+    resize_storage_bytes_(base, 32)
+    assert torch.tpu.memory_allocated() == before
+    base.view(2, 4).copy_(torch.ones(2, 4))    # the same view objects see the new data
+    view.mul_(3)
+    assert torch.equal(base.cpu(), torch.tensor([1.0] * 4 + [3.0] * 4))

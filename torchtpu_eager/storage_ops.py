@@ -1,0 +1,116 @@
+"""Storage-level operations on tpu tensors that FSDP2 and stream users need.
+
+- ``Tensor.record_stream(s)``: nothing to do, a buffer lives as long as a tensor holds it and
+  the device runs in issue order (``streams.py``).
+- FSDP2's own ops (``torch.ops.fsdp.*``: the all-gather copy-in, the split copy-out, the
+  reduce-scatter chunk-cat, ``copy_``) run as the ATen ops they are made of, each on the
+  device. Traced whole they would lose their aliasing (the copy-in returns a view of its
+  output, which the tracer cannot express) and fall back to the host.
+- Freeing and re-allocating a storage in place (``resize_storage_bytes_``). FSDP2 frees the
+  unsharded parameters after forward and re-allocates them before the next all-gather, by
+  ``tensor.untyped_storage().resize_(n)``, so that autograd's saved references stay valid.
+  A tpu tensor's ``untyped_storage()`` is PyTorch's placeholder for a storage it does not own
+  (no data pointer; ``resize_`` raises), so FSDP2's two helpers that call it are given a tpu
+  branch (``install_fsdp_hooks``); every other device goes the original way.
+
+Example::
+
+    w = torch.ones(1024, device="tpu")
+    resize_storage_bytes_(w, 0)                  # memory released, w keeps its identity
+    resize_storage_bytes_(w, w.numel() * 4)      # back, uninitialized
+    w.copy_(torch.zeros(1024))
+"""
+from __future__ import annotations
+
+import torch
+
+from .dispatch import handles
+from .tensor import TpuTensor
+
+aten = torch.ops.aten
+
+
+@handles(aten.record_stream.default)
+def record_stream(func, args, kwargs):
+    return None
+
+
+_FSDP_OPS = ("all_gather_copy_in", "split_with_sizes_copy", "chunk_cat")
+
+
+def run_decomposed(func, args, kwargs):
+    """Run a custom op through its PrivateUse1 kernel, a Python function of ATen ops (each of
+    which comes back to ``dispatch`` with tpu tensors)."""
+    return func._op_dk(torch._C.DispatchKey.PrivateUse1, *args, **kwargs)
+
+
+def fsdp_copy_(func, args, kwargs):
+    tensor, data = args
+    tensor.copy_(data)
+
+
+def register_fsdp_ops() -> None:
+    """Route ``torch.ops.fsdp.*`` on tpu tensors to their ATen pieces (FSDP2 must be imported)."""
+    fsdp = torch.ops.fsdp
+    for name in _FSDP_OPS:
+        handles(getattr(fsdp, name).default)(run_decomposed)
+    handles(fsdp.copy_.default)(fsdp_copy_)
+
+
+def resize_storage_bytes_(tensor: torch.Tensor, nbytes: int) -> None:
+    """Free (0) or re-allocate (full size) the storage under a tpu ``tensor``, in place.
+
+    Example::
+
+        resize_storage_bytes_(x, 0)
+    """
+    if type(tensor) is not TpuTensor:
+        tensor.untyped_storage().resize_(nbytes)
+        return
+    tensor._st.resize_bytes(nbytes)
+
+
+def storage_bytes(tensor: torch.Tensor) -> int:
+    """The current byte size of ``tensor``'s storage (0 when freed).
+
+    Example::
+
+        storage_bytes(torch.ones(4, device="tpu"))     # 16
+    """
+    if type(tensor) is not TpuTensor:
+        return tensor.untyped_storage().size()
+    return 0 if tensor._st.freed else tensor._st.nbytes
+
+
+_installed = False
+
+
+def install_fsdp_hooks() -> None:
+    """Give FSDP2's ``alloc_storage`` / ``free_storage`` a branch for tpu tensors (idempotent).
+
+    Example::
+
+        install_fsdp_hooks()      # then fully_shard(model.to("tpu"), mesh=...) trains
+    """
+    global _installed
+    if _installed:
+        return
+    from torch.distributed.fsdp._fully_shard import _fsdp_param
+    original_alloc, original_free = _fsdp_param.alloc_storage, _fsdp_param.free_storage
+
+    def alloc_storage(tensor: torch.Tensor) -> None:
+        if type(tensor) is not TpuTensor:
+            return original_alloc(tensor)
+        size = tensor.numel() * tensor.itemsize
+        if storage_bytes(tensor) != size:
+            resize_storage_bytes_(tensor, size)
+
+    def free_storage(tensor: torch.Tensor) -> None:
+        if type(tensor) is not TpuTensor:
+            return original_free(tensor)
+        if storage_bytes(tensor) != 0:
+            resize_storage_bytes_(tensor, 0)
+
+    _fsdp_param.alloc_storage, _fsdp_param.free_storage = alloc_storage, free_storage
+    register_fsdp_ops()
+    _installed = True

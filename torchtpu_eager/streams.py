@@ -1,0 +1,185 @@
+"""``torch.tpu.Stream`` / ``Event``: the stream API of ``torch.cuda``, with the tpu's semantics.
+
+The tpu device runs each process's programs in the order they were issued (one PJRT device,
+one queue; the host waits only for values), so there is one stream of execution. A
+``Stream`` is therefore an ordering no-op: work issued "on" any stream runs in issue order,
+which already satisfies every ``wait_stream`` / ``wait_event``, and ``record_stream`` has
+nothing to protect (a buffer lives as long as a tensor references it). What must be real is
+waiting: ``synchronize()`` on a stream or event blocks the host until the device work issued
+so far has finished (``torch.tpu.synchronize``), and ``query()`` says whether it has.
+FSDP2 and DDP use exactly this API (streams for overlap, events to order them).
+
+Example::
+
+    s = torch.tpu.Stream()
+    with torch.tpu.stream(s):
+        y = x * 2
+    torch.tpu.current_stream().wait_stream(s)
+    done = torch.tpu.Event(enable_timing=True)
+    done.record()
+    done.synchronize()          # y is computed
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+
+from . import storage as _storage
+
+
+def synchronize_device() -> None:
+    """Block until every queued op has finished (pending deferred ops run first)."""
+    from . import modes
+    modes.current().flush()
+    for st in _storage.live_storages():
+        value = st.value
+        if value is not None and hasattr(value, "block_until_ready"):
+            value.block_until_ready()
+
+
+def device_idle() -> bool:
+    """Whether every buffer issued so far is computed (deferred ops not yet run: no)."""
+    for st in _storage.live_storages():
+        value = st.value
+        if type(value).__name__ == "Lazy":
+            return False
+        is_ready = getattr(value, "is_ready", None)
+        if is_ready is not None and not is_ready():
+            return False
+    return True
+
+
+class Stream(torch.Stream):
+    """A tpu stream: an ordering no-op over the device's single in-order queue (module doc).
+
+    Example::
+
+        s = torch.tpu.Stream(priority=-1)
+        s.wait_stream(torch.tpu.current_stream())
+    """
+
+    def __new__(cls, device=None, priority: int = 0, **kwargs):
+        return super().__new__(cls, device="tpu", priority=priority)
+
+    def wait_stream(self, stream) -> None:
+        pass  # issue order is execution order
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def record_event(self, event=None) -> "Event":
+        event = Event() if event is None else event
+        event.record(self)
+        return event
+
+    def query(self) -> bool:
+        return device_idle()
+
+    def synchronize(self) -> None:
+        synchronize_device()
+
+    def __repr__(self) -> str:
+        return f"<torch.tpu.Stream device=tpu:0 priority={self.priority}>"
+
+
+class Event(torch.Event):
+    """A marker in the tpu queue; ``synchronize()`` blocks until the work before it is done.
+
+    With ``enable_timing=True``, ``record()`` waits for the device first, so ``elapsed_time``
+    measures finished work (the host cannot timestamp the device queue without waiting).
+
+    Example::
+
+        start, end = torch.tpu.Event(enable_timing=True), torch.tpu.Event(enable_timing=True)
+        start.record(); y = x @ x; end.record()
+        ms = start.elapsed_time(end)
+    """
+
+    def __new__(cls, enable_timing: bool = False, blocking: bool = False,
+                interprocess: bool = False, **kwargs):
+        event = super().__new__(cls, device="tpu", enable_timing=enable_timing,
+                                blocking=blocking, interprocess=interprocess)
+        event._timing = enable_timing
+        event._recorded_at = None
+        return event
+
+    def record(self, stream=None) -> "Event":
+        if self._timing:
+            synchronize_device()
+            self._recorded_at = time.perf_counter()
+        else:
+            self._recorded_at = 0.0
+        return self
+
+    def wait(self, stream=None) -> None:
+        pass  # a stream waiting on the event: ordered already (module doc)
+
+    def query(self) -> bool:
+        return self._recorded_at is None or device_idle()
+
+    def synchronize(self) -> None:
+        # Waits for everything issued so far, which includes the work before the record: a
+        # superset of what CUDA waits for, never less.
+        if self._recorded_at is not None:
+            synchronize_device()
+
+    def elapsed_time(self, end: "Event") -> float:
+        """Milliseconds between two timing events (both recorded)."""
+        if not (self._timing and end._timing):
+            raise RuntimeError("tpu: elapsed_time needs two Events made with enable_timing=True")
+        if self._recorded_at is None or end._recorded_at is None:
+            raise RuntimeError("tpu: elapsed_time needs both events recorded first")
+        return (end._recorded_at - self._recorded_at) * 1000.0
+
+    def __repr__(self) -> str:
+        return f"<torch.tpu.Event recorded={self._recorded_at is not None}>"
+
+
+_local = threading.local()
+_default = None
+
+
+def default_stream(device=None) -> Stream:
+    global _default
+    if _default is None:
+        _default = Stream()
+    return _default
+
+
+def current_stream(device=None) -> Stream:
+    """The stream of ``with torch.tpu.stream(s)`` on this thread, else the default one."""
+    return getattr(_local, "stream", None) or default_stream()
+
+
+def set_stream(stream) -> None:
+    _local.stream = stream
+
+
+class StreamContext:
+    """``with torch.tpu.stream(s):`` makes ``s`` the current stream of this thread."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self._previous = None
+
+    def __enter__(self):
+        self._previous = getattr(_local, "stream", None)
+        if self.stream is not None:
+            _local.stream = self.stream
+        return self.stream
+
+    def __exit__(self, *exc) -> None:
+        _local.stream = self._previous
+
+
+def stream(stream) -> StreamContext:
+    """Context manager selecting ``stream`` (None: no change), as ``torch.cuda.stream``.
+
+    Example::
+
+        with torch.tpu.stream(torch.tpu.Stream()):
+            y = x + 1
+    """
+    return StreamContext(stream)
