@@ -27,6 +27,7 @@ from .lower.calling_convention import prepare
 from .lower.fx_passes import normalize
 from .lower.precision import resolve_precision
 from .lower.support import describe, is_host_scalar, op_name, probe, rule_violation
+from .output_slots import collect_outputs
 from .runtime.client import get_client
 from .runtime.executable import compile_stablehlo
 from .runtime.transfer import to_buffer, wrapper_for
@@ -83,17 +84,7 @@ class Program:
             buffers += [to_buffer(c, True, client) for c in prepared.constants]
             buffers += [to_buffer(draw(), False, client) for draw in prepared.random_inputs]
             results = [wrap(b) for wrap, b in zip(self._wrap, self.executable.run(buffers))]
-        outputs = []
-        for slot in prepared.outputs:
-            if slot.kind == "program":
-                outputs.append(results[slot.index])
-            elif slot.kind == "input":
-                outputs.append(args[slot.index])
-            elif slot.kind == "constant":
-                outputs.append(slot.value)
-            else:
-                outputs.append(None)
-        return outputs
+        return collect_outputs(prepared.outputs, results, args)
 
 
 def _device_type(node: fx.Node) -> str:

@@ -75,20 +75,21 @@ def _inspect(args) -> int:
     print("inputs:")
     for spec in manifest["inputs"]:
         print(f"  {spec['name']}: {spec['dtype']}{spec['shape']}")
-    print("outputs:")
-    for spec in manifest["program_outputs"]:
-        print(f"  {spec['name']}: {spec['dtype']}{spec['shape']}")
-    print("dynamic dims: " + (json.dumps(manifest["dynamic_dims"]) if manifest["dynamic_dims"]
-                              else "none (static shapes)"))
+    print("dynamic dims: " + (", ".join(
+        f"{d['input']}[{d['dim']}] in {d['min']}..{d['max']}, buckets {d['buckets']}"
+        for d in manifest["dynamic_dims"]) or "none (static shapes)"))
     print("versions: " + ", ".join(f"{k} {v}" for k, v in manifest["versions"].items()))
     print("executables: " + ", ".join(f"{p} ({v['platform_version']})"
                                       for p, v in manifest["executables"].items()))
     print("sizes:")
     for name, data in sorted(members.items()):
         print(f"  {name}: {len(data):,} bytes")
-    print(f"StableHLO {manifest['stablehlo_version']}, op counts:")
-    for op, count in manifest["stablehlo_op_counts"].items():
-        print(f"  {op}: {count}")
+    for program in manifest["programs"]:
+        print(f"program {program['name']}: outputs "
+              + ", ".join(f"{s['dtype']}{s['shape']}" for s in program["program_outputs"]))
+        print(f"  StableHLO {manifest['stablehlo_version']}, op counts:")
+        for op, count in program["stablehlo_op_counts"].items():
+            print(f"    {op}: {count}")
     return 0
 
 

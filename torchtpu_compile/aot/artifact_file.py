@@ -1,8 +1,10 @@
 """The artifact file: a zip of named members, each checked against a SHA-256 on read.
 
-Members: ``manifest.json`` (specs, versions, precision), ``stablehlo.portable`` (portable
-StableHLO at jaxlib's version), ``executables/<platform>.bin`` (serialized PJRT executables),
-``params.safetensors``, optionally ``example_inputs.safetensors``, and ``CHECKSUMS``.
+Members: ``manifest.json`` (specs, versions, precision, programs), per program
+``stablehlo/<program>.portable`` (portable StableHLO at jaxlib's version) and
+``executables/<platform>/<program>.bin`` (serialized PJRT executables), ``params.safetensors``,
+optionally ``example_inputs.safetensors``, and ``CHECKSUMS``. A static artifact has one program,
+``static``; one with dynamic dims has one per bucket (``bucket_8``, ``bucket_8x128``, ...).
 
 A serialized executable is code: load artifacts only from places you trust.
 """
@@ -17,7 +19,15 @@ import zipfile
 from ..errors import TorchTPUError
 
 FORMAT = "torchtpu-aot"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: one program per bucket (version 1 had a single program)
+
+
+def portable_member(program: str) -> str:
+    return f"stablehlo/{program}.portable"
+
+
+def executable_member(platform: str, program: str) -> str:
+    return f"executables/{platform}/{program}.bin"
 
 
 class ArtifactError(TorchTPUError):

@@ -29,8 +29,8 @@ class Artifact:
         logits = run(tokens)
     """
     manifest: dict
-    portable_stablehlo: bytes
-    executables: dict                      # platform -> serialized executable
+    portable_stablehlo: dict               # program name -> portable StableHLO
+    executables: dict                      # platform -> program name -> serialized executable
     state: dict                            # name -> tensor (parameters, buffers, constants)
     example_inputs: dict = field(default_factory=dict)
 
@@ -42,11 +42,13 @@ class Artifact:
         manifest = {**self.manifest, "state_aliases": aliases}
         members = {
             "manifest.json": json.dumps(manifest, indent=1).encode(),
-            "stablehlo.portable": self.portable_stablehlo,
             "params.safetensors": save(unique),
         }
-        for platform, blob in self.executables.items():
-            members[f"executables/{platform}.bin"] = blob
+        for name, portable in self.portable_stablehlo.items():
+            members[artifact_file.portable_member(name)] = portable
+        for platform, programs in self.executables.items():
+            for name, blob in programs.items():
+                members[artifact_file.executable_member(platform, name)] = blob
         if self.example_inputs:
             members["example_inputs.safetensors"] = save(
                 {k: v.contiguous() for k, v in self.example_inputs.items()})
@@ -80,7 +82,7 @@ def _op_counts(text: str) -> dict:
     return dict(collections.Counter(_OP.findall(text)).most_common())
 
 
-def _export(model, example_args, example_kwargs):
+def _export(model, example_args, example_kwargs, dynamic_shapes):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from ..lower.decompositions import decomposition_table
@@ -92,33 +94,137 @@ def _export(model, example_args, example_kwargs):
         # The fused CPU attention kernels neither decompose cleanly nor lower (STACK-NOTES).
         with sdpa_kernel(SDPBackend.MATH):
             exported = torch.export.export(model, tuple(example_args), example_kwargs or None,
-                                           strict=False)
+                                           dynamic_shapes=dynamic_shapes, strict=False)
     with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
         return exported.run_decompositions(decomposition_table())
 
 
+@dataclass
+class _Built:
+    """One compiled program of an artifact: its manifest entry and its payloads."""
+    entry: dict
+    portable: bytes
+    executable: bytes
+    constants: dict
+
+
+def _build_program(name: str, gm, graph_arguments: list, precision: str, client) -> _Built:
+    """Lower and compile one static graph; ``graph_arguments`` says what feeds each of its
+    placeholders (a user input, a state tensor, or a size)."""
+    from jaxlib.mlir.dialects import stablehlo
+
+    from ..lower import lower_graph
+    from ..lower.calling_convention import prepare
+    from ..lower.fx_passes import normalize
+    from ..runtime.executable import compile_stablehlo
+
+    normalize(gm)
+    prepared = prepare(gm)
+    if prepared.random_inputs:
+        raise LoweringError("the exported program draws random numbers (dropout in train "
+                            "mode?); call model.eval() before exporting")
+    constants = {f"__lifted_constant_{name}_{i}": value
+                 for i, value in enumerate(prepared.constants)}
+    lowered = lower_graph(prepared.gm, platform=client.platform, precision=precision)
+    executable = compile_stablehlo(lowered.bytecode, lowered.fingerprint, precision,
+                                   what=f"AOT artifact program {name}")
+    target = stablehlo.get_current_version()
+    out_values = [n.meta["val"] for n in prepared.gm.graph.output_node().args[0]]
+    entry = {
+        "name": name,
+        "graph_arguments": graph_arguments,
+        "arg_indices": prepared.arg_indices,
+        "constants": list(constants),
+        "output_slots": [slot.to_json() for slot in prepared.outputs],
+        "program_outputs": [specs.tensor_spec(f"output_{i}", v)
+                            for i, v in enumerate(out_values)],
+        "fingerprint": lowered.fingerprint,
+        "stablehlo_op_counts": _op_counts(lowered.text),
+    }
+    return _Built(entry, stablehlo.serialize_portable_artifact_str(lowered.text, target),
+                  executable.serialize(), constants)
+
+
+def _dynamic_programs(exported, gm, graph_arguments: list, user_names: list):
+    """(dynamic dim records, [(name, static gm, its graph arguments, bucket, plan outputs)])
+    for a program with size symbols: one static graph per bucket."""
+    from ..buckets.layout import NotPaddable
+    from ..buckets.trace import analyze, trace_bucket
+    from . import dynamic
+
+    try:
+        spec = analyze(gm, {})
+    except NotPaddable as exc:
+        raise LoweringError(f"the exported program's dynamic dims cannot be bucketed: {exc}") \
+            from exc
+    binding = {}
+    for symbol, (placeholder, dim) in spec.binding.items():
+        argument = graph_arguments[placeholder]
+        if dim is None or argument["kind"] != "input":
+            raise LoweringError(f"size {symbol} is not a dim of a user input")
+        binding[symbol] = (user_names[argument["index"]], argument["index"], dim)
+    records, keys = dynamic.plan_buckets(exported, spec, binding)
+    tensor_arguments = [a for a, kind in zip(graph_arguments, spec.kinds) if kind == "tensor"]
+    size_arguments = [{"kind": "size", "symbol": str(s)} for s in spec.symbols]
+    programs = []
+    for key in keys:
+        pad_env = dict(zip(spec.symbols, key))
+        try:
+            plan = trace_bucket(gm, spec, pad_env)
+        except NotPaddable as exc:
+            raise LoweringError(f"the exported program cannot run padded to bucket "
+                                f"{list(key)}: {exc}; export it with static shapes") from exc
+        programs.append((f"bucket_{'x'.join(map(str, key))}", plan.gm,
+                         tensor_arguments + size_arguments, list(key),
+                         dynamic.dump_plan_outputs(plan.outputs, pad_env)))
+    return records, programs
+
+
+def _input_specs(user_names, flat_user, gm, graph_arguments) -> list:
+    """The user inputs' specs; dims that are size symbols in the graph are marked dynamic."""
+    import sympy
+    inputs = [specs.tensor_spec(name, t) for name, t in zip(user_names, flat_user)]
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for node, argument in zip(placeholders, graph_arguments):
+        val = node.meta.get("val")
+        if argument["kind"] != "input" or not isinstance(val, torch.Tensor):
+            continue
+        dynamic = {}
+        for dim, size in enumerate(val.shape):
+            expr = size.node.expr if isinstance(size, torch.SymInt) else None
+            if isinstance(expr, sympy.Symbol):
+                dynamic[str(dim)] = str(expr)
+            elif expr is not None and not expr.is_number:
+                raise LoweringError(f"input {user_names[argument['index']]!r} dim {dim} has "
+                                    f"size {expr}; use a Dim of its own for it")
+        if dynamic:
+            inputs[argument["index"]]["dynamic"] = dynamic
+    return inputs
+
+
 def compile(model, example_args=(), example_kwargs=None, precision: str | None = None,
-            keep_example_inputs: bool = True) -> Artifact:
+            keep_example_inputs: bool = True, dynamic_shapes=None) -> Artifact:
     """Export ``model`` (an nn.Module, function or ExportedProgram) and compile it ahead of time.
 
     The artifact holds portable StableHLO, the executable for this process's platform, the
     parameters, and the input/output specs. ``precision`` defaults to the one in force now.
+    ``dynamic_shapes`` (torch.export's, with ``Dim``s that have a ``max``) makes dims dynamic:
+    the artifact then holds one program per bucket of ``config.bucket_policy`` over each Dim's
+    range, and the loader pads inputs to the bucket and cuts outputs back.
 
     Example::
 
         artifact = compile(torch.nn.Linear(4, 2), (torch.randn(3, 4),))
+        batch = torch.export.Dim("batch", min=2, max=32)
+        bucketed = compile(torch.nn.Linear(4, 2), (torch.randn(3, 4),),
+                           dynamic_shapes=({0: batch},))
     """
-    from ..lower import lower_graph
-    from ..lower.calling_convention import prepare
-    from ..lower.fx_passes import normalize
     from ..lower.precision import resolve_precision
     from ..runtime.client import get_client
-    from ..runtime.executable import compile_stablehlo
-    from jaxlib.mlir.dialects import stablehlo
 
     example_args = tuple(example_args)
     example_kwargs = dict(example_kwargs or {})
-    exported = _export(model, example_args, example_kwargs)
+    exported = _export(model, example_args, example_kwargs, dynamic_shapes)
     signature = exported.graph_signature
     for out in signature.output_specs:
         if out.kind != OutputKind.USER_OUTPUT:
@@ -129,11 +235,6 @@ def compile(model, example_args=(), example_kwargs=None, precision: str | None =
     client = get_client()
     precision = precision or resolve_precision(client.platform)
     gm = exported.graph_module
-    normalize(gm)
-    prepared = prepare(gm)
-    if prepared.random_inputs:
-        raise LoweringError("the exported program draws random numbers (dropout in train "
-                            "mode?); call model.eval() before exporting")
 
     flat_user, in_spec = pytree.tree_flatten((example_args, example_kwargs))
     user_names = list(signature.user_inputs)
@@ -142,50 +243,37 @@ def compile(model, example_args=(), example_kwargs=None, precision: str | None =
                             + ", ".join(type(t).__name__ for t in flat_user))
 
     state_values = {**exported.state_dict, **exported.constants}
-    arguments, state = [], {}
-    for index, spec in enumerate(signature.input_specs):
+    graph_arguments, state = [], {}
+    for spec in signature.input_specs:
         if spec.kind == InputKind.USER_INPUT:
-            arguments.append({"kind": "input", "index": user_names.index(spec.arg.name)})
+            graph_arguments.append({"kind": "input", "index": user_names.index(spec.arg.name)})
         else:
             state[spec.target] = state_values[spec.target].detach()
-            arguments.append({"kind": "state", "name": spec.target})
-    program_arguments = [arguments[i] for i in prepared.arg_indices]
-    for i, value in enumerate(prepared.constants):
-        state[f"__lifted_constant_{i}"] = value
-        program_arguments.append({"kind": "state", "name": f"__lifted_constant_{i}"})
+            graph_arguments.append({"kind": "state", "name": spec.target})
+    inputs = _input_specs(user_names, flat_user, gm, graph_arguments)
 
-    lowered = lower_graph(prepared.gm, platform=client.platform, precision=precision)
-    executable = compile_stablehlo(lowered.bytecode, lowered.fingerprint, precision,
-                                   what="AOT artifact")
-    target = stablehlo.get_current_version()
-    portable = stablehlo.serialize_portable_artifact_str(lowered.text, target)
+    if any("dynamic" in spec for spec in inputs):
+        dynamic_dims, plans = _dynamic_programs(exported, gm, graph_arguments, user_names)
+    else:
+        dynamic_dims, plans = [], [("static", gm, graph_arguments, None, None)]
+    programs, portable, executables = [], {}, {}
+    for name, program_gm, arguments, bucket, plan_outputs in plans:
+        built = _build_program(name, program_gm, arguments, precision, client)
+        state.update(built.constants)
+        programs.append({**built.entry, "bucket": bucket, "outputs": plan_outputs})
+        portable[name], executables[name] = built.portable, built.executable
 
-    slots = []
-    for slot in prepared.outputs:
-        if slot.kind == "input":  # an output that is an input or a parameter, unchanged
-            argument = arguments[slot.index]
-            slots.append({"kind": "user_input", "index": argument["index"]}
-                         if argument["kind"] == "input" else argument)
-        elif slot.kind == "constant":
-            slots.append({"kind": "constant", "value": slot.value})
-        else:
-            slots.append({"kind": slot.kind, "index": slot.index})
-    out_values = [n.meta["val"] for n in prepared.gm.graph.output_node().args[0]]
     out_spec = exported.call_spec.out_spec
     manifest = {
         "format": artifact_file.FORMAT,
         "format_version": artifact_file.FORMAT_VERSION,
-        "inputs": [specs.tensor_spec(name, t) for name, t in zip(user_names, flat_user)],
+        "inputs": inputs,
         "in_spec": specs.dump_treespec(in_spec),
         "out_spec": specs.dump_treespec(out_spec),
-        "program_arguments": program_arguments,
-        "program_outputs": [specs.tensor_spec(f"output_{i}", v) for i, v in enumerate(out_values)],
-        "output_slots": slots,
-        "dynamic_dims": [],  # bounded dynamism (buckets) is not part of artifacts yet
+        "dynamic_dims": dynamic_dims,
+        "programs": programs,
         "precision": precision,
-        "fingerprint": lowered.fingerprint,
-        "stablehlo_version": target,
-        "stablehlo_op_counts": _op_counts(lowered.text),
+        "stablehlo_version": _stablehlo_version(),
         "executables": {client.platform: {"platform_version": client.pjrt.platform_version,
                                           "jaxlib": specs.versions()["jaxlib"]}},
         "versions": specs.versions(),
@@ -197,5 +285,10 @@ def compile(model, example_args=(), example_kwargs=None, precision: str | None =
     if keep_example_inputs:
         example = {spec["name"]: t.detach() for spec, t in zip(manifest["inputs"], flat_user)}
     return Artifact(manifest=manifest, portable_stablehlo=portable,
-                    executables={client.platform: executable.serialize()},
+                    executables={client.platform: executables},
                     state=state, example_inputs=example)
+
+
+def _stablehlo_version() -> str:
+    from jaxlib.mlir.dialects import stablehlo
+    return stablehlo.get_current_version()

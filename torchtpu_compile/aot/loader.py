@@ -17,18 +17,43 @@ def _platform_tag(client) -> dict:
     return {"platform_version": client.pjrt.platform_version, "jaxlib": jaxlib.__version__}
 
 
+class _Program:
+    """One executable of an artifact with its calling convention (from the manifest)."""
+
+    def __init__(self, entry: dict, executable, symbols: dict):
+        from ..output_slots import OutputSlot
+        self.name = entry["name"]
+        self.executable = executable
+        self.bucket = entry.get("bucket")
+        self.graph_arguments = entry["graph_arguments"]
+        self.arg_indices = entry["arg_indices"]
+        self.constants = entry["constants"]
+        self.slots = [OutputSlot.from_json(slot) for slot in entry["output_slots"]]
+        self.plan_outputs = None
+        if entry.get("outputs") is not None:  # a bucket: padded outputs, cut back per layout
+            from .dynamic import load_layout, parse_expr
+            self.plan_outputs = [
+                (kind, rest[0], load_layout(rest[1], symbols)) if kind == "tensor" else
+                (kind, parse_expr(rest[0], symbols)) if kind == "size" else (kind, rest[0])
+                for kind, *rest in entry["outputs"]]
+
+
 class LoadedArtifact:
     """A callable over a loaded artifact; takes and returns tensors like the exported model."""
 
-    def __init__(self, path: str, manifest: dict, executable, state: dict, example_inputs: dict,
-                 recompiled: bool):
+    def __init__(self, path: str, manifest: dict, programs: dict, state: dict,
+                 example_inputs: dict, recompiled: bool):
+        from .dynamic import BucketTable
         self.path = path
         self.manifest = manifest
-        self.executable = executable
+        self.programs = programs  # name -> _Program
         self.state = state
         self.example_inputs = example_inputs
         self.recompiled = recompiled
         self._out_spec = self._spec(manifest["out_spec"])
+        self._buckets = (BucketTable(path, manifest["dynamic_dims"], manifest["inputs"])
+                         if manifest["dynamic_dims"] else None)
+        self._by_bucket = {tuple(p.bucket): p for p in programs.values() if p.bucket is not None}
 
     def _spec(self, text):
         try:
@@ -48,39 +73,60 @@ class LoadedArtifact:
                 raise TypeError(f"{self.path}: input {spec['name']!r} must be a tensor, got "
                                 f"{type(value).__name__}")
             shape, dtype = list(value.shape), specs.dtype_name(value.dtype)
-            if shape != spec["shape"] or dtype != spec["dtype"]:
+            dynamic = {int(d) for d in spec.get("dynamic", {})}
+            static_ok = len(shape) == len(spec["shape"]) and all(
+                d in dynamic or s == e for d, s, e in zip(range(len(shape)), shape, spec["shape"]))
+            if not static_ok or dtype != spec["dtype"]:
+                wanted = [f"<{spec['dynamic'][str(d)]}>" if d in dynamic else e
+                          for d, e in enumerate(spec["shape"])]
                 raise ValueError(
                     f"{self.path}: input {spec['name']!r} has shape {shape} and dtype {dtype}; "
-                    f"the artifact was compiled for shape {spec['shape']} and dtype "
-                    f"{spec['dtype']}")
+                    f"the artifact was compiled for shape {wanted if dynamic else spec['shape']} "
+                    f"and dtype {spec['dtype']}")
+
+    def _choose(self, flat: list):
+        """(program, real sizes, padded sizes, inputs padded to the program's bucket)."""
+        if self._buckets is None:
+            return self.programs["static"], None, None, flat
+        from ..buckets.layout import pad, prefix
+        real_env = self._buckets.bind(flat)
+        key = self._buckets.key(real_env)
+        pad_env = self._buckets.pad_env(key)
+        padded = []
+        for value, spec in zip(flat, self.manifest["inputs"]):
+            dynamic = spec.get("dynamic", {})
+            layout = tuple(prefix(self._buckets.symbols[dynamic[str(d)]])
+                           if str(d) in dynamic else None for d in range(value.dim()))
+            padded.append(pad(value, layout, real_env, pad_env))
+        return self._by_bucket[key], real_env, pad_env, padded
 
     def __call__(self, *args, **kwargs):
+        from ..output_slots import collect_outputs
         from ..runtime.transfer import to_buffer, wrapper_for
 
         flat = pytree.tree_leaves((args, kwargs))  # matched to the recorded inputs by position
         self._check_inputs(flat)
-        buffers = []
-        for argument in self.manifest["program_arguments"]:
-            if argument["kind"] == "input":
-                buffers.append(to_buffer(flat[argument["index"]]))
-            else:
-                buffers.append(to_buffer(self.state[argument["name"]], resident=True))
+        program, real_env, pad_env, inputs = self._choose(flat)
+        graph_args = []
+        for argument in program.graph_arguments:
+            kind = argument["kind"]
+            if kind == "input":
+                graph_args.append(inputs[argument["index"]])
+            elif kind == "state":
+                graph_args.append(self.state[argument["name"]])
+            else:  # a size symbol's real value, as the bucket's program takes it
+                symbol = self._buckets.symbols[argument["symbol"]]
+                graph_args.append(torch.tensor(real_env[symbol], dtype=torch.int64))
+        buffers = [to_buffer(graph_args[i], resident=program.graph_arguments[i]["kind"] == "state")
+                   for i in program.arg_indices]
+        buffers += [to_buffer(self.state[name], resident=True) for name in program.constants]
         # Results come back on the inputs' device: tpu tensors in, tpu tensors out.
         device = next((t.device.type for t in flat if t.device.type != "cpu"), "cpu")
         wrap = wrapper_for(device)
-        results = [wrap(b) for b in self.executable.run(buffers)]
-        outputs = []
-        for slot in self.manifest["output_slots"]:
-            if slot["kind"] == "program":
-                outputs.append(results[slot["index"]])
-            elif slot["kind"] == "user_input":
-                outputs.append(flat[slot["index"]])
-            elif slot["kind"] == "state":
-                outputs.append(self.state[slot["name"]])
-            elif slot["kind"] == "constant":
-                outputs.append(slot["value"])
-            else:
-                outputs.append(None)
+        results = [wrap(b) for b in program.executable.run(buffers)]
+        outputs = collect_outputs(program.slots, results, graph_args)
+        if program.plan_outputs is not None:
+            outputs = _unpad_outputs(outputs, program.plan_outputs, real_env, pad_env)
         if self._out_spec is None:
             return tuple(outputs)
         return pytree.tree_unflatten(outputs, self._out_spec)
@@ -92,6 +138,49 @@ class LoadedArtifact:
         return self(*[self.example_inputs[s["name"]] for s in self.manifest["inputs"]])
 
 
+def _unpad_outputs(outputs: list, plan_outputs: list, real_env: dict, pad_env: dict) -> list:
+    """A bucket program's outputs at the real sizes (``BucketPlan.outputs``, stored)."""
+    from ..buckets.layout import evaluate, unpad
+    real = []
+    for kind, *rest in plan_outputs:
+        if kind == "tensor":
+            real.append(unpad(outputs[rest[0]], rest[1], real_env, pad_env))
+        elif kind == "size":
+            real.append(int(evaluate(rest[0], real_env)))
+        else:
+            real.append(rest[0])
+    return real
+
+
+def _load_executable(path: str, members: dict, manifest: dict, entry: dict, client):
+    """(executable, recompiled): the stored one where it was built for this platform and
+    jaxlib, else compiled here from the program's portable StableHLO."""
+    from jaxlib import _jax
+
+    from ..runtime.executable import Executable, compile_stablehlo
+
+    name = entry["name"]
+    recorded = manifest["executables"].get(client.platform)
+    blob = members.get(artifact_file.executable_member(client.platform, name))
+    if recorded is not None and blob is not None and recorded == _platform_tag(client):
+        try:
+            return Executable(client.pjrt.deserialize_executable(
+                blob, client.device_list, _jax.CompileOptions()), key=entry["fingerprint"],
+                serialized=blob, compiled_here=False), False
+        except Exception as exc:
+            log.warning("torchtpu: %s: stored executable %s did not load (%s)", path, name, exc)
+    from jaxlib.mlir.dialects import stablehlo
+    built_for = ", ".join(f"{p} ({v['platform_version']}, jaxlib {v['jaxlib']})"
+                          for p, v in manifest["executables"].items())
+    log.warning("torchtpu: %s was compiled for %s; recompiling from its portable StableHLO "
+                "for %s (%s): program %s", path, built_for, client.platform,
+                _platform_tag(client)["platform_version"], name)
+    bytecode = stablehlo.deserialize_portable_artifact_str(
+        members[artifact_file.portable_member(name)])
+    return compile_stablehlo(bytecode, entry["fingerprint"], manifest["precision"],
+                             what=f"artifact {path} program {name}"), True
+
+
 def load(path: str) -> LoadedArtifact:
     """Load an artifact written by ``Artifact.save``; recompile only if it was built elsewhere.
 
@@ -100,40 +189,24 @@ def load(path: str) -> LoadedArtifact:
         run = torchtpu_compile.aot.load("model.tpu")
         out = run(torch.randint(0, 100, (2, 8)))
     """
-    from jaxlib import _jax
     from safetensors.torch import load as load_tensors
 
     from ..runtime.client import get_client
-    from ..runtime.executable import Executable, compile_stablehlo
+    from .dynamic import BucketTable
 
     members = artifact_file.read_members(path)
     manifest = json.loads(members["manifest.json"])
     client = get_client()
-    recorded = manifest["executables"].get(client.platform)
-    blob = members.get(f"executables/{client.platform}.bin")
-    loaded = None
-    if recorded is not None and blob is not None and recorded == _platform_tag(client):
-        try:
-            loaded = Executable(client.pjrt.deserialize_executable(
-                blob, client.device_list, _jax.CompileOptions()), key=manifest["fingerprint"],
-                serialized=blob, compiled_here=False)
-        except Exception as exc:
-            log.warning("torchtpu: %s: stored executable did not load (%s)", path, exc)
-    recompiled = loaded is None
-    if recompiled:
-        from jaxlib.mlir.dialects import stablehlo
-        built_for = ", ".join(f"{p} ({v['platform_version']}, jaxlib {v['jaxlib']})"
-                              for p, v in manifest["executables"].items())
-        log.warning("torchtpu: %s was compiled for %s; recompiling from its portable StableHLO "
-                    "for %s (%s)", path, built_for, client.platform,
-                    _platform_tag(client)["platform_version"])
-        bytecode = stablehlo.deserialize_portable_artifact_str(members["stablehlo.portable"])
-        loaded = compile_stablehlo(bytecode, manifest["fingerprint"], manifest["precision"],
-                                   what=f"artifact {path}")
+    symbols = BucketTable(path, manifest["dynamic_dims"], manifest["inputs"]).symbols
+    programs, recompiled = {}, False
+    for entry in manifest["programs"]:
+        executable, rebuilt = _load_executable(path, members, manifest, entry, client)
+        recompiled |= rebuilt
+        programs[entry["name"]] = _Program(entry, executable, symbols)
     state = load_tensors(members["params.safetensors"])
     for alias, stored in manifest.get("state_aliases", {}).items():
         state[alias] = state[stored]
     example = {}
     if "example_inputs.safetensors" in members:
         example = load_tensors(members["example_inputs.safetensors"])
-    return LoadedArtifact(path, manifest, loaded, state, example, recompiled)
+    return LoadedArtifact(path, manifest, programs, state, example, recompiled)

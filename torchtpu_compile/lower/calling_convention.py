@@ -20,6 +20,8 @@ import torch
 import torch.fx as fx
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
+from ..output_slots import OutputSlot
+
 aten = torch.ops.aten
 
 # Random ops whose tensor arguments only give shape and dtype: they can be drawn on the host
@@ -59,14 +61,6 @@ def _host_draw(node: fx.Node) -> Callable[[], torch.Tensor]:
     if "device" in kwargs:
         kwargs["device"] = torch.device("cpu")
     return functools.partial(target, *args, **kwargs)
-
-
-@dataclass
-class OutputSlot:
-    """Where one output of the original graph comes from."""
-    kind: str          # "program" (index into program outputs), "input", "none", "constant"
-    index: int = -1
-    value: object = None
 
 
 @dataclass

@@ -1,0 +1,54 @@
+"""AOT artifacts with dynamic dims: one program per bucket, inputs padded, outputs cut back.
+
+The fresh-process round trip is in tests/slow/test_aot_dynamic_fresh.py.
+"""
+import pytest
+import torch
+
+import torchtpu_compile.aot as aot
+from aot_factories import BatchStats, save_dynamic_batch_stats
+from torchtpu_compile.errors import LoweringError
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory):
+    path = tmp_path_factory.mktemp("aot_dynamic") / "stats.tpu"
+    model, manifest = save_dynamic_batch_stats(path)
+    return str(path), model, manifest
+
+
+def test_one_program_per_bucket_recorded_with_the_dims(artifact):
+    _, _, manifest = artifact
+    assert [p["name"] for p in manifest["programs"]] == ["bucket_8", "bucket_16"]
+    (dim,) = manifest["dynamic_dims"]
+    assert (dim["input"], dim["dim"], dim["min"], dim["max"], dim["buckets"]) == \
+        ("x", 0, 2, 16, [8, 16])
+    assert manifest["inputs"][0]["dynamic"] == {"0": dim["symbol"]}
+
+
+def test_each_bucket_pads_and_cuts_back_like_eager(artifact):
+    path, model, _ = artifact
+    run = aot.load(path)
+    for n in (2, 3, 8, 11, 16):  # both buckets, at and below their sizes
+        x = torch.randn(n, 8)
+        for got, want in zip(run(x), model(x)):
+            assert got.shape == want.shape
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_sizes_outside_the_dim_range_name_the_input_and_dim(artifact):
+    run = aot.load(artifact[0])
+    with pytest.raises(ValueError, match=r"input 'x' has size 17 in dim 0; .* sizes 2 to 16 "
+                                         r"there \(buckets \[8, 16\]\)"):
+        run(torch.randn(17, 8))
+    with pytest.raises(ValueError, match="input 'x' has size 1 in dim 0"):
+        run(torch.randn(1, 8))
+    with pytest.raises(ValueError, match=r"input 'x' has shape \[4, 9\] .* \['<s\d+>', 8\]"):
+        run(torch.randn(4, 9))
+
+
+def test_a_dim_without_upper_bound_is_refused_at_export():
+    batch = torch.export.Dim("batch", min=2)
+    with pytest.raises(LoweringError, match="input 'x' dim 0 is dynamic without an upper "
+                                            "bound; give its torch.export.Dim a max="):
+        aot.compile(BatchStats().eval(), (torch.randn(5, 8),), dynamic_shapes=({0: batch},))
