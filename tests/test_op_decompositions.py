@@ -33,14 +33,20 @@ def test_remainder_takes_the_divisors_sign():
     check(lambda x: torch.remainder(2.5, x), b)
 
 
-def test_comparisons_of_float_literals_with_integers():
-    # torch-mlir folds ge(scalar_tensor(-1.5), -2) to false; fx_passes folds it correctly first.
-    def compare_literal(x):
-        literal = torch.ops.aten.scalar_tensor.default(-1.5, dtype=torch.float32)
-        return torch.stack([x + torch.ops.aten.ge.Scalar(literal, -2),
-                            x + torch.ops.aten.lt.Scalar(literal, 0),
-                            x + torch.ops.aten.eq.Scalar(literal, -1.5)])
-    check(compare_literal, randn(4))
+def test_expressions_of_literals_fold_on_the_host():
+    # torch-mlir folds these wrongly (ge to false, add of a negative int to 2**64) or crashes
+    # (an int literal against a float); fx_passes folds them with eager PyTorch first.
+    def literals(x):
+        half = torch.ops.aten.scalar_tensor.default(-1.5, dtype=torch.float32)
+        three = torch.ops.aten.scalar_tensor.default(-3, dtype=torch.int64)
+        row = torch.ops.aten.full.default([4], 2.5, dtype=torch.float32)
+        return torch.stack([x + torch.ops.aten.ge.Scalar(half, -2),
+                            x + torch.ops.aten.lt.Scalar(half, 0),
+                            x + torch.ops.aten.add.Scalar(half, -2),
+                            x * torch.ops.aten.mul.Scalar(row, -2),
+                            x + torch.ops.aten.lt.Scalar(three, 0.5),
+                            x + torch.ops.aten.remainder.Scalar(row, -1.5)])
+    check(literals, randn(4))
 
 
 def test_remainder_of_integers():

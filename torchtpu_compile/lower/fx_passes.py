@@ -119,38 +119,75 @@ def device_literals_as_host(gm):
         node.kwargs = {k: _host_device(v) for k, v in node.kwargs.items()}
 
 
-_COMPARISONS = {getattr(aten, name).Scalar for name in ("lt", "le", "gt", "ge", "eq", "ne")}
+
+#: Largest literal we evaluate on the host while folding; bigger ones are left to XLA.
+_MAX_FOLDED_NUMEL = 1 << 16
 
 
-def _literal_scalar(node):
-    """The Python number a node is made of, when it is ``scalar_tensor(number)``; else None."""
-    if (isinstance(node, fx.Node) and node.op == "call_function"
-            and node.target is aten.scalar_tensor.default
-            and isinstance(node.args[0], (bool, int, float))):
-        return node.args[0]
-    return None
+def _is_foldable(node: fx.Node) -> bool:
+    target = node.target
+    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+        return False
+    if torch.Tag.nondeterministic_seeded in target.tags or target._schema.is_mutable:
+        return False
+    val = node.meta.get("val")
+    return (isinstance(val, torch.Tensor) and not val.is_complex()
+            and all(isinstance(s, int) for s in val.shape) and val.numel() <= _MAX_FOLDED_NUMEL)
+
+
+def _splat_value(tensor: torch.Tensor):
+    """The one value every element of ``tensor`` holds (sign of zero and NaN included), or None."""
+    if tensor.numel() == 0:
+        return None
+    flat = tensor.reshape(-1)
+    first = flat[0]
+    same = flat == first
+    if tensor.is_floating_point():
+        same = (same & (torch.signbit(flat) == torch.signbit(first))) | \
+            (torch.isnan(flat) & torch.isnan(first))
+    return first.item() if bool(same.all()) else None
+
+
+def _host_args(value, known):
+    if isinstance(value, fx.Node):
+        return known[value]
+    if isinstance(value, (list, tuple)):
+        return type(value)(_host_args(v, known) for v in value)
+    return value
 
 
 @fx_pass
-def fold_comparisons_of_literals(gm):
-    # torch-mlir's canonicalizer folds a comparison of a float literal with an integer scalar
-    # wrongly, and not even the same way in every process: ge(scalar_tensor(-1.5), -2) folds to
-    # false. remainder(x, -1.5) decomposes into exactly that. We fold such comparisons here, with
-    # eager PyTorch, so the importer only ever sees the answer.
+def fold_literal_expressions(gm):
+    # torch-mlir's canonicalizer folds arithmetic on literals wrongly, or crashes, for several
+    # mixes of dtypes: ge(scalar_tensor(-1.5), -2) folds to false, add(scalar_tensor(2.5), -2)
+    # to 2**64 (the int read as unsigned), lt(scalar_tensor(-1, int64), 0.5) segfaults, and some
+    # folds differ from process to process. Decompositions such as remainder(x, -1.5) make
+    # exactly these graphs. So we fold every expression of literals here, with eager PyTorch on
+    # the host, and the importer only ever sees the answer as one literal.
+    known: dict = {}   # node -> its value on the host, for nodes made of literals only
     for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target not in _COMPARISONS:
+        if not _is_foldable(node) or not all(n in known for n in node.all_input_nodes):
             continue
-        value = _literal_scalar(node.args[0])
-        other = node.args[1]
-        if value is None or not isinstance(other, (bool, int, float)):
+        try:
+            value = node.target(*_host_args(node.args, known), **_host_args(node.kwargs, known))
+        except Exception:  # whatever the host cannot evaluate, XLA still may
             continue
-        source = node.args[0]
-        literal = torch.scalar_tensor(value, dtype=source.kwargs.get("dtype"))
-        answer = bool(node.target(literal, other))
+        if not isinstance(value, torch.Tensor):
+            continue
+        known[node] = value
+        if not node.all_input_nodes:
+            continue  # a factory: already a single literal
+        splat = _splat_value(value)
+        if splat is None:
+            continue
         with gm.graph.inserting_before(node):
             folded = gm.graph.call_function(
-                aten.scalar_tensor.default, (answer,),
-                {"dtype": torch.bool, "device": source.kwargs.get("device"), "pin_memory": False})
+                aten.full.default, (list(value.shape), splat),
+                {"dtype": value.dtype, "device": torch.device("cpu"), "pin_memory": False})
         folded.meta = dict(node.meta)
+        known[folded] = value
         node.replace_all_uses_with(folded)
         gm.graph.erase_node(node)
+    for node in reversed(list(gm.graph.nodes)):  # the literals the folds left unused
+        if node in known and not node.users:
+            gm.graph.erase_node(node)
