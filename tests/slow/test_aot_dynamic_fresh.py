@@ -44,3 +44,19 @@ def test_two_batch_sizes_in_a_fresh_process_match_this_process_and_eager(tmp_pat
     fresh = torch.load(tmp_path / "out.pt")
     for n in inputs:
         assert all(torch.equal(a, b) for a, b in zip(fresh[n], expected[n]))
+
+
+def test_gpt2_with_dynamic_batch_and_sequence_matches_eager(tmp_path):
+    from aot_factories import gpt2
+    model, (ids,) = gpt2()
+    batch = torch.export.Dim("batch", min=1, max=8)
+    seq = torch.export.Dim("seq", min=2, max=32)
+    path = str(tmp_path / "gpt2.tpu")
+    artifact = aot.compile(model, (ids,), dynamic_shapes=({0: batch, 1: seq},),
+                           precision="highest")
+    assert len(artifact.manifest["programs"]) == 3  # seq buckets 8, 16, 32 x batch bucket 8
+    artifact.save(path)
+    run = aot.load(path)
+    for b, s in ((1, 5), (3, 17), (8, 32)):
+        x = torch.randint(0, 100, (b, s))
+        torch.testing.assert_close(run(x)[0], model(x).logits, rtol=1e-5, atol=1e-5)
