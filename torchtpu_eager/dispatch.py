@@ -366,6 +366,10 @@ def run_view(func, args, kwargs):
     def wrap(m):
         if m.dtype != storage.dtype:  # view(dtype) reinterprets bits: compute it instead
             raise _NotAView
+        if m.is_conj() or m.is_neg():
+            # conj()/_neg_view only set a bit that our storage views cannot carry: compute
+            # the conjugated (negated) values instead, or every later read would miss it.
+            raise _NotAView
         return TpuTensor(storage, m.shape, m.stride(), m.storage_offset())
 
     try:

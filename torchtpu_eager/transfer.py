@@ -21,7 +21,8 @@ from .tensor import new_tensor
 
 def upload(host: torch.Tensor):
     """A PJRT buffer holding a copy of host tensor ``host``."""
-    host = host.detach()
+    # A conjugate or negative bit is a lazy flag, not values: a buffer holds the values.
+    host = host.detach().resolve_conj().resolve_neg()
     if get_client().platform == "cpu":
         host = host.clone(memory_format=torch.contiguous_format)
     return to_buffer(host)
