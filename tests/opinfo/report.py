@@ -142,7 +142,7 @@ def zoo_table(models: dict) -> list:
                  f"{tr.get('graphs', '-')} / {tr.get('graph_breaks', '-')} (train)"
         fallbacks = sorted(set(inf.get("fallback_ops", {})) | set(tr.get("fallback_ops", {})))
         errors = [_short(p["error"], 160) for p in (inf, tr) if p.get("error")]
-        known = zoo_known_failures().get(name, m.get("note", ""))
+        known = zoo_known_failures().get(name, m.get("note", "")) or zoo_steps_note(name)
         note = "; ".join(([f"**{_short(known, 400)}**"] if known else []) + errors)
         rows.append(f"| {name} | {m['family']} | {m.get('params', '-')} | {_phase(inf)} | "
                     f"{_phase(tr)} | {errs} | {tr.get('tolerance', inf.get('tolerance', '-'))} | "
@@ -157,6 +157,15 @@ def zoo_known_failures() -> dict:
     except Exception:  # the report renders from JSON alone, too
         return {}
     return KNOWN_FAILURES
+
+
+def zoo_steps_note(name: str) -> str:
+    """Why a zoo model trains fewer steps than the others (tests/zoo_check.py), or ""."""
+    try:
+        from zoo_check import STEPS
+    except Exception:  # the report renders from JSON alone, too
+        return ""
+    return STEPS.get(name, (0, ""))[1]
 
 
 def render(results: dict, seconds: dict, models: dict) -> str:
@@ -194,9 +203,9 @@ def render(results: dict, seconds: dict, models: dict) -> str:
                       and m["training"].get("status") == "pass")
         lines += ["## Model zoo", "",
                   f"{len(models)} random-init models (`tests/zoo_full.py`), inference and "
-                  f"{3} SGD steps, compiled against eager at matmul precision `highest`; "
-                  f"{passing} pass both with no fallback. Errors are max |compiled - eager| "
-                  "over the reference's max magnitude; training is the worst of first output, "
+                  f"{3} SGD steps (fewer where the note says why), compiled against eager at "
+                  f"matmul precision `highest`; {passing} pass both with no fallback. Errors are "
+                  "max |compiled - eager| over the reference's max magnitude; training is the worst of first output, "
                   "losses, gradients and parameter change.", "", *zoo_table(models), ""]
     lines += ["## Ops that fall back on the compile path", "", *fallback_summary(results), "",
               "## Every entry", "", "`·`: not run. n/a: the op has no CPU kernel for the dtype.",
