@@ -39,9 +39,8 @@ def data(rank, shape=(4, 3), dtype=torch.float32):
     return x.to(dtype) if dtype.is_floating_point else (x * 10).to(dtype)
 
 
-@case
-def collectives(rank, world, port):
-    init(rank, world, port)
+def check_collectives(rank, world):
+    """Every collective on tpu tensors against host values, then the error cases."""
     everyone = [data(r) for r in range(world)]
     stack = torch.stack(everyone)
     for op, want in [(dist.ReduceOp.SUM, stack.sum(0)), (dist.ReduceOp.AVG, stack.mean(0)),
@@ -129,7 +128,6 @@ def collectives(rank, world, port):
     assert stats["host_staged_bytes"] > 0, stats
     _bad_reduce_ops(world)
     _mismatched_shapes(rank)
-    dist.destroy_process_group()
 
 
 def _mlp():
@@ -155,9 +153,15 @@ def _batches(steps, global_batch=8):
 
 
 def _ddp(rank, world, port, compiled):
+    init(rank, world, port)
+    check_ddp(rank, world, compiled)
+    dist.destroy_process_group()
+
+
+def check_ddp(rank, world, compiled=False):
+    """DDP on 2 processes ends with the parameters of one process on the global batch."""
     from torch.nn.parallel import DistributedDataParallel as DDP
     torch.set_float32_matmul_precision("highest")
-    init(rank, world, port)
     steps = 3
     batches = _batches(steps)
     model = _mlp()
@@ -178,12 +182,6 @@ def _ddp(rank, world, port, compiled):
     for (name, p), q in zip(ddp.module.named_parameters(), ref.parameters()):
         assert p.device.type == "tpu"
         same(p, q.detach(), f"DDP{' compiled' if compiled else ''} parameter {name}", atol=1e-5)
-    dist.destroy_process_group()
-
-
-@case
-def ddp_eager(rank, world, port):
-    _ddp(rank, world, port, compiled=False)
 
 
 @case
@@ -219,6 +217,40 @@ def compiled_collective(rank, world, port):
     dist.destroy_process_group()
 
 
+@case
+def core(rank, world, port):
+    """The fast suite's one spawn: collectives and errors, DDP, DTensor, an FSDP2 step,
+    then a dead peer on a second group (which ends both processes)."""
+    import time
+    from dist_fsdp import check_dtensor, check_fsdp
+    start = time.monotonic()
+    init(rank, world, port)
+    for name, check in [("collectives", check_collectives), ("ddp", check_ddp),
+                        ("dtensor", check_dtensor),
+                        ("fsdp", lambda r, w: check_fsdp(r, w, small=True, steps=2,
+                                                         optimizer="sgd"))]:
+        check(rank, world)
+        print(f"rank {rank}: {name} passed at {time.monotonic() - start:.1f}s", flush=True)
+    short = dist.new_group(timeout=datetime.timedelta(seconds=15))
+    check_dead_rank(rank, short, what="core")
+
+
+@case
+def fsdp_eager(rank, world, port):
+    from dist_fsdp import check_fsdp
+    init(rank, world, port)
+    check_fsdp(rank, world)
+    dist.destroy_process_group()
+
+
+@case
+def fsdp_compiled(rank, world, port):
+    from dist_fsdp import check_fsdp
+    init(rank, world, port)
+    check_fsdp(rank, world, compiled=True)
+    dist.destroy_process_group()
+
+
 def _bad_reduce_ops(world):
     import torch.distributed._functional_collectives as funcol
     x = torch.ones(3, device="tpu")
@@ -240,23 +272,24 @@ def _bad_reduce_ops(world):
     same(x, torch.full((3,), float(world)), "all_reduce after errors")
 
 
-@case
-def dead_rank(rank, world, port):
-    """Rank 1 dies before a collective: rank 0 must get an error, not hang."""
+def check_dead_rank(rank, group, what="dead_rank"):
+    """Rank 1 exits after a first all_reduce on ``group``; rank 0's next one must raise
+    well within the group's timeout. Ends both processes (exit 0 after printing ok)."""
     import time
-    init(rank, world, port, timeout=15)
     x = torch.ones(3, device="tpu")
-    dist.all_reduce(x)
+    dist.all_reduce(x, group=group)
     if rank == 1:
+        print(f"rank 1: {what} ok", flush=True)
         os._exit(0)
     start = time.monotonic()
     try:
-        dist.all_reduce(x)
+        dist.all_reduce(x, group=group)
         x.cpu()
     except Exception as exc:  # gloo: connection closed, or the group's timeout
         took = time.monotonic() - start
         print(f"rank 0: error after {took:.1f}s: {str(exc).splitlines()[0][:200]}", flush=True)
         assert took < 40, took
+        print(f"rank 0: {what} ok", flush=True)
         os._exit(0)
     raise AssertionError("all_reduce with a dead peer returned")
 

@@ -9,10 +9,17 @@ Migrating a CUDA script is two renames: ``cuda`` -> ``tpu`` and ``nccl`` -> ``tp
 
 Registering the backend (done when ``torchtpu_eager`` loads) only records its name with
 PyTorch; the process group module, jax and the PJRT client load at ``init_process_group``.
+
+With no backend named, ``init_process_group()`` gives ``"cpu:gloo,tpu:tpu_dist"`` (``DEFAULT``):
+PyTorch would give the detected accelerator's backend alone, and "tpu" is always detected (the
+PJRT CPU client stands in for a TPU), so CPU-only programs would get tpu_dist for their CPU
+tensors. Mapped both ways, CPU tensors go to PyTorch's own gloo, as before the package was
+installed, and tpu tensors to tpu_dist, as ``"cpu:gloo,cuda:nccl"`` does on CUDA.
 """
 from __future__ import annotations
 
 NAME = "tpu_dist"
+DEFAULT = f"cpu:gloo,tpu:{NAME}"
 _registered = False
 
 
@@ -39,7 +46,26 @@ def register() -> None:
         return
     if NAME.upper() not in dist.Backend._plugins:
         dist.Backend.register_backend(NAME, _create, devices=["tpu"])
+    _default_to_both_devices(dist.distributed_c10d.BackendConfig)
     _registered = True
 
 
-__all__ = ["NAME", "register"]
+def _default_to_both_devices(config_class) -> None:
+    """Make an unnamed backend mean ``DEFAULT`` when the detected accelerator is tpu (module
+    doc). PyTorch resolves the unnamed backend in ``BackendConfig``, with no hook for a
+    device to add CPU; its constructor is wrapped, every other case passes through."""
+    original = config_class.__init__
+    if getattr(original, "_tpu_default", False):
+        return
+
+    def __init__(self, backend):
+        import torch
+        import torch.distributed as dist
+        if str(backend) == dist.Backend.UNDEFINED and torch._C._get_accelerator().type == "tpu":
+            backend = dist.Backend(DEFAULT)
+        original(self, backend)
+    __init__._tpu_default = True
+    config_class.__init__ = __init__
+
+
+__all__ = ["DEFAULT", "NAME", "register"]

@@ -25,7 +25,9 @@ from .. import dispatch, fallback
 from ..tensor import TpuTensor
 from .staging import is_tpu, note
 
-NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd")
+NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd", "_dtensor")
+# DTensor's Shard(i) -> Shard(j) redistribution is a collective of its own namespace.
+_DTENSOR_OPS = ("shard_dim_alltoall",)
 _OPS = ("all_reduce", "all_reduce_", "all_reduce_coalesced", "all_reduce_coalesced_",
         "all_gather_into_tensor", "all_gather_into_tensor_out",
         "all_gather_into_tensor_coalesced", "reduce_scatter_tensor",
@@ -86,7 +88,7 @@ def register() -> None:
     import torch.distributed._functional_collectives  # noqa: F401  defines _wrap_tensor_autograd
     for namespace in NAMESPACES:
         ns = getattr(torch.ops, namespace)
-        for name in _OPS:
+        for name in _DTENSOR_OPS if namespace == "_dtensor" else _OPS:
             try:
                 packet = getattr(ns, name)
             except (AttributeError, RuntimeError):

@@ -28,7 +28,7 @@ from torchtpu_compile import counters
 from torchtpu_compile._logging import log
 
 from . import functional, reduce_ops
-from .staging import host_input, host_output, note, stage_in, stage_out
+from .staging import host_input, host_output, is_tpu, note, stage_in, stage_out
 from .work import StagedWork, eager_only
 
 
@@ -79,9 +79,11 @@ class TpuProcessGroup(dist.ProcessGroup):
         Gloo on host buffers of different sizes can return wrong values without an error;
         one small MAX all-reduce of (h, -h), h a checksum of the signature, finds a
         disagreement on all ranks at once (max(h) == -max(-h) only when every h is equal).
-        ``TORCHTPU_DIST_CHECK=0`` skips it.
+        ``TORCHTPU_DIST_CHECK=0`` skips it. Collectives of CPU tensors only skip it too: they
+        behave exactly as on a gloo group (this group serves them when ``init_process_group``
+        is given no backend, or "cpu:gloo,tpu:tpu_dist").
         """
-        if not _CHECK:
+        if not _CHECK or not any(is_tpu(t) for t in tensors):
             return
         described = ",".join(f"{str(t.dtype)[6:]}{list(t.shape) if shapes else ''}"
                              for t in tensors)
