@@ -45,6 +45,18 @@ class UnlowerableNet(torch.nn.Module):
         return scaled_sigmoid(y) + 1  # the op to blame is on this line
 
 
+@torch.library.custom_op("torchtpu_test::column_sums", mutates_args=())
+def column_sums(x: torch.Tensor) -> torch.Tensor:
+    """Unlowerable, and its fake kernel promises float32 where the real one keeps the input's
+    dtype: as PyTorch's bf16 batch norm does for its running statistics."""
+    return x.sum(0) * 1
+
+
+@column_sums.register_fake
+def _(x):
+    return x.new_empty(x.shape[1:], dtype=torch.float32)
+
+
 @pytest.fixture(autouse=True)
 def fresh_stats():
     torchtpu_compile.reset_stats()
@@ -120,3 +132,17 @@ def test_lowering_failure_message_is_a_summary():
     message = str(info.value)
     assert "masked_select" in message
     assert len(message.splitlines()) <= 2
+
+
+def test_region_after_a_fallback_gets_the_dtype_it_was_traced_with():
+    # The region after the fallback was lowered for the traced float32 but handed the bf16
+    # the op really returned: XLA refused the buffer (bf16 BatchNorm training fell back so).
+    x = torch.randn(6, 5).to(torch.bfloat16)
+
+    def fn(x):
+        return torch.exp(column_sums(x * 2)) + 1
+
+    out = compile_tpu(fn)(x)
+    assert UNLOWERABLE.replace("scaled_sigmoid", "column_sums") in torchtpu_compile.stats()[
+        "fallback_ops"]
+    torch.testing.assert_close(out.float(), fn(x).float(), rtol=2e-2, atol=0)

@@ -95,13 +95,20 @@ def _device_type(node: fx.Node) -> str:
 class _RegionModule(torch.nn.Module):
     """A lowered region inside a partitioned graph, called like the submodule it replaces."""
 
-    def __init__(self, runner: "GraphRunner", single_output: bool):
+    def __init__(self, runner: "GraphRunner", single_output: bool, input_dtypes: list):
         super().__init__()
         self.runner = runner
         self.single_output = single_output
+        # The dtype each input was traced with (None: not a tensor). An op that falls back to
+        # eager PyTorch can return another dtype than its fake kernel said (bf16 batch norm's
+        # statistics: bf16 on the CPU, f32 in the trace), and the lowered region is typed by
+        # the trace: such an input is converted, as the traced graph assumed it was.
+        self.input_dtypes = input_dtypes
 
     def forward(self, *args):
-        outputs = self.runner(list(args))
+        args = [a.to(want) if want is not None and isinstance(a, torch.Tensor)
+                and a.dtype != want else a for a, want in zip(args, self.input_dtypes)]
+        outputs = self.runner(args)
         return outputs[0] if self.single_output else tuple(outputs)
 
 
@@ -134,7 +141,9 @@ class PartitionedProgram:
             # A region fed by a fallback op of data-dependent shape (masked_select) has
             # symbolic input sizes: its runner specializes at call time.
             runner = GraphRunner(sub, name=f"{name}/{node.target}")
-            setattr(fused, node.target, _RegionModule(runner, single))
+            dtypes = [v.dtype if isinstance(v, torch.Tensor) else None
+                      for v in (ph.meta.get("val") for ph in sub_placeholders)]
+            setattr(fused, node.target, _RegionModule(runner, single, dtypes))
         fused.recompile()
         self.gm = fused
         self.name = name
