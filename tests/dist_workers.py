@@ -118,12 +118,14 @@ def check_collectives(rank, world):
         same(got, everyone[0], "recv")
         dist.isend(data(1).to("tpu"), dst=0).wait()
     dist.barrier()
-    # CPU tensors on the same group go through gloo untouched
+    # CPU tensors on the same group go through gloo untouched (nothing staged)
+    import torchtpu_compile
+    staged = torchtpu_compile.stats()["tpu_dist"]["host_staged_collectives"]
     c = data(rank)
     dist.all_reduce(c)
     same(c, stack.sum(0), "cpu all_reduce")
-    import torchtpu_compile
     stats = torchtpu_compile.stats()["tpu_dist"]
+    assert stats["host_staged_collectives"] == staged, (staged, stats)
     assert stats["host_staged_collectives"] >= 15, stats
     assert stats["host_staged_bytes"] > 0, stats
     _bad_reduce_ops(world)
@@ -219,12 +221,15 @@ def compiled_collective(rank, world, port):
 
 @case
 def core(rank, world, port):
-    """The fast suite's one spawn: collectives and errors, DDP, DTensor, an FSDP2 step,
-    then a dead peer on a second group (which ends both processes)."""
+    """The fast suite's one spawn, on the group ``init_process_group()`` makes with no backend
+    named: collectives and errors, DDP, DTensor, FSDP2 steps, then a dead peer on a second
+    group (which ends both processes)."""
     import time
     from dist_fsdp import check_dtensor, check_fsdp
     start = time.monotonic()
-    init(rank, world, port)
+    # No backend named: "cpu:gloo,tpu:tpu_dist" (torchtpu_eager/distributed/__init__.py)
+    init(rank, world, port, backend=None)
+    assert dist.get_backend_config() == "cpu:gloo,tpu:tpu_dist", dist.get_backend_config()
     for name, check in [("collectives", check_collectives), ("ddp", check_ddp),
                         ("dtensor", check_dtensor),
                         ("fsdp", lambda r, w: check_fsdp(r, w, small=True, steps=2,
