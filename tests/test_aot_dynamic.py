@@ -52,3 +52,15 @@ def test_a_dim_without_upper_bound_is_refused_at_export():
     with pytest.raises(LoweringError, match="input 'x' dim 0 is dynamic without an upper "
                                             "bound; give its torch.export.Dim a max="):
         aot.compile(BatchStats().eval(), (torch.randn(5, 8),), dynamic_shapes=({0: batch},))
+
+
+def test_inspect_shows_the_dims_and_each_bucket_program(artifact, capsys):
+    from torchtpu_compile.aot.__main__ import main
+    assert main(["inspect", artifact[0]]) == 0
+    shown = capsys.readouterr().out
+    for text in ("x: float32[5, 8] (example; dynamic dims 0)",
+                 "dynamic dims: x[0] in 2..16, buckets [8, 16]",
+                 "program bucket_8: outputs float32[8, 3], float32[16]",
+                 "program bucket_16: outputs float32[16, 3], float32[16]",
+                 "executables/cpu/bucket_16.bin", "stablehlo/bucket_8.portable"):
+        assert text in shown

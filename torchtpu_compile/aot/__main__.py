@@ -74,7 +74,9 @@ def _inspect(args) -> int:
           f"precision {manifest['precision']}")
     print("inputs:")
     for spec in manifest["inputs"]:
-        print(f"  {spec['name']}: {spec['dtype']}{spec['shape']}")
+        dynamic = ", ".join(sorted(spec.get("dynamic", {}), key=int))
+        print(f"  {spec['name']}: {spec['dtype']}{spec['shape']}"
+              + (f" (example; dynamic dims {dynamic})" if dynamic else ""))
     print("dynamic dims: " + (", ".join(
         f"{d['input']}[{d['dim']}] in {d['min']}..{d['max']}, buckets {d['buckets']}"
         for d in manifest["dynamic_dims"]) or "none (static shapes)"))
