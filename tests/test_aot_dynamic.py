@@ -64,3 +64,13 @@ def test_inspect_shows_the_dims_and_each_bucket_program(artifact, capsys):
                  "program bucket_16: outputs float32[16, 3], float32[16]",
                  "executables/cpu/bucket_16.bin", "stablehlo/bucket_8.portable"):
         assert text in shown
+
+
+def test_tpu_tensors_are_padded_and_cut_back_on_the_device(artifact):
+    import torchtpu_eager  # noqa: F401  (the "tpu" device)
+    path, model, _ = artifact
+    x = torch.randn(3, 8)
+    outputs = aot.load(path)(x.to("tpu"))
+    for got, want in zip(outputs, model(x)):
+        assert got.device.type == "tpu" and got.shape == want.shape
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
