@@ -260,6 +260,19 @@ def test_registration_leaves_cpu_and_inductor_alone():
     assert done.stdout.strip().endswith("ok")
 
 
+@pytest.mark.parametrize("first_import", ["torchtpu_eager", "torchtpu_compile"])
+def test_importing_our_package_before_torch(first_import):
+    # `import torchtpu_eager` first makes its own `import torch` run torch's autoload of it,
+    # while it is half-initialized; that once failed with a circular import.
+    code = (f"import {first_import}\n"
+            "import torch\n"
+            "print((torch.ones(2, device='tpu') * 2).sum().item())\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "4.0"
+
+
 def test_aot_artifact_runs_on_tpu_tensors(tmp_path):
     import aot_factories
     from torchtpu_compile import aot
@@ -329,3 +342,22 @@ def test_conjugate_and_negative_views_are_computed_not_aliased():
     torch.testing.assert_close(torch._neg_view(t).cpu(), -x)
     real = torch.randn(5, 6)
     torch.testing.assert_close(torch.fft.ifft(real.to("tpu")).cpu(), torch.fft.ifft(real))
+
+
+def test_inplace_view_ops_change_the_tensors_geometry():
+    # t_(), unsqueeze_(), transpose_() change the tensor's own size and strides; they were
+    # traced as ops, which wrote transposed values under the old size (stft was wrong).
+    x = torch.arange(6.0).reshape(2, 3)
+    t = x.to("tpu")
+    flat = t.view(6)
+    t.t_()
+    assert t.shape == (3, 2) and t.stride() == (1, 3)
+    torch.testing.assert_close(t.cpu(), x.t())
+    t.mul_(2)  # still a view of the same storage
+    torch.testing.assert_close(flat.cpu(), torch.arange(6.0) * 2)
+    u = x.to("tpu")
+    u.unsqueeze_(0).transpose_(1, 2)
+    torch.testing.assert_close((u + 1).cpu(), x.unsqueeze(0).transpose(1, 2) + 1)
+    signal = torch.randn(100)
+    torch.testing.assert_close(torch.stft(signal.to("tpu"), 20, return_complex=True).cpu(),
+                               torch.stft(signal, 20, return_complex=True))
