@@ -74,3 +74,15 @@ def test_tpu_tensors_are_padded_and_cut_back_on_the_device(artifact):
     for got, want in zip(outputs, model(x)):
         assert got.device.type == "tpu" and got.shape == want.shape
         torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_size_expressions_round_trip_through_the_manifest():
+    from torch.utils._sympy.functions import FloorDiv
+
+    from torchtpu_compile.aot.dynamic import _symbol, dump_expr, parse_expr
+    from torchtpu_compile.buckets.layout import evaluate
+    s0 = _symbol("s0")
+    for expr in (s0, 2 * s0 + 1, FloorDiv(s0, 2), 3 * FloorDiv(s0 + 1, 2)):
+        text = dump_expr(expr, {s0: 16})
+        for n in (3, 8, 11):
+            assert evaluate(parse_expr(text, {"s0": s0}), {s0: n}) == evaluate(expr, {s0: n})

@@ -32,40 +32,69 @@ def _symbol(name: str) -> sympy.Symbol:
     return sympy.Symbol(name, integer=True, positive=True)
 
 
+def _functions() -> dict:
+    # torch's size functions (FloorDiv, Mod, ...), which ``sympy.srepr`` names but sympy lacks.
+    from torch.utils._sympy import functions as symfn
+    return {name: getattr(symfn, name) for name in symfn.__all__}
+
+
 def parse_expr(text, symbols: dict):
-    """An int, or a size expression over ``symbols`` (name -> Symbol) written by ``dump_expr``."""
+    """An int, or a size expression over ``symbols`` (name -> Symbol) written by ``dump_expr``.
+
+    Example::
+
+        s0 = _symbol("s0")
+        parse_expr("2*s0", {"s0": s0}) == 2 * s0
+    """
     if isinstance(text, int):
         return text
-    return sympy.sympify(text, locals=symbols)
+    return sympy.sympify(text, locals={**_functions(), **symbols})
 
 
 def dump_expr(expr, check_env: dict):
-    """An int, or the text of a size expression; LoweringError if it does not read back to the
-    same value at ``check_env`` (torch's FloorDiv and friends do not print as sympy)."""
+    """An int, or the text of a size expression: plain (``2*s0``) where that reads back, else
+    ``sympy.srepr`` (torch's ``FloorDiv`` prints as ``//``, which sympy reads as ``floor``).
+    LoweringError if neither reads back to the same value at ``check_env``.
+
+    Example::
+
+        dump_expr(2 * s0, {s0: 8}) == "2*s0"
+    """
     from ..buckets.layout import evaluate
     if isinstance(expr, int) or (isinstance(expr, sympy.Expr) and expr.is_Integer):
         return int(expr)
-    text = str(expr)
     symbols = {str(s): _symbol(str(s)) for s in expr.free_symbols}
     env = {symbols[str(s)]: v for s, v in check_env.items() if str(s) in symbols}
-    try:
-        same = evaluate(parse_expr(text, symbols), env) == evaluate(expr, check_env)
-    except Exception:
-        same = False
-    if not same:
-        raise LoweringError(f"the size expression {expr} of a dynamic output cannot be stored "
-                            f"in an artifact; export with static shapes for it")
-    return text
+    for text in (str(expr), sympy.srepr(expr)):
+        try:
+            if evaluate(parse_expr(text, symbols), env) == evaluate(expr, check_env):
+                return text
+        except Exception:
+            continue
+    raise LoweringError(f"the size expression {expr} of a dynamic output cannot be stored "
+                        f"in an artifact; export with static shapes for it")
 
 
 def dump_layout(layout, check_env: dict) -> list:
-    """JSON for a layout: per dim None, or its factors and whether it is uniform."""
+    """JSON for a layout: per dim None, or its factors and whether it is uniform.
+
+    Example::
+
+        dump_layout((prefix(s0), None), {s0: 8}) == [{"factors": ["s0"], "uniform": False}, None]
+    """
     return [None if dim is None else
             {"factors": [dump_expr(f, check_env) for f in dim.factors], "uniform": dim.uniform}
             for dim in layout]
 
 
 def load_layout(data: list, symbols: dict) -> tuple:
+    """The layout ``dump_layout`` wrote, with its symbols from ``symbols`` (name -> Symbol).
+
+    Example::
+
+        load_layout([{"factors": ["s0"], "uniform": False}, None], {"s0": s0}) == \
+            (Dim((s0,)), None)
+    """
     from ..buckets.layout import Dim
     return tuple(None if dim is None else
                  Dim(tuple(parse_expr(f, symbols) for f in dim["factors"]), dim["uniform"])
@@ -73,7 +102,13 @@ def load_layout(data: list, symbols: dict) -> tuple:
 
 
 def dump_plan_outputs(outputs: list, check_env: dict) -> list:
-    """JSON for ``BucketPlan.outputs``: padded tensors with their layouts, sizes, values."""
+    """JSON for ``BucketPlan.outputs``: padded tensors with their layouts, sizes, values.
+
+    Example::
+
+        dump_plan_outputs([("tensor", 0, (prefix(s0),)), ("value", None)], {s0: 8}) == \
+            [["tensor", 0, [{"factors": ["s0"], "uniform": False}]], ["value", None]]
+    """
     dumped = []
     for kind, *rest in outputs:
         if kind == "tensor":
@@ -101,6 +136,11 @@ def plan_buckets(exported, spec, binding_names: dict) -> tuple[list, list]:
     """(dynamic dim records for the manifest, bucket keys) for an exported program.
 
     ``binding_names`` maps each symbol to (input name, user input index, dim).
+
+    Example::
+
+        records, keys = plan_buckets(exported, analyze(gm, {}), {s0: ("x", 0, 0)})
+        keys == [(8,), (16,)]     # a Dim with min=2, max=16
     """
     records, ladders = [], []
     for symbol in spec.symbols:
