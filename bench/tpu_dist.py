@@ -1,10 +1,14 @@
-"""tpu_dist on 2 processes: all_reduce bus bandwidth against gloo, DDP step time against one.
+"""tpu_dist on 2 processes: all_reduce bus bandwidth against gloo, DDP and FSDP2 step time
+against one process.
 
 Both ranks run in one group ``"cpu:gloo,tpu:tpu_dist"``; each size is timed on tpu tensors
 (tpu_dist, host-staged) and on CPU tensors (gloo) alternately in the same run, median of the
 rounds. Bus bandwidth is the NCCL-tests convention: 2 (n-1)/n * bytes / time. The DDP row is
 one training step of an MLP on a global batch of 64, split over 2 processes, against the
-same step in one process on the whole batch (rank 0 times it after the group's runs).
+same step in one process on the whole batch (rank 0 times it after the group's runs). The
+FSDP2 row is the same for the MLP with each layer and the root ``fully_shard``-ed on a
+``init_device_mesh("tpu", (2,))`` mesh (all-gather before each layer's forward and
+backward, reduce-scatter of its gradients), against the unsharded step in one process.
 
 Usage::
 
@@ -66,29 +70,40 @@ def _worker(rank: int, port: int, quick: bool) -> None:
             torch.tpu.synchronize()
         return step
 
-    ddp_step = step_fn(DDP(model()), x[rank * 32:(rank + 1) * 32].to("tpu"),
-                       y[rank * 32:(rank + 1) * 32].to("tpu"))
-    samples = []
-    for _ in range(rounds + 2):
-        dist.barrier()
-        start = time.perf_counter()
-        ddp_step()
-        samples.append(time.perf_counter() - start)
-    out["ddp"]["two_processes"] = statistics.median(samples[2:])
+    def timed(step, together=True):
+        samples = []
+        for _ in range(rounds + 2):  # first two: warm-up (compiles)
+            if together:
+                dist.barrier()
+            start = time.perf_counter()
+            step()
+            samples.append(time.perf_counter() - start)
+        return statistics.median(samples[2:])
+
+    local = x[rank * 32:(rank + 1) * 32].to("tpu"), y[rank * 32:(rank + 1) * 32].to("tpu")
+    out["ddp"]["two_processes"] = timed(step_fn(DDP(model()), *local))
+    out["fsdp"] = {"two_processes": timed(step_fn(_fully_sharded(model()), *local))}
     dist.barrier()
     if rank == 0:
-        single = step_fn(model(), x.to("tpu"), y.to("tpu"))
-        samples = []
-        for _ in range(rounds + 2):
-            start = time.perf_counter()
-            single()
-            samples.append(time.perf_counter() - start)
-        out["ddp"]["one_process"] = statistics.median(samples[2:])
+        single = timed(step_fn(model(), x.to("tpu"), y.to("tpu")), together=False)
+        out["ddp"]["one_process"] = out["fsdp"]["one_process"] = single
         import torchtpu_compile
         out["stats"] = torchtpu_compile.stats()["tpu_dist"]
         print("RESULT " + json.dumps(out), flush=True)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _fully_sharded(net):
+    """``net`` with each Linear and the root sharded by FSDP2 over both processes."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    mesh = init_device_mesh("tpu", (2,))
+    for layer in net:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    return fully_shard(net, mesh=mesh)
 
 
 def measure(quick: bool = False, deadline: float = 600.0) -> dict:
@@ -130,12 +145,17 @@ def bench_tpu_dist(quick: bool) -> list[dict]:
             notes=[f"bus bandwidth {mb} MB: tpu_dist {_busbw(int(mb), t['tpu_dist']):.2f} GB/s, "
                    f"gloo on CPU tensors {_busbw(int(mb), t['gloo']):.2f} GB/s "
                    f"(eager column: gloo; tpu_dist is host-staged)"]))
-    ddp = data["ddp"]
+    ddp, fsdp = data["ddp"], data["fsdp"]
     rows.append(result(
         "DDP MLP step, 2 procs vs 1", {"eager": ddp["one_process"],
                                        "torchtpu": ddp["two_processes"]},
         notes=["DDP row: eager column is the same step on tpu in one process on the global "
                "batch; torchtpu column is DDP on 2 processes (half the batch each)"]))
+    rows.append(result(
+        "FSDP2 MLP step, 2 procs vs 1", {"eager": fsdp["one_process"],
+                                         "torchtpu": fsdp["two_processes"]},
+        notes=["FSDP2 row: eager column as for DDP; torchtpu column is fully_shard on a tpu "
+               "mesh of 2 processes (half the batch each)"]))
     return rows
 
 
@@ -152,7 +172,8 @@ if __name__ == "__main__":
         for mb, t in data["allreduce"].items():
             print(f"{mb:>4}MB {t['tpu_dist'] * 1e3:>8.2f}ms {t['gloo'] * 1e3:>8.2f}ms "
                   f"{_busbw(int(mb), t['tpu_dist']):>14.2f} {_busbw(int(mb), t['gloo']):>10.2f}")
-        ddp = data["ddp"]
-        print(f"DDP step: 2 processes {ddp['two_processes'] * 1e3:.1f} ms, one process "
-              f"{ddp['one_process'] * 1e3:.1f} ms")
+        for name in ("ddp", "fsdp"):
+            t = data[name]
+            print(f"{name.upper()} step: 2 processes {t['two_processes'] * 1e3:.1f} ms, one "
+                  f"process {t['one_process'] * 1e3:.1f} ms")
         print("stats:", data["stats"])

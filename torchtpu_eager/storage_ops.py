@@ -32,6 +32,7 @@ aten = torch.ops.aten
 
 @handles(aten.record_stream.default)
 def record_stream(func, args, kwargs):
+    """``t.record_stream(s)``: nothing to protect (module doc)."""
     return None
 
 
@@ -40,11 +41,17 @@ _FSDP_OPS = ("all_gather_copy_in", "split_with_sizes_copy", "chunk_cat")
 
 def run_decomposed(func, args, kwargs):
     """Run a custom op through its PrivateUse1 kernel, a Python function of ATen ops (each of
-    which comes back to ``dispatch`` with tpu tensors)."""
+    which comes back to ``dispatch`` with tpu tensors).
+
+    Example::
+
+        handles(torch.ops.fsdp.chunk_cat.default)(run_decomposed)
+    """
     return func._op_dk(torch._C.DispatchKey.PrivateUse1, *args, **kwargs)
 
 
 def fsdp_copy_(func, args, kwargs):
+    """``fsdp.copy_(tensor, data)``: a copy into ``tensor``, through its view."""
     tensor, data = args
     tensor.copy_(data)
 

@@ -30,7 +30,12 @@ from . import storage as _storage
 
 
 def synchronize_device() -> None:
-    """Block until every queued op has finished (pending deferred ops run first)."""
+    """Block until every queued op has finished (pending deferred ops run first).
+
+    Example::
+
+        synchronize_device()        # what torch.tpu.synchronize() does
+    """
     from . import modes
     modes.current().flush()
     for st in _storage.live_storages():
@@ -40,7 +45,12 @@ def synchronize_device() -> None:
 
 
 def device_idle() -> bool:
-    """Whether every buffer issued so far is computed (deferred ops not yet run: no)."""
+    """Whether every buffer issued so far is computed (deferred ops not yet run: no).
+
+    Example::
+
+        if not device_idle(): synchronize_device()
+    """
     for st in _storage.live_storages():
         value = st.value
         if type(value).__name__ == "Lazy":
@@ -142,6 +152,12 @@ _default = None
 
 
 def default_stream(device=None) -> Stream:
+    """The stream work is issued on outside any ``torch.tpu.stream`` context.
+
+    Example::
+
+        torch.tpu.default_stream().synchronize()
+    """
     global _default
     if _default is None:
         _default = Stream()
@@ -149,11 +165,22 @@ def default_stream(device=None) -> Stream:
 
 
 def current_stream(device=None) -> Stream:
-    """The stream of ``with torch.tpu.stream(s)`` on this thread, else the default one."""
+    """The stream of ``with torch.tpu.stream(s)`` on this thread, else the default one.
+
+    Example::
+
+        torch.tpu.current_stream().wait_event(event)
+    """
     return getattr(_local, "stream", None) or default_stream()
 
 
 def set_stream(stream) -> None:
+    """Make ``stream`` this thread's current stream (``torch.tpu.stream`` restores it after).
+
+    Example::
+
+        torch.tpu.set_stream(torch.tpu.Stream())
+    """
     _local.stream = stream
 
 

@@ -143,13 +143,16 @@ class TpuProcessGroup(dist.ProcessGroup):
         return self._work(inner, back if root else [], tensors, after)
 
     def reduce_scatter(self, outputs, inputs, opts=ReduceScatterOptions()):
+        return self._reduce_scatter(outputs, inputs[0], opts, list(inputs[0]) + list(outputs))
+
+    def _reduce_scatter(self, outputs, chunks, opts, staged):
         # As a sum of everything then a local slice: gloo's reduce_scatter needs equal chunks
         # on the host anyway, and this keeps every rank's view of the op identical.
-        chunks = inputs[0]
+        # ``staged``: the caller's tensors, counted as one host-staged collective.
         self._check("reduce_scatter", list(chunks) + list(outputs))
         flat_in = torch.cat([host_input(c).reshape(-1) for c in chunks])
         gloo_opts, divide = self._reduce_opts(opts, chunks[0].dtype)
-        note(list(chunks) + list(outputs))
+        note(staged)
         inner = self._gloo.allreduce([flat_in], gloo_opts)
         sizes = [c.numel() for c in chunks]
         host_out = host_output(outputs[0])
@@ -164,7 +167,10 @@ class TpuProcessGroup(dist.ProcessGroup):
         return self._work(inner, back, outputs, after)
 
     def reduce_scatter_single(self, output, input, opts=ReduceScatterOptions()):
-        return self.reduce_scatter([output], [list(torch.chunk(input, self._world_size))], opts)
+        # The input is read to the host whole, then chunked there: one transfer, and no
+        # device program per chunk view (FSDP2 reduce-scatters every gradient bucket).
+        chunks = list(torch.chunk(host_input(input), self._world_size))
+        return self._reduce_scatter([output], chunks, opts, [input, output])
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=ReduceScatterOptions()):
         works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
@@ -191,7 +197,14 @@ class TpuProcessGroup(dist.ProcessGroup):
         return _all_of(works, output_lists)
 
     def all_gather_single(self, output, input, opts=AllgatherOptions()):
-        return self.allgather([list(torch.chunk(output, self._world_size))], [input], opts)
+        # Into one host buffer, written back whole: no device program per chunk view (FSDP2
+        # all-gathers every parameter group before each forward and backward).
+        self._check("all_gather_single", [input, output])
+        note([input, output])
+        host_in, host_out = host_input(input), host_output(output)
+        back = [(output, host_out)] if is_tpu(output) else []
+        inner = self._gloo._allgather_base(host_out, host_in, opts)
+        return self._work(inner, back, [output])
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=AllgatherOptions()):
         works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
