@@ -399,3 +399,22 @@ def test_index_put_with_a_boolean_mask_and_a_broadcast_value():
     check(lambda x, v: torch.index_put(x, (mask,), v), randn(5, 5), randn(5, seed=1))
     check(lambda x, v: torch.index_put(x, (mask,), v, accumulate=True), randn(5, 5),
           torch.tensor(2.0))
+
+
+
+# --- resampling ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_upsample_output_size_overloads(align_corners):
+    # The eager tpu device meets these overloads (interpolate's .vec is resolved before
+    # dispatch); they fell back to the host there. Strict: a fallback is an error.
+    aten = torch.ops.aten
+    x, v = randn(2, 3, 4, 5), randn(1, 2, 3, 4, 5)
+    check(lambda x: aten.upsample_bilinear2d.default(x, [7, 9], align_corners), x)
+    check(lambda x: aten.upsample_bicubic2d.default(x, [7, 9], align_corners, 1.5, None), x)
+    check(lambda v: aten.upsample_trilinear3d.default(v, [4, 5, 7], align_corners), v)
+    with configured(strict=True, matmul_precision="highest"):
+        actual = torch.nn.functional.interpolate(x.to("tpu"), (7, 9), mode="bicubic",
+                                                 align_corners=align_corners).cpu()
+    torch.testing.assert_close(actual, torch.nn.functional.interpolate(
+        x, (7, 9), mode="bicubic", align_corners=align_corners), rtol=1e-4, atol=1e-5)

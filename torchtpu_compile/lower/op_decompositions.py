@@ -778,3 +778,32 @@ def weight_norm_backward(grad_w, saved_v, saved_g, saved_norms, dim):
     grad_v = (saved_g / norms) * (grad_w - saved_v * (per_dim / (norms * norms)))
     grad_g = per_dim / norms
     return grad_v, grad_g.reshape(saved_g.shape)
+
+
+
+# --- resampling ------------------------------------------------------------------------------
+# Traced models reach these through the ``.vec`` overloads, which torch-mlir's table decomposes;
+# the eager device meets the output-size overloads (``.vec`` is CompositeImplicit, resolved
+# before dispatch), which do not lower. PyTorch's own decompositions (gathers and arithmetic) do.
+
+def _torch_decomposition(op):
+    from torch._decomp import decomposition_table
+    return decomposition_table[op]
+
+
+@decomposition(aten.upsample_bilinear2d.default)
+def upsample_bilinear2d(x, output_size, align_corners, *scales):
+    return _torch_decomposition(aten.upsample_bilinear2d.default)(x, output_size, align_corners,
+                                                                  *scales)
+
+
+@decomposition(aten.upsample_bicubic2d.default)
+def upsample_bicubic2d(x, output_size, align_corners, *scales):
+    return _torch_decomposition(aten.upsample_bicubic2d.default)(x, output_size, align_corners,
+                                                                 *scales)
+
+
+@decomposition(aten.upsample_trilinear3d.default)
+def upsample_trilinear3d(x, output_size, align_corners, *scales):
+    return _torch_decomposition(aten.upsample_trilinear3d.default)(x, output_size,
+                                                                   align_corners, *scales)
