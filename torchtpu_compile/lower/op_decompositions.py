@@ -726,6 +726,27 @@ def transposed_convolution(x, weight, bias, stride, padding, dilation, transpose
                             [0] * spatial, groups)
 
 
+@decomposition(aten.native_batch_norm.default)
+def native_batch_norm_eval(input, weight, bias, running_mean, running_var, training, momentum,
+                           eps):
+    # Inference: torch-mlir's lowering cast the statistics into the empty saved mean and rstd
+    # and failed (the eager device meets native_batch_norm itself; traced models reach
+    # _native_batch_norm_legit_no_training). Normalized by the running statistics, in float32
+    # for reduced-precision inputs as the CPU kernel computes.
+    if training or running_mean is None or running_var is None:
+        return NotImplemented
+    shape = [1, -1] + [1] * (input.dim() - 2)
+    compute = torch.float32 if input.dtype in (torch.float16, torch.bfloat16) else input.dtype
+    rstd = torch.rsqrt(running_var.to(compute) + eps)
+    out = (input.to(compute) - running_mean.to(compute).reshape(shape)) * rstd.reshape(shape)
+    if weight is not None:
+        out = out * weight.to(compute).reshape(shape)
+    if bias is not None:
+        out = out + bias.to(compute).reshape(shape)
+    empty = input.new_zeros((0,))
+    return out.to(input.dtype), empty, empty
+
+
 @decomposition(aten._batch_norm_with_update_functional.default)
 def batch_norm_with_update(input, weight, bias, running_mean, running_var, momentum, eps):
     # No lowering (and its bf16 fallback region was typed f32). The same computation as
