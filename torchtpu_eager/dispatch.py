@@ -59,6 +59,8 @@ def dispatch(func, args, kwargs):
 
 def _classify(func):
     schema = func._schema
+    if torch.Tag.inplace_view in func.tags:  # t_, unsqueeze_, as_strided_: new geometry only
+        return run_inplace_view
     if func.is_view and not any(a.alias_info is not None and a.alias_info.is_write
                                 for a in schema.arguments):
         return run_view
@@ -382,6 +384,18 @@ def run_view(func, args, kwargs):
 
 class _NotAView(Exception):
     pass
+
+
+def run_inplace_view(func, args, kwargs):
+    # Only the tensor's geometry changes, in place: traced as an op it wrote the transposed
+    # values into a tensor that kept its old size (x.t_(), stft's squeeze_/transpose_).
+    base = args[0]
+    storage = base._st
+    meta = torch.empty((storage.numel,), dtype=storage.dtype, device="meta").as_strided(
+        base._shape, base.stride(), base.storage_offset())
+    func(meta, *args[1:], **kwargs)
+    base._restride(meta.shape, meta.stride(), meta.storage_offset())
+    return base
 
 
 def run_random(func, args, kwargs):

@@ -51,11 +51,24 @@ class TpuTensor(torch.Tensor):
             cls, size, strides=stride, storage_offset=offset, dtype=storage.dtype,
             device=DEVICE, requires_grad=requires_grad)
         t._st = storage
-        t._shape = size
-        # Dense: this tensor is its whole storage, in order (the common case, read directly).
-        t._dense = offset == 0 and (stride == contiguous or storage.numel <= 1) and \
-            (size == storage.shape or _numel(size) == storage.numel)
+        t._set_geometry(size, stride, offset)
         return t
+
+    def _set_geometry(self, size: tuple, stride: tuple, offset: int) -> None:
+        storage = self._st
+        self._shape = size
+        # Dense: this tensor is its whole storage, in order (the common case, read directly).
+        self._dense = offset == 0 and (stride == _contiguous_strides(size) or
+                                       storage.numel <= 1) and \
+            (size == storage.shape or _numel(size) == storage.numel)
+
+    def _restride(self, size, stride, offset: int) -> None:
+        """Give this tensor a new view of its storage, in place (``t_``, ``unsqueeze_``)."""
+        from torch.utils._mode_utils import no_dispatch
+        size, stride = tuple(size), tuple(stride)
+        with no_dispatch():  # the wrapper's own sizes, as as_strided_ sets them on any tensor
+            torch.ops.aten.as_strided_.default(self, size, stride, offset)
+        self._set_geometry(size, stride, offset)
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
