@@ -180,7 +180,7 @@ def check(op, path: str, dtype: torch.dtype, max_samples: int = 3) -> Result:
 
 
 _DATA_DEPENDENT = ("depends on tensor data", "Data dependent operator", "Dynamic shape operator",
-                   "data-dependent", "sparse")
+                   "data-dependent", "sparse", "depends on the data")
 
 
 def fallback_category(fallbacks: dict, notes: list) -> str:

@@ -117,6 +117,8 @@ def eager_available() -> str | None:
 
 def _to(device):
     def move(value):
+        if isinstance(value, torch.Size):  # a tuple to pytree: kept whole, it holds no tensor
+            return value
         if isinstance(value, torch.Tensor):
             return value.detach().to(device).requires_grad_(value.requires_grad)
         return value
@@ -134,7 +136,8 @@ def run_eager(fn, args, kwargs) -> Outcome:
     torchtpu_compile.reset_stats()  # the eager device counts its host fallbacks there too
     args, kwargs = tree_map(_to("tpu"), (args, kwargs))
     with _capture_fallbacks() as reasons:
-        value = tree_map(_to("cpu"), fn(*args, **kwargs))
+        value = fn(*args, **kwargs)
+        value = value if isinstance(value, torch.Size) else tree_map(_to("cpu"), value)
     counted = torchtpu_compile.stats()["fallback_ops"]
     return Outcome(value, {op: reasons.get(op, "no reason logged") for op in counted})
 
