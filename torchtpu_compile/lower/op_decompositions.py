@@ -828,3 +828,74 @@ def upsample_bicubic2d(x, output_size, align_corners, *scales):
 def upsample_trilinear3d(x, output_size, align_corners, *scales):
     return _torch_decomposition(aten.upsample_trilinear3d.default)(x, output_size,
                                                                    align_corners, *scales)
+
+
+# --- scatter reductions ----------------------------------------------------------------------
+
+#: Largest (source elements x target elements) comparison a dense scatter_reduce may build.
+_DENSE_SCATTER_LIMIT = 1 << 22
+
+
+@decomposition(aten.scatter_reduce.two)
+def scatter_reduce(self, dim, index, src, reduce, include_self=True):
+    # torch-mlir leaves it unlowered. Each source element goes to a flat position of self; sum
+    # and mean are accumulating scatters (index_put), which scale. amax, amin and prod have no
+    # accumulating scatter to lower to: every source element is compared with every target
+    # position, a dense (K x N) table bounded by _DENSE_SCATTER_LIMIT (beyond it: the host).
+    if self.dim() == 0 or self.dtype == torch.bool:
+        return NotImplemented
+    dim = dim % self.dim()
+    src = src[tuple(slice(0, n) for n in index.shape)]  # src may be larger than index
+    if index.numel() == 0:
+        return self.clone()
+    flat = _flat_positions(self.shape, dim, index)
+    values = src.reshape(-1)
+    n = self.numel()
+    target = self.reshape(-1)
+    count = torch.zeros(n, dtype=torch.int64).index_put((flat,), torch.ones_like(flat), True)
+    hit = count > 0
+    if reduce in ("sum", "mean"):
+        total = torch.zeros_like(target).index_put((flat,), values, True)
+        if include_self:
+            total, count = total + target, count + 1
+        if reduce == "mean":
+            divisor = count.clamp(min=1).to(total.dtype)
+            total = total / divisor if total.is_floating_point() else \
+                torch.div(total, divisor, rounding_mode="floor")
+        return torch.where(hit, total, target).reshape(self.shape)
+    if flat.numel() * n > _DENSE_SCATTER_LIMIT:
+        return NotImplemented
+    mask = flat[:, None] == torch.arange(n)[None, :]
+    column = values[:, None]
+    if reduce == "prod":
+        out = torch.where(mask, column, torch.ones_like(column)).prod(0)
+        out = out * target if include_self else out
+    else:
+        info = torch.finfo if self.is_floating_point() else torch.iinfo
+        fill = info(self.dtype).min if reduce == "amax" else info(self.dtype).max
+        if self.is_floating_point():
+            fill = float("-inf") if reduce == "amax" else float("inf")
+        filled = torch.where(mask, column, torch.full_like(column, fill))
+        out = filled.amax(0) if reduce == "amax" else filled.amin(0)
+        if include_self:
+            out = torch.maximum(out, target) if reduce == "amax" else torch.minimum(out, target)
+    return torch.where(hit, out.to(self.dtype), target).reshape(self.shape)
+
+
+def _flat_positions(shape, dim: int, index):
+    """The flat position in a contiguous tensor of ``shape`` of each element of ``index``
+    (scatter semantics: ``index`` gives the coordinate along ``dim``, its own position the
+    others)."""
+    strides = [1] * len(shape)
+    for d in range(len(shape) - 2, -1, -1):
+        strides[d] = strides[d + 1] * shape[d + 1]
+    flat = torch.zeros(index.shape, dtype=torch.int64)
+    for d in range(len(shape)):
+        if d == dim:
+            coord = index.to(torch.int64)
+        else:
+            view = [1] * index.dim()
+            view[d] = index.shape[d]
+            coord = torch.arange(index.shape[d]).reshape(view)
+        flat = flat + coord * strides[d]
+    return flat.reshape(-1)
