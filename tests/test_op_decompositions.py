@@ -455,3 +455,10 @@ def test_scatter_reduce_every_reduction(reduce):
     with configured(strict=True):  # the eager device: no fallback either
         out = x.to("tpu").scatter_reduce(0, index.to("tpu"), src.to("tpu"), reduce).cpu()
     torch.testing.assert_close(out, x.scatter_reduce(0, index, src, reduce))
+
+
+def test_scatter_with_add_and_multiply():
+    x, src = randn(4, 5), randn(3, 6, seed=1)
+    index = torch.tensor([[0, 1, 3, 0, 1], [0, 0, 3, 2, 1], [2, 0, 0, 0, 1]])
+    check(lambda x, i, s: [x.scatter(0, i, s, reduce=r) for r in ("add", "multiply")] +
+          [x.scatter(1, i, 1.5, reduce=r) for r in ("add", "multiply")], x, index, src)

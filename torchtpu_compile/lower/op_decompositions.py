@@ -882,6 +882,17 @@ def scatter_reduce(self, dim, index, src, reduce, include_self=True):
     return torch.where(hit, out.to(self.dtype), target).reshape(self.shape)
 
 
+@decomposition(aten.scatter.reduce, aten.scatter.value_reduce)
+def scatter_with_reduce(self, dim, index, src, reduce):
+    # The older spelling of scatter_reduce ("add", "multiply"), also unlowered.
+    if not isinstance(src, torch.Tensor):
+        src = torch.full(index.shape, src, dtype=self.dtype)
+    mode = {"add": "sum", "multiply": "prod"}.get(reduce)
+    if mode is None:
+        return NotImplemented
+    return scatter_reduce(self, dim, index, src, mode, True)
+
+
 def _flat_positions(shape, dim: int, index):
     """The flat position in a contiguous tensor of ``shape`` of each element of ``index``
     (scatter semantics: ``index`` gives the coordinate along ``dim``, its own position the
