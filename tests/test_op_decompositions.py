@@ -462,3 +462,11 @@ def test_scatter_with_add_and_multiply():
     index = torch.tensor([[0, 1, 3, 0, 1], [0, 0, 3, 2, 1], [2, 0, 0, 0, 1]])
     check(lambda x, i, s: [x.scatter(0, i, s, reduce=r) for r in ("add", "multiply")] +
           [x.scatter(1, i, 1.5, reduce=r) for r in ("add", "multiply")], x, index, src)
+
+
+def test_index_reduce_every_reduction():
+    x, src = randn(4, 5), randn(4, 3, seed=1)
+    index = torch.tensor([4, 0, 4])
+    check(lambda x, i, s: [x.index_reduce(1, i, s, r, include_self=inc)
+                           for r in ("prod", "mean", "amax", "amin") for inc in (True, False)],
+          x, index, src)

@@ -893,6 +893,18 @@ def scatter_with_reduce(self, dim, index, src, reduce):
     return scatter_reduce(self, dim, index, src, mode, True)
 
 
+@decomposition(aten.index_reduce.default)
+def index_reduce(self, dim, index, source, reduce, include_self=True):
+    # Unlowered; the same as scatter_reduce with ``index`` spread over ``source``'s other dims.
+    if self.dim() == 0:
+        return NotImplemented
+    dim = dim % self.dim()
+    view = [1] * source.dim()
+    view[dim] = index.numel()
+    spread = index.to(torch.int64).reshape(view).expand(source.shape)
+    return scatter_reduce(self, dim, spread, source, reduce, include_self)
+
+
 def _flat_positions(shape, dim: int, index):
     """The flat position in a contiguous tensor of ``shape`` of each element of ``index``
     (scatter semantics: ``index`` gives the coordinate along ``dim``, its own position the
