@@ -470,3 +470,18 @@ def test_index_reduce_every_reduction():
     check(lambda x, i, s: [x.index_reduce(1, i, s, r, include_self=inc)
                            for r in ("prod", "mean", "amax", "amin") for inc in (True, False)],
           x, index, src)
+
+
+# --- gamma functions -------------------------------------------------------------------------
+
+def test_lgamma_digamma_and_friends_over_poles_and_large_values():
+    # No lowering; Lanczos and the asymptotic series with reflection below 1/2. Poles as
+    # eager has them (lgamma +inf, digamma -inf at 0 and nan at negative integers).
+    x = torch.cat([torch.linspace(-20, 30, 401),
+                   torch.tensor([0.0, -1.0, -2.0, 0.5, 1.0, 2.0, 1e-3, -1e-3, 1e4, -3.5])])
+    check(lambda x: [torch.lgamma(x), torch.digamma(x), torch.polygamma(0, x),
+                     torch.mvlgamma(x.abs() + 2, 3)], x)
+    check(lambda i: [torch.lgamma(i), torch.digamma(i)], torch.arange(1, 9))
+    with configured(strict=True):  # the eager device too
+        out = torch.lgamma(x.to("tpu")).cpu()
+    torch.testing.assert_close(out, torch.lgamma(x), rtol=1e-4, atol=1e-5)

@@ -12,6 +12,7 @@ Example::
 """
 from __future__ import annotations
 
+import math
 import threading
 
 import torch
@@ -922,3 +923,74 @@ def _flat_positions(shape, dim: int, index):
             coord = torch.arange(index.shape[d]).reshape(view)
         flat = flat + coord * strides[d]
     return flat.reshape(-1)
+
+
+# --- gamma functions -------------------------------------------------------------------------
+# torch-mlir lowers none of lgamma, digamma, polygamma; mvlgamma is written with lgamma.
+
+_LANCZOS_G = 7.0
+_LANCZOS = (0.99999999999980993, 676.5203681218851, -1259.1392167224028, 771.32342877765313,
+            -176.61502916214059, 12.507343278686905, -0.13857109526572012,
+            9.9843695780195716e-6, 1.5056327351493116e-7)
+
+
+def _gamma_input(x):
+    """(x in its computing dtype, result dtype): integers give float32, as eager does;
+    reduced-precision floats compute in float32 as the CPU kernels do."""
+    result = x.dtype if x.is_floating_point() else torch.get_default_dtype()
+    compute = torch.float32 if result in (torch.float16, torch.bfloat16) else result
+    return x.to(compute), result
+
+
+def _sin_pi(x):
+    # sin(pi x) from the distance to the nearest integer: exact zeros, no loss for large x.
+    return torch.sin(torch.pi * (x - torch.round(x)))
+
+
+def _lgamma_positive(x):
+    # Lanczos (g = 7, 9 terms) for x >= 0.5: relative error ~1e-15 in exact arithmetic.
+    z = x - 1
+    series = torch.full_like(z, _LANCZOS[0])
+    for i, c in enumerate(_LANCZOS[1:], start=1):
+        series = series + c / (z + i)
+    t = z + _LANCZOS_G + 0.5
+    return 0.5 * math.log(2 * math.pi) + (z + 0.5) * torch.log(t) - t + torch.log(series)
+
+
+@decomposition(aten.lgamma.default)
+def lgamma(x):
+    x, result = _gamma_input(x)
+    reflected = math.log(math.pi) - torch.log(torch.abs(_sin_pi(x))) - \
+        _lgamma_positive(torch.where(x < 0.5, 1 - x, 1.0))
+    out = torch.where(x < 0.5, reflected, _lgamma_positive(torch.where(x < 0.5, 1.0, x)))
+    pole = (x <= 0) & (x == torch.floor(x))
+    return torch.where(pole, float("inf"), out).to(result)
+
+
+def _digamma_at_least_half(y):
+    # Recurrence psi(y) = psi(y + 1) - 1/y up to y >= 6, then the asymptotic series.
+    acc = torch.zeros_like(y)
+    for _ in range(6):
+        small = y < 6
+        acc = acc - torch.where(small, 1 / y, 0.0)
+        y = torch.where(small, y + 1, y)
+    inv = 1 / (y * y)
+    tail = inv * (1 / 12 - inv * (1 / 120 - inv * (1 / 252 - inv * (1 / 240 - inv * (1 / 132)))))
+    return acc + torch.log(y) - 0.5 / y - tail
+
+
+@decomposition(aten.digamma.default)
+def digamma(x):
+    x, result = _gamma_input(x)
+    reflected = _digamma_at_least_half(torch.where(x < 0.5, 1 - x, 1.0)) - \
+        torch.pi * torch.cos(torch.pi * (x - torch.round(x))) / _sin_pi(x)
+    out = torch.where(x < 0.5, reflected, _digamma_at_least_half(torch.where(x < 0.5, 1.0, x)))
+    # As eager: -inf at 0, nan at the negative integers.
+    out = torch.where((x < 0) & (x == torch.floor(x)), float("nan"), out)
+    return torch.where(x == 0, float("-inf"), out).to(result)
+
+
+@decomposition(aten.polygamma.default)
+def polygamma(n, x):
+    # Order 0 is digamma; higher orders need the Hurwitz zeta function (not written yet).
+    return digamma(x) if n == 0 else NotImplemented
