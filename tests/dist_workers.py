@@ -67,8 +67,12 @@ def check_collectives(rank, world):
     dist.broadcast(x, src=1)
     same(x, everyone[1], "broadcast")
     # all_gather (list and into tensor)
+    import torchtpu_compile
+    staged = torchtpu_compile.stats()["tpu_dist"]["host_staged_collectives"]
     outs = [torch.empty(4, 3, device="tpu") for _ in range(world)]
     dist.all_gather(outs, data(rank).to("tpu"))
+    counted = torchtpu_compile.stats()["tpu_dist"]["host_staged_collectives"] - staged
+    assert counted == 1, f"one all_gather counted as {counted} host-staged collectives"
     for r in range(world):
         same(outs[r], everyone[r], f"all_gather[{r}]")
     out = torch.empty(world * 4, 3, device="tpu")
@@ -119,7 +123,6 @@ def check_collectives(rank, world):
         dist.isend(data(1).to("tpu"), dst=0).wait()
     dist.barrier()
     # CPU tensors on the same group go through gloo untouched (nothing staged)
-    import torchtpu_compile
     staged = torchtpu_compile.stats()["tpu_dist"]["host_staged_collectives"]
     c = data(rank)
     dist.all_reduce(c)

@@ -34,7 +34,7 @@ from .work import StagedWork, eager_only
 
 def _stage_output_lists(output_lists):
     """Host buffers for per-rank output lists (not read: written), nested the same way."""
-    host_out, back = stage_in(_flat(output_lists), read=False)
+    host_out, back = stage_in(_flat(output_lists), read=False, count=False)
     it = iter(host_out)
     return [[next(it) for _ in outs] for outs in output_lists], back
 
@@ -187,7 +187,8 @@ class TpuProcessGroup(dist.ProcessGroup):
 
     def allgather(self, output_lists, inputs, opts=AllgatherOptions()):
         self._check("all_gather", list(inputs) + _flat(output_lists))
-        host_in, _ = stage_in(inputs)
+        note(list(inputs) + _flat(output_lists))  # one collective, counted once
+        host_in, _ = stage_in(inputs, count=False)
         nested, back = _stage_output_lists(output_lists)
         inner = self._gloo.allgather(nested, host_in, opts)
         return self._work(inner, back, output_lists)
@@ -211,15 +212,16 @@ class TpuProcessGroup(dist.ProcessGroup):
         return _all_of(works, outputs)
 
     def gather(self, output_lists, inputs, opts=dist.GatherOptions()):
-        host_in, _ = stage_in(inputs)
+        note(list(inputs) + _flat(output_lists))
+        host_in, _ = stage_in(inputs, count=False)
         nested, back = _stage_output_lists(output_lists)
         inner = self._gloo.gather(nested, host_in, opts)
         return self._work(inner, back, output_lists)
 
     def scatter(self, outputs, input_lists, opts=dist.ScatterOptions()):
-        host_out, back = stage_in(outputs, read=False)
+        note(list(outputs) + _flat(input_lists))
+        host_out, back = stage_in(outputs, read=False, count=False)
         host_in = [[host_input(t) for t in inner] for inner in input_lists]
-        note(_flat(input_lists))
         inner = self._gloo.scatter(host_out, host_in, opts)
         return self._work(inner, back, outputs)
 
@@ -247,8 +249,9 @@ class TpuProcessGroup(dist.ProcessGroup):
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes,
                       opts=AllToAllOptions()):
         self._check("all_to_all_single", [input], shapes=False)
-        [host_in], _ = stage_in([input])
-        [host_out], back = stage_in([output], read=False)
+        note([input, output])
+        [host_in], _ = stage_in([input], count=False)
+        [host_out], back = stage_in([output], read=False, count=False)
         inner = self._gloo.alltoall_base(host_out, host_in, list(output_split_sizes or []),
                                          list(input_split_sizes or []), opts)
         return self._work(inner, back, [output])

@@ -50,12 +50,14 @@ def host_output(t) -> torch.Tensor:
     return torch.empty(t.shape, dtype=t.dtype) if is_tpu(t) else t
 
 
-def stage_in(tensors, read: bool = True):
+def stage_in(tensors, read: bool = True, count: bool = True):
     """(host tensors for the transport, pairs (tpu tensor, host tensor) to copy back).
 
     ``read=False`` for pure outputs: their current values are not downloaded.
+    ``count=False`` when the collective's tensors are counted by one ``note`` elsewhere.
     """
-    note(tensors)
+    if count:
+        note(tensors)
     host, back = [], []
     for t in tensors:
         h = host_input(t) if read else host_output(t)
