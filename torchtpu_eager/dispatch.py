@@ -390,6 +390,8 @@ def run_inplace_view(func, args, kwargs):
     # Only the tensor's geometry changes, in place: traced as an op it wrote the transposed
     # values into a tensor that kept its old size (x.t_(), stft's squeeze_/transpose_).
     base = args[0]
+    if type(base) is not TpuTensor or func._schema.name.startswith("aten::resize"):
+        return run_op(func, args, kwargs)  # resizing reallocates: not a view of the storage
     storage = base._st
     meta = torch.empty((storage.numel,), dtype=storage.dtype, device="meta").as_strided(
         base._shape, base.stride(), base.storage_offset())
