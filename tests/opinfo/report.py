@@ -81,17 +81,17 @@ def totals(results: dict) -> list:
     return rows
 
 
-def fallback_summary(results: dict, limit: int = 40) -> list:
-    """The ops that fell back most often on the compile path, with one reason each."""
+def fallback_summary(results: dict, limit: int = 40, path_wanted: str = "compile") -> list:
+    """The ops that fell back most often on ``path_wanted``, with one reason each."""
     count, why, cause = collections.Counter(), {}, {}
     for (op, path, dtype), r in results.items():
-        if r["status"] != "fallback" or path != "compile":
+        if r["status"] != "fallback" or path != path_wanted:
             continue
         for name in r["fallback_ops"] or {"(Dynamo graph break)": r["detail"]}:
             count[name] += 1
             why.setdefault(name, (r["fallback_ops"] or {}).get(name, r["detail"]))
             cause.setdefault(name, r["category"])
-    rows = ["| op | entries (fp32 + bf16) | cause | first reason |", "|---|---|---|---|"]
+    rows = ["| op | entries (all dtypes) | cause | first reason |", "|---|---|---|---|"]
     for name, n in count.most_common(limit):
         rows.append(f"| `{name}` | {n} | {cause[name]} | {_short(why[name], 140)} |")
     return rows
@@ -207,10 +207,14 @@ def render(results: dict, seconds: dict, models: dict) -> str:
                   f"matmul precision `highest`; {passing} pass both with no fallback. Errors are "
                   "max |compiled - eager| over the reference's max magnitude; training is the worst of first output, "
                   "losses, gradients and parameter change.", "", *zoo_table(models), ""]
-    lines += ["## Ops that fall back on the compile path", "", *fallback_summary(results), "",
+    lines += ["## Ops that fall back on the compile path", "", *fallback_summary(results), ""]
+    if any(path == "eager" for _, path, _ in results):
+        lines += ["## Ops that run on the host on the eager device", "",
+                  *fallback_summary(results, path_wanted="eager"), ""]
+    lines += [
               "## Every entry", "", "`·`: not run. n/a: the op has no CPU kernel for the dtype.",
               "", *entry_table(results), "",
-              "## Reasons (compile path; eager skips while the device is unavailable)", "",
+              "## Reasons (every entry that did not pass, per path and dtype)", "",
               *details(results), ""]
     return "\n".join(lines)
 
