@@ -24,8 +24,9 @@ PATHS = os.environ.get("TORCHTPU_OPINFO_PATHS", ",".join(sweeper.PATHS)).split("
 DTYPES = os.environ.get("TORCHTPU_OPINFO_DTYPES", ",".join(sweeper.DTYPES)).split(",")
 ENTRIES = sweeper.entries()
 
-#: The issue's bar for the compile path in fp32.
+#: The issue's bars, in fp32: the compile path and the eager tpu device.
 MIN_COMPILE_FP32_PASSES = 450
+MIN_EAGER_FP32_PASSES = 400
 
 
 @pytest.fixture(scope="module")
@@ -55,3 +56,11 @@ def test_compile_fp32_pass_count(results):
     status = collections.Counter(r["status"] for (_, p, d), r in results.items()
                                  if p == "compile" and d == "fp32")
     assert status["pass"] >= MIN_COMPILE_FP32_PASSES, dict(status)
+
+
+@pytest.mark.skipif("eager" not in PATHS or "fp32" not in DTYPES,
+                    reason="the eager fp32 sweep is not selected")
+def test_eager_fp32_pass_count(results):
+    status = collections.Counter(r["status"] for (_, p, d), r in results.items()
+                                 if p == "eager" and d == "fp32")
+    assert status["pass"] >= MIN_EAGER_FP32_PASSES, dict(status)
