@@ -361,3 +361,19 @@ def test_inplace_view_ops_change_the_tensors_geometry():
     signal = torch.randn(100)
     torch.testing.assert_close(torch.stft(signal.to("tpu"), 20, return_complex=True).cpu(),
                                torch.stft(signal, 20, return_complex=True))
+
+
+def test_integer_indexing_runs_on_the_device_and_masks_on_the_host():
+    # aten.index is tagged data-dependent for its boolean masks; integer indices (negative
+    # ones too) are a static gather and ran on the host for nothing.
+    x = torch.randn(5, 4)
+    i, j = torch.tensor([0, -2, 3]), torch.tensor([[1], [2]])
+    t = x.to("tpu")
+    torchtpu_compile.reset_stats()
+    torch.testing.assert_close(t[i.to("tpu")].cpu(), x[i])
+    torch.testing.assert_close(t[j.to("tpu"), i.to("tpu")].cpu(), x[j, i])
+    torch.testing.assert_close(t[:, i.to("tpu")].cpu(), x[:, i])
+    assert torchtpu_compile.stats()["fallback_ops"] == {}
+    mask = x > 0
+    torch.testing.assert_close(t[mask.to("tpu")].cpu(), x[mask])
+    assert torchtpu_compile.stats()["fallback_ops"] == {"aten.index.Tensor": 1}

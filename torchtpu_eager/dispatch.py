@@ -66,6 +66,8 @@ def _classify(func):
         return run_view
     if torch.Tag.nondeterministic_seeded in func.tags:
         return run_random
+    if func is aten.index.Tensor:  # tagged data-dependent for its boolean masks only
+        return run_index
     if torch.Tag.dynamic_output_shape in func.tags:
         return run_data_dependent
     if schema.returns and not all(_is_tensor_type(r.type) for r in schema.returns):
@@ -409,6 +411,14 @@ def run_data_dependent(func, args, kwargs):
     # Its output shape depends on the values (nonzero, masked_select, unique): never one static
     # program, so not traced at all (tracing 0-dim inputs crashed torch-mlir).
     return fallback.run_on_host(func, args, kwargs, "its output shape depends on the data")
+
+
+def run_index(func, args, kwargs):
+    # x[i] with integer indices is a gather of static shape (it ran on the host); a boolean
+    # mask selects as many elements as it holds true values.
+    if any(i is not None and i.dtype in (torch.bool, torch.uint8) for i in args[1]):
+        return run_data_dependent(func, args, kwargs)
+    return run_op(func, args, kwargs)
 
 
 def run_host_value(func, args, kwargs):
