@@ -470,6 +470,9 @@ def test_index_reduce_every_reduction():
     check(lambda x, i, s: [x.index_reduce(1, i, s, r, include_self=inc)
                            for r in ("prod", "mean", "amax", "amin") for inc in (True, False)],
           x, index, src)
+    scalar = torch.tensor(2.0)  # 0-dim self, index and source
+    check(lambda x, s: [x.index_reduce(0, torch.tensor([0]), s, r) for r in ("prod", "amax")] +
+          [x.scatter_reduce(0, torch.tensor(0), s, "sum")], scalar, torch.tensor(3.0))
 
 
 # --- gamma functions -------------------------------------------------------------------------

@@ -843,8 +843,11 @@ def scatter_reduce(self, dim, index, src, reduce, include_self=True):
     # and mean are accumulating scatters (index_put), which scale. amax, amin and prod have no
     # accumulating scatter to lower to: every source element is compared with every target
     # position, a dense (K x N) table bounded by _DENSE_SCATTER_LIMIT (beyond it: the host).
-    if self.dim() == 0 or self.dtype == torch.bool:
+    if self.dtype == torch.bool:
         return NotImplemented
+    if self.dim() == 0:  # a 0-dim self is one slot of a 1-element dim
+        return scatter_reduce(self.reshape(1), 0, index.reshape(-1), src.reshape(-1), reduce,
+                              include_self).reshape(())
     dim = dim % self.dim()
     src = src[tuple(slice(0, n) for n in index.shape)]  # src may be larger than index
     if index.numel() == 0:
@@ -897,8 +900,9 @@ def scatter_with_reduce(self, dim, index, src, reduce):
 @decomposition(aten.index_reduce.default)
 def index_reduce(self, dim, index, source, reduce, include_self=True):
     # Unlowered; the same as scatter_reduce with ``index`` spread over ``source``'s other dims.
-    if self.dim() == 0:
-        return NotImplemented
+    if self.dim() == 0:  # a 0-dim self is one slot of a 1-element dim
+        return index_reduce(self.reshape(1), 0, index.reshape(-1), source.reshape(-1), reduce,
+                            include_self).reshape(())
     dim = dim % self.dim()
     view = [1] * source.dim()
     view[dim] = index.numel()
