@@ -750,7 +750,8 @@ def native_batch_norm_eval(input, weight, bias, running_mean, running_var, train
 
 @decomposition(aten._batch_norm_with_update_functional.default)
 def batch_norm_with_update(input, weight, bias, running_mean, running_var, momentum, eps):
-    # No lowering (and its bf16 fallback region was typed f32). The same computation as
+    # No lowering (its fake kernel types bf16 running stats f32, the CPU kernel bf16: see
+    # program._RegionModule). The same computation as
     # _native_batch_norm_legit_functional in training mode, plus the empty reserve tensor.
     out, mean, rstd, new_mean, new_var = aten._native_batch_norm_legit_functional.default(
         input, weight, bias, running_mean, running_var, True, momentum, eps)
