@@ -488,3 +488,12 @@ def test_lgamma_digamma_and_friends_over_poles_and_large_values():
     with configured(strict=True):  # the eager device too
         out = torch.lgamma(x.to("tpu")).cpu()
     torch.testing.assert_close(out, torch.lgamma(x), rtol=1e-4, atol=1e-5)
+
+
+def test_take_of_any_rank_with_negative_indices():
+    x = randn(3, 4)
+    check(lambda x, i: torch.take(x, i), x, torch.tensor([[0, -1], [5, -12]]))
+    check(lambda x, i: torch.take(x, i), torch.tensor(2.5), torch.tensor(0))
+    with configured(strict=True):  # the eager device: a 0-dim index no longer falls back
+        out = torch.take(torch.tensor(2.5, device="tpu"), torch.tensor(-1, device="tpu"))
+    assert out.cpu().item() == 2.5

@@ -999,3 +999,13 @@ def digamma(x):
 def polygamma(n, x):
     # Order 0 is digamma; higher orders need the Hurwitz zeta function (not written yet).
     return digamma(x) if n == 0 else NotImplemented
+
+
+@decomposition(aten.take.default)
+def take(x, index):
+    # PyTorch's decomposition indexes with ``index`` itself; a 0-dim index then made tracing
+    # on the eager device ask for a data-dependent size. A flat index_select of any rank, with
+    # negative indices counted from the end as take counts them.
+    flat = index.reshape(-1)
+    flat = torch.where(flat < 0, flat + x.numel(), flat)
+    return x.reshape(-1).index_select(0, flat).reshape(index.shape)
