@@ -497,3 +497,9 @@ def test_take_of_any_rank_with_negative_indices():
     with configured(strict=True):  # the eager device: a 0-dim index no longer falls back
         out = torch.take(torch.tensor(2.5, device="tpu"), torch.tensor(-1, device="tpu"))
     assert out.cpu().item() == 2.5
+
+
+def test_put_with_and_without_accumulate():
+    x, values = randn(3, 4), randn(2, 2, seed=1)
+    index = torch.tensor([[0, -1], [5, -12]])
+    check(lambda x, i, v: [x.put(i, v), x.put(i, v, accumulate=True)], x, index, values)

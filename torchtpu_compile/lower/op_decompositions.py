@@ -1009,3 +1009,11 @@ def take(x, index):
     flat = index.reshape(-1)
     flat = torch.where(flat < 0, flat + x.numel(), flat)
     return x.reshape(-1).index_select(0, flat).reshape(index.shape)
+
+
+@decomposition(aten.put.default)
+def put(x, index, source, accumulate=False):
+    # Unlowered; take's inverse: a flat index_put, negative indices counted from the end.
+    flat = index.reshape(-1)
+    flat = torch.where(flat < 0, flat + x.numel(), flat)
+    return x.reshape(-1).index_put((flat,), source.reshape(-1), accumulate).reshape(x.shape)
