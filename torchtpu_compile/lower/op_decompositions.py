@@ -549,14 +549,6 @@ for _op in (aten.sum.dim_IntList, aten.mean.dim, aten.amax.default, aten.amin.de
     decomposition(_op)(_over_one_element(_op))
 
 
-@decomposition(aten.take.default)
-def take(x, index):
-    # torch-mlir's take does not wrap negative indices (they count from the end in eager).
-    flat = x.reshape(-1)
-    index = torch.where(index < 0, index + flat.shape[0], index)
-    return flat[index]
-
-
 @decomposition(aten.roll.default)
 def roll(x, shifts, dims=()):
     # torch-mlir's roll builds a concatenate of the wrong size for some shifts (|shift| > 1 on
@@ -1003,9 +995,9 @@ def polygamma(n, x):
 
 @decomposition(aten.take.default)
 def take(x, index):
-    # PyTorch's decomposition indexes with ``index`` itself; a 0-dim index then made tracing
-    # on the eager device ask for a data-dependent size. A flat index_select of any rank, with
-    # negative indices counted from the end as take counts them.
+    # torch-mlir's take does not wrap negative indices (they count from the end in eager), and
+    # indexing with ``index`` itself made tracing a 0-dim index on the eager device ask for a
+    # data-dependent size. A flat index_select of any rank, negative indices wrapped.
     flat = index.reshape(-1)
     flat = torch.where(flat < 0, flat + x.numel(), flat)
     return x.reshape(-1).index_select(0, flat).reshape(index.shape)
