@@ -423,38 +423,41 @@ def test_index_put_with_a_boolean_mask_and_a_broadcast_value():
 
 # --- resampling ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("align_corners", [False, True])
-def test_upsample_output_size_overloads(align_corners):
+def test_upsample_output_size_overloads():
     # The eager tpu device meets these overloads (interpolate's .vec is resolved before
     # dispatch); they fell back to the host there. Strict: a fallback is an error.
     aten = torch.ops.aten
     x, v = randn(2, 3, 4, 5), randn(1, 2, 3, 4, 5)
-    check(lambda x: aten.upsample_bilinear2d.default(x, [7, 9], align_corners), x)
-    check(lambda x: aten.upsample_bicubic2d.default(x, [7, 9], align_corners, 1.5, None), x)
-    check(lambda v: aten.upsample_trilinear3d.default(v, [4, 5, 7], align_corners), v)
+    check(lambda x, v: [out for corners in (False, True) for out in (
+        aten.upsample_bilinear2d.default(x, [7, 9], corners),
+        aten.upsample_bicubic2d.default(x, [7, 9], corners, 1.5, None),
+        aten.upsample_trilinear3d.default(v, [4, 5, 7], corners))], x, v)
     with configured(strict=True, matmul_precision="highest"):
-        actual = torch.nn.functional.interpolate(x.to("tpu"), (7, 9), mode="bicubic",
-                                                 align_corners=align_corners).cpu()
-    torch.testing.assert_close(actual, torch.nn.functional.interpolate(
-        x, (7, 9), mode="bicubic", align_corners=align_corners), rtol=1e-4, atol=1e-5)
+        actual = torch.nn.functional.interpolate(x.to("tpu"), (7, 9), mode="bicubic").cpu()
+    torch.testing.assert_close(actual, torch.nn.functional.interpolate(x, (7, 9), mode="bicubic"),
+                               rtol=1e-4, atol=1e-5)
 
 
 # --- scatter reductions ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("reduce", ["sum", "mean", "prod", "amax", "amin"])
-def test_scatter_reduce_every_reduction(reduce):
+REDUCTIONS = ("sum", "mean", "prod", "amax", "amin")
+
+
+def test_scatter_reduce_every_reduction():
     # No lowering; every reduction, with and without self, a source larger than the index,
     # repeated targets and targets never hit; an integer case for the floor-dividing mean.
+    # One graph per dtype: each compile costs seconds.
     x, src = randn(4, 5), randn(3, 6, seed=1)
     index = torch.tensor([[0, 1, 3, 0, 1], [0, 0, 3, 2, 1], [2, 0, 0, 0, 1]])
-    # One graph for every case: each compile costs seconds.
-    check(lambda x, i, s: [x.scatter_reduce(dim, i.clamp(max=4), s, reduce, include_self=inc)
-                           for dim in (0, 1) for inc in (True, False)], x, index, src)
+    check(lambda x, i, s: [x.scatter_reduce(dim, i.clamp(max=4), s, r, include_self=inc)
+                           for r in REDUCTIONS for dim in (0, 1) for inc in (True, False)],
+          x, index, src)
     ints = torch.arange(20).reshape(4, 5) - 7
-    check(lambda x, i, s: x.scatter_reduce(0, i, s, reduce), ints, index, (src * 10).long())
+    check(lambda x, i, s: [x.scatter_reduce(0, i, s, r) for r in REDUCTIONS], ints, index,
+          (src * 10).long())
     with configured(strict=True):  # the eager device: no fallback either
-        out = x.to("tpu").scatter_reduce(0, index.to("tpu"), src.to("tpu"), reduce).cpu()
-    torch.testing.assert_close(out, x.scatter_reduce(0, index, src, reduce))
+        out = x.to("tpu").scatter_reduce(0, index.to("tpu"), src.to("tpu"), "amax").cpu()
+    torch.testing.assert_close(out, x.scatter_reduce(0, index, src, "amax"))
 
 
 def test_scatter_with_add_and_multiply():
