@@ -264,9 +264,14 @@ def test_precision_modes_on_mlp(monkeypatch):
 
 # --- transformers models ---------------------------------------------------------------------
 
+#: One of each kind in make test (decoder, encoder, vision); every transformer, with more
+#: steps, is in tests/slow/test_models_full.py and the zoo.
+FAST_TRANSFORMERS = ("gpt2", "llama", "bert", "vit")
+
+
 @pytest.mark.parametrize("precision, name",
-                         [("highest", n) for n in zoo.TRANSFORMERS] + [("medium", "gpt2"),
-                                                                       ("medium", "vit")],
+                         [("highest", n) for n in FAST_TRANSFORMERS] + [("medium", "gpt2"),
+                                                                        ("medium", "vit")],
                          indirect=["precision"])
 def test_transformer(precision, name):
     model, inputs = zoo.TRANSFORMERS[name]()
