@@ -42,8 +42,7 @@ class LoadedArtifact:
     """A callable over a loaded artifact; takes and returns tensors like the exported model."""
 
     def __init__(self, path: str, manifest: dict, programs: dict, state: dict,
-                 example_inputs: dict, recompiled: bool):
-        from .dynamic import BucketTable
+                 example_inputs: dict, recompiled: bool, buckets):
         self.path = path
         self.manifest = manifest
         self.programs = programs  # name -> _Program
@@ -51,8 +50,7 @@ class LoadedArtifact:
         self.example_inputs = example_inputs
         self.recompiled = recompiled
         self._out_spec = self._spec(manifest["out_spec"])
-        self._buckets = (BucketTable(path, manifest["dynamic_dims"], manifest["inputs"])
-                         if manifest["dynamic_dims"] else None)
+        self._buckets = buckets  # a BucketTable, or None for static shapes
         self._by_bucket = {tuple(p.bucket): p for p in programs.values() if p.bucket is not None}
 
     def _spec(self, text):
@@ -126,7 +124,8 @@ class LoadedArtifact:
         results = [wrap(b) for b in program.executable.run(buffers)]
         outputs = collect_outputs(program.slots, results, graph_args)
         if program.plan_outputs is not None:
-            outputs = _unpad_outputs(outputs, program.plan_outputs, real_env, pad_env)
+            from ..buckets.layout import unpad_outputs
+            outputs = unpad_outputs(outputs, program.plan_outputs, real_env, pad_env)
         if self._out_spec is None:
             return tuple(outputs)
         return pytree.tree_unflatten(outputs, self._out_spec)
@@ -136,20 +135,6 @@ class LoadedArtifact:
         if not self.example_inputs:
             raise ArtifactError(f"{self.path} was saved without example inputs")
         return self(*[self.example_inputs[s["name"]] for s in self.manifest["inputs"]])
-
-
-def _unpad_outputs(outputs: list, plan_outputs: list, real_env: dict, pad_env: dict) -> list:
-    """A bucket program's outputs at the real sizes (``BucketPlan.outputs``, stored)."""
-    from ..buckets.layout import evaluate, unpad
-    real = []
-    for kind, *rest in plan_outputs:
-        if kind == "tensor":
-            real.append(unpad(outputs[rest[0]], rest[1], real_env, pad_env))
-        elif kind == "size":
-            real.append(int(evaluate(rest[0], real_env)))
-        else:
-            real.append(rest[0])
-    return real
 
 
 def _load_executable(path: str, members: dict, manifest: dict, entry: dict, client):
@@ -197,16 +182,17 @@ def load(path: str) -> LoadedArtifact:
     members = artifact_file.read_members(path)
     manifest = json.loads(members["manifest.json"])
     client = get_client()
-    symbols = BucketTable(path, manifest["dynamic_dims"], manifest["inputs"]).symbols
+    buckets = BucketTable(path, manifest["dynamic_dims"], manifest["inputs"])
     programs, recompiled = {}, False
     for entry in manifest["programs"]:
         executable, rebuilt = _load_executable(path, members, manifest, entry, client)
         recompiled |= rebuilt
-        programs[entry["name"]] = _Program(entry, executable, symbols)
+        programs[entry["name"]] = _Program(entry, executable, buckets.symbols)
     state = load_tensors(members["params.safetensors"])
     for alias, stored in manifest.get("state_aliases", {}).items():
         state[alias] = state[stored]
     example = {}
     if "example_inputs.safetensors" in members:
         example = load_tensors(members["example_inputs.safetensors"])
-    return LoadedArtifact(path, manifest, programs, state, example, recompiled)
+    return LoadedArtifact(path, manifest, programs, state, example, recompiled,
+                          buckets if manifest["dynamic_dims"] else None)

@@ -204,6 +204,28 @@ def unpad(tensor: torch.Tensor, layout, real_env: dict, pad_env: dict) -> torch.
     return tensor.reshape(padded)[tuple(slice(0, r) for r in real)].reshape(real_shape)
 
 
+
+def unpad_outputs(results: list, plan_outputs: list, real_env: dict, pad_env: dict) -> list:
+    """A bucket program's outputs at the real sizes, from its ``results`` and the plan's
+    ``outputs`` (``BucketPlan.outputs``): padded tensors cut back, sizes evaluated, values as
+    they are. The compile path's runner and the AOT loader both read plans through this.
+
+    Example::
+
+        unpad_outputs([y], [("tensor", 0, (prefix(s0),)), ("size", s0)], {s0: 3}, {s0: 8})
+        # [y[:3], 3]
+    """
+    outputs = []
+    for kind, *rest in plan_outputs:
+        if kind == "tensor":
+            index, layout = rest
+            outputs.append(unpad(results[index], layout, real_env, pad_env))
+        elif kind == "size":
+            outputs.append(int(evaluate(rest[0], real_env)))
+        else:
+            outputs.append(rest[0])
+    return outputs
+
 # --- views -------------------------------------------------------------------------------------
 
 def view_layout(layout, in_shape, out_exprs, pad_env: dict):

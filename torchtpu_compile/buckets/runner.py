@@ -16,7 +16,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from .. import counters
 from .._logging import log
-from .layout import NotPaddable, evaluate, has_padding, pad, unpad
+from .layout import NotPaddable, has_padding, pad, unpad_outputs
 from .policy import choose
 from .trace import analyze, trace_bucket
 
@@ -94,17 +94,7 @@ class BucketedGraph:
             inputs.append(padded)
         inputs += [torch.tensor(real_env[s], dtype=torch.int64) for s in spec.symbols]
         counters.record_bucket_call(self.name, key, new, padded_elements, real_elements)
-        results = program(inputs)
-        outputs = []
-        for kind, *rest in plan.outputs:
-            if kind == "tensor":
-                index, layout = rest
-                outputs.append(unpad(results[index], layout, real_env, pad_env))
-            elif kind == "size":
-                outputs.append(int(evaluate(rest[0], real_env)))
-            else:
-                outputs.append(rest[0])
-        return outputs
+        return unpad_outputs(program(inputs), plan.outputs, real_env, pad_env)
 
 
 __all__ = ["BucketedGraph", "NotPaddable"]
