@@ -358,13 +358,20 @@ def run_op(func, args, kwargs):
 
 # --- other kinds ------------------------------------------------------------------------------
 
+def _meta_view(t: TpuTensor) -> torch.Tensor:
+    """A meta tensor viewing a storage like ``t``'s exactly as ``t`` does: view ops applied to
+    it give the new geometry without touching data."""
+    storage = t._st
+    return torch.empty((storage.numel,), dtype=storage.dtype, device="meta").as_strided(
+        t._shape, t.stride(), t.storage_offset())
+
+
 def run_view(func, args, kwargs):
     base = args[0]
     if type(base) is not TpuTensor:
         return run_op(func, args, kwargs)
     storage = base._st
-    meta = torch.empty((storage.numel,), dtype=storage.dtype, device="meta").as_strided(
-        base._shape, base.stride(), base.storage_offset())
+    meta = _meta_view(base)
     out = func(meta, *args[1:], **kwargs)
 
     def wrap(m):
@@ -394,9 +401,7 @@ def run_inplace_view(func, args, kwargs):
     base = args[0]
     if type(base) is not TpuTensor or func._schema.name.startswith("aten::resize"):
         return run_op(func, args, kwargs)  # resizing reallocates: not a view of the storage
-    storage = base._st
-    meta = torch.empty((storage.numel,), dtype=storage.dtype, device="meta").as_strided(
-        base._shape, base.stride(), base.storage_offset())
+    meta = _meta_view(base)
     func(meta, *args[1:], **kwargs)
     base._restride(meta.shape, meta.stride(), meta.storage_offset())
     return base

@@ -51,15 +51,17 @@ class TpuTensor(torch.Tensor):
             cls, size, strides=stride, storage_offset=offset, dtype=storage.dtype,
             device=DEVICE, requires_grad=requires_grad)
         t._st = storage
-        t._set_geometry(size, stride, offset)
+        t._set_geometry(size, stride, offset, contiguous)
         return t
 
-    def _set_geometry(self, size: tuple, stride: tuple, offset: int) -> None:
+    def _set_geometry(self, size: tuple, stride: tuple, offset: int,
+                      contiguous: tuple | None = None) -> None:
         storage = self._st
         self._shape = size
+        if contiguous is None:
+            contiguous = _contiguous_strides(size)
         # Dense: this tensor is its whole storage, in order (the common case, read directly).
-        self._dense = offset == 0 and (stride == _contiguous_strides(size) or
-                                       storage.numel <= 1) and \
+        self._dense = offset == 0 and (stride == contiguous or storage.numel <= 1) and \
             (size == storage.shape or _numel(size) == storage.numel)
 
     def _restride(self, size, stride, offset: int) -> None:
