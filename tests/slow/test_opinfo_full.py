@@ -50,17 +50,11 @@ def test_entry(results, entry, path, dtype):
     assert_result(_Result(results[(entry, path, dtype)]))
 
 
-@pytest.mark.skipif("compile" not in PATHS or "fp32" not in DTYPES,
-                    reason="the compile fp32 sweep is not selected")
-def test_compile_fp32_pass_count(results):
+@pytest.mark.parametrize("path, bar", [("compile", MIN_COMPILE_FP32_PASSES),
+                                       ("eager", MIN_EAGER_FP32_PASSES)])
+def test_fp32_pass_count(results, path, bar):
+    if path not in PATHS or "fp32" not in DTYPES:
+        pytest.skip(f"the {path} fp32 sweep is not selected")
     status = collections.Counter(r["status"] for (_, p, d), r in results.items()
-                                 if p == "compile" and d == "fp32")
-    assert status["pass"] >= MIN_COMPILE_FP32_PASSES, dict(status)
-
-
-@pytest.mark.skipif("eager" not in PATHS or "fp32" not in DTYPES,
-                    reason="the eager fp32 sweep is not selected")
-def test_eager_fp32_pass_count(results):
-    status = collections.Counter(r["status"] for (_, p, d), r in results.items()
-                                 if p == "eager" and d == "fp32")
-    assert status["pass"] >= MIN_EAGER_FP32_PASSES, dict(status)
+                                 if p == path and d == "fp32")
+    assert status["pass"] >= bar, dict(status)
