@@ -119,7 +119,6 @@ def device_literals_as_host(gm):
         node.kwargs = {k: _host_device(v) for k, v in node.kwargs.items()}
 
 
-
 #: Largest literal we evaluate on the host while folding; bigger ones are left to XLA.
 _MAX_FOLDED_NUMEL = 1 << 16
 

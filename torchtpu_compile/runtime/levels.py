@@ -25,6 +25,7 @@ from . import cache as cache_store
 #: Subfolder (of ``config.cache_dir`` and of the remote) that holds the graph-level entries.
 SUBDIR = "graphs"
 
+
 def _stores() -> list:
     """Disk and remote stores of the graph levels, built once per configuration."""
     return cache_store.configured_stores(SUBDIR, "graph cache")
