@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import torchtpu_compile
-from helpers import compile_tpu, precision
+import torchtpu_eager  # noqa: F401  (the tpu device)
+from helpers import compile_tpu, configured, precision
 
 pytestmark = pytest.mark.usefixtures("fp32")
 
@@ -153,3 +154,25 @@ def test_uninitialized_outputs_compile():
     # torch.empty reaching an output lowered to tensor.empty, which XLA rejects.
     out = compile_tpu(lambda x: (torch.empty_like(x), x + 1))(torch.ones(3, 4))
     assert out[0].shape == (3, 4) and torch.equal(out[1], torch.full((3, 4), 2.0))
+
+
+def test_outputs_with_no_elements_are_made_outside_the_program():
+    # torch-mlir cannot express a 0-element literal (batch norm's uint8 reserve): such outputs
+    # are made by the caller, with the traced dtype and shape, on each path.
+    def f(x, w, b, mean, var):
+        mean, var = mean.clone(), var.clone()
+        out = torch.ops.aten._batch_norm_with_update(x, w, b, mean, var, 0.1, 1e-5)
+        return (*out, mean, var, x.new_zeros((2, 0)), torch.full_like(x[:, :0], 3.0))
+    x = torch.randn(4, 3, 5)
+    args = (x, torch.rand(3) + 0.5, torch.randn(3), torch.randn(3), torch.rand(3) + 0.5)
+    expected = f(*args)
+    torchtpu_compile.reset_stats()
+    with configured(strict=True):
+        compiled = compile_tpu(f)(*args)
+        on_tpu = f(*(a.to("tpu") for a in args))
+    for actual in (compiled, [t.cpu() for t in on_tpu]):
+        for a, e in zip(actual, expected):
+            assert a.dtype == e.dtype and a.shape == e.shape
+            torch.testing.assert_close(a, e, atol=1e-5, rtol=1e-4)
+    assert compiled[3].device.type == "cpu" and on_tpu[3].device.type == "tpu"
+    assert torchtpu_compile.stats()["eager_fallbacks"] == 0

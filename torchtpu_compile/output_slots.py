@@ -1,7 +1,8 @@
 """Where each output of a prepared graph comes from, and the one loop that rebuilds them.
 
 ``lower/calling_convention.py`` drops from a program the outputs XLA need not compute (None,
-inputs returned as they are, constants, duplicates) and records an ``OutputSlot`` for each;
+inputs returned as they are, constants, duplicates, tensors with no elements) and records an
+``OutputSlot`` for each;
 compiled programs (``program.py``) and loaded AOT artifacts (``aot/loader.py``) put them back
 with ``collect_outputs``. This module imports nothing heavy: the AOT loader must not pull in
 torch-mlir.
@@ -19,7 +20,8 @@ from dataclasses import dataclass
 @dataclass
 class OutputSlot:
     """Where one output of the original graph comes from."""
-    kind: str          # "program" (index into program outputs), "input", "none", "constant"
+    kind: str          # "program" (index into program outputs), "input", "none", "constant",
+    #                    "empty" (value: [shape, dtype name, device type])
     index: int = -1
     value: object = None
 
@@ -32,11 +34,12 @@ class OutputSlot:
         return cls(data["kind"], data.get("index", -1), data.get("value"))
 
 
-def collect_outputs(slots: list, results: list, args: list) -> list:
+def collect_outputs(slots: list, results: list, args: list, device: str | None = None) -> list:
     """The original graph's outputs from the program's ``results`` and the call's ``args``.
 
     The one reading of ``OutputSlot``s: compiled programs and loaded AOT artifacts both use it,
     so an output that is an input, a constant or None comes back the same way on each path.
+    Tensors with no elements are made here, on ``device`` (default: the traced one).
 
     Example::
 
@@ -52,6 +55,25 @@ def collect_outputs(slots: list, results: list, args: list) -> list:
             outputs.append(args[slot.index])
         elif kind == "constant":
             outputs.append(slot.value)
+        elif kind == "empty":
+            outputs.append(empty_tensor(slot.value, device))
         else:
             outputs.append(None)
     return outputs
+
+
+def empty_spec(value) -> list:
+    """The "empty" slot's value for a tensor with no elements: [shape, dtype name, device]."""
+    return [list(value.shape), str(value.dtype).removeprefix("torch."), value.device.type]
+
+
+def empty_tensor(spec: list, device: str | None = None):
+    """The tensor with no elements that ``spec`` (from ``empty_spec``) describes.
+
+    Example::
+
+        empty_tensor([[0], "uint8", "cpu"])      # tensor([], dtype=torch.uint8)
+    """
+    import torch  # not at import: the loader's light imports (torch is loaded by then anyway)
+    shape, dtype, traced_device = spec
+    return torch.empty(shape, dtype=getattr(torch, dtype), device=device or traced_device)

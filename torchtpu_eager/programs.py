@@ -23,6 +23,7 @@ from torchtpu_compile.lower import lower_graph
 from torchtpu_compile.lower.calling_convention import prepare
 from torchtpu_compile.lower.fx_passes import normalize
 from torchtpu_compile.lower.precision import resolve_precision
+from torchtpu_compile.output_slots import empty_tensor
 from torchtpu_compile.runtime.client import get_client
 from torchtpu_compile.runtime.executable import compile_stablehlo
 from torchtpu_compile.runtime.transfer import to_buffer
@@ -120,6 +121,8 @@ class OpGraph:
                 outputs.append(results[slot.index])
             elif kind == "input":
                 outputs.append(buffers[slot.index])
+            elif kind == "empty":
+                outputs.append(to_buffer(empty_tensor(slot.value, "cpu")))
             else:
                 raise RuntimeError(f"{self.label}: graph output of kind {kind!r} is not a tensor")
         return outputs

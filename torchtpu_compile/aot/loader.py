@@ -122,7 +122,7 @@ class LoadedArtifact:
         device = next((t.device.type for t in flat if t.device.type != "cpu"), "cpu")
         wrap = wrapper_for(device)
         results = [wrap(b) for b in program.executable.run(buffers)]
-        outputs = collect_outputs(program.slots, results, graph_args)
+        outputs = collect_outputs(program.slots, results, graph_args, device)
         if program.plan_outputs is not None:
             from ..buckets.layout import unpad_outputs
             outputs = unpad_outputs(outputs, program.plan_outputs, real_env, pad_env)

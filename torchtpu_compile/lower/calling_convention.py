@@ -3,8 +3,9 @@
 XLA programs take and return only tensors, exactly once each. This module rewrites the graph
 and records how to rebuild the caller's view around the executable:
 
-- None outputs (common in backward graphs), outputs that are inputs, duplicate outputs and
-  constant (int) outputs are dropped from the program and put back after it runs;
+- None outputs (common in backward graphs), outputs that are inputs, duplicate outputs,
+  constant (int) outputs and tensors with no elements (batch norm's reserve) are dropped from
+  the program and put back after it runs;
 - tensors held by the graph (``get_attr``) become arguments, never inlined literals;
 - random ops (dropout masks, ``rand``) are drawn on the host from torch's generator and passed
   in, so results follow ``torch.manual_seed`` exactly as eager does.
@@ -20,7 +21,7 @@ import torch
 import torch.fx as fx
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
-from ..output_slots import OutputSlot
+from ..output_slots import OutputSlot, empty_spec
 
 aten = torch.ops.aten
 
@@ -142,6 +143,10 @@ def prepare(gm: fx.GraphModule) -> PreparedGraph:
             slots.append(OutputSlot("constant", value=value))
         elif value in input_pos:
             slots.append(OutputSlot("input", index=input_pos[value]))
+        elif _has_no_elements(value):
+            # Made outside the program: torch-mlir cannot express a 0-element literal (the
+            # uint8 reserve of _batch_norm_with_update), and XLA would return nothing anyway.
+            slots.append(OutputSlot("empty", value=empty_spec(value.meta["val"])))
         elif value in seen:
             slots.append(OutputSlot("program", index=seen[value]))
         else:
@@ -153,6 +158,12 @@ def prepare(gm: fx.GraphModule) -> PreparedGraph:
     gm.recompile()
     return PreparedGraph(gm=gm, arg_indices=arg_indices, constants=constants,
                          random_inputs=random_inputs, outputs=slots, single_output=single)
+
+
+def _has_no_elements(node: fx.Node) -> bool:
+    val = node.meta.get("val")
+    return (isinstance(val, torch.Tensor) and all(isinstance(s, int) for s in val.shape)
+            and 0 in val.shape)
 
 
 def _copy_graph(graph: fx.Graph) -> fx.Graph:
