@@ -213,11 +213,43 @@ def test_module_to_tpu_and_back():
                                 torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(64, 2))
     x = torch.randn(2, 3, 6, 6)
     expected = model(x)
+    ref_stats = model[1].running_mean.clone()
     model.to("tpu")
     assert all(p.device == TPU for p in model.parameters())
     out = model(x.to("tpu"))
     torch.testing.assert_close(out.cpu(), expected, atol=1e-5, rtol=1e-4)
-    torch.testing.assert_close(model[1].running_mean.cpu(), model.cpu()[1].running_mean)
+    # The second forward (on tpu) updates the statistics once more, from the same batch.
+    expected_stats = 0.9 * ref_stats + 0.1 * model.cpu()[0](x).mean((0, 2, 3))
+    torch.testing.assert_close(model[1].running_mean, expected_stats, atol=1e-5, rtol=1e-4)
+
+
+def test_batch_norm_training_runs_on_the_device_and_updates_running_stats():
+    # native_batch_norm's schema hides its writes to the running statistics: traced as it
+    # stood, the device computed the output and silently left the statistics unchanged.
+    torch.manual_seed(0)
+    ref = torch.nn.BatchNorm2d(3)
+    with torch.no_grad():
+        ref.weight.uniform_(0.5, 1.5)
+        ref.bias.uniform_(-0.5, 0.5)
+    dev = torch.nn.BatchNorm2d(3)
+    dev.load_state_dict(ref.state_dict())
+    dev.to("tpu")
+    torchtpu_compile.reset_stats()
+    with configured(strict=True):
+        for step in range(2):
+            x = torch.randn(4, 3, 5, 5) * 2 + 1
+            x_ref, x_dev = x.clone().requires_grad_(), x.to("tpu").requires_grad_()
+            out_ref, out_dev = ref(x_ref), dev(x_dev)
+            cotangent = torch.randn_like(out_ref)
+            out_ref.backward(cotangent)
+            out_dev.backward(cotangent.to("tpu"))
+            torch.testing.assert_close(out_dev.cpu(), out_ref.detach(), atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(x_dev.grad.cpu(), x_ref.grad, atol=1e-5, rtol=1e-4)
+    for name, value in ref.state_dict().items():
+        torch.testing.assert_close(dev.state_dict()[name].cpu(), value, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(dev.weight.grad.cpu(), ref.weight.grad, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(dev.bias.grad.cpu(), ref.bias.grad, atol=1e-5, rtol=1e-4)
+    assert torchtpu_compile.stats()["eager_fallbacks"] == 0
 
 
 def test_unsupported_op_falls_back_counted_and_strict_raises():

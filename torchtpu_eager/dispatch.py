@@ -499,6 +499,18 @@ def native_dropout(func, args, kwargs):
     return run_op(aten.mul.Tensor, (scaled, 1.0 / (1 - p)), {}), mask
 
 
+@handles(aten.native_batch_norm.default)
+def native_batch_norm(func, args, kwargs):
+    # In training mode it writes the running statistics, but its schema does not say so: traced
+    # as it stands, the update was silently lost. _native_batch_norm_legit is the same op with
+    # the writes declared.
+    names = [a.name for a in func._schema.arguments]
+    bound = {**dict(zip(names, args)), **kwargs}
+    if not bound["training"] or bound["running_mean"] is None or bound["running_var"] is None:
+        return run_op(func, args, kwargs)
+    return run_op(aten._native_batch_norm_legit.default, tuple(bound[n] for n in names), {})
+
+
 @handles(aten.resize_.default)
 def resize_(func, args, kwargs):
     t, size = args[0], tuple(args[1])
