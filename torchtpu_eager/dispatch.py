@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import torch
 
-from torchtpu_compile import counters
 from torchtpu_compile.errors import LoweringError
 
 from . import fallback, modes, rng, scalars, views
