@@ -30,7 +30,7 @@ FAST = [
     # nn.functional
     "softmax", "log_softmax", "nn.functional.layer_norm", "nn.functional.gelu",
     "nn.functional.embedding", "nn.functional.cross_entropy", "nn.functional.max_pool2d",
-    "nn.functional.group_norm",
+    "nn.functional.group_norm", "nn.functional.batch_norm",
     # our decompositions
     "remainder", "cumsum", "cummax", "diagonal", "kthvalue", "cdist", "fmax", "clamp_max",
     "addmv",

@@ -63,24 +63,24 @@ def _sample_call(sample):
     return args, kwargs
 
 
-def _compare(actual, expected, dtype, reference_fp32=None):
+def _compare(actual, expected, dtype, reference_fp32=None, what="output"):
     """Raise AssertionError naming the first mismatch; fp32 reference rescues bf16 rounding."""
     tol = TOLERANCES[dtype]
     actual_flat, actual_spec = tree_flatten(actual)
     expected_flat, expected_spec = tree_flatten(expected)
     if actual_spec != expected_spec:
-        raise AssertionError(f"output structure {actual_spec} instead of {expected_spec}")
+        raise AssertionError(f"{what} structure {actual_spec} instead of {expected_spec}")
     ref_flat = tree_flatten(reference_fp32)[0] if reference_fp32 is not None else None
     for i, (a, e) in enumerate(zip(actual_flat, expected_flat)):
         if not isinstance(e, torch.Tensor):
             if isinstance(e, float) and isinstance(a, float):
                 torch.testing.assert_close(a, e, **tol, equal_nan=True)
             elif a != e:
-                raise AssertionError(f"output {i}: {a!r} instead of {e!r}")
+                raise AssertionError(f"{what} {i}: {a!r} instead of {e!r}")
             continue
         try:
             torch.testing.assert_close(a, e, **tol, equal_nan=True,
-                                       msg=lambda m: f"output {i}: {m}")
+                                       msg=lambda m: f"{what} {i}: {m}")
         except AssertionError:
             # XLA keeps bf16 intermediates in f32 where CPU kernels round each step: a result
             # at least as close to the fp32 answer as eager bf16 is is a pass.
@@ -90,21 +90,23 @@ def _compare(actual, expected, dtype, reference_fp32=None):
             if a.shape != ref.shape or a.dtype != e.dtype:
                 raise
             torch.testing.assert_close(a, ref, **tol, equal_nan=True,
-                                       msg=lambda m: f"output {i} (against fp32 reference): {m}")
+                                       msg=lambda m: f"{what} {i} (against fp32 reference): {m}")
 
 
 def _fp32_reference(fn, args, kwargs):
-    """The op on fp32 copies of bf16 inputs, or None when that is not meaningful."""
+    """(the op's result, its arguments after the call) on fp32 copies of bf16 inputs, or
+    (None, None) when that is not meaningful."""
     def up(value):
         if isinstance(value, torch.Tensor) and value.dtype is torch.bfloat16:
             return value.float()
         if isinstance(value, torch.dtype) and value is torch.bfloat16:
             return torch.float32
         return value
+    args, kwargs = tree_map(up, (args, kwargs))
     try:
-        return fn(*tree_map(up, args), **tree_map(up, kwargs))
+        return fn(*args, **kwargs), (args, kwargs)
     except Exception:
-        return None
+        return None, None
 
 
 def _samples(op, dtype, max_samples: int):
@@ -150,12 +152,17 @@ def check(op, path: str, dtype: torch.dtype, max_samples: int = 3) -> Result:
             args, kwargs = _sample_call(sample)
             torch.manual_seed(index)  # random ops draw from torch's generator on both sides
             expected = fn(*args, **kwargs)
-            reference = _fp32_reference(fn, *_sample_call(sample)) if dtype is torch.bfloat16 \
-                else None
+            expected_arguments = (args, kwargs)
+            reference, reference_arguments = _fp32_reference(fn, *_sample_call(sample)) \
+                if dtype is torch.bfloat16 else (None, None)
             args, kwargs = _sample_call(sample)
             torch.manual_seed(index)
             outcome = run(fn, args, kwargs)
             _compare(outcome.value, expected, dtype, reference)
+            # What the op wrote into its arguments (in-place ops, out=, batch norm's running
+            # statistics, whose schema does not even declare the write) counts as output.
+            _compare(outcome.arguments, expected_arguments, dtype, reference_arguments,
+                     what="argument")
             result.samples += 1
             result.fallback_ops.update(outcome.fallbacks)
             if outcome.graph_breaks:

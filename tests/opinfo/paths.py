@@ -27,6 +27,7 @@ class Outcome:
     fallbacks: dict = field(default_factory=dict)     # op name -> reason it ran in eager
     graph_breaks: list = field(default_factory=list)  # Dynamo's reasons
     graphs: int = 0                                   # graphs the backend was handed
+    arguments: object = None                          # (args, kwargs) after the call, on CPU
 
 
 class _CountingBackend:
@@ -102,7 +103,7 @@ def run_compiled(fn, args, kwargs) -> Outcome:
     fallbacks = {op: reasons.get(op, "no reason logged") for op in counted}
     breaks = [str(reason) for reason in counters["graph_break"]]
     torch._dynamo.reset()
-    return Outcome(value, fallbacks, breaks, backend.graphs)
+    return Outcome(value, fallbacks, breaks, backend.graphs, (args, kwargs))
 
 
 def eager_available() -> str | None:
@@ -138,8 +139,10 @@ def run_eager(fn, args, kwargs) -> Outcome:
     with _capture_fallbacks() as reasons:
         value = fn(*args, **kwargs)
         value = value if isinstance(value, torch.Size) else tree_map(_to("cpu"), value)
+        arguments = tree_map(_to("cpu"), (args, kwargs))
     counted = torchtpu_compile.stats()["fallback_ops"]
-    return Outcome(value, {op: reasons.get(op, "no reason logged") for op in counted})
+    return Outcome(value, {op: reasons.get(op, "no reason logged") for op in counted},
+                   arguments=arguments)
 
 
 PATHS = {"compile": run_compiled, "eager": run_eager}
