@@ -39,68 +39,132 @@ def data(rank, shape=(4, 3), dtype=torch.float32):
     return x.to(dtype) if dtype.is_floating_point else (x * 10).to(dtype)
 
 
-def check_collectives(rank, world):
-    """Every collective on tpu tensors against host values, then the error cases."""
+def _dist_stats() -> dict:
+    import torchtpu_compile
+    return torchtpu_compile.stats()["tpu_dist"]
+
+
+def _delta(before: dict) -> dict:
+    after = _dist_stats()
+    return {k: after[k] - before[k] for k in before}
+
+
+def _staged_group():
+    """A group of the same ranks whose collectives are all host-staged (the reference)."""
+    os.environ["TORCHTPU_DIST_TRANSPORT"] = "staged"
+    try:
+        return dist.new_group()
+    finally:
+        del os.environ["TORCHTPU_DIST_TRANSPORT"]
+
+
+def _collectives(rank, world, group) -> dict:
+    """Every collective PJRT carries, on ``group``, each against host arithmetic; returns
+    the results by name (host tensors), to compare the transports."""
     everyone = [data(r) for r in range(world)]
     stack = torch.stack(everyone)
+    got = {}
     for op, want in [(dist.ReduceOp.SUM, stack.sum(0)), (dist.ReduceOp.AVG, stack.mean(0)),
                      (dist.ReduceOp.MAX, stack.amax(0)), (dist.ReduceOp.MIN, stack.amin(0)),
                      (dist.ReduceOp.PRODUCT, stack.prod(0))]:
         x = data(rank).to("tpu")
-        dist.all_reduce(x, op=op)
+        dist.all_reduce(x, op=op, group=group)
         same(x, want, f"all_reduce {op}")
         assert x.device.type == "tpu"
-    # integers, and a view: the write reaches the base
+        got[f"all_reduce {op}"] = x.cpu()
+    # integers (average truncates), bf16, and a view: the write reaches the base
     base = torch.zeros(2, 4, dtype=torch.int64, device="tpu")
     row = base[1]
     row.copy_(data(rank, (4,), torch.int64).to("tpu"))
-    dist.all_reduce(row)
+    dist.all_reduce(row, group=group)
     same(base[1], sum(data(r, (4,), torch.int64) for r in range(world)), "all_reduce view")
     same(base[0], torch.zeros(4, dtype=torch.int64), "all_reduce view leaves the rest")
+    got["all_reduce int64 view"] = base.cpu()
+    ints = data(rank, (5,), torch.int32).to("tpu")
+    dist.all_reduce(ints, op=dist.ReduceOp.AVG, group=group)
+    same(ints, torch.div(sum(data(r, (5,), torch.int32) for r in range(world)), world,
+                         rounding_mode="trunc"), "all_reduce avg int32")
+    got["all_reduce avg int32"] = ints.cpu()
+    half = data(rank, (6,), torch.bfloat16).to("tpu")
+    dist.all_reduce(half, group=group)
+    same(half, sum(data(r, (6,), torch.bfloat16).float() for r in range(world)), "bf16",
+         atol=0.05)
+    got["all_reduce bf16"] = half.cpu()
     # async
     x = data(rank).to("tpu")
-    work = dist.all_reduce(x, async_op=True)
+    work = dist.all_reduce(x, async_op=True, group=group)
     assert work.wait()
     same(x, stack.sum(0), "async all_reduce")
-    # broadcast
-    x = data(rank).to("tpu")
-    dist.broadcast(x, src=1)
-    same(x, everyone[1], "broadcast")
+    # broadcast (exact bits, any dtype)
+    for src in range(world):
+        x = data(rank).to("tpu")
+        dist.broadcast(x, src=src, group=group)
+        same(x, everyone[src], f"broadcast from {src}")
+    flags = (data(rank, (5,)) > 0).to("tpu")
+    dist.broadcast(flags, src=1, group=group)
+    assert torch.equal(flags.cpu(), data(1, (5,)) > 0), "broadcast bool"
+    got["broadcast"] = x.cpu()
     # all_gather (list and into tensor)
-    import torchtpu_compile
-    staged = torchtpu_compile.stats()["tpu_dist"]["host_staged_collectives"]
     outs = [torch.empty(4, 3, device="tpu") for _ in range(world)]
-    dist.all_gather(outs, data(rank).to("tpu"))
-    counted = torchtpu_compile.stats()["tpu_dist"]["host_staged_collectives"] - staged
-    assert counted == 1, f"one all_gather counted as {counted} host-staged collectives"
+    dist.all_gather(outs, data(rank).to("tpu"), group=group)
     for r in range(world):
         same(outs[r], everyone[r], f"all_gather[{r}]")
+    got["all_gather"] = torch.cat([o.cpu() for o in outs])
     out = torch.empty(world * 4, 3, device="tpu")
-    dist.all_gather_into_tensor(out, data(rank).to("tpu"))
+    dist.all_gather_into_tensor(out, data(rank).to("tpu"), group=group)
     same(out, torch.cat(everyone), "all_gather_into_tensor")
+    got["all_gather_into_tensor"] = out.cpu()
     # reduce_scatter (list and tensor); input: world chunks of (2, 3)
     big = [data(r, (world * 2, 3)) for r in range(world)]
     total = torch.stack(big).sum(0)
     mine = total[rank * 2:(rank + 1) * 2]
     out = torch.empty(2, 3, device="tpu")
-    dist.reduce_scatter(out, list(big[rank].to("tpu").chunk(world)))
+    dist.reduce_scatter(out, list(big[rank].to("tpu").chunk(world)), group=group)
     same(out, mine, "reduce_scatter")
+    got["reduce_scatter"] = out.cpu()
     out = torch.empty(2, 3, device="tpu")
-    dist.reduce_scatter_tensor(out, big[rank].to("tpu"), op=dist.ReduceOp.AVG)
+    dist.reduce_scatter_tensor(out, big[rank].to("tpu"), op=dist.ReduceOp.AVG, group=group)
     same(out, mine / world, "reduce_scatter_tensor avg")
+    got["reduce_scatter_tensor avg"] = out.cpu()
     # all_to_all: rank r sends chunk j to rank j
     ins = [data(rank * 10 + j, (3,)).to("tpu") for j in range(world)]
     outs = [torch.empty(3, device="tpu") for _ in range(world)]
-    dist.all_to_all(outs, ins)
+    dist.all_to_all(outs, ins, group=group)
     for j in range(world):
         same(outs[j], data(j * 10 + rank, (3,)), f"all_to_all[{j}]")
+    got["all_to_all"] = torch.cat([o.cpu() for o in outs])
     inp = torch.cat([data(rank * 10 + j, (3,)) for j in range(world)]).to("tpu")
     out = torch.empty(world * 3, device="tpu")
-    dist.all_to_all_single(out, inp)
+    dist.all_to_all_single(out, inp, group=group)
     same(out, torch.cat([data(j * 10 + rank, (3,)) for j in range(world)]),
          "all_to_all_single")
-    # uneven splits: rank r sends r+1+j elements to rank j
-    in_splits = [rank + 1 + j for j in range(world)]
+    got["all_to_all_single"] = out.cpu()
+    # reduce to a root; barrier
+    x = data(rank).to("tpu")
+    dist.reduce(x, dst=0, op=dist.ReduceOp.MAX, group=group)
+    same(x, stack.amax(0) if rank == 0 else everyone[rank], "reduce to rank 0")
+    dist.barrier(group=group)
+    return got
+
+
+def check_collectives(rank, world):
+    """Every collective on tpu tensors against host values, on the PJRT transport (nothing
+    staged) and on a host-staged group (the same results); then what stays host-staged on
+    the PJRT group (counted), and the error cases."""
+    staged_group = _staged_group()
+    before = _dist_stats()
+    pjrt = _collectives(rank, world, None)
+    moved = _delta(before)
+    assert moved["host_staged_collectives"] == 0 and moved["pjrt_collectives"] >= 20, moved
+    before = _dist_stats()
+    staged = _collectives(rank, world, staged_group)
+    moved = _delta(before)
+    assert moved["pjrt_collectives"] == 0 and moved["host_staged_collectives"] >= 18, moved
+    for name, value in pjrt.items():
+        assert torch.equal(value, staged[name]), f"{name}: PJRT {value} host-staged {staged[name]}"
+    # Host-staged on the PJRT group, each counted once: uneven all_to_all, point to point.
+    before = _dist_stats()
+    in_splits = [rank + 1 + j for j in range(world)]  # rank r sends r+1+j elements to rank j
     out_splits = [j + 1 + rank for j in range(world)]
     inp = torch.arange(sum(in_splits), dtype=torch.float32, device="tpu") + 100 * rank
     out = torch.empty(sum(out_splits), device="tpu")
@@ -110,7 +174,7 @@ def check_collectives(rank, world):
         start = sum(j + 1 + k for k in range(rank))
         want.append(torch.arange(start, start + j + 1 + rank, dtype=torch.float32) + 100 * j)
     same(out, torch.cat(want), "all_to_all_single uneven")
-    # send / recv, isend / irecv
+    everyone = [data(r) for r in range(world)]
     if rank == 0:
         dist.send(data(0).to("tpu"), dst=1)
         got = torch.empty(4, 3, device="tpu")
@@ -121,16 +185,15 @@ def check_collectives(rank, world):
         dist.recv(got, src=0)
         same(got, everyone[0], "recv")
         dist.isend(data(1).to("tpu"), dst=0).wait()
-    dist.barrier()
-    # CPU tensors on the same group go through gloo untouched (nothing staged)
-    staged = torchtpu_compile.stats()["tpu_dist"]["host_staged_collectives"]
+    moved = _delta(before)
+    assert moved["host_staged_collectives"] == 3 and moved["host_staged_bytes"] > 0, moved
+    # CPU tensors on the same group go through gloo untouched (neither transport)
+    before = _dist_stats()
     c = data(rank)
     dist.all_reduce(c)
-    same(c, stack.sum(0), "cpu all_reduce")
-    stats = torchtpu_compile.stats()["tpu_dist"]
-    assert stats["host_staged_collectives"] == staged, (staged, stats)
-    assert stats["host_staged_collectives"] >= 15, stats
-    assert stats["host_staged_bytes"] > 0, stats
+    same(c, torch.stack(everyone).sum(0), "cpu all_reduce")
+    moved = _delta(before)
+    assert moved["host_staged_collectives"] == 0 and moved["pjrt_collectives"] == 0, moved
     _bad_reduce_ops(world)
     _mismatched_shapes(rank)
 

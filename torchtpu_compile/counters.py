@@ -9,7 +9,7 @@ _lock = threading.Lock()
 
 
 def _fresh() -> dict:
-    return {
+    stats = {
         "graphs_compiled": 0,        # XLA compilations (cache misses that reached PJRT compile)
         "xla_compile_seconds": 0.0,  # time spent in PJRT compile
         "lowering_seconds": 0.0,     # time spent in torch-mlir import and StableHLO passes
@@ -33,11 +33,20 @@ def _fresh() -> dict:
         # The caches above the executables (graph_cache.py, lower/cache.py): hits at any level.
         "graph_cache": {name: {"hits": 0, "misses": 0, "bypasses": 0, "corrupt": 0,
                                "bytes_read": 0, "bytes_written": 0, "seconds_saved": 0.0}
-                        for name in ("aot_autograd", "lowering")},
+                        for name in ("aot_autograd", "lowering", "dynamo")},
         # tpu_dist (torchtpu_eager.distributed): collectives and how they travelled.
-        "tpu_dist": {"collectives": 0, "host_staged_collectives": 0, "host_staged_bytes": 0,
-                     "functional_collectives": 0, "compiled_graph_collectives": 0},
+        # pjrt_*: run as StableHLO collectives by the multi-process PJRT client;
+        # host_staged_*: through host memory and gloo; host_staged_groups: groups whose client
+        # could not be joined (every collective of theirs is staged).
+        "tpu_dist": {"collectives": 0, "pjrt_collectives": 0, "pjrt_bytes": 0,
+                     "host_staged_collectives": 0, "host_staged_bytes": 0,
+                     "host_staged_groups": 0, "functional_collectives": 0,
+                     "compiled_graph_collectives": 0},
     }
+    # dynamo (dynamo_cache.py) also counts frames run from the cache without tracing, and
+    # entries found but not used (a guarded value or an inlined source differs).
+    stats["graph_cache"]["dynamo"].update(frames_loaded=0, entries_rejected=0)
+    return stats
 
 
 _stats = _fresh()

@@ -3,6 +3,9 @@
 Level 1 is this process (a dict); level 2 the host disk (``config.cache_dir``); level 3 an
 optional remote (``config.remote_cache``). A hit at a lower level fills the levels above it.
 
+A program with collectives runs on several devices, one replica each (``replicas``: their
+ids, in replica order); this process passes and gets the buffers of its own device only.
+
 Example::
 
     exe = compile_stablehlo(bytecode, fingerprint="ab12...", precision="medium")
@@ -79,12 +82,34 @@ def _result_handlers_like(outputs: list):
         return None
 
 
-def cache_key(fingerprint: str, precision: str) -> str:
-    """The cache key: program fingerprint, platform (and its version), options and precision."""
+def cache_key(fingerprint: str, precision: str, replicas: tuple = ()) -> str:
+    """The cache key: program fingerprint, platform (and its version), options, precision and,
+    for a multi-device program, the devices it is compiled for."""
     client = get_client()
     import jaxlib
-    return "|".join((fingerprint, client.platform, client.pjrt.platform_version,
-                     f"jaxlib-{jaxlib.__version__}", COMPILE_OPTIONS_VERSION, precision))
+    parts = (fingerprint, client.platform, client.pjrt.platform_version,
+             f"jaxlib-{jaxlib.__version__}", COMPILE_OPTIONS_VERSION, precision)
+    if replicas:
+        parts += ("replicas=" + ",".join(map(str, replicas)),)
+    return "|".join(parts)
+
+
+def _placement(client, replicas: tuple):
+    """(device list, compile options) for the devices a program runs on.
+
+    ``replicas``: device ids, one replica each, for programs whose collectives span processes
+    (tpu_dist); empty for the usual one-device program.
+    """
+    if not replicas:
+        return client.device_list, _jax.CompileOptions()
+    import numpy as np
+    by_id = {d.id: d for d in client.pjrt.devices()}
+    options = _jax.CompileOptions()
+    options.num_replicas = len(replicas)
+    options.num_partitions = 1
+    options.device_assignment = _jax.DeviceAssignment.create(
+        np.array([[i] for i in replicas]))
+    return _jax.DeviceList(tuple(by_id[i] for i in replicas)), options
 
 
 def _stores() -> list:
@@ -92,7 +117,7 @@ def _stores() -> list:
     return cache_store.configured_stores()
 
 
-def _load_from(store, key: str, client):
+def _load_from(store, key: str, client, placement):
     """(loaded executable, its serialized payload, the framed entry) or Nones."""
     blob = store.get(key)
     if blob is None:
@@ -100,8 +125,7 @@ def _load_from(store, key: str, client):
         return None, None, None
     try:
         payload, meta = cache_store.unpack(blob)
-        loaded = client.pjrt.deserialize_executable(payload, client.device_list,
-                                                    _jax.CompileOptions())
+        loaded = client.pjrt.deserialize_executable(payload, *placement)
     except Exception as exc:
         log.warning("torchtpu: discarding corrupt %s cache entry (%s); compiling again",
                     store.level, exc)
@@ -116,13 +140,14 @@ def _load_from(store, key: str, client):
 
 
 def compile_stablehlo(bytecode: bytes, fingerprint: str, precision: str,
-                      what: str = "graph") -> Executable:
-    """Compile (or fetch from the cache) a StableHLO module given as MLIR bytecode.
+                      what: str = "graph", replicas: tuple = ()) -> Executable:
+    """Compile (or fetch from the cache) a StableHLO module given as MLIR bytecode (or text).
 
     ``fingerprint`` identifies the program with location info stripped; ``what`` names it in
-    errors and logs.
+    errors and logs; ``replicas`` (device ids) places a program with cross-device collectives
+    on those devices, one replica each (module doc).
     """
-    key = cache_key(fingerprint, precision)
+    key = cache_key(fingerprint, precision, replicas)
     with _lock:
         hit = _cache.get(key)
     if hit is not None:
@@ -131,10 +156,11 @@ def compile_stablehlo(bytecode: bytes, fingerprint: str, precision: str,
         return hit
     counters.add_level("process", "misses")
     client = get_client()
+    placement = _placement(client, replicas)
     stores = _stores()
     exe = None
     for depth, store in enumerate(stores):
-        loaded, payload, blob = _load_from(store, key, client)
+        loaded, payload, blob = _load_from(store, key, client, placement)
         if loaded is not None:
             for upper in stores[:depth]:  # fill the faster levels
                 upper.put(key, blob)
@@ -144,15 +170,15 @@ def compile_stablehlo(bytecode: bytes, fingerprint: str, precision: str,
             break
     if exe is None:
         counters.add("cache_misses")
-        exe = _compile(bytecode, what, client, key, stores)
+        exe = _compile(bytecode, what, client, key, stores, placement)
     with _lock:
         return _cache.setdefault(key, exe)
 
 
-def _compile(bytecode: bytes, what: str, client, key: str, stores: list):
+def _compile(bytecode: bytes, what: str, client, key: str, stores: list, placement):
     start = time.perf_counter()
     try:
-        loaded = client.pjrt.compile_and_load(bytecode, client.device_list, _jax.CompileOptions())
+        loaded = client.pjrt.compile_and_load(bytecode, *placement)
     except Exception as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise LoweringError(f"XLA could not compile {what}: {first_line}") from exc

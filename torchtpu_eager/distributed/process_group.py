@@ -1,11 +1,21 @@
 """``TpuProcessGroup``: the c10d process group behind ``init_process_group("tpu_dist")``.
 
 A Python ``ProcessGroup``: ``torch.distributed`` calls its methods with tpu tensors (and CPU
-tensors, which go straight to gloo). Each collective stages tpu tensors through host memory
-(``staging.py``), runs on an inner gloo group over the same rendezvous store, and returns a
-``StagedWork`` that copies results back when waited on. Timeouts are the group's
-(``init_process_group(timeout=...)``): a rank that dies or never joins gives an error on the
-others, never a hang; gloo also errors at once when a peer's connection closes.
+tensors, which go straight to gloo). Two transports carry tpu tensors:
+
+- PJRT (``pjrt_transport.py``): the processes' PJRT clients are joined into one
+  (``pjrt_world.py``) when the group is made, and a collective is a StableHLO program over the
+  group's devices, run on the tensors' device buffers. This is the transport whenever it can be.
+- host staging (``staging.py``): tpu tensors are copied to host memory, the collective runs on
+  an inner gloo group over the same rendezvous store, and a ``StagedWork`` copies results back
+  when waited on. For what PJRT cannot carry (send/recv, gather/scatter, uneven all_to_all,
+  bitwise reductions, complex dtypes) and for a whole group whose client could not be joined
+  (made before ``init_process_group``): said once in the log, counted in stats.
+
+Timeouts are the group's (``init_process_group(timeout=...)``): a rank that dies or never joins
+gives an error on the others, never a hang. Before each collective the ranks compare its
+signature over gloo (``_check``), bounded by the timeout; the transports error at once when a
+peer's connection closes.
 
 Example::
 
@@ -25,9 +35,10 @@ from torch._C._distributed_c10d import (AllgatherOptions, AllreduceOptions, AllT
                                         ReduceOptions, ReduceScatterOptions)
 
 from torchtpu_compile import counters
-from torchtpu_compile._logging import log
+from torchtpu_compile._logging import log, warn_once
 
-from . import functional, reduce_ops
+from . import functional, pjrt_world, reduce_ops
+from .pjrt_transport import PjrtTransport
 from .staging import host_input, host_output, is_tpu, note, stage_in, stage_out
 from .work import StagedWork, eager_only
 
@@ -59,8 +70,15 @@ class TpuProcessGroup(dist.ProcessGroup):
         # by) in its registered backends; gloo is also the right backend for CPU tensors.
         self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO,
                                self._gloo)
-        log.info("torchtpu: tpu_dist process group rank %d of %d (timeout %s)", rank,
-                 world_size, timeout)
+        devices, self._staged_why = pjrt_world.placement(store, rank, world_size, timeout)
+        self._pjrt = PjrtTransport(devices) if devices else None
+        if self._pjrt is None:
+            counters.add_dist("host_staged_groups")
+            warn_once(("tpu_dist", "group staged", self._staged_why),
+                      "torchtpu: tpu_dist collectives of this group are staged through host "
+                      "memory: %s", self._staged_why)
+        log.info("torchtpu: tpu_dist process group rank %d of %d (timeout %s, transport %s)",
+                 rank, world_size, timeout, "PJRT" if self._pjrt else "host staging")
 
     def getBackendName(self) -> str:
         return "tpu_dist"
@@ -99,6 +117,22 @@ class TpuProcessGroup(dist.ProcessGroup):
                 f"{self._rank}: {signature}); every rank must pass tensors of the same shape "
                 f"and dtype to a collective")
 
+    def _on_pjrt(self, name: str, tensors, call, why: str | None = None):
+        """``call(transport)``'s work if the PJRT transport carries this collective, else None
+        (the caller stages it; why is said once per collective kind)."""
+        if self._pjrt is not None and call is not None:
+            work = call(self._pjrt)
+            if work is not None:
+                return work
+        if any(is_tpu(t) for t in tensors):
+            why = self._staged_why or why or \
+                "not carried by PJRT collectives: complex dtypes, bitwise reductions, " \
+                "unequal chunks or empty tensors"
+            warn_once(("tpu_dist", "staged", name, why),
+                      "torchtpu: tpu_dist %s on %s is staged through host memory (%s)", name,
+                      ", ".join(sorted({f"{str(t.dtype)[6:]}" for t in tensors})), why)
+        return None
+
     def _work(self, inner, back, result, after=None) -> StagedWork:
         counters.add_dist("collectives")
 
@@ -122,6 +156,10 @@ class TpuProcessGroup(dist.ProcessGroup):
     def allreduce(self, tensors, opts=AllreduceOptions()):
         self._check("all_reduce", tensors)
         gloo_opts, divide = self._reduce_opts(opts, tensors[0].dtype)
+        work = self._on_pjrt("all_reduce", tensors, lambda p: p.all_reduce(
+            tensors, reduce_ops.name(gloo_opts.reduceOp), divide))
+        if work is not None:
+            return work
         host, back = stage_in(tensors)
         inner = self._gloo.allreduce(host, gloo_opts)
         after = (lambda: [reduce_ops.average(h, self._world_size) for h in host]) \
@@ -135,15 +173,32 @@ class TpuProcessGroup(dist.ProcessGroup):
     def reduce(self, tensors, opts=ReduceOptions()):
         self._check("reduce", tensors)
         gloo_opts, divide = self._reduce_opts(opts, tensors[0].dtype, ReduceOptions)
+        root = opts.rootRank == self._rank
+        work = self._on_pjrt("reduce", tensors, lambda p: p.all_reduce(
+            tensors, reduce_ops.name(gloo_opts.reduceOp), divide,
+            outputs=tensors if root else []))
+        if work is not None:
+            return work
         host, back = stage_in(tensors)
         inner = self._gloo.reduce(host, gloo_opts)
-        root = opts.rootRank == self._rank
         after = (lambda: [reduce_ops.average(h, self._world_size) for h in host]) \
             if divide and root else None
         return self._work(inner, back if root else [], tensors, after)
 
     def reduce_scatter(self, outputs, inputs, opts=ReduceScatterOptions()):
+        if len(outputs) == 1:
+            work = self._reduce_scatter_on_pjrt(outputs[0], list(inputs[0]), opts)
+            if work is not None:
+                return work
         return self._reduce_scatter(outputs, inputs[0], opts, list(inputs[0]) + list(outputs))
+
+    def _reduce_scatter_on_pjrt(self, output, inputs, opts):
+        if self._pjrt is None:  # staged: the staged path checks and counts it
+            return None
+        self._check("reduce_scatter", list(inputs) + [output])
+        op, divide = reduce_ops.resolve(opts.reduceOp, output.dtype)
+        return self._on_pjrt("reduce_scatter", inputs + [output], lambda p: p.reduce_scatter(
+            output, inputs, reduce_ops.name(op), divide, [output]))
 
     def _reduce_scatter(self, outputs, chunks, opts, staged):
         # As a sum of everything then a local slice: gloo's reduce_scatter needs equal chunks
@@ -167,6 +222,9 @@ class TpuProcessGroup(dist.ProcessGroup):
         return self._work(inner, back, outputs, after)
 
     def reduce_scatter_single(self, output, input, opts=ReduceScatterOptions()):
+        work = self._reduce_scatter_on_pjrt(output, [input], opts)
+        if work is not None:
+            return work
         # The input is read to the host whole, then chunked there: one transfer, and no
         # device program per chunk view (FSDP2 reduce-scatters every gradient bucket).
         chunks = list(torch.chunk(host_input(input), self._world_size))
@@ -180,6 +238,9 @@ class TpuProcessGroup(dist.ProcessGroup):
 
     def broadcast(self, tensors, opts=dist.BroadcastOptions()):
         self._check("broadcast", tensors)
+        work = self._on_pjrt("broadcast", tensors, lambda p: p.broadcast(tensors, opts.rootRank))
+        if work is not None:
+            return work
         root = opts.rootRank == self._rank
         host, back = stage_in(tensors, read=root)
         inner = self._gloo.broadcast(host, opts)
@@ -187,6 +248,12 @@ class TpuProcessGroup(dist.ProcessGroup):
 
     def allgather(self, output_lists, inputs, opts=AllgatherOptions()):
         self._check("all_gather", list(inputs) + _flat(output_lists))
+        if len(inputs) == 1:
+            work = self._on_pjrt("all_gather", list(inputs) + _flat(output_lists),
+                                 lambda p: p.all_gather(output_lists[0], inputs[0],
+                                                        output_lists))
+            if work is not None:
+                return work
         note(list(inputs) + _flat(output_lists))  # one collective, counted once
         host_in, _ = stage_in(inputs, count=False)
         nested, back = _stage_output_lists(output_lists)
@@ -201,6 +268,10 @@ class TpuProcessGroup(dist.ProcessGroup):
         # Into one host buffer, written back whole: no device program per chunk view (FSDP2
         # all-gathers every parameter group before each forward and backward).
         self._check("all_gather_single", [input, output])
+        work = self._on_pjrt("all_gather_into_tensor", [input, output],
+                             lambda p: p.all_gather([output], input, [output]))
+        if work is not None:
+            return work
         note([input, output])
         host_in, host_out = host_input(input), host_output(output)
         back = [(output, host_out)] if is_tpu(output) else []
@@ -212,6 +283,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         return _all_of(works, outputs)
 
     def gather(self, output_lists, inputs, opts=dist.GatherOptions()):
+        self._on_pjrt("gather", list(inputs), None, why="gather and scatter are host-staged")
         note(list(inputs) + _flat(output_lists))
         host_in, _ = stage_in(inputs, count=False)
         nested, back = _stage_output_lists(output_lists)
@@ -219,6 +291,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         return self._work(inner, back, output_lists)
 
     def scatter(self, outputs, input_lists, opts=dist.ScatterOptions()):
+        self._on_pjrt("scatter", list(outputs), None, why="gather and scatter are host-staged")
         note(list(outputs) + _flat(input_lists))
         host_out, back = stage_in(outputs, read=False, count=False)
         host_in = [[host_input(t) for t in inner] for inner in input_lists]
@@ -228,6 +301,10 @@ class TpuProcessGroup(dist.ProcessGroup):
     def alltoall(self, outputs, inputs, opts=AllToAllOptions()):
         # As one alltoall_base over concatenated host buffers with per-peer split sizes.
         self._check("all_to_all", inputs, shapes=False)
+        work = self._on_pjrt("all_to_all", list(inputs) + list(outputs),
+                             lambda p: p.all_to_all(outputs, inputs, outputs))
+        if work is not None:
+            return work
         flat_in = torch.cat([host_input(t).reshape(-1) for t in inputs])
         note(list(inputs) + list(outputs))
         out_sizes = [t.numel() for t in outputs]
@@ -249,6 +326,13 @@ class TpuProcessGroup(dist.ProcessGroup):
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes,
                       opts=AllToAllOptions()):
         self._check("all_to_all_single", [input], shapes=False)
+        if _equal(output_split_sizes) and _equal(input_split_sizes):
+            work = self._on_pjrt("all_to_all_single", [input, output],
+                                 lambda p: p.all_to_all([output], [input], [output]))
+            if work is not None:
+                return work
+        else:
+            self._on_pjrt("all_to_all_single", [input, output], None, why="uneven splits")
         note([input, output])
         [host_in], _ = stage_in([input], count=False)
         [host_out], back = stage_in([output], read=False, count=False)
@@ -259,19 +343,24 @@ class TpuProcessGroup(dist.ProcessGroup):
     # --- point to point and barrier -------------------------------------------------------
 
     def send(self, tensors, dst: int, tag: int = 0):
+        self._on_pjrt("send", tensors, None, why=_POINT_TO_POINT)
         host, _ = stage_in(tensors)
         return self._work(self._gloo.send(host, dst, tag), [], tensors)
 
     def recv(self, tensors, src: int, tag: int = 0):
+        self._on_pjrt("recv", tensors, None, why=_POINT_TO_POINT)
         host, back = stage_in(tensors, read=False)
         return self._work(self._gloo.recv(host, src, tag), back, tensors)
 
     def recv_anysource(self, tensors, tag: int = 0):
+        self._on_pjrt("recv_anysource", tensors, None, why=_POINT_TO_POINT)
         host, back = stage_in(tensors, read=False)
         return self._work(self._gloo.recv_anysource(host, tag), back, tensors)
 
     def barrier(self, opts=BarrierOptions()):
         torch.tpu.synchronize()  # as on CUDA: work queued on the device is part of the barrier
+        if self._pjrt is not None:
+            return self._pjrt.barrier()
         gloo_opts = BarrierOptions()
         gloo_opts.timeout = opts.timeout
         return self._work(self._gloo.barrier(gloo_opts), [], None)
@@ -283,10 +372,20 @@ class TpuProcessGroup(dist.ProcessGroup):
         return StagedWork(None, None, None)
 
 
+#: Why send and recv are host-staged: the CPU client's gloo collectives fail
+#: collective_permute (a key-value rendezvous that never completes), and a program that both
+#: ranks must launch would also make a blocking send wait for its receiver.
+_POINT_TO_POINT = "point-to-point is host-staged (no collective_permute on gloo)"
+
 _CHECK = os.environ.get("TORCHTPU_DIST_CHECK", "1").strip().lower() not in ("0", "false", "off")
 
 
 TpuProcessGroup = eager_only(TpuProcessGroup)
+
+
+def _equal(split_sizes) -> bool:
+    """Whether all_to_all split sizes are the default (none given) or all the same."""
+    return not split_sizes or len(set(split_sizes)) == 1
 
 
 def _all_of(works, result) -> StagedWork:

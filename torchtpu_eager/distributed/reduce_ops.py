@@ -20,8 +20,8 @@ _BITWISE = {"band": RedOp.BAND, "bor": RedOp.BOR, "bxor": RedOp.BXOR}
 _SUPPORTED = "sum, avg, max, min, product (and band, bor, bxor on integer tensors)"
 
 
-def _name(op) -> str:
-    """The lowercase name of a ReduceOp, RedOpType or string."""
+def name(op) -> str:
+    """The lowercase name of a ReduceOp, RedOpType or string ("sum", "max", "band", ...)."""
     if isinstance(op, str):
         return op.lower()
     kind = getattr(op, "op", op)  # a ReduceOp wraps a RedOpType
@@ -38,14 +38,14 @@ def resolve(op, dtype: torch.dtype):
 
         resolve("max", torch.float32)      # (ReduceOp.MAX, False)
     """
-    name = _name(op)
-    if name in _FLOAT_OPS:
-        return (RedOp.SUM, True) if name == "avg" else (_FLOAT_OPS[name], False)
-    if name in _BITWISE:
+    known = name(op)
+    if known in _FLOAT_OPS:
+        return (RedOp.SUM, True) if known == "avg" else (_FLOAT_OPS[known], False)
+    if known in _BITWISE:
         if dtype.is_floating_point or dtype.is_complex:
-            raise ValueError(f"tpu_dist: reduce op {name} needs an integer or bool tensor, "
+            raise ValueError(f"tpu_dist: reduce op {known} needs an integer or bool tensor, "
                              f"got {dtype}; for {dtype} use one of sum, avg, max, min, product")
-        return _BITWISE[name], False
+        return _BITWISE[known], False
     raise ValueError(f"tpu_dist: reduce op {op!r} is not supported; use one of {_SUPPORTED}")
 
 

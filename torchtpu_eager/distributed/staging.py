@@ -1,10 +1,10 @@
-"""Host staging: the transport of tpu_dist today, on every platform.
+"""Host staging: tpu_dist's fallback transport, for what the PJRT transport cannot carry.
 
 A collective on tpu tensors copies them to host memory, runs the same collective with gloo on
 the host copies, and copies the results back onto the device. That is correct everywhere and
 costs two device<->host copies per collective (on the PJRT CPU client, two memcpys). It is said
-once in the log and counted in ``torchtpu_compile.stats()["tpu_dist"]``; a transport through
-the PJRT client's own collectives (ICI on TPU) is the replacement to come.
+once in the log and counted in ``torchtpu_compile.stats()["tpu_dist"]``
+(``host_staged_collectives``, ``host_staged_bytes``).
 
 Example::
 
@@ -35,9 +35,9 @@ def note(tensors) -> None:
         counters.add_dist("host_staged_collectives")
         counters.add_dist("host_staged_bytes", nbytes)
         warn_once(("tpu_dist", "host-staged"),
-                  "torchtpu: tpu_dist collectives are staged through host memory and gloo "
-                  "(no PJRT collective transport across processes yet); counted in "
-                  "torchtpu_compile.stats()['tpu_dist']")
+                  "torchtpu: some tpu_dist collectives are staged through host memory and gloo "
+                  "(the PJRT transport cannot carry them); counted in "
+                  "torchtpu_compile.stats()['tpu_dist']['host_staged_collectives']")
 
 
 def host_input(t) -> torch.Tensor:

@@ -93,3 +93,46 @@ def done(result) -> StagedWork:
     work = StagedWork(None, None, result)
     work._done = True
     return work
+
+
+@eager_only
+class PjrtWork(dist.Work):
+    """A collective run by the PJRT client: its results are in the tensors already (as
+    pending device buffers, ordered before any later op on them); ``wait()`` blocks until the
+    buffers are ready, and raises the transport's error (a peer that died) if there was one."""
+
+    def __init__(self, buffers, result):
+        super().__init__()
+        self._buffers = buffers
+        self._result = result
+        self._error = None
+
+    def wait(self, timeout=None) -> bool:
+        if self._error is not None:
+            raise self._error
+        try:
+            for buffer in self._buffers:
+                buffer.block_until_ready()
+        except Exception as exc:
+            self._error = RuntimeError(f"tpu_dist: collective failed: {exc}")
+            raise self._error from exc
+        self._buffers = ()
+        return True
+
+    def is_completed(self) -> bool:
+        return all(b.is_ready() for b in self._buffers)
+
+    def is_success(self) -> bool:
+        return self.is_completed() and self._error is None
+
+    def exception(self):
+        return self._error
+
+    def get_future(self) -> Future:
+        self.wait()
+        future = Future()
+        future.set_result(self._result)
+        return future
+
+    def synchronize(self) -> None:
+        self.wait()
