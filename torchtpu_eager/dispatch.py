@@ -502,12 +502,16 @@ def native_dropout(func, args, kwargs):
 def native_batch_norm(func, args, kwargs):
     # In training mode it writes the running statistics, but its schema does not say so: traced
     # as it stands, the update was silently lost. _native_batch_norm_legit is the same op with
-    # the writes declared.
+    # the writes declared; it also decomposes with float32 statistics for bf16 inputs, where
+    # torch-mlir's own lowering of native_batch_norm computed them in bf16.
     names = [a.name for a in func._schema.arguments]
     bound = {**dict(zip(names, args)), **kwargs}
-    if not bound["training"] or bound["running_mean"] is None or bound["running_var"] is None:
+    if not bound["training"]:
         return run_op(func, args, kwargs)
-    return run_op(aten._native_batch_norm_legit.default, tuple(bound[n] for n in names), {})
+    values = tuple(bound[n] for n in names)
+    if bound["running_mean"] is None or bound["running_var"] is None:
+        return run_op(aten._native_batch_norm_legit.no_stats, values[:3] + values[5:], {})
+    return run_op(aten._native_batch_norm_legit.default, values, {})
 
 
 @handles(aten.resize_.default)
