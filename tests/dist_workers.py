@@ -278,6 +278,7 @@ def compiled_collective(rank, world, port):
     same(out, want, "compiled all_reduce")
     stats = torchtpu_compile.stats()
     assert stats["tpu_dist"]["compiled_graph_collectives"] >= 1, stats["tpu_dist"]
+    assert stats["tpu_dist"]["host_staged_collectives"] == 0, stats["tpu_dist"]
     assert not any("c10d" in op for op in stats["fallback_ops"]), stats["fallback_ops"]
     # eager functional collectives on tpu tensors
     y = funcol.all_gather_tensor(x.to("tpu"), 0, group)
