@@ -78,3 +78,18 @@ def test_a_fallback_is_not_a_pass():
     with configured(matmul_precision="highest"):
         result = check(OPS["nonzero"], "compile", torch.float32, max_samples=1)
     assert result.status == "fallback" and result.category == "xla-unsupported", result
+
+
+def test_bf16_result_that_cancels_passes_only_when_as_close_as_eager_bf16():
+    # A large sum rounded to bf16 before a bias cancels it misses elementwise tolerances (a
+    # bf16 transposed convolution); it passes when no farther from the fp32 answer than eager.
+    from opinfo.harness import _compare
+    g = torch.Generator().manual_seed(0)
+    exact = torch.randn(1000, generator=g) * 100
+    bias = -exact.round()
+    exact_out = exact + bias                           # small, after cancellation
+    rounded_first = exact.bfloat16() + bias.bfloat16()  # what we compute
+    worse = rounded_first + torch.where(torch.arange(1000) % 2 == 0, 0.25, 0.0).bfloat16()
+    _compare(rounded_first, worse, torch.bfloat16, exact_out)
+    with pytest.raises(AssertionError, match="against fp32 reference"):
+        _compare(worse, rounded_first, torch.bfloat16, exact_out)

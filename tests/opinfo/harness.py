@@ -83,14 +83,42 @@ def _compare(actual, expected, dtype, reference_fp32=None, what="output"):
                                        msg=lambda m: f"{what} {i}: {m}")
         except AssertionError:
             # XLA keeps bf16 intermediates in f32 where CPU kernels round each step: a result
-            # at least as close to the fp32 answer as eager bf16 is is a pass.
+            # within tolerance of the fp32 answer is a pass.
             if ref_flat is None or not isinstance(ref_flat[i], torch.Tensor):
                 raise
             ref = ref_flat[i].to(e.dtype) if ref_flat[i].is_floating_point() else ref_flat[i]
             if a.shape != ref.shape or a.dtype != e.dtype:
                 raise
-            torch.testing.assert_close(a, ref, **tol, equal_nan=True,
-                                       msg=lambda m: f"{what} {i} (against fp32 reference): {m}")
+            try:
+                torch.testing.assert_close(
+                    a, ref, **tol, equal_nan=True,
+                    msg=lambda m: f"{what} {i} (against fp32 reference): {m}")
+            except AssertionError:
+                # Elementwise tolerances fail where a result cancels (a bf16 convolution's
+                # rounding before its bias is added): then, as torch._dynamo.utils.same judges
+                # low-precision results against a higher-precision one, compare root-mean-square
+                # errors, with multiplier 1 where same() allows 3.
+                if not _as_close_as_eager(a, e, ref_flat[i]):
+                    raise
+
+
+def _as_close_as_eager(actual, eager, exact) -> bool:
+    """Whether ``actual`` is no farther from ``exact`` (the fp32 answer) than ``eager`` (eager
+    CPU at the same low precision), in root-mean-square error over ``exact``'s finite elements;
+    a NaN or infinity where ``exact`` is finite fails."""
+    if not (actual.is_floating_point() and exact.is_floating_point()):
+        return False
+    finite = exact.isfinite()
+    if not finite.any():
+        return False
+    errors = []
+    for value in (actual, eager):
+        diff = value.double()[finite] - exact.double()[finite]
+        if not diff.isfinite().all():
+            errors.append(float("inf"))
+        else:
+            errors.append(diff.pow(2).mean().sqrt().item())
+    return errors[0] <= errors[1]
 
 
 def _fp32_reference(fn, args, kwargs):
