@@ -308,6 +308,20 @@ def core(rank, world, port):
 
 
 @case
+def client_before_init(rank, world, port):
+    """A tpu tensor made before init_process_group: the PJRT client exists and cannot join
+    the other process's, so the group is host-staged, said and counted, and still right."""
+    x = data(rank).to("tpu")
+    init(rank, world, port)
+    dist.all_reduce(x)
+    same(x, sum(data(r) for r in range(world)), "host-staged all_reduce")
+    stats = _dist_stats()
+    assert stats["host_staged_groups"] == 1 and stats["pjrt_collectives"] == 0 and \
+        stats["host_staged_collectives"] == 1, stats
+    dist.destroy_process_group()
+
+
+@case
 def fsdp_eager(rank, world, port):
     from dist_fsdp import check_fsdp
     init(rank, world, port)
@@ -348,18 +362,25 @@ def check_dead_rank(rank, group, what="dead_rank"):
     """Rank 1 exits after a first all_reduce on ``group``; rank 0's next one must raise
     well within the group's timeout. Ends both processes (exit 0 after printing ok)."""
     import time
+    from torchtpu_eager.distributed import process_group
     x = torch.ones(3, device="tpu")
     dist.all_reduce(x, group=group)
     if rank == 1:
         print(f"rank 1: {what} ok", flush=True)
         os._exit(0)
+    # Without the signature check (a gloo collective that would see the dead peer first),
+    # the collective that finds the dead peer is the transport's own.
+    process_group._CHECK = False
+    launched = _dist_stats()["pjrt_collectives"]
     start = time.monotonic()
     try:
         dist.all_reduce(x, group=group)
         x.cpu()
     except Exception as exc:  # gloo: connection closed, or the group's timeout
         took = time.monotonic() - start
-        print(f"rank 0: error after {took:.1f}s: {str(exc).splitlines()[0][:200]}", flush=True)
+        transport = "pjrt" if _dist_stats()["pjrt_collectives"] > launched else "host-staged"
+        print(f"rank 0: error after {took:.1f}s on the {transport} transport: "
+              f"{str(exc).splitlines()[0][:200]}", flush=True)
         assert took < 40, took
         print(f"rank 0: {what} ok", flush=True)
         os._exit(0)

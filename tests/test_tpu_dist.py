@@ -51,6 +51,26 @@ def test_collectives_ddp_dtensor_fsdp2_and_a_dead_peer_on_two_processes():
     # DDP eager = one process on the global batch; DTensor distribute / redistribute /
     # matmul; FSDP2 on an MLP (2 SGD steps: losses, parameters, storage freed after backward);
     # then rank 1 exits and rank 0's next all_reduce must raise (group timeout 15 s).
+    # Every collective PJRT carries runs on it (nothing staged) and equals the result of a
+    # host-staged group (TORCHTPU_DIST_TRANSPORT=staged); the dead peer is found by the PJRT
+    # transport itself (the signature check is off for that call).
     results = launch("core", deadline=240)
     check(results, expect="core ok")
-    assert "rank 0: error after" in results[0].output, results[0].output[-2000:]
+    assert "on the pjrt transport" in results[0].output, results[0].output[-2000:]
+
+
+def test_ranks_agree_to_stage_when_one_client_exists_already():
+    # The decision of pjrt_world, on one process: this test process's PJRT client exists
+    # (other tests made it), so whatever rank 1 says, the group is host-staged, on every
+    # rank, and the reason names the fix. (tests/slow: the same with two real processes.)
+    import datetime
+    import torch.distributed as dist
+    from torchtpu_compile.runtime.client import get_client
+    from torchtpu_eager.distributed import pjrt_world
+    get_client()
+    store = dist.HashStore()
+    store.set("tpu_dist_pjrt/able/1", "yes")
+    devices, why = pjrt_world.placement(store, 0, 2, datetime.timedelta(seconds=10))
+    assert devices is None and "before init_process_group" in why, why
+    assert store.get("tpu_dist_pjrt/coordinator").decode().startswith("staged:rank 0")
+    assert not pjrt_world._world, "nothing joined"

@@ -27,3 +27,7 @@ def test_fsdp2_transformer_eager_matches_single_process():
 
 def test_fsdp2_transformer_compiled_matches_single_process():
     check(launch("fsdp_compiled", deadline=580))
+
+
+def test_client_made_before_init_is_host_staged_and_counted():
+    check(launch("client_before_init", deadline=150))

@@ -54,12 +54,16 @@ class PjrtTransport:
     def _run(self, name: str, inputs, written, result, **params) -> PjrtWork:
         """Run collective ``name`` on ``inputs``; its results go into ``written`` (in order)."""
         exe = programs.compiled(name, _signature(inputs), self.devices, **params)
-        buffers = exe.run([modes.concrete(views.read(t)) for t in inputs])
-        for t, buffer in zip(written, buffers):
-            views.write(t, buffer)
-        counters.add_dist("collectives")
+        values = [modes.concrete(views.read(t)) for t in inputs]
+        counters.add_dist("collectives")  # launched (a peer that died fails it in run or wait)
         counters.add_dist("pjrt_collectives")
         counters.add_dist("pjrt_bytes", sum(t.numel() * t.element_size() for t in inputs))
+        try:
+            buffers = exe.run(values)
+        except Exception as exc:
+            raise RuntimeError(f"tpu_dist: collective {name} failed: {exc}") from exc
+        for t, buffer in zip(written, buffers):
+            views.write(t, buffer)
         return PjrtWork(buffers, result)
 
     # Each method: a PjrtWork, or None when the collective is not carried (module doc).
