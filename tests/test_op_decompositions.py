@@ -133,6 +133,43 @@ def test_kthvalue_counts_nan_as_largest():
     check(lambda x: torch.kthvalue(x, 3, 0, True), torch.tensor([[1.0, NAN], [3, 0], [2, 5]]))
 
 
+TIES_AND_NANS = torch.tensor([[3.0, 1, 3, 1, 2, 2, 2, 5], [NAN, 1, NAN, 0, 0, 0, 0, 0],
+                              [2, 2, 2, 2, 1, 1, 1, 1], [NAN, NAN, NAN, NAN, NAN, 4, NAN, NAN]])
+
+
+def check_on_both_paths(fn, *args):
+    """``check`` (compile path), then the eager tpu device, strict: both exactly eager's."""
+    check(fn, *args)
+    with configured(strict=True):
+        actual = fn(*(a.to("tpu") for a in args))
+    torch.testing.assert_close(torch.utils._pytree.tree_map(lambda t: t.cpu(), actual),
+                               fn(*args), rtol=0, atol=0, equal_nan=True)
+
+
+def test_sorts_are_stable_with_nan_last():
+    # torch-mlir's sort was unstable and left NaN unordered; sort(stable=True) did not lower.
+    def sorts(x):
+        return (torch.sort(x, stable=True), torch.sort(x, dim=0, descending=True, stable=True),
+                torch.argsort(x, dim=1, stable=True), torch.sort(x, descending=True))
+    check_on_both_paths(sorts, TIES_AND_NANS)
+    check(sorts, torch.tensor([[3, 1, 3, 1, 2], [0, 0, -1, 0, 5]]))
+
+
+def test_median_and_nanmedian_pick_the_lower_middle_as_eager():
+    # Eager's rules: median is NaN (at the first NaN) if a NaN is present; nanmedian skips them.
+    def medians(x):
+        return (torch.median(x, 1), torch.nanmedian(x, 1), torch.median(x, 0, keepdim=True),
+                torch.median(x), torch.nanmedian(x), torch.nanmedian(x[:3]))
+    check_on_both_paths(medians, TIES_AND_NANS)
+    check(lambda x: (torch.median(x, 0), torch.median(x)), torch.tensor([[5, 5, 5], [5, 1, 5]]))
+
+
+def test_mode_is_the_smallest_most_frequent_value_at_its_last_position():
+    check_on_both_paths(lambda x: (torch.mode(x), torch.mode(x, 0, keepdim=True)),
+                        TIES_AND_NANS[[0, 2]])
+    check(lambda x: torch.mode(x), torch.tensor([[1, 2, 2, 1, 3, 3, 0, 0, 0], [7] * 9]))
+
+
 @pytest.mark.parametrize("p", [0.0, 1.0, 1.5, 2.0, INF])
 def test_cdist(p):
     check(lambda a, b: torch.cdist(a, b, p=p), randn(2, 5, 3), randn(2, 4, 3, seed=1))

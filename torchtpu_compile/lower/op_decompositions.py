@@ -251,6 +251,93 @@ def kthvalue(x, k, dim=-1, keepdim=False):
     return values, indices
 
 
+# Sorts lower to one stable StableHLO sort with NaN last (stablehlo_passes
+# .sorts_stable_with_nan_last), as eager sorts; the order statistics below are read off it.
+
+@decomposition(aten.sort.stable)
+def sort_stable(x, *, stable=None, dim=-1, descending=False):
+    # No torch-mlir lowering for the stable overload; every sort we lower is stable.
+    return aten.sort.default(x, dim, descending)
+
+
+def _sorted_along(x, dim):
+    """(x sorted along ``dim``, the original positions), a 0-d tensor as one element."""
+    values = x.reshape(1) if x.dim() == 0 else x
+    return aten.sort.default(values, dim if x.dim() else 0, False)
+
+
+def _median(x, dim, keepdim, ignore_nan):
+    # The lower middle element of the stable sort (the CPU kernel's nth_element picks the same
+    # element among ties in every case we compared). median: any NaN gives NaN at the first
+    # NaN's position; nanmedian: the middle of the numbers, NaN when there are none.
+    dim = dim % max(x.dim(), 1)
+    values, positions = _sorted_along(x, dim)
+    n = values.shape[dim]
+    if x.is_floating_point():
+        nans = values.isnan().sum(dim, keepdim=True)
+    else:
+        nans = torch.zeros_like(values.narrow(dim, 0, 1), dtype=torch.int64)
+    if ignore_nan:
+        pick = ((n - nans - 1) // 2).clamp(min=0)
+    else:
+        pick = torch.where(nans > 0, n - nans, (n - 1) // 2)
+    value = values.gather(dim, pick)
+    index = positions.gather(dim, pick)
+    if x.dim() == 0:
+        return value.reshape(()), index.reshape(())
+    if not keepdim:
+        value, index = value.squeeze(dim), index.squeeze(dim)
+    return value, index
+
+
+@decomposition(aten.median.dim)
+def median_dim(x, dim, keepdim=False):
+    return _median(x, dim, keepdim, ignore_nan=False)
+
+
+@decomposition(aten.nanmedian.dim)
+def nanmedian_dim(x, dim, keepdim=False):
+    return _median(x, dim, keepdim, ignore_nan=True)
+
+
+@decomposition(aten.median.default)
+def median(x):
+    return _median(x.reshape(-1), 0, False, ignore_nan=False)[0]
+
+
+@decomposition(aten.nanmedian.default)
+def nanmedian(x):
+    return _median(x.reshape(-1), 0, False, ignore_nan=True)[0]
+
+
+@decomposition(aten.mode.default)
+def mode(x, dim=-1, keepdim=False):
+    # The CPU kernel sorts (value, position) pairs and keeps the first longest run: the most
+    # frequent value, the smallest among equally frequent ones, at its last position.
+    if x.dim() == 0:
+        return x.clone(), torch.zeros((), dtype=torch.int64)
+    dim = dim % x.dim()
+    values, positions = _sorted_along(x, dim)
+    n = values.shape[dim]
+    values_t, positions_t = values.movedim(dim, -1), positions.movedim(dim, -1)
+    starts = torch.ones_like(values_t, dtype=torch.bool)
+    if n > 1:
+        differs = values_t.narrow(-1, 1, n - 1) != values_t.narrow(-1, 0, n - 1)
+        starts = torch.cat([starts.narrow(-1, 0, 1), differs], -1)
+    run = torch.cumsum(starts.to(torch.int64), -1) - 1
+    lengths = torch.zeros_like(run).scatter_add(-1, run, torch.ones_like(run))
+    length = lengths.gather(-1, run)
+    # The longest run, the first of equally long ones: at its start, the score is unique.
+    score = length * (n + 1) - torch.arange(n, dtype=torch.int64)
+    start = score.argmax(-1, keepdim=True)
+    end = start + length.gather(-1, start) - 1
+    value = values_t.gather(-1, start).movedim(-1, dim)
+    index = positions_t.gather(-1, end).movedim(-1, dim)
+    if not keepdim:
+        value, index = value.squeeze(dim), index.squeeze(dim)
+    return value, index
+
+
 @decomposition(aten._cdist_forward.default)
 def cdist(x1, x2, p, compute_mode=None):
     # No torch-mlir lowering. Differences, not the |a|^2 + |b|^2 - 2ab expansion: exact at

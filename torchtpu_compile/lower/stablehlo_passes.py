@@ -113,3 +113,48 @@ def unsigned_comparisons(module, ctx):
     for op in _ops_named(module, ("stablehlo.compare",)):
         if _is_unsigned_or_bool(op.operands[0]):
             op.attributes["compare_type"] = unsigned
+
+
+def _is_float_compare(op) -> bool:
+    return str(op.attributes["compare_type"]) == "#stablehlo<comparison_type FLOAT>" \
+        if "compare_type" in op.attributes else False
+
+
+def _create(name: str, operands: list, result_type, ip, loc, **attributes):
+    return ir.Operation.create(name, results=[result_type], operands=operands,
+                               attributes=attributes, loc=loc, ip=ip).result
+
+
+@stablehlo_pass
+def sorts_stable_with_nan_last(module, ctx):
+    # Eager sorts stably and puts NaN after every number (before, descending). torch-mlir's
+    # sort is unstable (ties came back in any order: sort(stable=True), median and mode indices)
+    # and compares floats with a plain LT/GT, for which NaN is unordered.
+    stable = ir.BoolAttr.get(True)
+    ne = ir.Attribute.parse("#stablehlo<comparison_direction NE>")
+    for sort in _ops_named(module, ("stablehlo.sort",)):
+        sort.attributes["is_stable"] = stable
+        block = sort.regions[0].blocks[0]
+        ops = list(block.operations)
+        # torch-mlir's comparator: one compare of the first operand's pair, returned.
+        if len(ops) != 2 or ops[0].name != "stablehlo.compare" or \
+                ops[1].name != "stablehlo.return" or not _is_float_compare(ops[0]):
+            continue
+        compare, terminator = ops
+        a, b = block.arguments[0], block.arguments[1]
+        direction = str(compare.attributes["comparison_direction"])
+        if list(compare.operands) != [a, b] or not direction.endswith(("LT>", "GT>")):
+            continue
+        ip, loc, i1 = ir.InsertionPoint(terminator), compare.location, compare.result.type
+        kind = compare.attributes["compare_type"]
+        a_nan = _create("stablehlo.compare", [a, a], i1, ip, loc, comparison_direction=ne,
+                        compare_type=kind)
+        b_nan = _create("stablehlo.compare", [b, b], i1, ip, loc, comparison_direction=ne,
+                        compare_type=kind)
+        # Ascending: a < b, or b is NaN and a is not; descending: a > b, or a is NaN and b is
+        # not. Two NaNs (and -0, +0) are equal: the stable sort keeps their order.
+        first, second = (b_nan, a_nan) if direction.endswith("LT>") else (a_nan, b_nan)
+        not_second = _create("stablehlo.not", [second], i1, ip, loc)
+        nan_order = _create("stablehlo.and", [first, not_second], i1, ip, loc)
+        terminator.operands[0] = _create("stablehlo.or", [compare.result, nan_order], i1, ip,
+                                         loc)
