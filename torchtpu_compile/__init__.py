@@ -9,11 +9,15 @@ Example::
 
     import torchtpu_compile
     print(torchtpu_compile.stats())
+
+    @torchtpu_compile.jax_op          # a JAX function or Pallas kernel as a PyTorch op
+    def scaled(x):
+        return x * 2
 """
 from . import config
 from .counters import reset_stats, stats
 
-__all__ = ["config", "stats", "reset_stats", "backend"]
+__all__ = ["config", "stats", "reset_stats", "backend", "jax_op"]
 
 
 def __getattr__(name):
@@ -21,4 +25,7 @@ def __getattr__(name):
     if name == "backend":
         import importlib
         return importlib.import_module(".backend", __name__)
+    if name == "jax_op":
+        from .kernels import jax_op
+        return jax_op
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -44,6 +44,7 @@ from torch._inductor.output_code import OutputCode
 
 from . import config, counters, versions
 from ._logging import log
+from .kernels.jax_op import graph_fingerprint
 from .runtime.levels import Levels
 
 _levels = Levels("aot_autograd")
@@ -214,7 +215,7 @@ def scope(gm: torch.fx.GraphModule):
 
     salt = hashlib.sha256("|".join((
         versions.stack_versions(), versions.source_digest(*_KEYED_SOURCES),
-        held)).encode()).hexdigest()
+        held, graph_fingerprint(gm))).encode()).hexdigest()
     adapter = _StoreAdapter(salt)
     patched = {"get_remote_cache": staticmethod(lambda: adapter),
                # torch also writes every entry to its own folder; ours are in our levels only.

@@ -1,9 +1,10 @@
 """The lowering cache: StableHLO by a key of the FX graph, so a warm process skips torch-mlir.
 
 The key is the graph's generated code (ops, their order, literal arguments), the dtype and shape
-of every value in it, the platform, the precision, the versions of the stack and the source of
-``lower/``. The graph handed to lowering is already in the program calling convention (tensor
-inputs only, constants lifted to arguments), so nothing else reaches the StableHLO.
+of every value in it, the platform, the precision, the versions of the stack, the source of
+``lower/`` and the StableHLO of every JAX function the graph calls (``jax_op``). The graph
+handed to lowering is already in the program calling convention (tensor inputs only, constants
+lifted to arguments), so nothing else reaches the StableHLO.
 
 Example::
 
@@ -19,6 +20,7 @@ import torch
 import torch.fx as fx
 
 from .. import config, versions
+from ..kernels.jax_op import graph_fingerprint
 from ..runtime.levels import Levels
 from .importer import LoweredModule, lower_graph
 
@@ -40,7 +42,7 @@ def graph_key(gm: fx.GraphModule, platform: str, precision: str) -> str:
     for node in gm.graph.nodes:
         digest.update(f"{node.name}:{_value_spec(node.meta.get('val'))};".encode())
     context = "|".join((platform, precision, versions.stack_versions(),
-                        versions.source_digest("lower")))
+                        versions.source_digest("lower"), graph_fingerprint(gm)))
     return f"lower|{digest.hexdigest()}|{context}"
 
 

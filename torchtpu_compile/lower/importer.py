@@ -22,6 +22,7 @@ import torch
 
 from .. import counters
 from ..errors import LoweringError
+from .jax_calls import has_jax_calls, import_with_jax_calls
 from .stablehlo_passes import PassContext, run_passes
 
 
@@ -95,9 +96,17 @@ def import_stablehlo(gm: torch.fx.GraphModule):
 def lower_graph(gm: torch.fx.GraphModule, platform: str, precision: str) -> LoweredModule:
     """Lower a functional, static-shape ATen graph whose inputs are all tensors."""
     start = time.perf_counter()
+    passes = PassContext(platform=platform, precision=precision)
     try:
-        module = import_stablehlo(gm)
-        run_passes(module, PassContext(platform=platform, precision=precision))
+        if has_jax_calls(gm):
+            def import_aten(segment):
+                module = import_stablehlo(segment)
+                run_passes(module, passes)
+                return module
+            module = import_with_jax_calls(gm, precision, import_aten)
+        else:
+            module = import_stablehlo(gm)
+            run_passes(module, passes)
         text = module.operation.get_asm(enable_debug_info=False)
         buf = io.BytesIO()
         module.operation.write_bytecode(buf)
