@@ -257,32 +257,49 @@ def ddp_compiled(rank, world, port):
     _ddp(rank, world, port, compiled=True)
 
 
-@case
-def compiled_collective(rank, world, port):
-    """A functional all_reduce inside a torch.compile graph, on tpu tensors."""
+def check_compiled_collectives(rank, world):
+    """Functional collectives inside one torch.compile graph on tpu tensors, lowered into its
+    program (StableHLO collectives, one replica per rank): equal to host arithmetic, nothing
+    cut out of the graph, nothing through the process group."""
     import torch.distributed._functional_collectives as funcol
-    import torchtpu_compile
-    init(rank, world, port)
     group = dist.group.WORLD
 
     def f(x):
-        y = torch.sin(x) * 2
-        y = funcol.all_reduce(y, "sum", group)
-        return y + x
+        y = funcol.all_reduce(torch.sin(x) * 2, "avg", group)
+        gathered = funcol.all_gather_tensor(y * (x + 1), 0, group)
+        scattered = funcol.reduce_scatter_tensor(gathered * 3, "sum", 0, group)
+        moved = funcol.all_to_all_single(x * 2, None, None, group)
+        root = funcol.broadcast(x, 1, group)
+        return y + x, gathered.cos(), scattered, moved, root
 
-    compiled = torch.compile(f, backend="torchtpu", fullgraph=True)
+    before = _dist_stats()
+    out = torch.compile(f, backend="torchtpu", fullgraph=True)(data(rank).to("tpu"))
+    moved = _delta(before)
+    assert moved["lowered_collectives"] == 5 and moved["compiled_graph_collectives"] == 0 and \
+        moved["functional_collectives"] == 0 and moved["host_staged_collectives"] == 0, moved
+    assert all(t.device.type == "tpu" for t in out)
+    xs = [data(r) for r in range(world)]
+    y = sum(torch.sin(x) * 2 for x in xs) / world
+    gathered = torch.cat([y * (x + 1) for x in xs])
+    rows = 4 // world
+    same(out[0], y + xs[rank], "compiled all_reduce avg")
+    same(out[1], gathered.cos(), "compiled all_gather")
+    same(out[2], (world * 3 * gathered).chunk(world)[rank], "compiled reduce_scatter")
+    same(out[3], torch.cat([2 * x[rank * rows:(rank + 1) * rows] for x in xs]),
+         "compiled all_to_all_single")
+    same(out[4], xs[1], "compiled broadcast")
+
+
+@case
+def compiled_collective(rank, world, port):
+    """Collectives inside a torch.compile graph, then an eager functional collective."""
+    import torch.distributed._functional_collectives as funcol
+    init(rank, world, port)
+    check_compiled_collectives(rank, world)
     x = data(rank)
-    out = compiled(x.to("tpu"))
-    assert out.device.type == "tpu"
-    want = sum(torch.sin(data(r)) * 2 for r in range(world)) + x
-    same(out, want, "compiled all_reduce")
-    stats = torchtpu_compile.stats()
-    assert stats["tpu_dist"]["compiled_graph_collectives"] >= 1, stats["tpu_dist"]
-    assert stats["tpu_dist"]["host_staged_collectives"] == 0, stats["tpu_dist"]
-    assert not any("c10d" in op for op in stats["fallback_ops"]), stats["fallback_ops"]
-    # eager functional collectives on tpu tensors
-    y = funcol.all_gather_tensor(x.to("tpu"), 0, group)
+    y = funcol.all_gather_tensor(x.to("tpu"), 0, dist.group.WORLD)
     same(y, torch.cat([data(r) for r in range(world)]), "funcol all_gather")
+    assert _dist_stats()["host_staged_collectives"] == 0, _dist_stats()
     dist.destroy_process_group()
 
 
@@ -297,7 +314,8 @@ def core(rank, world, port):
     # No backend named: "cpu:gloo,tpu:tpu_dist" (torchtpu_eager/distributed/__init__.py)
     init(rank, world, port, backend=None)
     assert dist.get_backend_config() == "cpu:gloo,tpu:tpu_dist", dist.get_backend_config()
-    for name, check in [("collectives", check_collectives), ("ddp", check_ddp),
+    for name, check in [("collectives", check_collectives),
+                        ("compiled collectives", check_compiled_collectives), ("ddp", check_ddp),
                         ("dtensor", check_dtensor),
                         ("fsdp", lambda r, w: check_fsdp(r, w, small=True, steps=2,
                                                          optimizer="sgd"))]:

@@ -37,11 +37,13 @@ def _fresh() -> dict:
         # tpu_dist (torchtpu_eager.distributed): collectives and how they travelled.
         # pjrt_*: run as StableHLO collectives by the multi-process PJRT client;
         # host_staged_*: through host memory and gloo; host_staged_groups: groups whose client
-        # could not be joined (every collective of theirs is staged).
+        # could not be joined (every collective of theirs is staged);
+        # compiled_graph_collectives: collectives a compiled graph is cut at (run through the
+        # process group); lowered_collectives: collectives lowered inside compiled programs.
         "tpu_dist": {"collectives": 0, "pjrt_collectives": 0, "pjrt_bytes": 0,
                      "host_staged_collectives": 0, "host_staged_bytes": 0,
                      "host_staged_groups": 0, "functional_collectives": 0,
-                     "compiled_graph_collectives": 0},
+                     "compiled_graph_collectives": 0, "lowered_collectives": 0},
     }
     # dynamo (dynamo_cache.py) also counts frames run from the cache without tracing, and
     # entries found but not used (a guarded value or an inlined source differs).

@@ -23,6 +23,7 @@ from ._logging import log, warn_once
 from .errors import LoweringError, UnsupportedOpError
 from .lower import lower_graph
 from .lower.cache import lower_graph_cached
+from .lower.collective_graphs import plan_collectives
 from .lower.calling_convention import prepare
 from .lower.fx_passes import normalize
 from .lower.precision import resolve_precision
@@ -66,7 +67,7 @@ class Program:
                                          precision=precision)
         self.lowered = lowered
         self.executable = compile_stablehlo(lowered.bytecode, lowered.fingerprint, precision,
-                                            what=name)
+                                            what=name, replicas=lowered.replicas)
         # Results go back to the device the graph computes on: host tensors for CPU inputs,
         # tpu tensors (no round trip through the host) for tensors of the eager tpu device.
         self._wrap = [wrapper_for(_device_type(node)) for node in
@@ -156,8 +157,10 @@ class PartitionedProgram:
 def _find_unsupported(gm: fx.GraphModule, platform: str, precision: str):
     """(bad nodes with reasons, lowered module of the whole graph if it lowered)."""
     bad = {}
+    # Collectives lower into the program when their group allows it, else the graph is cut.
+    cut_collectives = plan_collectives(gm) is None
     for node in gm.graph.nodes:
-        if _is_collective(node):
+        if _is_collective(node) and cut_collectives:
             bad[node] = COLLECTIVE
             continue
         if is_host_scalar(node):

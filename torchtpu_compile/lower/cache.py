@@ -52,7 +52,9 @@ def lower_graph_cached(gm: fx.GraphModule, platform: str, precision: str) -> Low
     Off with ``config.graph_cache = False``. Failures are not cached: a graph that does not lower
     raises ``LoweringError`` each time, as ``lower_graph`` does.
     """
-    if not config.graph_cache:
+    from .collective_graphs import plan_collectives
+    if not config.graph_cache or plan_collectives(gm) is not None:
+        # A program with collectives depends on its group's size, which the key does not see.
         return lower_graph(gm, platform=platform, precision=precision)
     key = graph_key(gm, platform, precision)
     payload = _levels.get(key)

@@ -1,30 +1,24 @@
-"""Collectives as small StableHLO programs, one builder per collective.
+"""Collectives as StableHLO, one builder per collective (the one lowering of collectives).
 
-Each builder returns the text of a module that one replica runs: it takes this process's
+Each builder returns the body of a function that one replica runs: it takes this process's
 tensors and returns its results, and its collective ops span the group's replicas (replica
-``i`` is group rank ``i``). ``compiled`` compiles it through the one runtime
-(``torchtpu_compile.runtime.executable.compile_stablehlo``, the same executable cache, keyed
-by the text's fingerprint and the devices) for the group's devices.
+``i`` is group rank ``i``). tpu_dist's PJRT transport compiles them as whole programs
+(``torchtpu_eager.distributed.pjrt_transport``); a compiled graph with functional collectives
+gets the same ops spliced in where the collectives were (``collective_graphs.py``).
 
 What the CPU client's gloo collectives can do decides the forms: sum, product, max and min
 reductions (no bitwise ones), no collective_broadcast (a broadcast is a sum of the root's
-bits and zeros, exact for every dtype) and no working collective_permute (send and recv stay
-host-staged).
+bits and everyone else's zeros, exact for every dtype) and no working collective_permute
+(send and recv stay host-staged).
 
 Example::
 
-    exe = compiled("all_reduce", (((4, 3), torch.float32),), devices=(0, 2048),
-                   reduce="add", average=False)
-    [out] = exe.run([buffer])
+    text = module_text("all_reduce", 2, (((4, 3), torch.float32),), reduce="add",
+                       average=False)
 """
 from __future__ import annotations
 
-import hashlib
-import threading
-
 import torch
-
-from torchtpu_compile.runtime.executable import compile_stablehlo
 
 ELEMENT_TYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16",
                  torch.float64: "f64", torch.int64: "i64", torch.int32: "i32",
@@ -34,8 +28,6 @@ REDUCTIONS = {"sum": "add", "product": "multiply", "max": "maximum", "min": "min
 _BITS = {1: "ui8", 2: "ui16", 4: "ui32", 8: "ui64"}  # same-width unsigned, for exact moves
 
 _BUILDERS: dict = {}
-_compiled: dict = {}
-_lock = threading.Lock()
 
 
 def collective(name: str):
@@ -242,20 +234,6 @@ def module_text(name: str, n: int, signature, **params) -> str:
     return (f"module @tpu_dist_{name} attributes {{mhlo.num_replicas = {n} : i32, "
             f"mhlo.num_partitions = 1 : i32}} {{\n"
             f"  func.func public @main({args}) -> ({results}) {{\n    {body}\n  }}\n}}\n")
-
-
-def compiled(name: str, signature, devices: tuple, **params):
-    """The executable of collective ``name`` on ``signature`` for the group on ``devices``."""
-    key = (name, signature, devices, tuple(sorted(params.items())))
-    exe = _compiled.get(key)
-    if exe is None:
-        text = module_text(name, len(devices), signature, **params)
-        fingerprint = hashlib.sha256(text.encode()).hexdigest()
-        exe = compile_stablehlo(text.encode(), fingerprint, "collective",
-                                what=f"tpu_dist {name}", replicas=devices)
-        with _lock:
-            exe = _compiled.setdefault(key, exe)
-    return exe
 
 
 def transportable(dtype) -> bool:

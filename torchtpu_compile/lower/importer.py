@@ -32,6 +32,9 @@ class LoweredModule:
     bytecode: bytes
     fingerprint: str
     text: str  # the StableHLO without location info (what the fingerprint hashes)
+    # Devices to compile for, one replica each, when collectives cross processes inside the
+    # program (collective_graphs.py); empty: the usual one-device program.
+    replicas: tuple = ()
 
 
 _ERROR_LINE = re.compile(r"error:\s*(.*)")
@@ -94,7 +97,12 @@ def import_stablehlo(gm: torch.fx.GraphModule):
 
 
 def lower_graph(gm: torch.fx.GraphModule, platform: str, precision: str) -> LoweredModule:
-    """Lower a functional, static-shape ATen graph whose inputs are all tensors."""
+    """Lower a functional, static-shape ATen graph whose inputs are all tensors (and whose
+    functional collectives, if any, name one tpu_dist group on the PJRT transport)."""
+    from .collective_graphs import lower_with_collectives, plan_collectives
+    plan = plan_collectives(gm)
+    if plan is not None:
+        return lower_with_collectives(gm, plan, platform, precision)
     start = time.perf_counter()
     passes = PassContext(platform=platform, precision=precision)
     try:

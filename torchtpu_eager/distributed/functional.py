@@ -72,6 +72,13 @@ def _tpu_dist_group(group_name):
     return backend if isinstance(backend, TpuProcessGroup) else None
 
 
+def group_devices(group_name):
+    """The PJRT device ids of a tpu_dist group's ranks if it is on the PJRT transport, else
+    None: what a compiled graph needs to lower its collectives into its program."""
+    group = _tpu_dist_group(group_name)
+    return group._pjrt.devices if group is not None and group._pjrt is not None else None
+
+
 def _reduce_options(reduce_op: str, dtype, kind=None):
     import torch.distributed as dist
     from torch._C._distributed_c10d import AllreduceOptions

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from torchtpu_compile import counters
+from torchtpu_compile.lower import collectives
 
 from .. import modes, views
 from . import collective_programs as programs
@@ -49,7 +50,7 @@ class PjrtTransport:
     def carries(self, tensors) -> bool:
         """Whether every tensor is a non-empty tpu tensor of a dtype PJRT collectives move."""
         return bool(tensors) and all(is_tpu(t) and t.numel() > 0 and
-                                     programs.transportable(t.dtype) for t in tensors)
+                                     collectives.transportable(t.dtype) for t in tensors)
 
     def _run(self, name: str, inputs, written, result, **params) -> PjrtWork:
         """Run collective ``name`` on ``inputs``; its results go into ``written`` (in order)."""
@@ -69,7 +70,7 @@ class PjrtTransport:
     # Each method: a PjrtWork, or None when the collective is not carried (module doc).
 
     def all_reduce(self, tensors, reduce: str, average: bool, outputs=None):
-        body = programs.REDUCTIONS.get(reduce)
+        body = collectives.REDUCTIONS.get(reduce)
         if body is None or not self.carries(tensors) or \
                 (average and tensors[0].dtype is torch.bool):
             return None
@@ -94,7 +95,7 @@ class PjrtTransport:
     def reduce_scatter(self, output, inputs, reduce: str, average: bool, result):
         """Chunk ``rank`` of the reduction into ``output``: ``inputs`` is one tensor of n
         chunks, or the n chunks."""
-        body = programs.REDUCTIONS.get(reduce)
+        body = collectives.REDUCTIONS.get(reduce)
         whole = sum(t.numel() for t in inputs)
         if body is None or not self.carries(list(inputs) + [output]) or \
                 whole != self.n * output.numel() or \

@@ -36,6 +36,7 @@ from torch._C._distributed_c10d import (AllgatherOptions, AllreduceOptions, AllT
 
 from torchtpu_compile import counters
 from torchtpu_compile._logging import log, warn_once
+from torchtpu_compile.lower import collective_graphs
 
 from . import functional, pjrt_world, reduce_ops
 from .pjrt_transport import PjrtTransport
@@ -60,6 +61,8 @@ class TpuProcessGroup(dist.ProcessGroup):
     def __init__(self, store, rank: int, world_size: int, timeout):
         super().__init__(rank, world_size)
         functional.register()
+        # Compiled graphs lower the collectives of a group on the PJRT transport in-program.
+        collective_graphs.set_group_resolver(functional.group_devices)
         # FSDP2 frees and re-allocates parameter storage; tpu storages need their own way.
         from ..storage_ops import install_fsdp_hooks
         install_fsdp_hooks()
