@@ -119,15 +119,16 @@ class JaxOp:
             self._single_output = not isinstance(out, (tuple, list))
         return self._outputs[avals]
 
-    def stablehlo(self, avals, precision: str) -> str:
-        """The function's StableHLO for these input avals, in MLIR's generic form (which
-        any context with the StableHLO dialect parses, whatever its version's pretty syntax)."""
-        key = (avals, precision)
+    def stablehlo(self, avals, precision: str, platform: str = "cpu") -> str:
+        """The function's StableHLO for these input avals, lowered for ``platform`` (a Pallas
+        kernel lowers to Mosaic on "tpu"), in MLIR's generic form (which any context with the
+        StableHLO dialect parses, whatever its version's pretty syntax)."""
+        key = (avals, precision, platform)
         if key not in self._lowered:
             jax = _jax()
             flat = lambda *xs: tuple(jax.tree_util.tree_leaves(self.fn(*xs)))
             with _exact_dtypes(), jax.default_matmul_precision(_JAX_PRECISION[precision]):
-                lowered = jax.jit(flat).lower(*avals)
+                lowered = jax.jit(flat).trace(*avals).lower(lowering_platforms=(platform,))
             module = lowered.compiler_ir("stablehlo")
             self._lowered[key] = module.operation.get_asm(print_generic_op_form=True,
                                                           enable_debug_info=False)

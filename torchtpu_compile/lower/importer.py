@@ -111,7 +111,7 @@ def lower_graph(gm: torch.fx.GraphModule, platform: str, precision: str) -> Lowe
                 module = import_stablehlo(segment)
                 run_passes(module, passes)
                 return module
-            module = import_with_jax_calls(gm, precision, import_aten)
+            module = import_with_jax_calls(gm, platform, precision, import_aten)
         else:
             module = import_stablehlo(gm)
             run_passes(module, passes)

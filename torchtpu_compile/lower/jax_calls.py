@@ -8,7 +8,8 @@ calls, so the program is one fusion region as if one importer had made it.
 Example::
 
     gm = make_fx(lambda x: rms_norm(x.sin(), w) * 2, tracing_mode="fake")(x)
-    module = import_with_jax_calls(gm, precision="medium")   # @main calls @seg0, @jax1, @seg2
+    module = import_with_jax_calls(gm, "cpu", "medium", import_stablehlo)
+    # @main calls @seg0 (x.sin()), @jax1 (rms_norm), @seg2 (* 2)
 """
 from __future__ import annotations
 
@@ -97,20 +98,22 @@ def _kernel_inputs(step: _Step) -> list[fx.Node]:
     return list(call.args[0])
 
 
-def _tensor_type(value) -> str:
+def _type(shape, dtype: torch.dtype) -> str:
+    return f"tensor<{''.join(f'{int(d)}x' for d in shape)}{_ELEMENT[dtype]}>"
+
+
+def _tensor_type(value: fx.Node) -> str:
     val = value.meta.get("val")
     if not isinstance(val, torch.Tensor) or val.dtype not in _ELEMENT:
         raise LoweringError(f"jax_op call: value {value.name} is not a tensor of a supported "
                             f"dtype ({val!r})")
-    dims = "x".join(str(int(d)) for d in val.shape)
-    return f"tensor<{dims}x{_ELEMENT[val.dtype]}>" if dims else f"tensor<{_ELEMENT[val.dtype]}>"
+    return _type(val.shape, val.dtype)
 
 
 def _functions_of(text: str, prefix: str, context, ir) -> list[str]:
     """The functions of a module's text, ``main`` renamed to ``prefix`` and made private, every
     other symbol prefixed so two importers' helpers never collide."""
     module = ir.Module.parse(text, context=context)
-    table = ir.SymbolTable(module.operation)
     functions = [op for op in module.body.operations if op.operation.name == "func.func"]
     for op in functions:
         old = ir.StringAttr(op.attributes["sym_name"]).value
@@ -118,7 +121,6 @@ def _functions_of(text: str, prefix: str, context, ir) -> list[str]:
         ir.SymbolTable.replace_all_symbol_uses(old, new, module.operation)
         op.attributes["sym_name"] = ir.StringAttr.get(new, context=context)
         op.attributes["sym_visibility"] = ir.StringAttr.get("private", context=context)
-    del table
     return [op.operation.get_asm(print_generic_op_form=True, enable_debug_info=False)
             for op in functions]
 
@@ -131,7 +133,7 @@ def _jax_context():
     return jax_mlir.make_ir_context(), ir
 
 
-def import_with_jax_calls(gm: fx.GraphModule, precision: str, import_aten):
+def import_with_jax_calls(gm: fx.GraphModule, platform: str, precision: str, import_aten):
     """Lower ``gm`` (which calls ``jax_op`` ops) to one StableHLO module (module doc), in
     jaxlib's MLIR context.
 
@@ -149,12 +151,9 @@ def import_with_jax_calls(gm: fx.GraphModule, precision: str, import_aten):
         if step.kernel is not None:
             args = _kernel_inputs(step)
             avals = step.kernel.avals([a.meta["val"] for a in args])
-            text = step.kernel.stablehlo(avals, precision)
-            outs = [n for n in step.nodes[1:]]   # getitems, by index
+            text = step.kernel.stablehlo(avals, precision, platform)
             arity = len(step.kernel.output_specs(avals))
-            result_types = [f"tensor<{'x'.join(str(d) for d in shape)}"
-                            f"{'x' if shape else ''}{_ELEMENT[dtype]}>"
-                            for shape, dtype in step.kernel.output_specs(avals)]
+            result_types = [_type(*spec) for spec in step.kernel.output_specs(avals)]
         else:
             args = step.inputs
             segment = _segment_module(gm, step)
@@ -170,7 +169,7 @@ def import_with_jax_calls(gm: fx.GraphModule, precision: str, import_aten):
                     f'{{callee = @{step.symbol}}} : ({", ".join(arg_types)}) -> '
                     f'({", ".join(result_types)})')
         if step.kernel is not None:
-            for item in outs:
+            for item in step.nodes[1:]:   # the call's getitems
                 index = item.args[1]
                 results[item] = f"{name}#{index}" if arity > 1 else name
         else:
