@@ -2,10 +2,12 @@
 
 One spawn of 2 workers (tests/dist_launch.py, with a deadline), on the group that
 ``init_process_group()`` makes with no backend named ("cpu:gloo,tpu:tpu_dist"), runs every
-collective and its error cases, DDP, DTensor on a tpu mesh and FSDP2 steps, each compared
-with values computed on the host, then checks that a dead peer gives an error instead of a
-hang (tests/dist_workers.py ``core``). The long runs (compiled DDP and FSDP2, a compiled graph with
-a collective, FSDP2 on a transformer) are in tests/slow/test_tpu_dist_slow.py.
+collective on the PJRT transport and on a host-staged group, and the error cases, a compiled
+graph with its collectives lowered into the program, DDP, DTensor on a tpu mesh and FSDP2
+steps, each compared with values computed on the host, then checks that a dead peer gives an
+error instead of a hang (tests/dist_workers.py ``core``). The long runs (compiled DDP and
+FSDP2, FSDP2 on a transformer, a client made before init_process_group) are in
+tests/slow/test_tpu_dist_slow.py.
 """
 from __future__ import annotations
 
@@ -45,9 +47,11 @@ def test_reduce_op_errors_name_the_supported_ops():
 
 def test_collectives_ddp_dtensor_fsdp2_and_a_dead_peer_on_two_processes():
     # the unnamed backend is "cpu:gloo,tpu:tpu_dist", and CPU tensors are not staged;
-    # collectives: all_reduce (5 ops, ints, views, async), broadcast, all_gather(+into
-    # tensor), reduce_scatter(+tensor), all_to_all(+single, uneven), send/recv/isend/irecv,
-    # barrier, CPU tensors on the same group, unknown ops and mismatched shapes give errors;
+    # collectives: all_reduce (5 ops, ints, bf16, views, async), broadcast, all_gather(+into
+    # tensor), reduce_scatter(+tensor), all_to_all(+single), reduce, barrier on PJRT; uneven
+    # all_to_all_single and send/recv/isend/irecv host-staged and counted; CPU tensors on the
+    # same group, unknown ops and mismatched shapes give errors; a compiled graph with five
+    # functional collectives lowered into its program;
     # DDP eager = one process on the global batch; DTensor distribute / redistribute /
     # matmul; FSDP2 on an MLP (2 SGD steps: losses, parameters, storage freed after backward);
     # then rank 1 exits and rank 0's next all_reduce must raise (group timeout 15 s).

@@ -16,7 +16,7 @@ def test_ddp_compiled_matches_single_process_on_global_batch():
 
 
 def test_compiled_graph_with_collective():
-    # a functional all_reduce inside a fullgraph torch.compile graph: the graph is cut there
+    # functional collectives inside a fullgraph torch.compile graph, lowered into its program
     check(launch("compiled_collective", deadline=300))
 
 
