@@ -1,9 +1,10 @@
 """tpu_dist on 2 processes: all_reduce bus bandwidth against gloo, DDP and FSDP2 step time
 against one process.
 
-Both ranks run in one group ``"cpu:gloo,tpu:tpu_dist"``; each size is timed on tpu tensors
-(tpu_dist, host-staged) and on CPU tensors (gloo) alternately in the same run, median of the
-rounds. Bus bandwidth is the NCCL-tests convention: 2 (n-1)/n * bytes / time. The DDP row is
+Both ranks run in one group ``"cpu:gloo,tpu:tpu_dist"``; each size is timed three ways,
+alternately in the same run, median of the rounds: tpu tensors on the PJRT transport (the
+group's, a StableHLO all-reduce run by the joined PJRT clients), tpu tensors host-staged (a
+second group made under ``TORCHTPU_DIST_TRANSPORT=staged``), and CPU tensors on gloo. Bus bandwidth is the NCCL-tests convention: 2 (n-1)/n * bytes / time. The DDP row is
 one training step of an MLP on a global batch of 64, split over 2 processes, against the
 same step in one process on the whole batch (rank 0 times it after the group's runs). The
 FSDP2 row is the same for the MLP with each layer and the root ``fully_shard``-ed on a
@@ -36,19 +37,23 @@ def _worker(rank: int, port: int, quick: bool) -> None:
     torch.set_num_threads(1)  # two processes share two cores
     dist.init_process_group("cpu:gloo,tpu:tpu_dist", init_method=f"tcp://127.0.0.1:{port}",
                             rank=rank, world_size=2, timeout=datetime.timedelta(seconds=120))
+    os.environ["TORCHTPU_DIST_TRANSPORT"] = "staged"
+    staged = dist.new_group()
+    del os.environ["TORCHTPU_DIST_TRANSPORT"]
     rounds = 3 if quick else 7
     out = {"allreduce": {}, "ddp": {}}
     for mb in SIZES_MB:
         n = mb * 2**20 // 4
         host = torch.ones(n)
         dev = host.to("tpu")
-        times = {"tpu_dist": [], "gloo": []}
+        times = {"pjrt": [], "staged": [], "gloo": []}
         for _ in range(rounds + 1):  # first round: warm-up
-            for name, t in (("tpu_dist", dev), ("gloo", host)):
+            for name, t, group in (("pjrt", dev, None), ("staged", dev, staged),
+                                   ("gloo", host, None)):
                 dist.barrier()
                 start = time.perf_counter()
-                dist.all_reduce(t)
-                if name == "tpu_dist":
+                dist.all_reduce(t, group=group)
+                if name != "gloo":
                     torch.tpu.synchronize()
                 times[name].append(time.perf_counter() - start)
         out["allreduce"][mb] = {k: statistics.median(v[1:]) for k, v in times.items()}
@@ -135,16 +140,18 @@ def _busbw(mb: int, seconds: float, world: int = 2) -> float:
 
 
 def bench_tpu_dist(quick: bool) -> list[dict]:
-    """Rows for run_all: all_reduce per size (eager column: gloo on CPU tensors), DDP step."""
+    """Rows for run_all: all_reduce per size (eager column: gloo on CPU tensors; torchtpu:
+    the PJRT transport; host-staged in the note), DDP and FSDP2 steps."""
     from common import result
     data = measure(quick)
     rows = []
     for mb, t in data["allreduce"].items():
         rows.append(result(
-            f"all_reduce {mb} MB, 2 procs", {"eager": t["gloo"], "torchtpu": t["tpu_dist"]},
-            notes=[f"bus bandwidth {mb} MB: tpu_dist {_busbw(int(mb), t['tpu_dist']):.2f} GB/s, "
+            f"all_reduce {mb} MB, 2 procs", {"eager": t["gloo"], "torchtpu": t["pjrt"]},
+            notes=[f"bus bandwidth {mb} MB: tpu_dist PJRT {_busbw(int(mb), t['pjrt']):.2f} GB/s, "
+                   f"tpu_dist host-staged {_busbw(int(mb), t['staged']):.2f} GB/s, "
                    f"gloo on CPU tensors {_busbw(int(mb), t['gloo']):.2f} GB/s "
-                   f"(eager column: gloo; tpu_dist is host-staged)"]))
+                   f"(eager column: gloo; torchtpu column: the PJRT transport)"]))
     ddp, fsdp = data["ddp"], data["fsdp"]
     rows.append(result(
         "DDP MLP step, 2 procs vs 1", {"eager": ddp["one_process"],
@@ -168,10 +175,12 @@ if __name__ == "__main__":
     else:
         quick = "--quick" in sys.argv
         data = measure(quick)
-        print(f"{'size':>6} {'tpu_dist':>10} {'gloo':>10} {'tpu_dist GB/s':>14} {'gloo GB/s':>10}")
+        print(f"{'size':>6} {'PJRT':>10} {'staged':>10} {'gloo':>10}   bus GB/s: "
+              f"{'PJRT':>6} {'staged':>6} {'gloo':>6}")
         for mb, t in data["allreduce"].items():
-            print(f"{mb:>4}MB {t['tpu_dist'] * 1e3:>8.2f}ms {t['gloo'] * 1e3:>8.2f}ms "
-                  f"{_busbw(int(mb), t['tpu_dist']):>14.2f} {_busbw(int(mb), t['gloo']):>10.2f}")
+            print(f"{mb:>4}MB {t['pjrt'] * 1e3:>8.2f}ms {t['staged'] * 1e3:>8.2f}ms "
+                  f"{t['gloo'] * 1e3:>8.2f}ms   {'':>9}" + " ".join(
+                      f"{_busbw(int(mb), t[k]):>6.2f}" for k in ("pjrt", "staged", "gloo")))
         for name in ("ddp", "fsdp"):
             t = data[name]
             print(f"{name.upper()} step: 2 processes {t['two_processes'] * 1e3:.1f} ms, one "
