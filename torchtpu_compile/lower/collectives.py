@@ -225,10 +225,13 @@ def all_to_all(n, signature, outputs: tuple):
                       [tensor(s, dtype) for s in outputs])
 
 
-def module_text(name: str, n: int, signature, **params) -> str:
-    """The whole module of collective ``name`` for ``n`` replicas."""
+def module_text(name: str, n: int, signature, donate: tuple = (), **params) -> str:
+    """The whole module of collective ``name`` for ``n`` replicas; the inputs at positions
+    ``donate`` give their memory to the result at the same position (same shape and dtype)."""
     lines = _BUILDERS[name](n, signature, **params)
-    args = ", ".join(f"%arg{i}: {tensor(*sig)}" for i, sig in enumerate(signature))
+    args = ", ".join(f"%arg{i}: {tensor(*sig)}"
+                     + (f" {{tf.aliasing_output = {i} : i32}}" if i in donate else "")
+                     for i, sig in enumerate(signature))
     results = lines[-1].split(" : ", 1)[1]
     body = "\n    ".join("\n    ".join(line.splitlines()) for line in lines)
     return (f"module @tpu_dist_{name} attributes {{mhlo.num_replicas = {n} : i32, "

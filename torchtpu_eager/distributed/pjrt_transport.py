@@ -3,7 +3,8 @@
 Each rank runs the same program (``collective_programs``) with its own tensors' device
 buffers; the PJRT client moves the data (gloo between CPU clients, the interconnect on TPU) and
 the results are written into the tensors through their views. Nothing passes through host
-memory. Execution is asynchronous: the tensors hold the pending results at once, and
+memory. An in-place collective (all_reduce, broadcast) donates a tensor's buffer to its
+result when nothing else holds that buffer, so it needs no second copy of the tensor. Execution is asynchronous: the tensors hold the pending results at once, and
 ``PjrtWork.wait()`` blocks until they are ready.
 
 A collective this transport cannot carry (complex dtypes, bitwise reductions, uneven
@@ -18,6 +19,8 @@ Example::
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from torchtpu_compile import counters
@@ -31,6 +34,25 @@ from .work import PjrtWork
 
 def _signature(tensors) -> tuple:
     return tuple((tuple(t.shape), t.dtype) for t in tensors)
+
+
+def _donatable(inputs, written, values) -> tuple:
+    """Positions whose input buffer the collective may consume: an in-place collective on a
+    tensor that is its whole storage, whose buffer nothing else holds (a clone shares its
+    buffer until written; a pending fused graph holds it too)."""
+    donate = []
+    seen = set()
+    for i, t in enumerate(inputs):
+        storage = t._st
+        # References: the storage, ``values``, and getrefcount's argument.
+        if t._dense and t._shape == storage.shape and storage.value is values[i] and \
+                id(storage) not in seen and sys.getrefcount(values[i]) <= _OWNED:
+            donate.append(i)
+        seen.add(id(storage))
+    return tuple(donate)
+
+
+_OWNED = 3
 
 
 def _numel(shape) -> int:
@@ -54,8 +76,10 @@ class PjrtTransport:
 
     def _run(self, name: str, inputs, written, result, **params) -> PjrtWork:
         """Run collective ``name`` on ``inputs``; its results go into ``written`` (in order)."""
-        exe = programs.compiled(name, _signature(inputs), self.devices, **params)
         values = [modes.concrete(views.read(t)) for t in inputs]
+        donate = _donatable(inputs, written, values) if written is inputs else ()
+        exe = programs.compiled(name, _signature(inputs), self.devices, donate=donate,
+                                **params)
         counters.add_dist("collectives")  # launched (a peer that died fails it in run or wait)
         counters.add_dist("pjrt_collectives")
         counters.add_dist("pjrt_bytes", sum(t.numel() * t.element_size() for t in inputs))
