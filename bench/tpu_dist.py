@@ -4,8 +4,9 @@ against one process.
 Both ranks run in one group ``"cpu:gloo,tpu:tpu_dist"``; each size is timed three ways,
 alternately in the same run, median of the rounds: tpu tensors on the PJRT transport (the
 group's, a StableHLO all-reduce run by the joined PJRT clients), tpu tensors host-staged (a
-second group made under ``TORCHTPU_DIST_TRANSPORT=staged``), and CPU tensors on gloo. Bus bandwidth is the NCCL-tests convention: 2 (n-1)/n * bytes / time. The DDP row is
-one training step of an MLP on a global batch of 64, split over 2 processes, against the
+second group made under ``TORCHTPU_DIST_TRANSPORT=staged``), and CPU tensors on gloo. Bus
+bandwidth is the NCCL-tests convention: 2 (n-1)/n * bytes / time. The DDP row is one
+training step of an MLP on a global batch of 64, split over 2 processes, against the
 same step in one process on the whole batch (rank 0 times it after the group's runs). The
 FSDP2 row is the same for the MLP with each layer and the root ``fully_shard``-ed on a
 ``init_device_mesh("tpu", (2,))`` mesh (all-gather before each layer's forward and

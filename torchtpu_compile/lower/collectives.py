@@ -80,7 +80,8 @@ class _Body:
         return value if src == dst else self.op(f'"stablehlo.reshape"({value}) : ({src}) -> {dst}')
 
     def constant(self, literal: str, type_: str) -> str:
-        return self.op(f'"stablehlo.constant"() {{value = dense<{literal}> : {type_}}} : () -> {type_}')
+        return self.op(f'"stablehlo.constant"() {{value = dense<{literal}> : {type_}}} : '
+                       f"() -> {type_}")
 
     def all_reduce(self, value: str, type_: str, element: str, body: str) -> str:
         x, y = f"%x{self._count}", f"%y{self._count}"

@@ -4,7 +4,8 @@ Each rank runs the same program (``collective_programs``) with its own tensors' 
 buffers; the PJRT client moves the data (gloo between CPU clients, the interconnect on TPU) and
 the results are written into the tensors through their views. Nothing passes through host
 memory. An in-place collective (all_reduce, broadcast) donates a tensor's buffer to its
-result when nothing else holds that buffer, so it needs no second copy of the tensor. Execution is asynchronous: the tensors hold the pending results at once, and
+result when nothing else holds that buffer, so it needs no second copy of the tensor.
+Execution is asynchronous: the tensors hold the pending results at once, and
 ``PjrtWork.wait()`` blocks until they are ready.
 
 A collective this transport cannot carry (complex dtypes, bitwise reductions, uneven
@@ -36,30 +37,24 @@ def _signature(tensors) -> tuple:
     return tuple((tuple(t.shape), t.dtype) for t in tensors)
 
 
-def _donatable(inputs, written, values) -> tuple:
-    """Positions whose input buffer the collective may consume: an in-place collective on a
-    tensor that is its whole storage, whose buffer nothing else holds (a clone shares its
-    buffer until written; a pending fused graph holds it too)."""
+#: References to a buffer only its storage holds, seen from ``_donatable``: the storage,
+#: the list of input values, and getrefcount's own argument.
+_OWNED = 3
+
+
+def _donatable(inputs, values) -> tuple:
+    """Positions whose input buffer an in-place collective may consume: a tensor that is its
+    whole storage, whose buffer nothing else holds (a clone shares its buffer until written,
+    a pending work handle or fused graph holds it too)."""
     donate = []
     seen = set()
     for i, t in enumerate(inputs):
         storage = t._st
-        # References: the storage, ``values``, and getrefcount's argument.
         if t._dense and t._shape == storage.shape and storage.value is values[i] and \
                 id(storage) not in seen and sys.getrefcount(values[i]) <= _OWNED:
             donate.append(i)
         seen.add(id(storage))
     return tuple(donate)
-
-
-_OWNED = 3
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 class PjrtTransport:
@@ -77,7 +72,7 @@ class PjrtTransport:
     def _run(self, name: str, inputs, written, result, **params) -> PjrtWork:
         """Run collective ``name`` on ``inputs``; its results go into ``written`` (in order)."""
         values = [modes.concrete(views.read(t)) for t in inputs]
-        donate = _donatable(inputs, written, values) if written is inputs else ()
+        donate = _donatable(inputs, values) if written is inputs else ()
         exe = programs.compiled(name, _signature(inputs), self.devices, donate=donate,
                                 **params)
         counters.add_dist("collectives")  # launched (a peer that died fails it in run or wait)

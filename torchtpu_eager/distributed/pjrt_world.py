@@ -67,22 +67,36 @@ def _join(store, rank: int, world_size: int, timeout) -> str | None:
     if _world:
         return None
     import jax
-    able = "" if not _client_exists() else (
-        "the PJRT client was created before init_process_group (a tpu tensor was made "
-        "first), and a client cannot join other processes once it exists; call "
-        "init_process_group before touching the tpu device")
-    store.set(f"{_PREFIX}able/{rank}", able or "yes")
+    if jax.distributed.is_initialized():
+        state = "joined"  # the program called jax.distributed.initialize itself
+    elif _client_exists():
+        state = ("the PJRT client was created before init_process_group (a tpu tensor was "
+                 "made first), and a client cannot join other processes once it exists; "
+                 "call init_process_group before touching the tpu device")
+    else:
+        state = "yes"
+    store.set(f"{_PREFIX}able/{rank}", state)
     if rank == 0:
-        reasons = [store.get(f"{_PREFIX}able/{r}").decode() for r in range(world_size)]
-        refused = [(r, why) for r, why in enumerate(reasons) if why != "yes"]
+        states = [store.get(f"{_PREFIX}able/{r}").decode() for r in range(world_size)]
+        refused = [(r, why) for r, why in enumerate(states) if why not in ("yes", "joined")]
         if refused:
             decision = f"staged:rank {refused[0][0]}: {refused[0][1]}"
+        elif set(states) == {"joined"}:
+            decision = "joined"
+        elif "joined" in states:
+            decision = ("staged:some ranks called jax.distributed.initialize themselves and "
+                        "others did not")
         else:
             decision = f"{_coordinator_host(store)}:{_free_port()}"
         store.set(f"{_PREFIX}coordinator", decision)
     decision = store.get(f"{_PREFIX}coordinator").decode()
     if decision.startswith("staged:"):
         return decision[len("staged:"):]
+    if decision == "joined":
+        from jax._src import distributed as jax_distributed
+        _world.update(address=jax_distributed.global_state.coordinator_address,
+                      processes=world_size, process_id=rank)
+        return None
     seconds = _seconds(timeout)
     # Gloo is what carries collectives between CPU clients; on TPU the flag is unused.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
