@@ -101,11 +101,11 @@ def _join(store, rank: int, world_size: int, timeout) -> str | None:
     # Gloo is what carries collectives between CPU clients; on TPU the flag is unused.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     # A dead process is found by its missed heartbeats; a clean exit waits for the others
-    # at most the group's timeout, not jax's default of five minutes.
+    # at most the group's timeout (and never longer than jax's default of five minutes).
     jax.distributed.initialize(decision, num_processes=world_size, process_id=rank,
                                initialization_timeout=seconds,
                                heartbeat_timeout_seconds=min(seconds, 100),
-                               shutdown_timeout_seconds=seconds)
+                               shutdown_timeout_seconds=min(seconds, 300))
     _world.update(address=decision, processes=world_size, process_id=rank)
     log.info("torchtpu: tpu_dist joined the PJRT clients of %d processes (coordinator %s)",
              world_size, decision)
