@@ -22,6 +22,12 @@ if "torchtpu_eager" in sys.modules:
     import torchtpu_eager.compile_support
     torchtpu_eager.compile_support.teach_dynamo()
 
+# Likewise, the Dynamo-level cache must be hooked in before the first frame is converted.
+from . import config as _config  # noqa: E402
+if _config.dynamo_cache:
+    from . import dynamo_cache
+    dynamo_cache.install()
+
 
 def _static_inputs(kind: str) -> frozenset:
     """Forward inputs that are parameters or buffers: they stay resident on the device."""
@@ -77,4 +83,9 @@ def torchtpu_backend(gm: torch.fx.GraphModule, example_inputs, **options):
         # The fused CPU attention kernels (_scaled_dot_product_flash_attention_for_cpu) do not
         # lower; the math formulation does, and XLA fuses it anyway.
         with sdpa_kernel(SDPBackend.MATH):
-            return aot(gm, example_inputs)
+            compiled = aot(gm, example_inputs)
+    # Where the Dynamo-level cache finds this graph again (dynamo_cache.py). On the innermost
+    # function: Dynamo's disable() unwraps aot_autograd's wrapper before wrapping it again.
+    from torch._dynamo.eval_frame import innermost_fn
+    innermost_fn(compiled)._torchtpu_aot_key = graph_cache.last_entry_key()
+    return compiled

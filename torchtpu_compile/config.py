@@ -56,6 +56,11 @@ remote_cache: str | None = os.environ.get("TORCHTPU_REMOTE_CACHE") or None
 graph_cache: bool = os.environ.get("TORCHTPU_GRAPH_CACHE", "1").strip().lower() not in (
     "0", "off", "false", "no")
 
+#: Cache Dynamo's own output too (bytecode, guards rebuilt against live objects), so that a
+#: warm process skips tracing the model's Python code; experimental, off by default
+#: (env: TORCHTPU_DYNAMO_CACHE=1; see dynamo_cache.py for what it refuses to cache).
+dynamo_cache: bool = _env_flag("TORCHTPU_DYNAMO_CACHE")
+
 #: Bounded dynamism: a dim that Dynamo reports dynamic is served by a few padded buckets, each
 #: compiled once; False compiles once per concrete size instead (env: TORCHTPU_BUCKETS=0).
 buckets: bool = os.environ.get("TORCHTPU_BUCKETS", "1").strip().lower() not in (

@@ -50,6 +50,7 @@ from .runtime.levels import Levels
 _levels = Levels("aot_autograd")
 _scope_lock = threading.RLock()
 _build_lock = threading.RLock()
+_last_entry = threading.local()
 
 #: Our modules whose code shapes an aot_autograd result or rebuilds one from the cache.
 _KEYED_SOURCES = ("backend.py", "program.py", "graph_cache.py", "lower")
@@ -179,6 +180,7 @@ class _StoreAdapter:
 
     def __init__(self, salt: str):
         self.salt = salt
+        self.used_key: str | None = None  # the entry this graph hit or saved, if any
 
     def _key(self, key: str) -> str:
         return f"aot|{key}|{self.salt}"
@@ -188,12 +190,14 @@ class _StoreAdapter:
         if payload is None:
             return None
         log.debug("aot_autograd cache hit (%s)", key[:16])
+        self.used_key = self._key(key)
         return {"data": base64.b64encode(payload).decode("ascii")}
 
     def put(self, key: str, data: dict) -> None:
         payload = base64.b64decode(data["data"])
         _levels.put(self._key(key), payload,
                     compute_seconds=float(data.get("time_taken_ms", 0)) / 1000.0)
+        self.used_key = self._key(key)
 
 
 @contextlib.contextmanager
@@ -206,6 +210,7 @@ def scope(gm: torch.fx.GraphModule):
     entry, forward and backward together, is saved before the block ends. Yields whether the
     cache is on for this graph.
     """
+    _last_entry.key = None
     held = _held_tensors_digest(gm) if enabled() else None
     if held is None:
         yield False
@@ -232,10 +237,28 @@ def scope(gm: torch.fx.GraphModule):
         finally:
             for name, value in saved.items():
                 setattr(AOTAutogradCache, name, value)
+            _last_entry.key = adapter.used_key
     if torch_counters["aot_autograd"]["autograd_cache_bypass"] > bypasses:
         counters.add_graph_cache("aot_autograd", "bypasses")
         log.debug("aot_autograd cache bypassed for a graph (TORCH_LOGS=+torch._functorch "
                   "says why)")
+
+
+def last_entry_key() -> str | None:
+    """The key, in our levels, of the entry the last ``scope`` on this thread hit or saved;
+    None if it did neither (a bypass, or the cache off). The Dynamo-level cache
+    (``dynamo_cache.py``) records it to find the compiled graph again without tracing."""
+    return getattr(_last_entry, "key", None)
+
+
+def level_payload(key: str) -> bytes | None:
+    """The pickled aot_autograd entry stored under ``key`` (from ``last_entry_key``), or None.
+
+    Example::
+
+        entry = pickle.loads(level_payload(key))
+    """
+    return _levels.get(key)
 
 
 def clear_memory() -> None:

@@ -1,0 +1,157 @@
+"""The Dynamo-level cache (TORCHTPU_DYNAMO_CACHE=1): a second process skips Dynamo's tracing,
+and never runs a stale trace."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import types
+
+import pytest
+import torch
+
+from torchtpu_compile import dynamo_cache
+
+# A model whose forward reads a module global (SCALE) and inlines a module function (helper),
+# so that either can change between processes.
+MODEL = textwrap.dedent("""\
+    import torch
+    SCALE = {scale}
+    def helper(x):
+        return x * {factor}
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+        def forward(self, x):
+            return helper(torch.relu(self.lin(x))) + SCALE
+""")
+
+# In a fresh process: compile Tiny, call it, compare with eager; optionally damage the frame's
+# Dynamo-cache entry first, and call again with another batch size after.
+SCRIPT = textwrap.dedent("""\
+    import json, os, sys, torch, torchtpu_compile
+    sys.path.insert(0, {model_dir!r})
+    import tiny_model
+    from torchtpu_compile import dynamo_cache, versions
+    from torchtpu_compile.runtime import cache as cache_store
+    if {corrupt!r}:
+        key = dynamo_cache.frame_key(tiny_model.Tiny.forward.__code__)
+        path = os.path.join({cache_dir!r}, "graphs", cache_store.entry_name(key))
+        blob = bytearray(open(path, "rb").read())
+        blob[len(blob) // 2] ^= 0xFF
+        open(path, "wb").write(bytes(blob))
+    torch.set_float32_matmul_precision("highest")  # fp32 matmuls, as eager's
+    torch.manual_seed(0)
+    dtype = getattr(torch, {dtype!r})
+    model = tiny_model.Tiny().to(dtype)
+    x = torch.randn(4, 8, dtype=dtype)
+    compiled = torch.compile(model, backend="torchtpu")
+    with torch.no_grad():
+        out, ref = compiled(x), model(x)
+        traced = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        first = dict(torchtpu_compile.stats()["graph_cache"]["dynamo"])
+        x5 = torch.randn(5, 8, dtype=dtype)
+        reshaped = (compiled(x5) - model(x5)).abs().max().item()
+    print(json.dumps({{
+        "digest": versions.source_digest(*dynamo_cache._KEYED_SOURCES),
+        "out": out.flatten().tolist(), "diff": (out - ref).abs().max().item(),
+        "traced": traced, "reshaped_diff": reshaped, "dynamo": first,
+        "dynamo_after": torchtpu_compile.stats()["graph_cache"]["dynamo"]}}))
+""")
+
+
+def run(cache_dir, model_dir, scale=1.0, factor=2.0, dtype="float32", corrupt=False) -> dict:
+    os.makedirs(model_dir, exist_ok=True)
+    with open(os.path.join(model_dir, "tiny_model.py"), "w") as f:
+        f.write(MODEL.format(scale=scale, factor=factor))
+    env = dict(os.environ, TORCHTPU_CACHE_DIR=str(cache_dir), TORCHTPU_DYNAMO_CACHE="1",
+               PYTHONDONTWRITEBYTECODE="1")  # an edited model must not come from a stale .pyc
+    for name in ("TORCHTPU_REMOTE_CACHE", "TORCHTPU_GRAPH_CACHE"):
+        env.pop(name, None)
+    code = SCRIPT.format(model_dir=str(model_dir), cache_dir=str(cache_dir), dtype=dtype,
+                         corrupt=corrupt)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def check_correct(result: dict) -> None:
+    """Whatever the cache did, the outputs are eager's (same float math, XLA's CPU kernels)."""
+    assert result["diff"] <= 1e-5 and result["reshaped_diff"] <= 1e-5, result
+
+
+@pytest.fixture(scope="module")
+def filled(tmp_path_factory):
+    """A cache dir filled by one cold process, and that process's result.
+
+    Others may edit torchtpu's sources meanwhile; an edit changes every key, so a cold/warm pair
+    whose sources differ is run again.
+    """
+    root = tmp_path_factory.mktemp("dynamo_cache")
+    for attempt in range(3):
+        cache_dir = root / f"cache-{attempt}"
+        cold = run(cache_dir, root / "model")
+        warm = run(cache_dir, root / "model")
+        if cold["digest"] == warm["digest"]:
+            return root, cache_dir, cold, warm
+    pytest.skip("torchtpu's sources kept changing between the two processes")
+
+
+def test_second_process_skips_tracing_and_matches_eager(filled):
+    _, _, cold, warm = filled
+    assert cold["traced"] >= 1 and cold["dynamo"]["bypasses"] == 0
+    assert cold["dynamo"]["bytes_written"] > 0
+    # The batch-5 call recompiles with a symbolic batch size: not cached, and said so.
+    assert cold["dynamo_after"]["bypasses"] == 1
+    check_correct(cold)
+    assert warm["dynamo"]["frames_loaded"] >= 1 and warm["dynamo"]["entries_rejected"] == 0
+    assert warm["traced"] == 0  # Dynamo traced nothing before the first call returned
+    assert warm["out"] == cold["out"]  # bit for bit: the same graph, the same executable
+    check_correct(warm)  # and a new batch size after the loaded entry: traced, still correct
+
+
+def test_an_edited_inlined_function_misses_and_recompiles(filled, tmp_path):
+    check_changed_dependency_misses(filled, tmp_path, factor=5.0)
+
+
+def check_changed_dependency_misses(filled, tmp_path, **change) -> None:
+    """Over a copy of the filled cache, a run with ``change`` finds the frame's entry, refuses
+    it, traces again and matches eager."""
+    root, cache_dir, cold, _ = filled
+    own = tmp_path / "cache"
+    shutil.copytree(cache_dir, own)
+    result = run(own, root / "model", **change)
+    if result["digest"] != cold["digest"]:
+        pytest.skip("torchtpu's sources changed since the cache was filled")
+    assert result["dynamo"]["frames_loaded"] == 0, result["dynamo"]
+    assert result["dynamo"]["entries_rejected"] >= 1  # found, checked and refused
+    assert result["traced"] >= 1
+    check_correct(result)
+
+
+def test_fingerprints_name_what_a_guard_read():
+    def f(x):
+        return x + 1
+
+    def g(x):
+        return x + 2
+
+    assert dynamo_cache.code_digest(f.__code__) == dynamo_cache.code_digest(
+        types.FunctionType(f.__code__.replace(), {}).__code__)
+    assert dynamo_cache.code_digest(f.__code__) != dynamo_cache.code_digest(g.__code__)
+    assert dynamo_cache._identity(torch.nn) == ("module", "torch.nn")
+    assert dynamo_cache._identity(torch.nn.Linear)[:3] == ("class", "torch.nn.modules.linear",
+                                                           "Linear")
+    # A class is its methods too: a subclass overriding forward is not its parent.
+    assert dynamo_cache._identity(type("Linear", (torch.nn.Linear,), {"forward": f}))[3] != \
+        dynamo_cache._identity(torch.nn.Linear)[3]
+    assert dynamo_cache._describe((1, 2.0, "a", None, torch.float32)) == \
+        dynamo_cache._describe((1, 2.0, "a", None, torch.float32))
+    assert dynamo_cache._describe(2.0) != dynamo_cache._describe(2)
+    with pytest.raises(dynamo_cache.Unportable):
+        dynamo_cache._identity(torch.nn.Linear(2, 2))  # an instance: only its id names it
+    with pytest.raises(dynamo_cache.Unportable):
+        dynamo_cache._identity([].append)  # a builtin bound to an instance
