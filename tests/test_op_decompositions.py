@@ -49,6 +49,12 @@ def test_expressions_of_literals_fold_on_the_host():
     check(literals, randn(4))
 
 
+def test_comparisons_of_shape_only_literals_fold_on_the_host():
+    # full_like(x, 4.0) is a literal whatever x holds; torch-mlir folded lt(it, 1) to true
+    # and the whole result to NaN.
+    check(lambda x: torch.where(torch.full_like(x, 4.0) < 1, NAN, x) + 1, randn(8))
+
+
 def test_remainder_of_integers():
     check(torch.remainder, torch.tensor([-7, -3, 0, 4, 9, -9]), torch.tensor([3, -4, 5, 2, -3, 7]))
 
