@@ -147,9 +147,20 @@ def _splat_value(tensor: torch.Tensor):
     return first.item() if bool(same.all()) else None
 
 
+#: Ops that read only the shape and dtype of their tensor arguments: full_like(x, 4.0) is a
+#: literal whatever x holds (torch-mlir folded lt(full_like(x, 4.0), 1) to true).
+_SHAPE_ONLY = {aten.full_like.default, aten.zeros_like.default, aten.ones_like.default,
+               aten.new_full.default, aten.new_zeros.default, aten.new_ones.default}
+
+
+def _shape_stand_in(node: fx.Node) -> torch.Tensor:
+    val = node.meta["val"]
+    return torch.empty(val.shape, dtype=val.dtype)
+
+
 def _host_args(value, known):
     if isinstance(value, fx.Node):
-        return known[value]
+        return known[value] if value in known else _shape_stand_in(value)
     if isinstance(value, (list, tuple)):
         return type(value)(_host_args(v, known) for v in value)
     return value
@@ -165,7 +176,8 @@ def fold_literal_expressions(gm):
     # the host, and the importer only ever sees the answer as one literal.
     known: dict = {}   # node -> its value on the host, for nodes made of literals only
     for node in list(gm.graph.nodes):
-        if not _is_foldable(node) or not all(n in known for n in node.all_input_nodes):
+        if not _is_foldable(node) or not (node.target in _SHAPE_ONLY or
+                                          all(n in known for n in node.all_input_nodes)):
             continue
         try:
             value = node.target(*_host_args(node.args, known), **_host_args(node.kwargs, known))
