@@ -259,13 +259,17 @@ def ddp_compiled(rank, world, port):
 
 def check_compiled_collectives(rank, world):
     """Functional collectives inside one torch.compile graph on tpu tensors, lowered into its
-    program (StableHLO collectives, one replica per rank): equal to host arithmetic, nothing
-    cut out of the graph, nothing through the process group."""
+    program (StableHLO collectives, one replica per rank), with a jax_op call between them in
+    the same program: equal to host arithmetic, nothing cut out of the graph, nothing through
+    the process group."""
+    import jax
     import torch.distributed._functional_collectives as funcol
+    from torchtpu_compile import jax_op
     group = dist.group.WORLD
+    jax_tanh = jax_op(jax.numpy.tanh, name="dist_check_tanh")
 
     def f(x):
-        y = funcol.all_reduce(torch.sin(x) * 2, "avg", group)
+        y = funcol.all_reduce(jax_tanh(torch.sin(x)) * 2, "avg", group)
         gathered = funcol.all_gather_tensor(y * (x + 1), 0, group)
         scattered = funcol.reduce_scatter_tensor(gathered * 3, "sum", 0, group)
         moved = funcol.all_to_all_single(x * 2, None, None, group)
@@ -279,7 +283,7 @@ def check_compiled_collectives(rank, world):
         moved["functional_collectives"] == 0 and moved["host_staged_collectives"] == 0, moved
     assert all(t.device.type == "tpu" for t in out)
     xs = [data(r) for r in range(world)]
-    y = sum(torch.sin(x) * 2 for x in xs) / world
+    y = sum(torch.tanh(torch.sin(x)) * 2 for x in xs) / world
     gathered = torch.cat([y * (x + 1) for x in xs])
     rows = 4 // world
     same(out[0], y + xs[rank], "compiled all_reduce avg")

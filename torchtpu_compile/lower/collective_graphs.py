@@ -1,12 +1,10 @@
 """Functional collectives inside a compiled graph, lowered into its StableHLO program.
 
-torch-mlir does not import ``_c10d_functional`` ops. So the graph is lowered without them:
-each collective becomes a new graph input (its result) and a new graph output (its operand),
-and ``wait_tensor`` the value it waits on. In the imported module each such pair is joined
-again by the collective's StableHLO (``collectives.py``'s builder for it, parsed and spliced
-in), the extra inputs and outputs are removed, and the ops are put back in dependency order.
-The program is then compiled for the group's devices, one replica each: every rank runs it
-and the collectives cross processes inside it.
+torch-mlir does not import ``_c10d_functional`` ops. So each collective is a call whose
+StableHLO is ``collectives.py``'s builder for it, put together with the ATen around it by
+``splice.py`` (as ``jax_op`` calls are), and ``wait_tensor`` is the value it waits on. The
+program is then compiled for the group's devices, one replica each: every rank runs it and the
+collectives cross processes inside it.
 
 This happens only when every collective of the graph has a rule (``RULES``, one per op) and
 names a group whose devices are known (a tpu_dist group on the PJRT transport: its resolver
@@ -16,21 +14,20 @@ and they run through the process group.
 Example::
 
     plan = plan_collectives(gm)          # None: no collectives, or cut the graph at them
-    lowered = lower_with_collectives(gm, plan, platform="cpu", precision="medium")
-    lowered.replicas                     # (0, 2048): compile for these devices
+    callees = collective_callees(plan_collectives(without_waits(gm)))
+    plan.devices                         # (0, 2048): compile for these devices
 """
 from __future__ import annotations
 
+import copy as copy_module
 import dataclasses
-import hashlib
-import io
-import time
 
 import torch
 import torch.fx as fx
 
 from .. import counters
 from . import collectives
+from .splice import Callee, value_type
 
 _c10d = torch.ops._c10d_functional
 RULES: dict = {}
@@ -144,148 +141,28 @@ def plan_collectives(gm: fx.GraphModule) -> CollectivePlan | None:
     return CollectivePlan(devices.pop(), found, waits)
 
 
-def _without_collectives(gm: fx.GraphModule, plan: CollectivePlan) -> fx.GraphModule:
-    """``gm`` with each collective's result as an extra input and its operand as an extra
-    output (in plan order, after the originals)."""
-    graph = fx.Graph()
-    env: dict = {}
-    originals = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    for node in originals:
-        env[node] = graph.node_copy(node, lambda n: env[n])
-    planned = {p.node: p for p in plan.collectives}
-    for i, p in enumerate(plan.collectives):
-        stand_in = graph.placeholder(f"_collective_{i}")
-        stand_in.meta["val"] = p.node.meta["val"]
-        env[p.node] = stand_in
-    waits = set(plan.waits)
-    output = None
-    for node in gm.graph.nodes:
-        if node.op == "placeholder" or node in planned:
-            continue
-        if node in waits:
-            env[node] = env[node.args[0]]
-        elif node.op == "output":
-            output = node
-        else:
-            env[node] = graph.node_copy(node, lambda n: env[n])
-    results = output.args[0]
-    results = list(results) if isinstance(results, (tuple, list)) else [results]
-    results = [fx.node.map_arg(r, lambda n: env[n]) for r in results]
-    operands = [env[p.node.args[0]] for p in plan.collectives]
-    graph.output(tuple(results) + tuple(operands))
-    return fx.GraphModule(gm, graph)
+def without_waits(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of ``gm`` in which each ``wait_tensor`` is replaced by the value it waits on:
+    in one program a collective's result is ready when the next op reads it."""
+    copy = fx.GraphModule(gm, copy_module.deepcopy(gm.graph))
+    for node in list(copy.graph.nodes):
+        if node.op == "call_function" and node.target is _c10d.wait_tensor.default:
+            node.replace_all_uses_with(node.args[0])
+            copy.graph.erase_node(node)
+    copy.recompile()
+    return copy
 
 
-def _splice(module, plan: CollectivePlan, original_args: int, original_results: int) -> None:
-    """Join each extra output to its extra input through the collective (module doc)."""
-    from torch_mlir import ir
+def collective_callees(plan: CollectivePlan) -> dict:
+    """``{collective node: Callee}``: each collective's StableHLO from its builder, for the
+    plan's group size (``splice.py`` puts the module together)."""
     n = len(plan.devices)
-    with module.context, ir.Location.unknown():
-        func = next(op for op in module.body.operations
-                    if op.operation.name == "func.func")
-        block = func.regions[0].blocks[0]
-        terminator = list(block.operations)[-1]
-        for i, p in enumerate(plan.collectives):
-            # Read now: an earlier collective's result may have replaced this operand.
-            value = terminator.operands[original_results + i]
-            value_type = value.type.maybe_downcast()
-            shape = tuple(value_type.shape)
-            dtype = p.node.args[0].meta["val"].dtype
-            text = collectives.module_text(p.builder, n, ((shape, dtype),), **p.params)
-            result = _inline(ir, ir.Module.parse(text), terminator, [value])
-            block.arguments[original_args + i].replace_all_uses_with(result)
-        # The return without the extra outputs; the function without the extra inputs.
-        with ir.InsertionPoint(terminator):
-            ir.Operation.create("func.return",
-                                operands=list(terminator.operands)[:original_results])
-        terminator.erase()
-        for index in range(len(block.arguments) - 1, original_args - 1, -1):
-            block.erase_argument(index)
-        function_type = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
-        func.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
-            list(function_type.inputs)[:original_args],
-            list(function_type.results)[:original_results]))
-        _sort_block(block)
-
-
-def _inline(ir, snippet, before, arguments):
-    """Copy the body of ``snippet``'s function before op ``before``, its arguments bound to
-    ``arguments``; its returned value."""
-    func = next(op for op in snippet.body.operations if op.operation.name == "func.func")
-    body = func.regions[0].blocks[0]
-    mapping = dict(zip(body.arguments, arguments))
-    for op in body.operations:
-        if op.operation.name == "func.return":
-            return mapping[op.operands[0]]
-        copy = op.operation.clone(ir.InsertionPoint(before))
-        for index, operand in enumerate(op.operands):
-            if operand in mapping:
-                copy.operands[index] = mapping[operand]
-        mapping.update(zip(op.results, copy.results))
-    raise RuntimeError("collective lowering: a builder's function has no return")
-
-
-def _sort_block(block) -> None:
-    """Put the block's ops in an order where each comes after what it uses (stable: the
-    original order wherever dependencies allow)."""
-    from torch_mlir import ir
-    ops = [op.operation for op in block.operations]
-    terminator, ops = ops[-1], ops[:-1]
-    top = set(ops)
-
-    def producers(op) -> set:
-        found = set()
-
-        def visit(inner):
-            for value in inner.operands:
-                if isinstance(value, ir.BlockArgument):
-                    continue  # of the function or of a region inside an op: no producer
-                owner = value.owner.operation
-                if owner in top and owner != op:
-                    found.add(owner)
-            return ir.WalkResult.ADVANCE
-        op.walk(visit)
-        return found
-
-    needs = {op: producers(op) for op in ops}
-    placed: set = set()
-    order: list = []
-    pending = ops
-    while pending:
-        rest = []
-        for op in pending:
-            if needs[op] <= placed:
-                order.append(op)
-                placed.add(op)
-            else:
-                rest.append(op)
-        if len(rest) == len(pending):
-            raise RuntimeError("collective lowering: the program has a dependency cycle")
-        pending = rest
-    for op in order:
-        op.move_before(terminator)
-
-
-def lower_with_collectives(gm: fx.GraphModule, plan: CollectivePlan, platform: str,
-                           precision: str):
-    """Lower ``gm`` with its collectives in the program; a ``LoweredModule`` whose
-    ``replicas`` are the devices to compile it for."""
-    from .importer import LoweredModule, import_stablehlo
-    from .stablehlo_passes import PassContext, run_passes
-    start = time.perf_counter()
-    try:
-        stripped = _without_collectives(gm, plan)
-        original_args = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
-        output = gm.graph.output_node().args[0]
-        original_results = len(output) if isinstance(output, (tuple, list)) else 1
-        module = import_stablehlo(stripped)
-        _splice(module, plan, original_args, original_results)
-        run_passes(module, PassContext(platform=platform, precision=precision))
-        text = module.operation.get_asm(enable_debug_info=False)
-        buf = io.BytesIO()
-        module.operation.write_bytecode(buf)
-    finally:
-        counters.add("lowering_seconds", time.perf_counter() - start)
+    callees = {}
+    for p in plan.collectives:
+        operand = p.node.args[0]
+        val = operand.meta["val"]
+        text = collectives.module_text(p.builder, n, ((_shape(val), val.dtype),), **p.params)
+        callees[p.node] = Callee(text=text, inputs=[operand], outputs=[p.node],
+                                 result_types=[value_type(p.node)])
     counters.add_dist("lowered_collectives", len(plan.collectives))
-    return LoweredModule(bytecode=buf.getvalue(), fingerprint=hashlib.sha256(
-        text.encode()).hexdigest(), text=text, replicas=plan.devices)
+    return callees

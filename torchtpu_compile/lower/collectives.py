@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import torch
 
-ELEMENT_TYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16",
-                 torch.float64: "f64", torch.int64: "i64", torch.int32: "i32",
-                 torch.int16: "i16", torch.int8: "i8", torch.uint8: "ui8", torch.bool: "i1"}
+from . import mlir_types
+from .mlir_types import tensor_type as tensor
+
+#: What PJRT collectives carry: every element type but complex ones (host-staged).
+ELEMENT_TYPES = {dtype: element for dtype, element in mlir_types.ELEMENT_TYPES.items()
+                 if not dtype.is_complex}
 #: The StableHLO body of each reduction tpu_dist runs through PJRT.
 REDUCTIONS = {"sum": "add", "product": "multiply", "max": "maximum", "min": "minimum"}
 _BITS = {1: "ui8", 2: "ui16", 4: "ui32", 8: "ui64"}  # same-width unsigned, for exact moves
@@ -46,12 +49,6 @@ def collective(name: str):
         _BUILDERS[name] = fn
         return fn
     return register
-
-
-def tensor(shape, dtype) -> str:
-    """The MLIR tensor type of ``shape`` and ``dtype`` (a torch dtype or an element name)."""
-    element = ELEMENT_TYPES[dtype] if isinstance(dtype, torch.dtype) else dtype
-    return f"tensor<{'x'.join(map(str, shape))}{'x' if shape else ''}{element}>"
 
 
 def _numel(shape) -> int:

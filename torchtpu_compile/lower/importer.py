@@ -22,7 +22,8 @@ import torch
 
 from .. import counters
 from ..errors import LoweringError
-from .jax_calls import has_jax_calls, import_with_jax_calls
+from .jax_calls import jax_callees
+from .splice import import_with_callees
 from .stablehlo_passes import PassContext, run_passes
 
 
@@ -99,19 +100,23 @@ def import_stablehlo(gm: torch.fx.GraphModule):
 def lower_graph(gm: torch.fx.GraphModule, platform: str, precision: str) -> LoweredModule:
     """Lower a functional, static-shape ATen graph whose inputs are all tensors (and whose
     functional collectives, if any, name one tpu_dist group on the PJRT transport)."""
-    from .collective_graphs import lower_with_collectives, plan_collectives
-    plan = plan_collectives(gm)
-    if plan is not None:
-        return lower_with_collectives(gm, plan, platform, precision)
+    from .collective_graphs import collective_callees, plan_collectives, without_waits
     start = time.perf_counter()
     passes = PassContext(platform=platform, precision=precision)
     try:
-        if has_jax_calls(gm):
+        plan = plan_collectives(gm)
+        if plan is not None:
+            gm = without_waits(gm)
+            plan = plan_collectives(gm)
+        callees = jax_callees(gm, platform, precision)
+        if plan is not None:
+            callees.update(collective_callees(plan))
+        if callees:
             def import_aten(segment):
                 module = import_stablehlo(segment)
                 run_passes(module, passes)
                 return module
-            module = import_with_jax_calls(gm, platform, precision, import_aten)
+            module = import_with_callees(gm, callees, import_aten)
         else:
             module = import_stablehlo(gm)
             run_passes(module, passes)
@@ -121,4 +126,5 @@ def lower_graph(gm: torch.fx.GraphModule, platform: str, precision: str) -> Lowe
     finally:
         counters.add("lowering_seconds", time.perf_counter() - start)
     fingerprint = hashlib.sha256(text.encode()).hexdigest()
-    return LoweredModule(bytecode=buf.getvalue(), fingerprint=fingerprint, text=text)
+    return LoweredModule(bytecode=buf.getvalue(), fingerprint=fingerprint, text=text,
+                         replicas=plan.devices if plan is not None else ())
