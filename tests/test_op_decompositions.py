@@ -143,13 +143,14 @@ TIES_AND_NANS = torch.tensor([[3.0, 1, 3, 1, 2, 2, 2, 5], [NAN, 1, NAN, 0, 0, 0,
                               [2, 2, 2, 2, 1, 1, 1, 1], [NAN, NAN, NAN, NAN, NAN, 4, NAN, NAN]])
 
 
-def check_on_both_paths(fn, *args):
-    """``check`` (compile path), then the eager tpu device, strict: both exactly eager's."""
-    check(fn, *args)
+def check_on_both_paths(fn, *args, rtol=0.0, atol=0.0):
+    """``check`` (compile path), then the eager tpu device, strict; exactly eager's unless
+    given tolerances."""
+    check(fn, *args, **({"rtol": rtol, "atol": atol} if rtol or atol else {}))
     with configured(strict=True):
         actual = fn(*(a.to("tpu") for a in args))
     torch.testing.assert_close(torch.utils._pytree.tree_map(lambda t: t.cpu(), actual),
-                               fn(*args), rtol=0, atol=0, equal_nan=True)
+                               fn(*args), rtol=rtol, atol=atol, equal_nan=True)
 
 
 def test_sorts_are_stable_with_nan_last():
@@ -174,6 +175,27 @@ def test_mode_is_the_smallest_most_frequent_value_at_its_last_position():
     check_on_both_paths(lambda x: (torch.mode(x), torch.mode(x, 0, keepdim=True)),
                         TIES_AND_NANS[[0, 2]])
     check(lambda x: torch.mode(x), torch.tensor([[1, 2, 2, 1, 3, 3, 0, 0, 0], [7] * 9]))
+
+
+def test_hurwitz_zeta_and_polygamma_of_every_order():
+    # Euler-Maclaurin as Cephes, with a compensated direct sum (terms cancel below q = 0).
+    s = torch.tensor([2.0, 3, 4.5, 1.5, 7, 2, 3, 2, 0.5, 1, 2, 20, 40])
+    q = torch.tensor([1.0, 0.5, 2, 10, -3.5, -7.3, 100, 0, 1, 1, -2.5, 0.3, 3])
+    x = torch.linspace(-8.7, 9, 40)
+    check(lambda s, q, x: (torch.special.zeta(s, q), torch.special.zeta(s, 2.0),
+                           torch.polygamma(1, x), torch.polygamma(3, x) + 1), s, q, x)
+
+
+def test_error_function_and_bessel_special_functions():
+    x = torch.cat([torch.linspace(-12, 40, 300), torch.tensor([0.0, -0.0, INF, -INF, NAN])])
+    unit = torch.cat([torch.linspace(-1, 1, 201), torch.tensor([0.9999999, -1.5, NAN])])
+    p = torch.tensor([0.0, 1e-37, 1e-30, 1e-10, 1e-4, 0.02, 0.3, 0.5, 0.7, 0.999, 1 - 1e-7, 1,
+                      -0.1, 1.1])
+    special = torch.special
+    check(lambda x, unit, p: (
+        torch.erfinv(unit), special.ndtri(p), special.erfcx(x), special.log_ndtr(x),
+        special.i0(x), special.i0e(x), special.i1(x), special.i1e(x)), x, unit, p)
+    check(lambda x, unit: (special.i0e(x), torch.erfinv(unit)), x.double(), x.double().tanh())
 
 
 @pytest.mark.parametrize("p", [0.0, 1.0, 1.5, 2.0, INF])

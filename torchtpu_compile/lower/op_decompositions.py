@@ -1011,6 +1011,7 @@ def _flat_positions(shape, dim: int, index):
 
 # --- gamma functions -------------------------------------------------------------------------
 # torch-mlir lowers none of lgamma, digamma, polygamma; mvlgamma is written with lgamma.
+# polygamma (digamma, then Hurwitz zeta) is in special_decompositions.py.
 
 _LANCZOS_G = 7.0
 _LANCZOS = (0.99999999999980993, 676.5203681218851, -1259.1392167224028, 771.32342877765313,
@@ -1072,12 +1073,6 @@ def digamma(x):
     # As eager: -inf at 0, nan at the negative integers.
     out = torch.where((x < 0) & (x == torch.floor(x)), float("nan"), out)
     return torch.where(x == 0, float("-inf"), out).to(result)
-
-
-@decomposition(aten.polygamma.default)
-def polygamma(n, x):
-    # Order 0 is digamma; higher orders need the Hurwitz zeta function (not written yet).
-    return digamma(x) if n == 0 else NotImplemented
 
 
 @decomposition(aten.take.default)
