@@ -29,7 +29,26 @@ def eager_only(cls):
 
 
 @eager_only
-class StagedWork(dist.Work):
+class _Work(dist.Work):
+    """What every tpu_dist work handle shares: ``_result``, ``_error`` and ``wait()``."""
+
+    def exception(self):
+        return self._error
+
+    def get_future(self) -> Future:
+        # DDP's reducer chains on this future; results must be on the device when it
+        # completes, so finish first.
+        self.wait()
+        future = Future()
+        future.set_result(self._result)
+        return future
+
+    def synchronize(self) -> None:
+        self.wait()
+
+
+@eager_only
+class StagedWork(_Work):
     """A collective: ``inner`` (a transport Work, or None) then ``finish()``; value ``result``."""
 
     def __init__(self, inner, finish, result):
@@ -73,20 +92,6 @@ class StagedWork(dist.Work):
     def is_success(self) -> bool:
         return self._done and self._error is None
 
-    def exception(self):
-        return self._error
-
-    def get_future(self) -> Future:
-        # DDP's reducer chains on this future; results must be on the device when it
-        # completes, so finish first.
-        self.wait()
-        future = Future()
-        future.set_result(self._result)
-        return future
-
-    def synchronize(self) -> None:
-        self.wait()
-
 
 def done(result) -> StagedWork:
     """A work handle that is already complete (collectives finished synchronously)."""
@@ -96,7 +101,7 @@ def done(result) -> StagedWork:
 
 
 @eager_only
-class PjrtWork(dist.Work):
+class PjrtWork(_Work):
     """A collective run by the PJRT client: its results are in the tensors already (as
     pending device buffers, ordered before any later op on them); ``wait()`` blocks until the
     buffers are ready, and raises the transport's error (a peer that died) if there was one."""
@@ -125,14 +130,3 @@ class PjrtWork(dist.Work):
     def is_success(self) -> bool:
         return self.is_completed() and self._error is None
 
-    def exception(self):
-        return self._error
-
-    def get_future(self) -> Future:
-        self.wait()
-        future = Future()
-        future.set_result(self._result)
-        return future
-
-    def synchronize(self) -> None:
-        self.wait()
