@@ -153,13 +153,17 @@ def check_on_both_paths(fn, *args, rtol=0.0, atol=0.0):
                                fn(*args), rtol=rtol, atol=atol, equal_nan=True)
 
 
-def test_sorts_are_stable_with_nan_last():
-    # torch-mlir's sort was unstable and left NaN unordered; sort(stable=True) did not lower.
+def test_stable_sorts_keep_ties_in_order_and_every_sort_puts_nan_last():
+    # torch-mlir's comparator left NaN unordered; sort(stable=True) did not lower. The
+    # default sort stays unstable, as eager's (both are std::sort on the CPU).
     def sorts(x):
         return (torch.sort(x, stable=True), torch.sort(x, dim=0, descending=True, stable=True),
-                torch.argsort(x, dim=1, stable=True), torch.sort(x, descending=True))
+                torch.argsort(x, dim=1, stable=True))
     check_on_both_paths(sorts, TIES_AND_NANS)
     check(sorts, torch.tensor([[3, 1, 3, 1, 2], [0, 0, -1, 0, 5]]))
+    # Without ties the default sort has one answer: NaN last ascending, first descending.
+    distinct = torch.tensor([[3.0, NAN, -1, 2, INF, 0], [NAN, 1, -INF, 5, 4, -2]])
+    check(lambda x: (torch.sort(x), torch.sort(x, descending=True)), distinct)
 
 
 def test_median_and_nanmedian_pick_the_lower_middle_as_eager():

@@ -251,19 +251,39 @@ def kthvalue(x, k, dim=-1, keepdim=False):
     return values, indices
 
 
-# Sorts lower to one stable StableHLO sort with NaN last (stablehlo_passes
-# .sorts_stable_with_nan_last), as eager sorts; the order statistics below are read off it.
+# Sorts lower to StableHLO's sort with eager's comparator (NaN last: stablehlo_passes
+# .sorts_put_nan_last), unstable as eager's default sort; stability is built here.
+
+def _stable_sort(x, dim, descending=False):
+    """(values, original positions) of a stable sort along ``dim``: the unstable sort, then
+    each run of equal values put back in position order by a second sort of the exact int64
+    key run * n + position (unique, so any sort gives one answer)."""
+    values, positions = aten.sort.default(x, dim, descending)
+    n = x.shape[dim]
+    if n < 2:
+        return values, positions
+    later, earlier = values.narrow(dim, 1, n - 1), values.narrow(dim, 0, n - 1)
+    differs = later != earlier
+    if x.is_floating_point():
+        differs = differs & ~(later.isnan() & earlier.isnan())
+    starts = torch.cat([torch.ones_like(differs.narrow(dim, 0, 1)), differs], dim)
+    run = torch.cumsum(starts.to(torch.int64), dim)
+    _, order = aten.sort.default(run * n + positions, dim, False)
+    return values.gather(dim, order), positions.gather(dim, order)
+
 
 @decomposition(aten.sort.stable)
 def sort_stable(x, *, stable=None, dim=-1, descending=False):
-    # No torch-mlir lowering for the stable overload; every sort we lower is stable.
-    return aten.sort.default(x, dim, descending)
+    # No torch-mlir lowering for this overload; without stable=True it is the default sort.
+    if not stable or x.dim() == 0:
+        return aten.sort.default(x, dim, descending)
+    return _stable_sort(x, dim, descending)
 
 
 def _sorted_along(x, dim):
-    """(x sorted along ``dim``, the original positions), a 0-d tensor as one element."""
+    """(x sorted stably along ``dim``, the original positions), a 0-d tensor as one element."""
     values = x.reshape(1) if x.dim() == 0 else x
-    return aten.sort.default(values, dim if x.dim() else 0, False)
+    return _stable_sort(values, dim if x.dim() else 0)
 
 
 def _median(x, dim, keepdim, ignore_nan):

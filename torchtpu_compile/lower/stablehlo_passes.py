@@ -126,14 +126,12 @@ def _create(name: str, operands: list, result_type, ip, loc, **attributes):
 
 
 @stablehlo_pass
-def sorts_stable_with_nan_last(module, ctx):
-    # Eager sorts stably and puts NaN after every number (before, descending). torch-mlir's
-    # sort is unstable (ties came back in any order: sort(stable=True), median and mode indices)
-    # and compares floats with a plain LT/GT, for which NaN is unordered.
-    stable = ir.BoolAttr.get(True)
+def sorts_put_nan_last(module, ctx):
+    # Eager puts NaN after every number (before them, descending); torch-mlir's comparator is a
+    # plain LT/GT, for which NaN is unordered. The comparator becomes eager's. (The sort stays
+    # unstable as eager's default sort is: stable=True is a decomposition, _stable_sort.)
     ne = ir.Attribute.parse("#stablehlo<comparison_direction NE>")
     for sort in _ops_named(module, ("stablehlo.sort",)):
-        sort.attributes["is_stable"] = stable
         block = sort.regions[0].blocks[0]
         ops = list(block.operations)
         # torch-mlir's comparator: one compare of the first operand's pair, returned.
