@@ -202,6 +202,20 @@ def test_error_function_and_bessel_special_functions():
     check(lambda x, unit: (special.i0e(x), torch.erfinv(unit)), x.double(), x.double().tanh())
 
 
+def test_segment_reduce_with_empty_segments_initial_and_offsets():
+    data, lengths = torch.tensor([1.0, 2, 3, NAN, 5, 6, 7]), torch.tensor([2, 0, 3, 2])
+    rows, offsets = torch.arange(12.0).reshape(2, 6), torch.tensor([[0, 2, 6], [0, 3, 6]])
+
+    def segments(data, lengths, rows, offsets):
+        out = []
+        for reduce in ("sum", "mean", "max", "min", "prod"):
+            out.append(torch.segment_reduce(data, reduce, lengths=lengths))
+            out.append(torch.segment_reduce(data, reduce, lengths=lengths, initial=10.0))
+            out.append(torch.segment_reduce(rows, reduce, offsets=offsets, axis=1))
+        return out
+    check(segments, data, lengths, rows, offsets)
+
+
 @pytest.mark.parametrize("p", [0.0, 1.0, 1.5, 2.0, INF])
 def test_cdist(p):
     check(lambda a, b: torch.cdist(a, b, p=p), randn(2, 5, 3), randn(2, 4, 3, seed=1))

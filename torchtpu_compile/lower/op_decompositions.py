@@ -986,6 +986,51 @@ def scatter_reduce(self, dim, index, src, reduce, include_self=True):
     return torch.where(hit, out.to(self.dtype), target).reshape(self.shape)
 
 
+_SEGMENT_SCATTER = {"sum": "sum", "mean": "sum", "max": "amax", "min": "amin", "prod": "prod"}
+
+
+@decomposition(aten.segment_reduce.default)
+def segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, axis=0,
+                   unsafe=False, initial=None):
+    # Unlowered. Each position along ``axis`` belongs to the segment whose end is the first
+    # past it; a scatter_reduce into the segments, then eager's values for empty segments
+    # (sum 0, prod 1, mean NaN, max -inf, min inf) or ``initial``, which also joins every
+    # segment's reduction.
+    if indices is not None or reduce not in _SEGMENT_SCATTER:
+        return NotImplemented
+    axis = axis % data.dim()
+    if lengths is None:
+        count = offsets.narrow(-1, 1, offsets.shape[-1] - 1) - \
+            offsets.narrow(-1, 0, offsets.shape[-1] - 1)
+    else:
+        count = lengths
+    ends = torch.cumsum(count, -1)
+    length, segments = data.shape[axis], count.shape[-1]
+    segment = (ends.unsqueeze(-1) <= torch.arange(length)).sum(-2)     # lead + [length]
+    trailing = [1] * (data.dim() - axis - 1)
+    index = segment.reshape(list(segment.shape) + trailing).expand(data.shape)
+    out_shape = list(data.shape[:axis]) + [segments] + list(data.shape[axis + 1:])
+    out = data.new_zeros(out_shape).scatter_reduce(axis, index.clamp(max=segments - 1), data,
+                                                   _SEGMENT_SCATTER[reduce], include_self=False)
+    count = count.reshape(list(count.shape) + trailing)
+    empty = count == 0
+    if initial is not None:
+        if reduce in ("sum", "mean"):
+            out = out + initial
+        elif reduce == "prod":
+            out = out * initial
+        else:
+            limit = torch.full_like(out, initial)
+            out = torch.maximum(out, limit) if reduce == "max" else torch.minimum(out, limit)
+        if reduce == "mean":
+            out = out / count.clamp(min=1)
+        return torch.where(empty, torch.full_like(out, initial), out)
+    if reduce == "mean":
+        return out / count   # 0 / 0: NaN for an empty segment, as eager
+    fill = {"sum": 0.0, "prod": 1.0, "max": float("-inf"), "min": float("inf")}[reduce]
+    return torch.where(empty, torch.full_like(out, fill), out)
+
+
 @decomposition(aten.scatter.reduce, aten.scatter.value_reduce)
 def scatter_with_reduce(self, dim, index, src, reduce):
     # The older spelling of scatter_reduce ("add", "multiply"), also unlowered.
