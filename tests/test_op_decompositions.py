@@ -216,6 +216,37 @@ def test_segment_reduce_with_empty_segments_initial_and_offsets():
     check(segments, data, lengths, rows, offsets)
 
 
+# --- through JAX (lower/jax_decompositions.py) ------------------------------------------------
+
+def test_fft_family_through_jax():
+    # torch-mlir lowers no FFT and no complex arithmetic; JAX's stablehlo.fft is spliced in.
+    x, z = randn(4, 6), torch.complex(randn(4, 6, seed=1), randn(4, 6, seed=2))
+    fft = torch.fft
+    check_on_both_paths(lambda x, z: (
+        fft.fft(x), fft.rfft(x, norm="ortho"), fft.ifft(z, norm="forward"), fft.irfft(z, n=9),
+        fft.fft2(z), fft.rfftn(x), fft.hfft(z), fft.ifftn(z, dim=(0,))), x, z,
+        rtol=1e-4, atol=1e-4)
+
+
+def test_cholesky_and_triangular_solves_through_jax():
+    m = randn(3, 4, 4)
+    a = m @ m.mT + 4 * torch.eye(4)
+    b = randn(3, 4, 2, seed=1)
+    not_definite = torch.diag(torch.tensor([1.0, 2, -1, 1])).expand(3, 4, 4).clone()
+    not_definite[1] = torch.eye(4)
+    not_definite[2, :2, :2] = torch.tensor([[4.0, 2], [2, 1]])
+
+    def factor_and_solve(a, b, not_definite):
+        lower, info = torch.linalg.cholesky_ex(a)
+        return (lower, info, torch.linalg.cholesky_ex(a, upper=True)[0], torch.cholesky(a),
+                torch.linalg.cholesky_ex(not_definite)[1],   # LAPACK's info: 3, 0, 2
+                torch.linalg.solve_triangular(lower, b, upper=False),
+                torch.linalg.solve_triangular(lower.mT, b, upper=True, unitriangular=True),
+                torch.linalg.solve_triangular(lower, b.mT, upper=False, left=False),
+                torch.triangular_solve(b, lower, upper=False, transpose=True))
+    check_on_both_paths(factor_and_solve, a, b, not_definite, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("p", [0.0, 1.0, 1.5, 2.0, INF])
 def test_cdist(p):
     check(lambda a, b: torch.cdist(a, b, p=p), randn(2, 5, 3), randn(2, 4, 3, seed=1))

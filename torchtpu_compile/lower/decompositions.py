@@ -41,6 +41,7 @@ def decomposition_table() -> dict:
     """The table given to aot_autograd."""
     from . import foreach_decompositions  # noqa: F401  (registers itself on import)
     from . import op_decompositions  # noqa: F401  (registers itself on import)
+    from . import jax_decompositions  # noqa: F401  (registers itself on import)
     from . import special_decompositions  # noqa: F401  (registers itself on import)
     table = dict(_base_table())
     for op, fn in _OURS.items():

@@ -1,0 +1,199 @@
+"""Decompositions into JAX functions: ATen ops StableHLO has (fft, cholesky, triangular_solve)
+but torch-mlir does not emit.
+
+Each op becomes a call of a ``jax_op`` (kernels/jax_op.py) whose StableHLO JAX writes for the
+program's platform, spliced into the program by the one lowering (lower/splice.py): compiled
+graphs, the eager device and AOT artifacts run the same code. The JAX function for each set
+of non-tensor arguments (dims, norm, upper, ...) is registered once, on first use.
+
+Example::
+
+    table = decomposition_table()
+    table[torch.ops.aten.linalg_cholesky_ex.default](a)   # (L, info), L from jax.lax.linalg
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from .decompositions import decomposition
+
+aten = torch.ops.aten
+
+
+@functools.lru_cache(maxsize=None)
+def _jax_function(kind: str, *params):
+    """The ``jax_op`` computing ``kind`` with ``params`` bound, registered once."""
+    import jax
+    import jax.numpy as jnp
+
+    from ..kernels.jax_op import jax_op
+
+    name = "aten_" + kind + "".join(f"_{_name_part(p)}" for p in params)
+    if kind == "fft_c2c":
+        dims, mode, forward = params
+        fn = (lambda x: _scaled(jnp.fft.fftn(x, axes=dims), mode, _size(x.shape, dims))) \
+            if forward else \
+            (lambda x: _scaled(jnp.fft.ifftn(x, axes=dims) * _size(x.shape, dims), mode,
+                               _size(x.shape, dims)))
+    elif kind == "fft_r2c":
+        dims, mode, onesided = params
+        fn = (lambda x: _scaled(jnp.fft.rfftn(x, axes=dims), mode, _size(x.shape, dims))) \
+            if onesided else \
+            (lambda x: _scaled(jnp.fft.fftn(x.astype(jnp.complex64), axes=dims), mode,
+                               _size(x.shape, dims)))
+    elif kind == "fft_c2r":
+        dims, mode, sizes = params
+        fn = lambda x: _scaled(jnp.fft.irfftn(x, s=sizes, axes=dims) * math.prod(sizes),  # noqa: E731
+                               mode, math.prod(sizes))
+    elif kind == "conj":
+        fn = jnp.conj
+    elif kind == "cholesky":
+        fn = _cholesky_with_info
+    elif kind == "triangular_solve":
+        left, lower, unit = params
+        fn = lambda a, b: jax.lax.linalg.triangular_solve(  # noqa: E731
+            a, b, left_side=left, lower=lower, unit_diagonal=unit)
+    else:
+        raise KeyError(kind)
+    return jax_op(fn, name=name)
+
+
+def _cholesky_with_info(a):
+    """(lower factor, LAPACK's info) of a batch of symmetric matrices.
+
+    JAX's factor is NaN wherever the matrix is not positive definite; LAPACK's info is the
+    order of the first leading minor that is not. Only then (one scalar condition: XLA runs
+    one branch) is it found, as the first non-positive pivot of an unpivoted LDL^T.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    lower = jax.lax.linalg.cholesky(a, symmetrize_input=False)
+    n = a.shape[-1]
+    ok = jnp.isfinite(jnp.diagonal(lower, axis1=-2, axis2=-1)).all(-1)
+    zeros = jnp.zeros(a.shape[:-2], jnp.int32)
+
+    def first_bad_pivot(_):
+        later = jnp.arange(n)
+
+        def step(k, state):
+            m, info = state
+            pivot = m[..., k, k]
+            info = jnp.where((info == 0) & ~(pivot > 0), k + 1, info)
+            column = jnp.where(later > k, m[..., :, k] / pivot[..., None], 0)
+            m = m - column[..., :, None] * m[..., None, k, :]
+            return m, info
+        return jax.lax.fori_loop(0, n, step, (a, zeros))[1]
+
+    info = jax.lax.cond(ok.all(), lambda _: zeros, first_bad_pivot, None)
+    return lower, info
+
+
+def _name_part(value) -> str:
+    if isinstance(value, (tuple, list)):
+        return "x".join(str(v) for v in value) or "none"
+    return str(int(value)) if isinstance(value, bool) else str(value)
+
+
+def _size(shape, dims) -> int:
+    return math.prod(shape[d] for d in dims)
+
+
+# --- FFT and complex values -------------------------------------------------------------------
+# ATen passes the normalization resolved: 0 none, 1 by 1/sqrt(n), 2 by 1/n, n the signal size.
+# It is applied inside the JAX function: torch-mlir lowers no arithmetic on complex tensors.
+
+def _scaled(out, mode: int, n: int):
+    if mode == 1:
+        return out * (1 / math.sqrt(n))
+    if mode == 2:
+        return out * (1 / n)
+    return out
+
+
+def _fft_dims(x, dim) -> tuple:
+    return tuple(d % x.dim() for d in dim)
+
+
+@decomposition(aten._fft_c2c.default)
+def fft_c2c(x, dim, normalization, forward):
+    if x.dtype != torch.complex64:
+        return NotImplemented
+    return _jax_function("fft_c2c", _fft_dims(x, dim), normalization, bool(forward))(x)
+
+
+@decomposition(aten._fft_r2c.default)
+def fft_r2c(x, dim, normalization, onesided):
+    if x.dtype != torch.float32:
+        return NotImplemented
+    return _jax_function("fft_r2c", _fft_dims(x, dim), normalization, bool(onesided))(x)
+
+
+@decomposition(aten._fft_c2r.default)
+def fft_c2r(x, dim, normalization, last_dim_size):
+    if x.dtype != torch.complex64:
+        return NotImplemented
+    dims = _fft_dims(x, dim)
+    sizes = tuple(x.shape[d] for d in dims[:-1]) + (int(last_dim_size),)
+    return _jax_function("fft_c2r", dims, normalization, sizes)(x)
+
+
+@decomposition(aten._conj.default, aten._conj_physical.default, aten.conj_physical.default)
+def conj(x):
+    # The conjugate view of a complex tensor, as a value (a functional graph has no views).
+    if x.dtype != torch.complex64:
+        return NotImplemented if x.is_complex() else x
+    return _jax_function("conj")(x)
+
+
+# --- linear algebra --------------------------------------------------------------------------
+
+def _is_real_float(*tensors) -> bool:
+    return all(t.dtype in (torch.float32, torch.float64) for t in tensors)
+
+
+@decomposition(aten.linalg_cholesky_ex.default)
+def linalg_cholesky_ex(a, upper=False, check_errors=False):
+    # Where the matrix is not positive definite the factor is NaN (LAPACK leaves a partial
+    # one; eager documents neither): callers read info, which is LAPACK's.
+    if not _is_real_float(a) or check_errors:
+        return NotImplemented
+    lower, info = _jax_function("cholesky")(a)
+    return (lower.mT if upper else lower), info
+
+
+@decomposition(aten.cholesky.default)
+def cholesky(a, upper=False):
+    if not _is_real_float(a):
+        return NotImplemented
+    lower, _ = _jax_function("cholesky")(a)
+    return lower.mT if upper else lower
+
+
+def _broadcast_batch(a, b):
+    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    return a.expand(*batch, *a.shape[-2:]), b.expand(*batch, *b.shape[-2:])
+
+
+@decomposition(aten.linalg_solve_triangular.default)
+def linalg_solve_triangular(a, b, *, upper, left=True, unitriangular=False):
+    if not _is_real_float(a, b):
+        return NotImplemented
+    a, b = _broadcast_batch(a, b)
+    return _jax_function("triangular_solve", bool(left), not upper, bool(unitriangular))(a, b)
+
+
+@decomposition(aten.triangular_solve.default)
+def triangular_solve(b, a, upper=True, transpose=False, unitriangular=False):
+    # Solves op(A) X = B, op the transpose if asked; returns (X, a copy of A), as eager.
+    if not _is_real_float(a, b):
+        return NotImplemented
+    a_b, b_b = _broadcast_batch(a, b)
+    lower = not upper
+    if transpose:
+        a_b, lower = a_b.mT, upper
+    x = _jax_function("triangular_solve", True, lower, bool(unitriangular))(a_b, b_b)
+    return x, a.clone()
