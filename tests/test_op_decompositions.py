@@ -243,7 +243,9 @@ def test_cholesky_and_triangular_solves_through_jax():
                 torch.linalg.solve_triangular(lower, b, upper=False),
                 torch.linalg.solve_triangular(lower.mT, b, upper=True, unitriangular=True),
                 torch.linalg.solve_triangular(lower, b.mT, upper=False, left=False),
-                torch.triangular_solve(b, lower, upper=False, transpose=True))
+                torch.triangular_solve(b, lower, upper=False, transpose=True),
+                torch.cholesky_solve(b, lower), torch.cholesky_solve(b, lower.mT, upper=True),
+                torch.cholesky_inverse(lower))
     check_on_both_paths(factor_and_solve, a, b, not_definite, rtol=1e-4, atol=1e-5)
 
 

@@ -197,3 +197,28 @@ def triangular_solve(b, a, upper=True, transpose=False, unitriangular=False):
         a_b, lower = a_b.mT, upper
     x = _jax_function("triangular_solve", True, lower, bool(unitriangular))(a_b, b_b)
     return x, a.clone()
+
+
+def _triangular(lower_factor, b, *, left: bool, lower: bool, transpose: bool = False):
+    a, b = _broadcast_batch(lower_factor, b)
+    if transpose:
+        a, lower = a.mT, not lower
+    return _jax_function("triangular_solve", left, lower, False)(a, b)
+
+
+@decomposition(aten.cholesky_solve.default)
+def cholesky_solve(b, factor, upper=False):
+    # A X = B with A = L L^T (or U^T U): two triangular solves.
+    if not _is_real_float(b, factor):
+        return NotImplemented
+    lower = not upper
+    y = _triangular(factor, b, left=True, lower=lower, transpose=upper)
+    return _triangular(factor, y, left=True, lower=lower, transpose=lower)
+
+
+@decomposition(aten.cholesky_inverse.default)
+def cholesky_inverse(factor, upper=False):
+    if not _is_real_float(factor):
+        return NotImplemented
+    eye = torch.eye(factor.shape[-1], dtype=factor.dtype).expand(factor.shape)
+    return cholesky_solve(eye, factor, upper)
