@@ -216,6 +216,16 @@ def test_segment_reduce_with_empty_segments_initial_and_offsets():
     check(segments, data, lengths, rows, offsets)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_nextafter_steps_the_bit_pattern(dtype):
+    x = torch.tensor([1.0, -1.0, 0.0, -0.0, 3.5, INF, -INF, 3.4e38, 1.0, NAN, 2.0, -2.5, 0.0])
+    y = torch.tensor([2.0, 0.0, 1.0, -1.0, -7, 0.0, 0.0, INF, 1.0, 1.0, NAN, -3.0, -0.0])
+    x, y = x.to(dtype), y.to(dtype)
+    with configured(strict=True):
+        actual = compile_tpu(torch.nextafter)(x, y)
+    assert torch.equal(actual.view(torch.int16), torch.nextafter(x, y).view(torch.int16))
+
+
 # --- through JAX (lower/jax_decompositions.py) ------------------------------------------------
 
 def test_fft_family_through_jax():

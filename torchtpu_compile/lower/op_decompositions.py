@@ -727,6 +727,29 @@ def erfc(x):
     return 1 - torch.erf(x)
 
 
+_SAME_WIDTH_INT = {torch.float32: torch.int32, torch.float64: torch.int64,
+                   torch.bfloat16: torch.int16, torch.float16: torch.int16}
+
+
+@decomposition(aten.nextafter.default)
+def nextafter(x, y):
+    # Unlowered. One step of the bit pattern read as a signed integer: +1 moves away from zero
+    # for either sign, so up when y lies beyond x on x's side of zero; from zero, the smallest
+    # subnormal toward y (made by a bitcast: XLA flushes subnormal arithmetic).
+    x, y = _promoted(x, y)
+    int_dtype = _SAME_WIDTH_INT.get(x.dtype)
+    if int_dtype is None:
+        return NotImplemented
+    bits = x.view(int_dtype)
+    step = torch.where((y > x) == (x > 0), 1, -1).to(int_dtype)
+    stepped = (bits + step).view(x.dtype)
+    smallest = torch.iinfo(int_dtype).min + 1
+    tiny = torch.where(y > 0, torch.ones_like(bits), torch.full_like(bits, smallest))
+    out = torch.where(x == 0, tiny.view(x.dtype), stepped)
+    out = torch.where(x == y, y, out)
+    return torch.where(x.isnan() | y.isnan(), float("nan"), out)
+
+
 @decomposition(aten.unfold.default)
 def unfold(x, dimension, size, step):
     # torch-mlir leaves a torch.constant.int behind. The windows as slices, stacked on dim
