@@ -234,7 +234,10 @@ def test_fft_family_through_jax():
     fft = torch.fft
     check_on_both_paths(lambda x, z: (
         fft.fft(x), fft.rfft(x, norm="ortho"), fft.ifft(z, norm="forward"), fft.irfft(z, n=9),
-        fft.fft2(z), fft.rfftn(x), fft.hfft(z), fft.ifftn(z, dim=(0,))), x, z,
+        fft.fft2(z), fft.rfftn(x), fft.hfft(z), fft.ifftn(z, dim=(0,)), torch.view_as_real(z),
+        torch.view_as_complex(torch.stack([x, x.flip(0)], -1)), torch.complex(x, x[:1]),
+        torch.stft(x.flatten(), 4, window=torch.ones(4, device=x.device),
+                   return_complex=True)), x, z,
         rtol=1e-4, atol=1e-4)
 
 
@@ -255,7 +258,7 @@ def test_cholesky_and_triangular_solves_through_jax():
                 torch.linalg.solve_triangular(lower, b.mT, upper=False, left=False),
                 torch.triangular_solve(b, lower, upper=False, transpose=True),
                 torch.cholesky_solve(b, lower), torch.cholesky_solve(b, lower.mT, upper=True),
-                torch.cholesky_inverse(lower))
+                torch.cholesky_inverse(lower), torch.linalg.cholesky_ex(a[:0]))
     check_on_both_paths(factor_and_solve, a, b, not_definite, rtol=1e-4, atol=1e-5)
 
 

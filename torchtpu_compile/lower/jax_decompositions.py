@@ -50,6 +50,10 @@ def _jax_function(kind: str, *params):
                                mode, math.prod(sizes))
     elif kind == "conj":
         fn = jnp.conj
+    elif kind == "view_as_real":
+        fn = lambda z: jnp.stack([jnp.real(z), jnp.imag(z)], axis=-1)  # noqa: E731
+    elif kind == "complex":
+        fn = jax.lax.complex
     elif kind == "cholesky":
         fn = _cholesky_with_info
     elif kind == "triangular_solve":
@@ -149,6 +153,28 @@ def conj(x):
     return _jax_function("conj")(x)
 
 
+@decomposition(aten.view_as_real.default)
+def view_as_real(z):
+    if z.dtype != torch.complex64:
+        return NotImplemented
+    return _jax_function("view_as_real")(z)
+
+
+@decomposition(aten.view_as_complex.default)
+def view_as_complex(x):
+    if x.dtype != torch.float32:
+        return NotImplemented
+    return _jax_function("complex")(x[..., 0].contiguous(), x[..., 1].contiguous())
+
+
+@decomposition(aten.complex.default)
+def complex_(real, imag):
+    if real.dtype != torch.float32 or imag.dtype != torch.float32:
+        return NotImplemented
+    real, imag = torch.broadcast_tensors(real, imag)
+    return _jax_function("complex")(real.contiguous(), imag.contiguous())
+
+
 # --- linear algebra --------------------------------------------------------------------------
 
 def _is_real_float(*tensors) -> bool:
@@ -161,6 +187,8 @@ def linalg_cholesky_ex(a, upper=False, check_errors=False):
     # one; eager documents neither): callers read info, which is LAPACK's.
     if not _is_real_float(a) or check_errors:
         return NotImplemented
+    if a.numel() == 0:  # JAX's loop over columns indexes the empty matrix
+        return a.clone(), torch.zeros(a.shape[:-2], dtype=torch.int32)
     lower, info = _jax_function("cholesky")(a)
     return (lower.mT if upper else lower), info
 
@@ -169,6 +197,8 @@ def linalg_cholesky_ex(a, upper=False, check_errors=False):
 def cholesky(a, upper=False):
     if not _is_real_float(a):
         return NotImplemented
+    if a.numel() == 0:
+        return a.clone()
     lower, _ = _jax_function("cholesky")(a)
     return lower.mT if upper else lower
 
