@@ -147,7 +147,7 @@ def check_on_both_paths(fn, *args, rtol=0.0, atol=0.0):
     """``check`` (compile path), then the eager tpu device, strict; exactly eager's unless
     given tolerances."""
     check(fn, *args, **({"rtol": rtol, "atol": atol} if rtol or atol else {}))
-    with configured(strict=True):
+    with configured(strict=True, matmul_precision="highest"):
         actual = fn(*(a.to("tpu") for a in args))
     torch.testing.assert_close(torch.utils._pytree.tree_map(lambda t: t.cpu(), actual),
                                fn(*args), rtol=rtol, atol=atol, equal_nan=True)
@@ -260,6 +260,21 @@ def test_cholesky_and_triangular_solves_through_jax():
                 torch.cholesky_solve(b, lower), torch.cholesky_solve(b, lower.mT, upper=True),
                 torch.cholesky_inverse(lower), torch.linalg.cholesky_ex(a[:0]))
     check_on_both_paths(factor_and_solve, a, b, not_definite, rtol=1e-4, atol=1e-5)
+
+
+def test_lu_determinants_inverse_and_solves_through_jax():
+    # getrf's LU, 1-based pivots and info (the first zero pivot of a singular matrix).
+    a, b, v = randn(3, 4, 4), randn(3, 4, 2, seed=1), randn(3, 4, seed=2)
+    singular = a.clone()
+    singular[1, 2] = singular[1, 0] * 2
+    singular[2] = 0
+    linalg = torch.linalg
+    check_on_both_paths(lambda a, b, v, singular: (
+        linalg.lu_factor_ex(a), linalg.lu_factor_ex(singular)[2], linalg.det(a),
+        linalg.slogdet(a), linalg.inv_ex(a), linalg.solve_ex(a, v),
+        linalg.solve_ex(a, b.mT[..., :4], left=False),
+        linalg.lu_solve(*linalg.lu_factor_ex(a)[:2], b, adjoint=True)), a, b, v, singular,
+        rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("p", [0.0, 1.0, 1.5, 2.0, INF])

@@ -56,6 +56,12 @@ def _jax_function(kind: str, *params):
         fn = jax.lax.complex
     elif kind == "cholesky":
         fn = _cholesky_with_info
+    elif kind == "lu":
+        fn = _lu_with_info
+    elif kind == "lu_solve":
+        (trans,) = params
+        fn = lambda lu, pivots, b: jax.scipy.linalg.lu_solve(  # noqa: E731
+            (lu, pivots - 1), b, trans=trans)
     elif kind == "triangular_solve":
         left, lower, unit = params
         fn = lambda a, b: jax.lax.linalg.triangular_solve(  # noqa: E731
@@ -94,6 +100,20 @@ def _cholesky_with_info(a):
 
     info = jax.lax.cond(ok.all(), lambda _: zeros, first_bad_pivot, None)
     return lower, info
+
+
+def _lu_with_info(a):
+    """LAPACK getrf's (LU, 1-based pivots, info) of a batch of matrices, from JAX's LU (on the
+    CPU, getrf itself): info is the first zero on U's diagonal."""
+    import jax
+    import jax.numpy as jnp
+
+    lu, pivots, _ = jax.lax.linalg.lu(a)
+    diagonal = jnp.diagonal(lu, axis1=-2, axis2=-1)
+    k = diagonal.shape[-1]
+    first = jnp.where(diagonal == 0, jnp.arange(k), k).min(-1, initial=k)
+    info = jnp.where(first < k, first + 1, 0).astype(jnp.int32)
+    return lu, (pivots + 1).astype(jnp.int32), info
 
 
 def _name_part(value) -> str:
@@ -252,3 +272,85 @@ def cholesky_inverse(factor, upper=False):
         return NotImplemented
     eye = torch.eye(factor.shape[-1], dtype=factor.dtype).expand(factor.shape)
     return cholesky_solve(eye, factor, upper)
+
+
+# LU: JAX's factorization (getrf on the CPU), and everything eager builds on it.
+
+def _lu(a):
+    if a.numel() == 0:
+        k = min(a.shape[-2], a.shape[-1])
+        return (a.clone(), torch.zeros(*a.shape[:-2], k, dtype=torch.int32),
+                torch.zeros(a.shape[:-2], dtype=torch.int32))
+    return _jax_function("lu")(a)
+
+
+def _pivot_sign(pivots, dtype):
+    """(-1) ** (row swaps): pivot i (1-based) differs from i + 1 for each swap."""
+    swaps = (pivots != torch.arange(1, pivots.shape[-1] + 1, dtype=torch.int32)).sum(-1)
+    return 1 - 2 * (swaps % 2).to(dtype)
+
+
+@decomposition(aten.linalg_lu_factor_ex.default)
+def linalg_lu_factor_ex(a, *, pivot=True, check_errors=False):
+    if not _is_real_float(a) or not pivot or check_errors:
+        return NotImplemented
+    return _lu(a)
+
+
+@decomposition(aten._linalg_det.default)
+def linalg_det(a):
+    if not _is_real_float(a):
+        return NotImplemented
+    lu, pivots, _ = _lu(a)
+    diagonal = torch.diagonal(lu, dim1=-2, dim2=-1)
+    return diagonal.prod(-1) * _pivot_sign(pivots, a.dtype), lu, pivots
+
+
+@decomposition(aten._linalg_slogdet.default)
+def linalg_slogdet(a):
+    if not _is_real_float(a):
+        return NotImplemented
+    lu, pivots, _ = _lu(a)
+    diagonal = torch.diagonal(lu, dim1=-2, dim2=-1)
+    sign = torch.sign(diagonal).prod(-1) * _pivot_sign(pivots, a.dtype)
+    return sign, diagonal.abs().log().sum(-1), lu, pivots
+
+
+def _lu_solve(lu, pivots, b, *, adjoint=False):
+    lu, b = _broadcast_batch(lu, b)
+    pivots = pivots.expand(*lu.shape[:-2], pivots.shape[-1])
+    return _jax_function("lu_solve", 1 if adjoint else 0)(lu, pivots.contiguous(), b)
+
+
+@decomposition(aten.linalg_inv_ex.default)
+def linalg_inv_ex(a, *, check_errors=False):
+    if not _is_real_float(a) or check_errors or a.numel() == 0:
+        return NotImplemented
+    lu, pivots, info = _lu(a)
+    eye = torch.eye(a.shape[-1], dtype=a.dtype).expand(a.shape)
+    return _lu_solve(lu, pivots, eye), info
+
+
+@decomposition(aten._linalg_solve_ex.default)
+def linalg_solve_ex(a, b, *, left=True, check_errors=False):
+    # B is a batch of vectors when it has one dim less than A and A's leading shape (eager's
+    # rule); X A = B (left=False) is A^T X^T = B^T, solved with the same factors.
+    if not _is_real_float(a, b) or check_errors or a.numel() == 0 or b.numel() == 0:
+        return NotImplemented
+    lu, pivots, info = _lu(a)
+    vector = b.dim() == 1 or (b.dim() == a.dim() - 1 and b.shape == a.shape[:-1])
+    rhs = b.unsqueeze(-1) if vector else b
+    if left:
+        x = _lu_solve(lu, pivots, rhs)
+    else:
+        x = _lu_solve(lu, pivots, rhs.mT, adjoint=True).mT
+    return (x.squeeze(-1) if vector else x), lu, pivots, info
+
+
+@decomposition(aten.linalg_lu_solve.default)
+def linalg_lu_solve(lu, pivots, b, *, left=True, adjoint=False):
+    if not _is_real_float(lu, b) or b.numel() == 0:
+        return NotImplemented
+    if left:
+        return _lu_solve(lu, pivots, b, adjoint=adjoint)
+    return _lu_solve(lu, pivots, b.mT, adjoint=not adjoint).mT
