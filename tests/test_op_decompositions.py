@@ -236,6 +236,7 @@ def test_fft_family_through_jax():
         fft.fft(x), fft.rfft(x, norm="ortho"), fft.ifft(z, norm="forward"), fft.irfft(z, n=9),
         fft.fft2(z), fft.rfftn(x), fft.hfft(z), fft.ifftn(z, dim=(0,)), torch.view_as_real(z),
         torch.view_as_complex(torch.stack([x, x.flip(0)], -1)), torch.complex(x, x[:1]),
+        torch.polar(x.abs(), x[:1]),
         torch.stft(x.flatten(), 4, window=torch.ones(4, device=x.device),
                    return_complex=True)), x, z,
         rtol=1e-4, atol=1e-4)

@@ -195,6 +195,14 @@ def complex_(real, imag):
     return _jax_function("complex")(real.contiguous(), imag.contiguous())
 
 
+@decomposition(aten.polar.default)
+def polar(magnitude, angle):
+    # torch-mlir's polar does not broadcast its operands.
+    if magnitude.dtype != torch.float32 or angle.dtype != torch.float32:
+        return NotImplemented
+    return complex_(magnitude * torch.cos(angle), magnitude * torch.sin(angle))
+
+
 # --- linear algebra --------------------------------------------------------------------------
 
 def _is_real_float(*tensors) -> bool:
