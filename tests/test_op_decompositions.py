@@ -274,8 +274,18 @@ def test_lu_determinants_inverse_and_solves_through_jax():
         linalg.lu_factor_ex(a), linalg.lu_factor_ex(singular)[2], linalg.det(a),
         linalg.slogdet(a), linalg.inv_ex(a), linalg.solve_ex(a, v),
         linalg.solve_ex(a, b.mT[..., :4], left=False),
-        linalg.lu_solve(*linalg.lu_factor_ex(a)[:2], b, adjoint=True)), a, b, v, singular,
+        linalg.lu_solve(*linalg.lu_factor_ex(a)[:2], b, adjoint=True), linalg.inv_ex(a[:0]),
+        linalg.solve_ex(a[:0], b[:0])), a, b, v, singular,
         rtol=1e-4, atol=1e-4)
+
+
+def test_svd_qr_and_lu_unpacking_through_jax():
+    a = randn(3, 5, 4)
+    linalg = torch.linalg
+    check_on_both_paths(lambda a: (
+        linalg.svd(a), linalg.svd(a, full_matrices=False), linalg.svdvals(a), linalg.qr(a),
+        linalg.qr(a, mode="complete"), linalg.qr(a, mode="r")[1], linalg.lu(a), linalg.lu(a.mT),
+        torch.lu_unpack(*linalg.lu_factor_ex(a[:, :4])[:2])), a, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("p", [0.0, 1.0, 1.5, 2.0, INF])

@@ -62,6 +62,16 @@ def _jax_function(kind: str, *params):
         (trans,) = params
         fn = lambda lu, pivots, b: jax.scipy.linalg.lu_solve(  # noqa: E731
             (lu, pivots - 1), b, trans=trans)
+    elif kind == "svd":
+        full, vectors = params
+        fn = lambda a: jnp.linalg.svd(a, full_matrices=full, compute_uv=vectors)  # noqa: E731
+    elif kind == "qr":
+        (mode,) = params
+        fn = lambda a: jnp.linalg.qr(a, mode=mode)  # noqa: E731
+    elif kind == "lu_permutation":
+        (rows,) = params
+        fn = lambda pivots: jax.lax.linalg.lu_pivots_to_permutation(  # noqa: E731
+            pivots - 1, rows)
     elif kind == "triangular_solve":
         left, lower, unit = params
         fn = lambda a, b: jax.lax.linalg.triangular_solve(  # noqa: E731
@@ -332,9 +342,11 @@ def _lu_solve(lu, pivots, b, *, adjoint=False):
 
 @decomposition(aten.linalg_inv_ex.default)
 def linalg_inv_ex(a, *, check_errors=False):
-    if not _is_real_float(a) or check_errors or a.numel() == 0:
+    if not _is_real_float(a) or check_errors:
         return NotImplemented
     lu, pivots, info = _lu(a)
+    if a.numel() == 0:
+        return a.clone(), info
     eye = torch.eye(a.shape[-1], dtype=a.dtype).expand(a.shape)
     return _lu_solve(lu, pivots, eye), info
 
@@ -343,11 +355,15 @@ def linalg_inv_ex(a, *, check_errors=False):
 def linalg_solve_ex(a, b, *, left=True, check_errors=False):
     # B is a batch of vectors when it has one dim less than A and A's leading shape (eager's
     # rule); X A = B (left=False) is A^T X^T = B^T, solved with the same factors.
-    if not _is_real_float(a, b) or check_errors or a.numel() == 0 or b.numel() == 0:
+    if not _is_real_float(a, b) or check_errors:
         return NotImplemented
     lu, pivots, info = _lu(a)
     vector = b.dim() == 1 or (b.dim() == a.dim() - 1 and b.shape == a.shape[:-1])
     rhs = b.unsqueeze(-1) if vector else b
+    if a.numel() == 0 or b.numel() == 0:
+        batch = torch.broadcast_shapes(a.shape[:-2], rhs.shape[:-2])
+        x = rhs.new_zeros(*batch, *rhs.shape[-2:])
+        return (x.squeeze(-1) if vector else x), lu, pivots, info
     if left:
         x = _lu_solve(lu, pivots, rhs)
     else:
@@ -362,3 +378,53 @@ def linalg_lu_solve(lu, pivots, b, *, left=True, adjoint=False):
     if left:
         return _lu_solve(lu, pivots, b, adjoint=adjoint)
     return _lu_solve(lu, pivots, b.mT, adjoint=not adjoint).mT
+
+
+
+def _permutation_matrix(pivots, rows: int, dtype):
+    """P with A = P L U from getrf's 1-based pivots: row i of L U is row perm[i] of A."""
+    perm = _jax_function("lu_permutation", rows)(pivots.contiguous())
+    return torch.nn.functional.one_hot(perm.to(torch.int64), rows).to(dtype).mT
+
+
+@decomposition(aten.lu_unpack.default)
+def lu_unpack(lu, pivots, unpack_data=True, unpack_pivots=True):
+    if not _is_real_float(lu) or lu.numel() == 0 or not (unpack_data and unpack_pivots):
+        return NotImplemented
+    m, n = lu.shape[-2], lu.shape[-1]
+    k = min(m, n)
+    lower = torch.tril(lu[..., :, :k], -1) + torch.eye(m, k, dtype=lu.dtype)
+    upper = torch.triu(lu[..., :k, :])
+    return _permutation_matrix(pivots, m, lu.dtype), lower, upper
+
+
+@decomposition(aten.linalg_lu.default)
+def linalg_lu(a, *, pivot=True):
+    if not _is_real_float(a) or not pivot or a.numel() == 0:
+        return NotImplemented
+    lu, pivots, _ = _lu(a)
+    return lu_unpack(lu, pivots)
+
+
+# Singular value and QR decompositions: JAX calls the same LAPACK routines on the CPU (gesdd,
+# geqrf/orgqr), and the signs of singular vectors and Q agree with eager's. (eigh's do not:
+# JAX's syevd picks other eigenvector signs than eager's, so eigh stays on the host.)
+
+@decomposition(aten._linalg_svd.default)
+def linalg_svd(a, full_matrices=False, compute_uv=True, *, driver=None):
+    if not _is_real_float(a) or a.numel() == 0:
+        return NotImplemented
+    out = _jax_function("svd", bool(full_matrices), bool(compute_uv))(a)
+    if compute_uv:
+        return out
+    empty = a.new_empty((0,))
+    return empty, out, empty
+
+
+@decomposition(aten.linalg_qr.default)
+def linalg_qr(a, mode="reduced"):
+    if not _is_real_float(a) or a.numel() == 0:
+        return NotImplemented
+    if mode == "r":
+        return a.new_empty((0,)), _jax_function("qr", "r")(a)
+    return _jax_function("qr", mode)(a)
