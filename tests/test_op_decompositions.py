@@ -263,6 +263,18 @@ def test_cholesky_and_triangular_solves_through_jax():
     check_on_both_paths(factor_and_solve, a, b, not_definite, rtol=1e-4, atol=1e-5)
 
 
+def test_linalg_error_checks_read_info_on_the_host_as_eager():
+    # torch.linalg.cholesky = cholesky_ex + a check of info that raises: the check is a host
+    # step by design (strict mode allows it), not a fallback, and names eager's minor.
+    m = randn(2, 4, 4)
+    a = m @ m.mT + 4 * torch.eye(4)
+    with configured(strict=True, matmul_precision="highest"):
+        compiled = compile_tpu(lambda a: torch.linalg.cholesky(a) * 2)
+        torch.testing.assert_close(compiled(a), torch.linalg.cholesky(a) * 2)
+        with pytest.raises(torch.linalg.LinAlgError, match="leading minor of order 3"):
+            compiled(torch.diag(torch.tensor([1.0, 2, -1, 1])).expand(2, 4, 4))
+
+
 def test_lu_determinants_inverse_and_solves_through_jax():
     # getrf's LU, 1-based pivots and info (the first zero pivot of a singular matrix).
     a, b, v = randn(3, 4, 4), randn(3, 4, 2, seed=1), randn(3, 4, seed=2)

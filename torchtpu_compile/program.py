@@ -42,6 +42,15 @@ HOST_SCALAR = "host scalar arithmetic"
 #: through its process group (tpu_dist), by design rather than as a fallback.
 COLLECTIVE = "collective through the process group"
 _COLLECTIVE_NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd")
+#: The "reason" of linalg's error checks (torch.linalg.cholesky raising for a matrix that is
+#: not positive definite): they read the op's info on the host and raise, as eager does.
+ERROR_CHECK = "error check on the host"
+_ERROR_CHECKS = (torch.ops.aten._linalg_check_errors.default,)
+
+
+def _is_error_check(node: fx.Node) -> bool:
+    return (node.op == "call_function" and node.target is torch.ops.higher_order.with_effects
+            and len(node.args) > 1 and node.args[1] in _ERROR_CHECKS)
 
 
 def _is_collective(node: fx.Node) -> bool:
@@ -166,6 +175,9 @@ def _find_unsupported(gm: fx.GraphModule, platform: str, precision: str):
         if is_host_scalar(node):
             bad[node] = HOST_SCALAR
             continue
+        if _is_error_check(node):
+            bad[node] = ERROR_CHECK
+            continue
         reason = rule_violation(node)
         if reason:
             bad[node] = reason
@@ -205,7 +217,7 @@ def build_static(gm: fx.GraphModule, precision: str, name: str,
         return Program(gm, precision, name, prepared=prepared, lowered=lowered,
                        resident_inputs=resident_inputs)
     fallbacks = {node: reason for node, reason in bad.items()
-                 if reason is not HOST_SCALAR and reason is not COLLECTIVE}
+                 if reason not in (HOST_SCALAR, COLLECTIVE, ERROR_CHECK)}
     collectives = [node for node, reason in bad.items() if reason is COLLECTIVE]
     if collectives:
         counters.add_dist("compiled_graph_collectives", len(collectives))
@@ -216,6 +228,9 @@ def build_static(gm: fx.GraphModule, precision: str, name: str,
             raise UnsupportedOpError(
                 f"TORCHTPU_STRICT=1: {describe(node)} cannot run through XLA ({reason}). "
                 f"Unset TORCHTPU_STRICT to let it fall back to eager PyTorch.")
+    if any(reason is ERROR_CHECK for reason in bad.values()):
+        log.info("torchtpu: graph %s checks linalg errors on the host (as eager: a wait for the "
+                 "device); the *_ex ops return the info instead", name)
     if fallbacks:
         counters.add("graphs_with_fallback")
     for node, reason in fallbacks.items():
