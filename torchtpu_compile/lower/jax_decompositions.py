@@ -1,5 +1,6 @@
-"""Decompositions into JAX functions: ATen ops StableHLO has (fft, cholesky, triangular_solve)
-but torch-mlir does not emit.
+"""Decompositions into JAX functions: ATen ops torch-mlir does not lower that StableHLO has
+(fft, cholesky, triangular_solve) or JAX writes for each platform (LU, SVD, QR on LAPACK custom
+calls on the CPU), and arithmetic on complex tensors, which torch-mlir does not lower at all.
 
 Each op becomes a call of a ``jax_op`` (kernels/jax_op.py) whose StableHLO JAX writes for the
 program's platform, spliced into the program by the one lowering (lower/splice.py): compiled
