@@ -73,6 +73,8 @@ def _jax_function(kind: str, *params):
         (rows,) = params
         fn = lambda pivots: jax.lax.linalg.lu_pivots_to_permutation(  # noqa: E731
             pivots - 1, rows)
+    elif kind == "expm":
+        fn = jax.scipy.linalg.expm
     elif kind == "triangular_solve":
         left, lower, unit = params
         fn = lambda a, b: jax.lax.linalg.triangular_solve(  # noqa: E731
@@ -429,3 +431,32 @@ def linalg_qr(a, mode="reduced"):
     if mode == "r":
         return a.new_empty((0,)), _jax_function("qr", "r")(a)
     return _jax_function("qr", mode)(a)
+
+
+@decomposition(aten.linalg_pinv.atol_rtol_tensor)
+def linalg_pinv(a, *, atol=None, rtol=None, hermitian=False):
+    # Eager's formula from the SVD: singular values at most max(atol, rtol * the largest) count
+    # as zero; rtol defaults to eps * max(m, n) (to 0 where a positive atol is given).
+    # hermitian=True goes through eigh, which stays on the host.
+    if not _is_real_float(a) or hermitian:
+        return NotImplemented
+    m, n = a.shape[-2], a.shape[-1]
+    if a.numel() == 0:
+        return a.new_zeros(*a.shape[:-2], n, m)
+    default_rtol = torch.finfo(a.dtype).eps * max(m, n)
+    zero = torch.zeros((), dtype=a.dtype)
+    if rtol is None:
+        rtol = torch.full((), default_rtol, dtype=a.dtype) if atol is None else \
+            torch.where(atol > 0, zero, default_rtol)
+    atol = zero if atol is None else atol
+    u, s, vh = linalg_svd(a, False, True)
+    tol = torch.maximum(atol.unsqueeze(-1), rtol.unsqueeze(-1) * s.narrow(-1, 0, 1))
+    s_inv = torch.where(s > tol, 1 / s, torch.zeros_like(s))
+    return (vh.mT * s_inv.unsqueeze(-2)) @ u.mT
+
+
+@decomposition(aten.linalg_matrix_exp.default)
+def linalg_matrix_exp(a):
+    if not _is_real_float(a) or a.numel() == 0:
+        return NotImplemented
+    return _jax_function("expm")(a)
