@@ -263,6 +263,14 @@ def test_cholesky_and_triangular_solves_through_jax():
     check_on_both_paths(factor_and_solve, a, b, not_definite, rtol=1e-4, atol=1e-5)
 
 
+def test_householder_qr_pieces_through_jax():
+    a, c, c2 = randn(3, 5, 4), randn(3, 5, 2, seed=1), randn(3, 2, 5, seed=2)
+    check_on_both_paths(lambda a, c, c2: (
+        torch.geqrf(a), torch.linalg.householder_product(*torch.geqrf(a)),
+        torch.ormqr(*torch.geqrf(a), c), torch.ormqr(*torch.geqrf(a), c, transpose=True),
+        torch.ormqr(*torch.geqrf(a), c2, left=False)), a, c, c2, rtol=1e-4, atol=1e-4)
+
+
 def test_linalg_error_checks_read_info_on_the_host_as_eager():
     # torch.linalg.cholesky = cholesky_ex + a check of info that raises: the check is a host
     # step by design (strict mode allows it), not a fallback, and names eager's minor.

@@ -73,6 +73,15 @@ def _jax_function(kind: str, *params):
         (rows,) = params
         fn = lambda pivots: jax.lax.linalg.lu_pivots_to_permutation(  # noqa: E731
             pivots - 1, rows)
+    elif kind == "geqrf":
+        # qr(mode="raw") is geqrf with the reflectors transposed.
+        fn = lambda a: (lambda raw: (raw[0].mT, raw[1]))(jnp.linalg.qr(a, mode="raw"))  # noqa: E731
+    elif kind == "ormqr":
+        left, transpose = params
+        fn = lambda a, taus, c: jax.lax.linalg.ormqr(  # noqa: E731
+            a, taus, c, left=left, transpose=transpose)
+    elif kind == "householder_product":
+        fn = jax.lax.linalg.householder_product
     elif kind == "expm":
         fn = jax.scipy.linalg.expm
     elif kind == "triangular_solve":
@@ -460,3 +469,30 @@ def linalg_matrix_exp(a):
     if not _is_real_float(a) or a.numel() == 0:
         return NotImplemented
     return _jax_function("expm")(a)
+
+
+# Householder QR: LAPACK's geqrf/orgqr (JAX calls them on the CPU), and ormqr from them.
+
+@decomposition(aten.geqrf.default)
+def geqrf(a):
+    if not _is_real_float(a) or a.numel() == 0:
+        return NotImplemented
+    return _jax_function("geqrf")(a)
+
+
+@decomposition(aten.linalg_householder_product.default)
+def householder_product(reflectors, tau):
+    if not _is_real_float(reflectors, tau) or reflectors.numel() == 0 or tau.numel() == 0:
+        return NotImplemented
+    return _jax_function("householder_product")(reflectors, tau)
+
+
+@decomposition(aten.ormqr.default)
+def ormqr(reflectors, tau, other, left=True, transpose=False):
+    if not _is_real_float(reflectors, tau, other) or reflectors.numel() == 0 \
+            or tau.numel() == 0:
+        return NotImplemented
+    reflectors, other = _broadcast_batch(reflectors, other)
+    tau = tau.expand(*reflectors.shape[:-2], tau.shape[-1])
+    return _jax_function("ormqr", bool(left), bool(transpose))(
+        reflectors.contiguous(), tau.contiguous(), other.contiguous())
