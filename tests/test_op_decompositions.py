@@ -226,6 +226,25 @@ def test_nextafter_steps_the_bit_pattern(dtype):
     assert torch.equal(actual.view(torch.int16), torch.nextafter(x, y).view(torch.int16))
 
 
+def test_comparisons_of_a_value_with_itself_see_nan():
+    # torch-mlir folded eq(x, x) to true: isfinite(nan) was True.
+    x = torch.tensor([1.0, NAN, INF, -INF, 0.0])
+    check(lambda x: (torch.isfinite(x), x == x, x >= x, x <= x, x != x), x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_frexp_from_the_bit_pattern_subnormals_included(dtype):
+    x = torch.tensor([0.0, -0.0, 1.0, -3.5, 1e-40, -1e-42, INF, -INF, NAN, 0.75, 1e30, 3e-38],
+                     dtype=dtype)
+    if dtype is torch.float64:
+        x = torch.cat([x, torch.tensor([1e-310, -4e-320], dtype=dtype)])
+    with configured(strict=True):
+        mantissa, exponent = compile_tpu(torch.frexp)(x)
+    expected = torch.frexp(x)
+    assert torch.equal(exponent, expected.exponent)
+    torch.testing.assert_close(mantissa, expected.mantissa, rtol=0, atol=0, equal_nan=True)
+
+
 # --- through JAX (lower/jax_decompositions.py) ------------------------------------------------
 
 def test_fft_family_through_jax():

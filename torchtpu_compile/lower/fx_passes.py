@@ -100,6 +100,30 @@ def empty_as_zeros(gm):
         gm.graph.erase_node(node)
 
 
+#: Comparisons of a value with itself that hold for every number but not for NaN.
+_REFLEXIVE = {aten.eq.Tensor, aten.le.Tensor, aten.ge.Tensor}
+
+
+@fx_pass
+def compare_with_itself(gm):
+    # torch-mlir folds eq(x, x) to true, for floats too: isfinite (eager's x == x &
+    # |x| != inf) called NaN finite, silently. x == x is written as not isnan(x).
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in _REFLEXIVE or \
+                len(node.args) != 2 or node.args[0] is not node.args[1]:
+            continue
+        val = node.args[0].meta.get("val")
+        if not isinstance(val, torch.Tensor) or not val.is_floating_point():
+            continue
+        with gm.graph.inserting_before(node):
+            nan = gm.graph.call_function(aten.isnan.default, (node.args[0],))
+            number = gm.graph.call_function(aten.logical_not.default, (nan,))
+        nan.meta = {"val": node.meta["val"]}
+        number.meta = dict(node.meta)
+        node.replace_all_uses_with(number)
+        gm.graph.erase_node(node)
+
+
 def _host_device(value):
     if isinstance(value, torch.device) and value.type != "cpu":
         return torch.device("cpu")

@@ -750,6 +750,44 @@ def nextafter(x, y):
     return torch.where(x.isnan() | y.isnan(), float("nan"), out)
 
 
+#: (mantissa bits, exponent bias) of the float dtypes frexp reads bit by bit.
+_FLOAT_LAYOUT = {torch.float32: (23, 127), torch.float64: (52, 1023)}
+
+
+@decomposition(aten.frexp.Tensor)
+def frexp(x):
+    # Unlowered. From the bit pattern: the exponent field, and the mantissa given the exponent
+    # of 1/2. A subnormal is its integer mantissa times 2^(1 - bias - mantissa bits): that
+    # integer converted to float (exact, no subnormal arithmetic, which XLA flushes) is normal.
+    layout = _FLOAT_LAYOUT.get(x.dtype)
+    if layout is None:
+        return NotImplemented
+    mantissa_bits, bias = layout
+    int_dtype = _SAME_WIDTH_INT[x.dtype]
+    exponent_mask = (2 * bias + 1) << mantissa_bits
+
+    def exponent_field(bits):  # no shifts in torch-mlir: the masked field divided exactly
+        return torch.div(torch.bitwise_and(bits, exponent_mask), 1 << mantissa_bits,
+                         rounding_mode="floor")
+    bits = x.view(int_dtype)
+    field = exponent_field(bits)
+    fraction = torch.bitwise_and(bits, (1 << mantissa_bits) - 1)
+    subnormal = (field == 0) & (fraction != 0)
+    scaled_bits = torch.where(subnormal, fraction, torch.ones_like(fraction)).to(x.dtype) \
+        .view(int_dtype)
+    exponent = torch.where(subnormal, exponent_field(scaled_bits) - 2 * bias - mantissa_bits + 2,
+                           field - bias + 1)
+    source = torch.where(subnormal, scaled_bits, bits)
+    # The exponent of 1/2 into the cleared field (an add: torch-mlir has no bitwise_or.Scalar).
+    mantissa = (torch.bitwise_and(source, ~exponent_mask) + ((bias - 1) << mantissa_bits)) \
+        .view(x.dtype)
+    # The sign from the sign bit: XLA reads a subnormal x as zero, so x < 0 is false.
+    mantissa = torch.where(subnormal & (bits < 0), -mantissa, mantissa)
+    special = (x == 0) | ~x.isfinite()
+    return (torch.where(special, x, mantissa),
+            torch.where(special, 0, exponent).to(torch.int32))
+
+
 @decomposition(aten.unfold.default)
 def unfold(x, dimension, size, step):
     # torch-mlir leaves a torch.constant.int behind. The windows as slices, stacked on dim
