@@ -75,10 +75,11 @@ SKIPS: dict = {
         "test-artifact", "its third sample has dropout_p=0.5: the tpu device draws from its own "
         "generator, independent of the CPU one, so the mask differs by design",
         paths=("eager",)),
-    "svd_lowrank": Skip(
+    **{name: Skip(
         "test-artifact", "a randomized approximation: its random projection comes from the "
         "tpu device's own generator, independent of the CPU one, so the approximation (singular "
-        "values included) differs by design", paths=("eager",)),
+        "values included) differs by design", paths=("eager",))
+       for name in ("svd_lowrank", "pca_lowrank")},
     "topk": Skip("test-artifact", "bf16 samples hold equal values; which of their indices "
                  "topk returns is unspecified (values match)", dtypes=("bf16",)),
 }

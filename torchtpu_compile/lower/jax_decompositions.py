@@ -82,8 +82,6 @@ def _jax_function(kind: str, *params):
             a, taus, c, left=left, transpose=transpose)
     elif kind == "householder_product":
         fn = jax.lax.linalg.householder_product
-    elif kind == "expm":
-        fn = jax.scipy.linalg.expm
     elif kind == "triangular_solve":
         left, lower, unit = params
         fn = lambda a, b: jax.lax.linalg.triangular_solve(  # noqa: E731
@@ -462,13 +460,6 @@ def linalg_pinv(a, *, atol=None, rtol=None, hermitian=False):
     tol = torch.maximum(atol.unsqueeze(-1), rtol.unsqueeze(-1) * s.narrow(-1, 0, 1))
     s_inv = torch.where(s > tol, 1 / s, torch.zeros_like(s))
     return (vh.mT * s_inv.unsqueeze(-2)) @ u.mT
-
-
-@decomposition(aten.linalg_matrix_exp.default)
-def linalg_matrix_exp(a):
-    if not _is_real_float(a) or a.numel() == 0:
-        return NotImplemented
-    return _jax_function("expm")(a)
 
 
 # Householder QR: LAPACK's geqrf/orgqr (JAX calls them on the CPU), and ormqr from them.
