@@ -232,7 +232,7 @@ def test_comparisons_of_a_value_with_itself_see_nan():
     check(lambda x: (torch.isfinite(x), x == x, x >= x, x <= x, x != x), x)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_frexp_from_the_bit_pattern_subnormals_included(dtype):
     x = torch.tensor([0.0, -0.0, 1.0, -3.5, 1e-40, -1e-42, INF, -INF, NAN, 0.75, 1e30, 3e-38],
                      dtype=dtype)

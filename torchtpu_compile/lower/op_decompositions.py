@@ -751,7 +751,8 @@ def nextafter(x, y):
 
 
 #: (mantissa bits, exponent bias) of the float dtypes frexp reads bit by bit.
-_FLOAT_LAYOUT = {torch.float32: (23, 127), torch.float64: (52, 1023)}
+_FLOAT_LAYOUT = {torch.float32: (23, 127), torch.float64: (52, 1023),
+                 torch.bfloat16: (7, 127), torch.float16: (10, 15)}
 
 
 @decomposition(aten.frexp.Tensor)
@@ -783,7 +784,7 @@ def frexp(x):
         .view(x.dtype)
     # The sign from the sign bit: XLA reads a subnormal x as zero, so x < 0 is false.
     mantissa = torch.where(subnormal & (bits < 0), -mantissa, mantissa)
-    special = (x == 0) | ~x.isfinite()
+    special = (field == 2 * bias + 1) | ((field == 0) & (fraction == 0))   # inf, NaN, +-0
     return (torch.where(special, x, mantissa),
             torch.where(special, 0, exponent).to(torch.int32))
 
