@@ -83,6 +83,7 @@ class JaxOp:
         self._single_output = False  # fn returns one array, not a tuple (set by output_specs)
         self._lowered: dict = {}    # (input avals, precision) -> StableHLO text
         self._vjps: dict = {}       # (number of inputs, differentiable positions) -> JaxOp
+        self._on_host = None        # fn jitted once, for CPU tensors
         self.op = self._register()
 
     def __repr__(self) -> str:
@@ -157,12 +158,16 @@ class JaxOp:
 
     def _run_on_host(self, inputs):
         jax = _jax()
-        cpu = jax.devices("cpu")[0]
         self.output_specs(self.avals(inputs))
+        if self._on_host is None:
+            self._on_host = jax.jit(self.fn)
         with _exact_dtypes():
-            args = [jax.device_put(_to_numpy(t), cpu) for t in inputs]
-            out = jax.tree_util.tree_leaves(jax.jit(self.fn)(*args))
-        return [_to_torch(o) for o in out]
+            # DLPack both ways (every dtype, bf16 included); the results are cloned because
+            # jax may hand an input back as an output, and an op's output must not alias it.
+            args = [jax.dlpack.from_dlpack(t.detach().resolve_conj().resolve_neg().contiguous())
+                    for t in inputs]
+            out = jax.tree_util.tree_leaves(self._on_host(*args))
+        return [torch.from_dlpack(o).clone() for o in out]
 
     def _save_for_backward(self, ctx, inputs, output):
         (tensors,) = inputs
@@ -204,21 +209,6 @@ class JaxOp:
 
 _JAX_PRECISION = {"medium": "default", "high": "high", "highest": "highest"}
 _libraries: list = []   # registrations live as long as their Library objects
-
-
-def _to_numpy(t: torch.Tensor):
-    import ml_dtypes
-    if t.dtype == torch.bfloat16:  # numpy has no bfloat16; jax's ml_dtypes does
-        return t.detach().float().numpy().astype(ml_dtypes.bfloat16)
-    return t.detach().contiguous().numpy(force=True)
-
-
-def _to_torch(array) -> torch.Tensor:
-    import numpy as np
-    host = np.asarray(array)
-    if str(array.dtype) == "bfloat16":
-        return torch.from_numpy(host.astype(np.float32)).to(torch.bfloat16)
-    return torch.from_numpy(host.copy())
 
 
 def jax_op(fn=None, *, name: str | None = None):
