@@ -97,8 +97,12 @@ def fallback_summary(results: dict, limit: int = 40, path_wanted: str = "compile
     return rows
 
 
+# Error messages name files by absolute path; the table names them from the checkout's root.
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+
+
 def _short(text: str, limit: int) -> str:
-    text = " ".join(str(text).split()).replace("|", "\\|")
+    text = " ".join(str(text).replace(_ROOT, "").split()).replace("|", "\\|")
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
