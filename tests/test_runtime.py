@@ -37,14 +37,54 @@ def test_invalid_platform_from_the_environment():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int64,
-                                   torch.int32, torch.bool])
+                                   torch.int32, torch.bool, torch.float64, torch.uint64,
+                                   torch.float8_e4m3fn, torch.complex64])
 def test_transfers_are_zero_copy_and_keep_dtype(dtype):
     t = torch.arange(6).to(dtype)
+    if dtype in (torch.int64, torch.uint64, torch.float64):
+        t[0] = 2 ** 40 + 1  # beyond 32 bits: a canonicalizing upload would lose it
     buf = to_buffer(t)
     assert buf.unsafe_buffer_pointer() == t.data_ptr()
     back = to_torch(buf)
     assert back.dtype == dtype and back.data_ptr() == t.data_ptr()
-    assert torch.equal(back, t)
+    assert torch.equal(back.view(torch.uint8), t.view(torch.uint8))
+
+
+def test_conjugated_and_offset_tensors_upload_their_values():
+    z = torch.randn(5, dtype=torch.complex64).conj()  # a lazy conjugate view
+    assert torch.equal(to_torch(to_buffer(z)), z.resolve_conj())
+    tail = torch.arange(10.0)[3:]  # contiguous, but not at the start of its storage
+    assert torch.equal(to_torch(to_buffer(tail)), tail)
+
+
+def test_uploaded_inputs_are_freed_on_a_python_thread():
+    """An input's memory is released on a thread that holds the GIL, never on a PJRT worker.
+
+    torch frees a tensor that still has its Python object by taking the GIL, from a noexcept
+    destructor: on a worker thread during interpreter exit that aborted the process
+    ("terminate called without an active exception"). The tensors here are dropped while their
+    program still runs, so a worker finishes with them last.
+    """
+    import threading
+    import weakref
+
+    def heavy(x):
+        for _ in range(8):
+            x = torch.tanh(x @ x)
+        return x
+
+    compiled = compile_tpu(heavy)
+    freed_on, outs = [], []
+    for _ in range(20):
+        t = torch.randn(192, 192)
+        weakref.finalize(t, lambda: freed_on.append(threading.get_ident()))
+        outs.append(compiled(t))
+        del t
+    for out in outs:
+        out.sum().item()
+    del outs
+    compiled(torch.randn(192, 192)).sum().item()  # jaxlib drops what it was holding
+    assert freed_on and set(freed_on) == {threading.get_ident()}
 
 
 def test_parameters_stay_resident_between_calls():

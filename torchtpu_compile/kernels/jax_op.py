@@ -157,15 +157,17 @@ class JaxOp:
         return [inputs[0].new_empty(shape, dtype=dtype) for shape, dtype in specs]
 
     def _run_on_host(self, inputs):
+        from ..runtime.transfer import upload
         jax = _jax()
         self.output_specs(self.avals(inputs))
         if self._on_host is None:
             self._on_host = jax.jit(self.fn)
         with _exact_dtypes():
-            # DLPack both ways (every dtype, bf16 included); the results are cloned because
-            # jax may hand an input back as an output, and an op's output must not alias it.
-            args = [jax.dlpack.from_dlpack(t.detach().resolve_conj().resolve_neg().contiguous())
-                    for t in inputs]
+            # In through numpy views (transfer.upload: never DLPack, whose release takes the GIL
+            # on a jax worker thread), out through DLPack; the results are cloned because jax
+            # may hand an input back as an output, and an op's output must not alias it.
+            cpu = jax.devices("cpu")[0]
+            args = [upload(t.detach(), cpu) for t in inputs]
             out = jax.tree_util.tree_leaves(self._on_host(*args))
         return [torch.from_dlpack(o).clone() for o in out]
 

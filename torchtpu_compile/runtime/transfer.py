@@ -1,4 +1,11 @@
-"""torch tensors <-> PJRT buffers, through DLPack (no copies on the CPU client).
+"""torch tensors <-> PJRT buffers, with no copies on the CPU client.
+
+Uploads go through a numpy view of the tensor, not DLPack: a buffer imported from torch's DLPack
+capsule frees the tensor from whichever PJRT worker thread drops it last, and torch then takes
+the GIL on that thread. At interpreter exit that kills the process (``terminate called without
+an active exception``: the worker is unwound out of a noexcept destructor). jaxlib releases
+numpy-backed buffers through its own queue, on a thread that holds the GIL. Downloads on the CPU
+client are DLPack views, freed by torch on the thread that drops the tensor.
 
 Parameters and buffers are uploaded once and stay resident: ``to_buffer(p, resident=True)``
 returns the buffer made at the last call as long as the tensor was not modified since.
@@ -9,7 +16,6 @@ import weakref
 
 import torch
 from jaxlib import _jax
-from torch.utils.dlpack import to_dlpack as _torch_to_dlpack
 
 from .. import counters
 from .client import get_client
@@ -49,7 +55,35 @@ def wrapper_for(device_type: str):
     return _wrappers.get(device_type, to_torch)
 
 
-def _upload(tensor: torch.Tensor, device):
+# torch dtypes numpy lacks -> (same-width integer dtype to read the bits as, ml_dtypes name).
+_REINTERPRETED = {
+    torch.bfloat16: (torch.int16, "bfloat16"),
+    torch.float8_e4m3fn: (torch.uint8, "float8_e4m3fn"),
+    torch.float8_e5m2: (torch.uint8, "float8_e5m2"),
+    torch.float8_e4m3fnuz: (torch.uint8, "float8_e4m3fnuz"),
+    torch.float8_e5m2fnuz: (torch.uint8, "float8_e5m2fnuz"),
+}
+_avals: dict = {}
+_shardings: dict = {}
+
+
+def _host_array(tensor: torch.Tensor):
+    """A numpy array viewing ``tensor``'s memory (a CPU, contiguous, grad-free tensor)."""
+    reinterpret = _REINTERPRETED.get(tensor.dtype)
+    if reinterpret is None:
+        return tensor.numpy()
+    import ml_dtypes
+    bits, name = reinterpret
+    return tensor.view(bits).numpy().view(getattr(ml_dtypes, name))
+
+
+def upload(tensor: torch.Tensor, device):
+    """A new jax array on ``device`` holding ``tensor``'s data (no copy where PJRT can alias).
+
+    Example::
+
+        arr = upload(torch.arange(3), get_client().device)
+    """
     # The common case (a contiguous CPU tensor not requiring grad) takes no extra calls: this
     # runs for every input of every compiled call.
     if not tensor.is_cpu:
@@ -58,7 +92,23 @@ def _upload(tensor: torch.Tensor, device):
         tensor = tensor.contiguous()
     if tensor.requires_grad:
         tensor = tensor.detach()
-    return _jax.dlpack_managed_tensor_to_buffer(_torch_to_dlpack(tensor), device, None)
+    if tensor.is_complex():  # numpy cannot view lazily conjugated or negated memory
+        tensor = tensor.resolve_conj().resolve_neg()
+    array = _host_array(tensor)
+    key = (array.shape, array.dtype)
+    aval = _avals.get(key)
+    if aval is None:
+        from jax.core import ShapedArray
+        if len(_avals) > 4096:  # many dynamic shapes: keep the table small, not exhaustive
+            _avals.clear()
+        aval = _avals.setdefault(key, ShapedArray(array.shape, array.dtype))
+    sharding = _shardings.get(device)
+    if sharding is None:
+        from jax.sharding import SingleDeviceSharding
+        sharding = _shardings.setdefault(device, SingleDeviceSharding(device))
+    # Zero-copy where the memory is aligned; jaxlib holds ``array`` until the buffer is gone.
+    return _jax.batched_device_put(aval, sharding, [array], [device], True, False,
+                                    enable_x64=True)  # int64 and float64 stay 64-bit
 
 
 def to_buffer(tensor: torch.Tensor, resident: bool = False, client=None):
@@ -79,14 +129,14 @@ def to_buffer(tensor: torch.Tensor, resident: bool = False, client=None):
         return _device_tensors[type(tensor)](tensor)
     device = (client or get_client()).device
     if not resident:
-        return _upload(tensor, device)
+        return upload(tensor, device)
     key = id(tensor)
     entry = _resident.get(key)
     version = tensor._version
     ptr = tensor.data_ptr()
     if entry is not None and entry[1] == ptr and entry[2] == version and entry[0]() is tensor:
         return entry[3]
-    buf = _upload(tensor, device)
+    buf = upload(tensor, device)
     counters.add("resident_uploads")
     if entry is None:
         weakref.finalize(tensor, _resident.pop, key, None)
