@@ -143,6 +143,22 @@ def test_remote_file_cache_fills_disk_of_a_new_machine(tmp_path, isolated_cache)
     assert entries(tmp_path / "other-disk")  # read through to level 2
 
 
+def test_remote_writes_queued_at_exit_are_written(tmp_path):
+    """The remote store writes on a daemon thread; a process that exits right after queueing
+    entries still writes every one of them."""
+    remote = tmp_path / "remote"
+    code = textwrap.dedent(f"""\
+        from torchtpu_compile.runtime.cache import RemoteStore
+        store = RemoteStore("file://{remote}")
+        for i in range(64):
+            store.put(f"key-{{i}}", bytes([i]) * (2 << 20))
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+    store = cache_store.RemoteStore(f"file://{remote}")
+    assert len(entries(remote)) == 64
+    assert all(store.get(f"key-{i}") == bytes([i]) * (2 << 20) for i in range(64))
+
+
 def test_broken_remote_is_never_fatal(tmp_path, isolated_cache, caplog):
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a file where the remote directory should be")

@@ -12,6 +12,7 @@ Example::
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
@@ -127,6 +128,10 @@ class DiskStore:
                 pass
 
 
+#: How long a process that exits waits for its queued remote-cache writes.
+_EXIT_FLUSH_SECONDS = 60
+
+
 class RemoteStore:
     """A shared store at a URL: ``file://`` directly, other schemes through fsspec if present.
 
@@ -154,6 +159,8 @@ class RemoteStore:
         self._writer = threading.Thread(target=self._write_loop, daemon=True,
                                         name="torchtpu-remote-cache")
         self._writer.start()
+        # The writer is a daemon thread: without this, entries still queued at exit are lost.
+        atexit.register(self._flush_at_exit)
 
     def get(self, key: str) -> bytes | None:
         try:
@@ -171,9 +178,18 @@ class RemoteStore:
     def put(self, key: str, blob: bytes) -> None:
         self._writes.put((key, blob))
 
-    def flush(self) -> None:
-        """Wait until queued writes are done (tests and clean shutdown)."""
-        self._writes.join()
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until queued writes are done (tests and clean shutdown); False if ``timeout``
+        seconds passed first."""
+        done = self._writes.all_tasks_done
+        with done:
+            return done.wait_for(lambda: not self._writes.unfinished_tasks, timeout)
+
+    def _flush_at_exit(self) -> None:
+        if not self.flush(timeout=_EXIT_FLUSH_SECONDS):
+            log.warning("torchtpu: %d compile cache entries were not written to %s before exit "
+                        "(gave up after %d s)", self._writes.unfinished_tasks, self.url,
+                        _EXIT_FLUSH_SECONDS)
 
     def discard(self, key: str) -> None:
         try:
