@@ -24,71 +24,130 @@ from .decompositions import decomposition
 aten = torch.ops.aten
 
 
+#: kind -> builder(*params) returning the JAX function; one ``@_builds`` per kind.
+_BUILDERS: dict = {}
+
+
+def _builds(kind: str):
+    def register(builder):
+        _BUILDERS[kind] = builder
+        return builder
+    return register
+
+
 @functools.lru_cache(maxsize=None)
 def _jax_function(kind: str, *params):
     """The ``jax_op`` computing ``kind`` with ``params`` bound, registered once."""
-    import jax
-    import jax.numpy as jnp
-
     from ..kernels.jax_op import jax_op
 
     name = "aten_" + kind + "".join(f"_{_name_part(p)}" for p in params)
-    if kind == "fft_c2c":
-        dims, mode, forward = params
-        fn = (lambda x: _scaled(jnp.fft.fftn(x, axes=dims), mode, _size(x.shape, dims))) \
-            if forward else \
-            (lambda x: _scaled(jnp.fft.ifftn(x, axes=dims) * _size(x.shape, dims), mode,
-                               _size(x.shape, dims)))
-    elif kind == "fft_r2c":
-        dims, mode, onesided = params
-        fn = (lambda x: _scaled(jnp.fft.rfftn(x, axes=dims), mode, _size(x.shape, dims))) \
-            if onesided else \
-            (lambda x: _scaled(jnp.fft.fftn(x.astype(jnp.complex64), axes=dims), mode,
-                               _size(x.shape, dims)))
-    elif kind == "fft_c2r":
-        dims, mode, sizes = params
-        fn = lambda x: _scaled(jnp.fft.irfftn(x, s=sizes, axes=dims) * math.prod(sizes),  # noqa: E731
-                               mode, math.prod(sizes))
-    elif kind == "conj":
-        fn = jnp.conj
-    elif kind == "view_as_real":
-        fn = lambda z: jnp.stack([jnp.real(z), jnp.imag(z)], axis=-1)  # noqa: E731
-    elif kind == "complex":
-        fn = jax.lax.complex
-    elif kind == "cholesky":
-        fn = _cholesky_with_info
-    elif kind == "lu":
-        fn = _lu_with_info
-    elif kind == "lu_solve":
-        (trans,) = params
-        fn = lambda lu, pivots, b: jax.scipy.linalg.lu_solve(  # noqa: E731
-            (lu, pivots - 1), b, trans=trans)
-    elif kind == "svd":
-        full, vectors = params
-        fn = lambda a: jnp.linalg.svd(a, full_matrices=full, compute_uv=vectors)  # noqa: E731
-    elif kind == "qr":
-        (mode,) = params
-        fn = lambda a: jnp.linalg.qr(a, mode=mode)  # noqa: E731
-    elif kind == "lu_permutation":
-        (rows,) = params
-        fn = lambda pivots: jax.lax.linalg.lu_pivots_to_permutation(  # noqa: E731
-            pivots - 1, rows)
-    elif kind == "geqrf":
-        # qr(mode="raw") is geqrf with the reflectors transposed.
-        fn = lambda a: (lambda raw: (raw[0].mT, raw[1]))(jnp.linalg.qr(a, mode="raw"))  # noqa: E731
-    elif kind == "ormqr":
-        left, transpose = params
-        fn = lambda a, taus, c: jax.lax.linalg.ormqr(  # noqa: E731
-            a, taus, c, left=left, transpose=transpose)
-    elif kind == "householder_product":
-        fn = jax.lax.linalg.householder_product
-    elif kind == "triangular_solve":
-        left, lower, unit = params
-        fn = lambda a, b: jax.lax.linalg.triangular_solve(  # noqa: E731
-            a, b, left_side=left, lower=lower, unit_diagonal=unit)
-    else:
-        raise KeyError(kind)
-    return jax_op(fn, name=name)
+    return jax_op(_BUILDERS[kind](*params), name=name)
+
+
+@_builds("fft_c2c")
+def _fft_c2c_fn(dims, mode, forward):
+    import jax.numpy as jnp
+    if forward:
+        return lambda x: _scaled(jnp.fft.fftn(x, axes=dims), mode, _size(x.shape, dims))
+    return lambda x: _scaled(jnp.fft.ifftn(x, axes=dims) * _size(x.shape, dims), mode,
+                             _size(x.shape, dims))
+
+
+@_builds("fft_r2c")
+def _fft_r2c_fn(dims, mode, onesided):
+    import jax.numpy as jnp
+    if onesided:
+        return lambda x: _scaled(jnp.fft.rfftn(x, axes=dims), mode, _size(x.shape, dims))
+    return lambda x: _scaled(jnp.fft.fftn(x.astype(jnp.complex64), axes=dims), mode,
+                             _size(x.shape, dims))
+
+
+@_builds("fft_c2r")
+def _fft_c2r_fn(dims, mode, sizes):
+    import jax.numpy as jnp
+    return lambda x: _scaled(jnp.fft.irfftn(x, s=sizes, axes=dims) * math.prod(sizes), mode,
+                             math.prod(sizes))
+
+
+@_builds("conj")
+def _conj_fn():
+    import jax.numpy as jnp
+    return jnp.conj
+
+
+@_builds("view_as_real")
+def _view_as_real_fn():
+    import jax.numpy as jnp
+    return lambda z: jnp.stack([jnp.real(z), jnp.imag(z)], axis=-1)
+
+
+@_builds("complex")
+def _complex_fn():
+    import jax
+    return jax.lax.complex
+
+
+@_builds("cholesky")
+def _cholesky_fn():
+    return _cholesky_with_info
+
+
+@_builds("lu")
+def _lu_fn():
+    return _lu_with_info
+
+
+@_builds("lu_solve")
+def _lu_solve_fn(trans):
+    import jax
+    return lambda lu, pivots, b: jax.scipy.linalg.lu_solve((lu, pivots - 1), b, trans=trans)
+
+
+@_builds("svd")
+def _svd_fn(full, vectors):
+    import jax.numpy as jnp
+    return lambda a: jnp.linalg.svd(a, full_matrices=full, compute_uv=vectors)
+
+
+@_builds("qr")
+def _qr_fn(mode):
+    import jax.numpy as jnp
+    return lambda a: jnp.linalg.qr(a, mode=mode)
+
+
+@_builds("lu_permutation")
+def _lu_permutation_fn(rows):
+    import jax
+    return lambda pivots: jax.lax.linalg.lu_pivots_to_permutation(pivots - 1, rows)
+
+
+@_builds("geqrf")
+def _geqrf_fn():
+    import jax.numpy as jnp
+
+    def geqrf(a):  # qr(mode="raw") is geqrf with the reflectors transposed
+        raw, taus = jnp.linalg.qr(a, mode="raw")
+        return raw.mT, taus
+    return geqrf
+
+
+@_builds("ormqr")
+def _ormqr_fn(left, transpose):
+    import jax
+    return lambda a, taus, c: jax.lax.linalg.ormqr(a, taus, c, left=left, transpose=transpose)
+
+
+@_builds("householder_product")
+def _householder_product_fn():
+    import jax
+    return jax.lax.linalg.householder_product
+
+
+@_builds("triangular_solve")
+def _triangular_solve_fn(left, lower, unit):
+    import jax
+    return lambda a, b: jax.lax.linalg.triangular_solve(a, b, left_side=left, lower=lower,
+                                                        unit_diagonal=unit)
 
 
 def _cholesky_with_info(a):
@@ -487,3 +546,4 @@ def ormqr(reflectors, tau, other, left=True, transpose=False):
     tau = tau.expand(*reflectors.shape[:-2], tau.shape[-1])
     return _jax_function("ormqr", bool(left), bool(transpose))(
         reflectors.contiguous(), tau.contiguous(), other.contiguous())
+
