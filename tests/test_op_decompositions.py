@@ -202,6 +202,22 @@ def test_error_function_and_bessel_special_functions():
     check(lambda x, unit: (special.i0e(x), torch.erfinv(unit)), x.double(), x.double().tanh())
 
 
+def test_modified_bessel_aliases_and_incomplete_gamma():
+    x = torch.cat([torch.linspace(-12, 40, 50), torch.tensor([0.0, INF, -INF, NAN])])
+    special = torch.special
+    check(lambda x: (special.modified_bessel_i0(x), special.modified_bessel_i1(x)), x)
+    # igamma/igammac: JAX's gammainc/gammaincc, with eager's answers at a = inf and a = 0.
+    a = torch.tensor([0.0, 0.0, 1.0, 2.0, INF, 3.0, -1.0, 2.0, 0.5, 1e-3, 50.0, 7.5, INF, NAN,
+                      NAN, NAN, 1.0, INF])
+    z = torch.tensor([0.0, 1.0, 0.0, INF, 2.0, INF, 1.0, -1.0, 0.3, 2.0, 49.0, 0.1, INF, 1.0,
+                      0.0, INF, NAN, NAN])
+    check_on_both_paths(lambda a, z: (torch.igamma(a, z), torch.igammac(a, z),
+                                      special.gammaincc(a[:, None], z[::2])),
+                        a, z, rtol=1e-4, atol=1e-5)
+    check(lambda a, z: (torch.igamma(a, z), torch.igammac(a, z)),
+          a.bfloat16(), z.bfloat16(), rtol=1.6e-2, atol=1e-3)
+
+
 def test_segment_reduce_with_empty_segments_initial_and_offsets():
     data, lengths = torch.tensor([1.0, 2, 3, NAN, 5, 6, 7]), torch.tensor([2, 0, 3, 2])
     rows, offsets = torch.arange(12.0).reshape(2, 6), torch.tensor([[0, 2, 6], [0, 3, 6]])

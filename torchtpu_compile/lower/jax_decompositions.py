@@ -547,3 +547,45 @@ def ormqr(reflectors, tau, other, left=True, transpose=False):
     return _jax_function("ormqr", bool(left), bool(transpose))(
         reflectors.contiguous(), tau.contiguous(), other.contiguous())
 
+
+# --- regularized incomplete gamma -------------------------------------------------------------
+
+@_builds("igamma")
+def _igamma_fn(upper):
+    import jax.numpy as jnp
+    from jax.scipy.special import gammainc, gammaincc
+
+    def igamma(a, x):
+        dtype = a.dtype
+        compute = jnp.promote_types(dtype, jnp.float32)  # bf16/f16 as eager: in float32
+        a, x = a.astype(compute), x.astype(compute)
+        nan, low, high = (jnp.asarray(v, compute) for v in (jnp.nan, 0.0, 1.0))
+        if upper:
+            low, high = high, low
+        # Eager's ladder of special cases, in its order (NaN passes the comparisons that
+        # come before it): JAX differs at a = inf and where a or x is NaN.
+        out = (gammaincc if upper else gammainc)(a, x)
+        out = jnp.where(jnp.isinf(x), high, out)
+        out = jnp.where(jnp.isinf(a), jnp.where(jnp.isinf(x), nan, low), out)
+        out = jnp.where(x == 0, low, out)
+        out = jnp.where(a == 0, jnp.where(x > 0, high, nan), out)
+        return jnp.where((x < 0) | (a < 0), nan, out).astype(dtype)
+    return igamma
+
+
+def _incomplete_gamma(a, x, upper: bool):
+    dtype = torch.result_type(a, x)
+    if not dtype.is_floating_point:
+        return NotImplemented
+    a, x = torch.broadcast_tensors(a.to(dtype), x.to(dtype))
+    return _jax_function("igamma", upper)(a, x)
+
+
+@decomposition(aten.igamma.default)
+def igamma(a, x):
+    return _incomplete_gamma(a, x, upper=False)
+
+
+@decomposition(aten.igammac.default)
+def igammac(a, x):
+    return _incomplete_gamma(a, x, upper=True)

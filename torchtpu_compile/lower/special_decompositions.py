@@ -266,7 +266,7 @@ def _bessel(x, order: int, scaled: bool):
     return out.to(result)
 
 
-@decomposition(aten.i0.default)
+@decomposition(aten.i0.default, aten.special_modified_bessel_i0.default)
 def i0(x):
     return _bessel(x, 0, scaled=False)
 
@@ -276,7 +276,7 @@ def i0e(x):
     return _bessel(x, 0, scaled=True)
 
 
-@decomposition(aten.special_i1.default)
+@decomposition(aten.special_i1.default, aten.special_modified_bessel_i1.default)
 def i1(x):
     return _bessel(x, 1, scaled=False)
 
