@@ -106,8 +106,12 @@ def test_second_process_skips_tracing_and_matches_eager(filled):
     assert cold["dynamo"]["bytes_written"] > 0
     # The batch-5 call recompiles with a symbolic batch size: not cached, and said so.
     assert cold["dynamo_after"]["bypasses"] == 1
+    # It found the batch-4 entry, whose guards fail: a miss, not a hit that saved time.
+    assert cold["dynamo_after"]["hits"] == 0 and cold["dynamo_after"]["seconds_saved"] == 0
     check_correct(cold)
     assert warm["dynamo"]["frames_loaded"] >= 1 and warm["dynamo"]["entries_rejected"] == 0
+    assert warm["dynamo"]["hits"] == warm["dynamo"]["frames_loaded"]
+    assert warm["dynamo"]["seconds_saved"] > 0 and warm["dynamo"]["bytes_read"] > 0
     assert warm["traced"] == 0  # Dynamo traced nothing before the first call returned
     assert warm["out"] == cold["out"]  # bit for bit: the same graph, the same executable
     check_correct(warm)  # and a new batch size after the loaded entry: traced, still correct

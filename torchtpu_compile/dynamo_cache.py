@@ -467,10 +467,14 @@ def _levels_peek(key: str) -> list[_Entry]:
 
 @contextlib.contextmanager
 def _quiet_counters():
-    """Reads made to append to an entry are not lookups: keep them out of hits and misses."""
+    """Keep a read out of hits and misses (reads made to append to an entry are not lookups);
+    yields a dict that then holds the hit counts the read would have added."""
     before = counters.stats()["graph_cache"]["dynamo"]
-    yield
+    taken: dict = {}
+    yield taken
     after = counters.stats()["graph_cache"]["dynamo"]
+    for name in ("hits", "bytes_read", "seconds_saved"):
+        taken[name] = after[name] - before[name]
     for name in ("hits", "misses", "bytes_read", "seconds_saved"):
         counters.add_graph_cache("dynamo", name, before[name] - after[name])
 
@@ -595,7 +599,7 @@ def _load(frame, frame_state):
     from torch._guards import CompileContext, compile_context
 
     code = frame.f_code
-    entries = _read_entries(frame_key(code))
+    entries, lookup = _read_uncounted(frame_key(code))
     compile_id = get_compile_id(frame_state)
     for entry in reversed(entries):
         try:
@@ -616,8 +620,19 @@ def _load(frame, frame_state):
             continue
         if guarded is not None:
             counters.add_graph_cache("dynamo", "frames_loaded")
+            for name, value in lookup.items():
+                counters.add_graph_cache("dynamo", name, value)
             return wrap_guarded_code(guarded)
+    counters.add_graph_cache("dynamo", "misses")  # nothing stored, or nothing that fits
     return None
+
+
+def _read_uncounted(key: str) -> tuple[list[_Entry], dict]:
+    """The frame's entries, and the counts their read would add, not added yet: a stored
+    entry whose guards fail this frame is a miss, not a hit that saved seconds."""
+    with _quiet_counters() as read:
+        entries = _read_entries(key)
+    return entries, read
 
 
 # --- the hook into Dynamo -----------------------------------------------------------------
