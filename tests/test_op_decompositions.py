@@ -218,6 +218,23 @@ def test_modified_bessel_aliases_and_incomplete_gamma():
           a.bfloat16(), z.bfloat16(), rtol=1.6e-2, atol=1e-3)
 
 
+def test_pdist_histogram_and_as_strided_copy():
+    x = randn(7, 4)
+    x[3] = x[1]  # a zero distance
+    check_on_both_paths(lambda x: tuple(torch.nn.functional.pdist(x, p)
+                                        for p in (0.0, 0.5, 1.0, 2.0, 3.0, INF)), x,
+                        rtol=1e-5, atol=1e-6)
+    data = torch.cat([randn(200) * 3, torch.tensor([-2.0, 2.0, 0.0, 2.5, -2.5])])  # on edges
+    weights = randn(205, seed=1).abs()
+    edges = torch.tensor([-3.0, -1.0, 0.0, 0.5, 4.0])
+    check_on_both_paths(lambda d, w, e: (
+        torch.histogram(d, bins=10), torch.histogram(d, bins=8, range=(-2.0, 2.0)),
+        torch.histogram(d, bins=5, weight=w, density=True), torch.histogram(d, bins=e),
+        torch.histogram(d[:3] * 0 + 1.5, bins=4), torch.histogram(d, bins=e, weight=w)),
+        data, weights, edges, rtol=1e-5, atol=1e-6)
+    check(lambda x: torch.as_strided_copy(x, (3, 2), (1, 3), 2), randn(12))
+
+
 def test_segment_reduce_with_empty_segments_initial_and_offsets():
     data, lengths = torch.tensor([1.0, 2, 3, NAN, 5, 6, 7]), torch.tensor([2, 0, 3, 2])
     rows, offsets = torch.arange(12.0).reshape(2, 6), torch.tensor([[0, 2, 6], [0, 3, 6]])
@@ -720,3 +737,27 @@ def test_put_with_and_without_accumulate():
     check(lambda x, i, v: x.put(i, v), x, torch.tensor([[0, -1], [5, -11]]), values)
     check(lambda x, i, v: x.put(i, v, accumulate=True), x, torch.tensor([[0, -1], [5, -12]]),
           values)
+
+
+# --- orthogonal polynomials ------------------------------------------------------------------
+
+def test_orthogonal_polynomials_with_per_element_degrees():
+    # A while loop up to the largest n (JAX), eager's closed forms at |x| = 1 and its
+    # trigonometric Chebyshev forms inside (-1, 1); n truncated, negative/NaN/inf n give 0.
+    # (NaN x is left out: for U, W, Laguerre and Legendre with n >= 2 eager returns an
+    # uninitialized value there.)
+    x = torch.cat([torch.linspace(-1.1, 1.1, 23),
+                   torch.tensor([-1.0, 1.0, 0.0, 0.9999999, -0.9999999, 2.0, -3.0, INF])])
+    n = torch.tensor([0.0, 1, 2, 3, 7, 9, 30, -1, -2.5, 2.7, 9.9, NAN, INF, 1e19])
+    x, n = x[:, None].expand(-1, len(n)), n.expand(len(x), -1)
+    special = torch.special
+    check_on_both_paths(lambda x, n: (
+        special.chebyshev_polynomial_t(x, n), special.chebyshev_polynomial_u(x, n),
+        special.chebyshev_polynomial_v(x, n), special.chebyshev_polynomial_w(x, n),
+        special.hermite_polynomial_h(x, n), special.hermite_polynomial_he(x, n),
+        special.laguerre_polynomial_l(x, n), special.legendre_polynomial_p(x, n)),
+        x, n, rtol=1e-4, atol=1e-5)
+    # Scalar degrees or x (the n_scalar/x_scalar overloads) and integer tensors (as floats).
+    check(lambda x, n, i: (special.chebyshev_polynomial_t(x, 5), special.hermite_polynomial_h(
+        x, 4), special.legendre_polynomial_p(0.5, n), special.laguerre_polynomial_l(x[:3], i)),
+        x[:, 0], n[0].abs().clamp(max=30), torch.tensor([3, 0, 1]))
