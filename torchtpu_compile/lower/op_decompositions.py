@@ -457,7 +457,7 @@ def _contiguous_strides(size) -> list:
     return strides[::-1]
 
 
-@decomposition(aten.as_strided.default)
+@decomposition(aten.as_strided.default, aten.as_strided_copy.default)
 def as_strided(x, size, stride, storage_offset=None):
     # torch-mlir lowers as_strided through a dense_resource index constant, which XLA rejects
     # ("Only dense elements attr are supported"); group_norm's decomposition emits it. On a
@@ -1218,3 +1218,72 @@ def put(x, index, source, accumulate=False):
     flat = index.reshape(-1)
     flat = torch.where(flat < 0, flat + x.numel(), flat)
     return x.reshape(-1).index_put((flat,), source.reshape(-1), accumulate).reshape(x.shape)
+
+
+# --- distances and histograms ----------------------------------------------------------------
+
+@decomposition(aten._pdist_forward.default)
+def pdist_forward(x, p=2.0):
+    # Unlowered: the p-norms of all row differences, then the pairs i < j in eager's order
+    # (row-major over the upper triangle). O(n^2 m) memory, as the output is O(n^2).
+    n = x.shape[0]
+    diff = (x[:, None, :] - x[None, :, :]).abs()
+    if p == 0:
+        full = (diff != 0).sum(-1).to(x.dtype)
+    elif p == math.inf:
+        full = diff.amax(-1)
+    elif p == 1:
+        full = diff.sum(-1)
+    else:
+        full = diff.pow(p).sum(-1).pow(1.0 / p)
+    rows, cols = torch.triu_indices(n, n, 1)
+    return full[rows, cols]
+
+
+def _linspace(start, end, steps: int):
+    """Eager's linspace between 0-d tensors: the first half counted up from ``start``, the
+    second down from ``end``, so both ends are exact (histogram's edges must be eager's)."""
+    index = torch.arange(steps, dtype=start.dtype)
+    step = (end - start) / max(steps - 1, 1)
+    return torch.where(index < steps // 2, start + step * index,
+                       end - step * (steps - 1 - index))
+
+
+def _histogram_from_edges(x, edges, weight, density):
+    values = x.reshape(-1)
+    bins = edges.numel() - 1
+    # Eager's bin: the last edge not above the value; the rightmost edge closes the last bin.
+    position = torch.bucketize(values, edges, right=True) - 1
+    inside = (values >= edges[0]) & (values <= edges[-1])
+    position = torch.where(inside, position.clamp(0, bins - 1), 0)
+    amount = torch.ones_like(values) if weight is None else weight.reshape(-1).to(x.dtype)
+    amount = torch.where(inside, amount, 0)
+    hist = torch.zeros(bins, dtype=x.dtype).scatter_add(0, position, amount)
+    if density:
+        hist = hist / (hist.sum() * (edges[1:] - edges[:-1]))
+    return hist, edges
+
+
+@decomposition(aten.histogram.bin_ct)
+def histogram_bin_ct(x, bins=100, *, range=None, weight=None, density=False):
+    # Unlowered. The edges span ``range`` or the data (widened by 1/2 each way when all values
+    # are equal, as eager). Eager refuses data with NaN or inf when no range is given; this
+    # cannot stop a compiled program, and gives NaN edges and an empty histogram instead.
+    if not x.dtype.is_floating_point:
+        return NotImplemented
+    if range is not None:
+        low, high = (torch.full((), float(v), dtype=x.dtype) for v in range)
+    elif x.numel() == 0:
+        low = high = torch.zeros((), dtype=x.dtype)
+    else:
+        low, high = x.min(), x.max()
+    equal = low == high
+    low, high = torch.where(equal, low - 0.5, low), torch.where(equal, high + 0.5, high)
+    return _histogram_from_edges(x, _linspace(low, high, bins + 1), weight, density)
+
+
+@decomposition(aten.histogram.bins_tensor)
+def histogram_bins_tensor(x, bins, *, weight=None, density=False):
+    if not x.dtype.is_floating_point:
+        return NotImplemented
+    return _histogram_from_edges(x, bins.to(x.dtype), weight, density)
