@@ -235,6 +235,29 @@ def test_pdist_histogram_and_as_strided_copy():
     check(lambda x: torch.as_strided_copy(x, (3, 2), (1, 3), 2), randn(12))
 
 
+def test_3d_max_pool_indices_and_adaptive_pools_with_ties_and_nan():
+    F = torch.nn.functional
+    x = randn(2, 2, 5, 6, 7)
+    x[1, 1, 2, 3, :3] = NAN
+    ties = torch.randint(0, 3, x.shape, generator=torch.Generator().manual_seed(0))
+
+    def pools(x):
+        return (F.max_pool3d(x, 2, return_indices=True),
+                F.max_pool3d(x, 3, stride=2, padding=1, return_indices=True),
+                F.max_pool3d(x, 2, dilation=2, ceil_mode=True, return_indices=True),
+                F.adaptive_max_pool3d(x, (2, 4, 3), return_indices=True),
+                F.adaptive_avg_pool3d(x, (2, 4, 3)), F.adaptive_avg_pool3d(x[0], (3, 5, 2)))
+    check_on_both_paths(pools, x, rtol=1e-5, atol=1e-6)
+    check(pools, ties.float(), rtol=1e-5, atol=1e-6)  # eager's pick among equal maxima
+
+    def loss(x):
+        return (F.max_pool3d(x, 3, stride=2, padding=1).pow(2).sum()
+                + F.adaptive_max_pool3d(x, (2, 4, 3)).pow(2).sum()
+                + F.adaptive_avg_pool3d(x, (2, 4, 3)).pow(2).sum())
+    x = randn(2, 2, 5, 6, 7).requires_grad_()
+    check(lambda x: torch.autograd.grad(loss(x), x)[0], x)
+
+
 def test_segment_reduce_with_empty_segments_initial_and_offsets():
     data, lengths = torch.tensor([1.0, 2, 3, NAN, 5, 6, 7]), torch.tensor([2, 0, 3, 2])
     rows, offsets = torch.arange(12.0).reshape(2, 6), torch.tensor([[0, 2, 6], [0, 3, 6]])

@@ -554,8 +554,142 @@ def max_pool2d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ce
 
 @decomposition(aten.max_pool3d_with_indices.default)
 def max_pool3d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
-    return _max_pool_ceil(x, kernel_size, stride, padding, dilation, ceil_mode,
-                          aten.max_pool3d_with_indices.default)
+    # torch-mlir lowers max_pool3d but not its indices: windows reduced one dim at a time.
+    kernel = _expand(kernel_size, 3)
+    stride = _expand(stride, 3) if stride else kernel
+    padding, dilation = _expand(padding, 3), _expand(dilation, 3)
+    in_sizes = list(x.shape[-3:])
+    geometry = _pool_geometry(in_sizes, kernel, stride, padding, dilation, ceil_mode)
+    windows = [_regular_windows(n, size, k, s, p, d) for n, (size, _), k, s, p, d
+               in zip(in_sizes, geometry, kernel, stride, padding, dilation)]
+    return _separable_max(x, windows)
+
+
+@decomposition(aten.adaptive_max_pool3d.default)
+def adaptive_max_pool3d(x, output_size):
+    return _separable_max(x, [_adaptive_windows(n, out) for n, out
+                              in zip(x.shape[-3:], _expand(output_size, 3))])
+
+
+@decomposition(aten._adaptive_avg_pool3d.default)
+def adaptive_avg_pool3d(x, output_size):
+    # Unlowered. A box mean is the mean along each dim in turn (in float32 for narrower
+    # floats, as eager accumulates).
+    dims = 3
+    compute = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    out = x.to(compute)
+    for i, (n, size) in enumerate(zip(x.shape[-dims:], _expand(output_size, dims))):
+        axis = x.dim() - dims + i
+        pos, valid = _adaptive_windows(n, size)
+        gathered, ok = _gather_windows(out, axis, pos, valid)
+        out = torch.where(ok, gathered, 0).sum(axis + 1) / ok.sum(axis + 1)
+    return out.to(x.dtype)
+
+
+@decomposition(aten.max_pool3d_with_indices_backward.default,
+               aten.adaptive_max_pool3d_backward.default)
+def max_pool3d_backward(grad, x, *args):
+    # Unlowered. Each output's gradient goes to the input position its index names,
+    # summed where windows overlap.
+    indices = args[-1]
+    flat_grad = torch.zeros(list(x.shape[:-3]) + [x.shape[-3:].numel()], dtype=grad.dtype)
+    flat_grad = flat_grad.scatter_add(-1, indices.flatten(-3), grad.flatten(-3))
+    return flat_grad.reshape(x.shape)
+
+
+@decomposition(aten._adaptive_avg_pool3d_backward.default)
+def adaptive_avg_pool3d_backward(grad, x):
+    # The forward's per-dim means, transposed in reverse order: each window's gradient, over
+    # its length, added back at the positions it read.
+    dims = 3
+    compute = torch.float32 if grad.dtype in (torch.float16, torch.bfloat16) else grad.dtype
+    out = grad.to(compute)
+    for i in reversed(range(dims)):
+        axis = x.dim() - dims + i
+        n = x.shape[axis]
+        pos, valid = _adaptive_windows(n, grad.shape[axis])
+        shape = [1] * out.dim()
+        shape[axis] = pos.shape[0]
+        per_window = out / valid.sum(1).reshape(shape)
+        spread = per_window.unsqueeze(axis + 1).expand(
+            list(out.shape[:axis + 1]) + [pos.shape[1]] + list(out.shape[axis + 1:]))
+        valid_shape = [1] * spread.dim()
+        valid_shape[axis:axis + 2] = list(pos.shape)
+        spread = torch.where(valid.reshape(valid_shape), spread, 0)
+        target = list(out.shape)
+        target[axis] = n
+        out = torch.zeros(target, dtype=compute).index_add(
+            axis, pos.reshape(-1), spread.flatten(axis, axis + 1))
+    return out.to(grad.dtype)
+
+
+def _regular_windows(n: int, size: int, kernel: int, stride: int, padding: int,
+                     dilation: int):
+    """(positions, valid) of shape (size, kernel): the input positions each output's window
+    reads along one dim; padding and ceil mode's overhang are invalid."""
+    pos = torch.arange(size)[:, None] * stride - padding + torch.arange(kernel)[None, :] * dilation
+    valid = (pos >= 0) & (pos < n)
+    return pos.clamp(0, n - 1), valid
+
+
+def _adaptive_windows(n: int, size: int):
+    """Adaptive pooling's windows along one dim: output j reads [floor(j n / size),
+    ceil((j + 1) n / size)), padded to the longest window with invalid positions."""
+    starts = [j * n // size for j in range(size)]
+    ends = [-(-(j + 1) * n // size) for j in range(size)]
+    length = max(e - b for b, e in zip(starts, ends))
+    j = torch.arange(size)
+    pos = ((j * n) // size)[:, None] + torch.arange(length)[None, :]
+    valid = pos < (-((-(j + 1) * n) // size))[:, None]
+    return pos.clamp(max=n - 1), valid
+
+
+def _gather_windows(x, axis: int, pos, valid):
+    """``x`` with dim ``axis`` replaced by (window, position in window), and ``valid`` shaped
+    to broadcast against it."""
+    gathered = x.index_select(axis, pos.reshape(-1))
+    shape = list(x.shape)
+    shape[axis:axis + 1] = list(pos.shape)
+    valid_shape = [1] * len(shape)
+    valid_shape[axis:axis + 2] = list(pos.shape)
+    return gathered.reshape(shape), valid.reshape(valid_shape)
+
+
+def _separable_max(x, windows: list):
+    """(max, flat input index) over box windows, one spatial dim at a time.
+
+    Reducing the last dim first and keeping, per window, the first maximum keeps eager's choice
+    among equal maxima: the first in its scan order (the lexicographically smallest position)
+    and, where a window holds NaN, the last NaN (eager's test is ``val > max || isnan(val)``).
+    """
+    dims = len(windows)
+    spatial = list(x.shape[-dims:])
+    flat = torch.zeros(spatial, dtype=torch.int64)
+    for i, n in enumerate(spatial):
+        shape = [1] * dims
+        shape[i] = n
+        flat = flat * n + torch.arange(n).reshape(shape)
+    flat = flat.expand(x.shape)
+    low = float("-inf") if x.is_floating_point() else torch.iinfo(x.dtype).min
+    values = x
+    for i in reversed(range(dims)):  # the first dim reduced last decides first
+        pos, valid = windows[i]
+        axis = x.dim() - dims + i
+        gathered, ok = _gather_windows(values, axis, pos, valid)
+        flats, _ = _gather_windows(flat, axis, pos, valid)
+        gathered = torch.where(ok, gathered, low)
+        top = gathered.amax(axis + 1, keepdim=True)
+        nan_window = torch.isnan(top)
+        chosen = ok & ((gathered == top) | (torch.isnan(gathered) & nan_window))
+        length = pos.shape[1]
+        k = torch.arange(length).reshape([length if a == axis + 1 else 1
+                                          for a in range(gathered.dim())])
+        first = torch.where(chosen, k, length).amin(axis + 1, keepdim=True)
+        last = torch.where(chosen, k, -1).amax(axis + 1, keepdim=True)
+        pick = torch.where(nan_window, last, first)
+        values = top.squeeze(axis + 1)
+        flat = flats.gather(axis + 1, pick.expand_as(top)).squeeze(axis + 1)
+    return values, flat
 
 
 def _flat_pad(low, high) -> list:
