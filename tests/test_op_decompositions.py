@@ -762,25 +762,49 @@ def test_put_with_and_without_accumulate():
           values)
 
 
-# --- orthogonal polynomials ------------------------------------------------------------------
+# --- orthogonal polynomials and Bessel functions ----------------------------------------------
+
+def _on_the_eager_device(fn, *args):
+    # Each op is its own program there (~0.5 s to build): a few stand for the rest.
+    with configured(strict=True, matmul_precision="highest"):
+        actual = fn(*(a.to("tpu") for a in args))
+    torch.testing.assert_close([t.cpu() for t in actual], list(fn(*args)), rtol=1e-4,
+                               atol=1e-5, equal_nan=True)
+
 
 def test_orthogonal_polynomials_with_per_element_degrees():
     # A while loop up to the largest n (JAX), eager's closed forms at |x| = 1 and its
     # trigonometric Chebyshev forms inside (-1, 1); n truncated, negative/NaN/inf n give 0.
     # (NaN x is left out: for U, W, Laguerre and Legendre with n >= 2 eager returns an
-    # uninitialized value there.)
+    # uninitialized value there.) Scalar n or x are the n_scalar/x_scalar overloads; integer
+    # tensors compute in float32.
     x = torch.cat([torch.linspace(-1.1, 1.1, 23),
                    torch.tensor([-1.0, 1.0, 0.0, 0.9999999, -0.9999999, 2.0, -3.0, INF])])
     n = torch.tensor([0.0, 1, 2, 3, 7, 9, 30, -1, -2.5, 2.7, 9.9, NAN, INF, 1e19])
     x, n = x[:, None].expand(-1, len(n)), n.expand(len(x), -1)
     special = torch.special
-    check_on_both_paths(lambda x, n: (
+    check(lambda x, n, i: (
         special.chebyshev_polynomial_t(x, n), special.chebyshev_polynomial_u(x, n),
         special.chebyshev_polynomial_v(x, n), special.chebyshev_polynomial_w(x, n),
         special.hermite_polynomial_h(x, n), special.hermite_polynomial_he(x, n),
-        special.laguerre_polynomial_l(x, n), special.legendre_polynomial_p(x, n)),
-        x, n, rtol=1e-4, atol=1e-5)
-    # Scalar degrees or x (the n_scalar/x_scalar overloads) and integer tensors (as floats).
-    check(lambda x, n, i: (special.chebyshev_polynomial_t(x, 5), special.hermite_polynomial_h(
-        x, 4), special.legendre_polynomial_p(0.5, n), special.laguerre_polynomial_l(x[:3], i)),
-        x[:, 0], n[0].abs().clamp(max=30), torch.tensor([3, 0, 1]))
+        special.laguerre_polynomial_l(x, n), special.legendre_polynomial_p(x, n),
+        special.chebyshev_polynomial_t(x, 5), special.hermite_polynomial_h(x, 4),
+        special.legendre_polynomial_p(0.5, n), special.laguerre_polynomial_l(x[:3, :3], i)),
+        x, n, torch.tensor([3, 0, 1]))
+    _on_the_eager_device(lambda x, n: (special.chebyshev_polynomial_v(x, n),
+                                       special.laguerre_polynomial_l(x, n)), x, n)
+
+
+def test_bessel_j_y_k_over_zeros_ranges_and_edges():
+    # Power series near 0, Miller's recurrence (J, Y) or the trapezoid rule (K) in the middle,
+    # Hankel's expansions far out; the dense grid crosses the zeros of J and Y, where only
+    # the absolute tolerance holds. Eager: Y, K are NaN below 0, J, Y NaN at +-inf.
+    x = torch.cat([torch.linspace(-30, 60, 900),
+                   torch.tensor([0.0, -0.0, 1e-30, 2.0, 5.0, 8.0, 12.0, 100.0, INF, -INF, NAN])])
+    special = torch.special
+    check(lambda x: (
+        special.bessel_j0(x), special.bessel_j1(x), special.bessel_y0(x), special.bessel_y1(x),
+        special.modified_bessel_k0(x), special.modified_bessel_k1(x),
+        special.scaled_modified_bessel_k0(x), special.scaled_modified_bessel_k1(x)), x)
+    _on_the_eager_device(lambda x: (special.bessel_y1(x), special.scaled_modified_bessel_k1(x)),
+                         x)
