@@ -302,12 +302,12 @@ _K_SERIES_TERMS, _K_QUADRATURE_STEP, _K_QUADRATURE_POINTS = 9, 0.25, 22
 _HANKEL_TERMS = 8
 
 
-def _hankel_coefficients(order: int, alternate: bool):
-    """a_k(nu) = prod_{j<=k} (4 nu^2 - (2j - 1)^2) / (k! 8^k), times (-1)^k if alternate."""
+def _hankel_coefficients(order: int):
+    """a_k(nu) = prod_{j<=k} (4 nu^2 - (2j - 1)^2) / (k! 8^k)."""
     mu, coefficient, out = 4.0 * order * order, 1.0, [1.0]
     for k in range(1, _HANKEL_TERMS):
         coefficient *= (mu - (2 * k - 1) ** 2) / (k * 8)
-        out.append(-coefficient if alternate and k % 2 else coefficient)
+        out.append(coefficient)
     return out
 
 
@@ -364,7 +364,7 @@ def _jy_miller(a, order: int, second: bool):
 
 
 def _jy_hankel(a, order: int):
-    p_q = _hankel_coefficients(order, alternate=False)
+    p_q = _hankel_coefficients(order)
     inverse = 1 / a
     p, q, power = torch.zeros_like(a), torch.zeros_like(a), torch.ones_like(a)
     for k, c in enumerate(p_q):
@@ -468,7 +468,7 @@ def _k_scaled_quadrature(a, order: int):
 def _k_scaled_asymptotic(a, order: int):
     inverse = 1 / a
     out, power = torch.zeros_like(a), torch.ones_like(a)
-    for c in _hankel_coefficients(order, alternate=False):
+    for c in _hankel_coefficients(order):
         out = out + c * power
         power = power * inverse
     return out * torch.sqrt((math.pi / 2) * inverse)
