@@ -808,3 +808,14 @@ def test_bessel_j_y_k_over_zeros_ranges_and_edges():
         special.scaled_modified_bessel_k0(x), special.scaled_modified_bessel_k1(x)), x)
     _on_the_eager_device(lambda x: (special.bessel_y1(x), special.scaled_modified_bessel_k1(x)),
                          x)
+
+
+def test_shifted_chebyshev_polynomials_are_the_plain_ones_at_2x_minus_1():
+    x = torch.cat([torch.linspace(-0.5, 1.5, 81), torch.tensor([0.0, 1.0, 0.5, INF, -INF])])
+    n = torch.tensor([0.0, 1, 2, 3, 5, 7, 9, 12, -1, 2.5, INF])
+    special = torch.special
+    check(lambda x, n: (special.shifted_chebyshev_polynomial_t(x, n),
+                        special.shifted_chebyshev_polynomial_u(x, n),
+                        special.shifted_chebyshev_polynomial_v(x, n),
+                        special.shifted_chebyshev_polynomial_w(x, n),
+                        special.shifted_chebyshev_polynomial_t(x, 4)), x[:, None], n)

@@ -706,7 +706,7 @@ def _polynomial_fn(kind):
     return polynomial
 
 
-def _polynomial(kind, x, n):
+def _polynomial(kind, x, n, shifted: bool = False):
     dtype = torch.result_type(x, n)
     if not dtype.is_floating_point:
         dtype = torch.get_default_dtype()
@@ -714,6 +714,8 @@ def _polynomial(kind, x, n):
         return NotImplemented
     x = x.to(dtype) if isinstance(x, torch.Tensor) else torch.scalar_tensor(x, dtype=dtype)
     n = n.to(dtype) if isinstance(n, torch.Tensor) else torch.scalar_tensor(n, dtype=dtype)
+    if shifted:  # eager's shifted polynomials are the plain ones at x + x - 1 in x's dtype
+        x = x + x - 1
     x, n = torch.broadcast_tensors(x, n)
     return _jax_function("polynomial", kind)(x.contiguous(), n.contiguous())
 
@@ -772,3 +774,31 @@ def laguerre_polynomial_l(x, n):
                aten.special_legendre_polynomial_p.n_scalar)
 def legendre_polynomial_p(x, n):
     return _polynomial("legendre_p", x, n)
+
+
+@decomposition(aten.special_shifted_chebyshev_polynomial_t.default,
+               aten.special_shifted_chebyshev_polynomial_t.x_scalar,
+               aten.special_shifted_chebyshev_polynomial_t.n_scalar)
+def shifted_chebyshev_polynomial_t(x, n):
+    return _polynomial("chebyshev_t", x, n, shifted=True)
+
+
+@decomposition(aten.special_shifted_chebyshev_polynomial_u.default,
+               aten.special_shifted_chebyshev_polynomial_u.x_scalar,
+               aten.special_shifted_chebyshev_polynomial_u.n_scalar)
+def shifted_chebyshev_polynomial_u(x, n):
+    return _polynomial("chebyshev_u", x, n, shifted=True)
+
+
+@decomposition(aten.special_shifted_chebyshev_polynomial_v.default,
+               aten.special_shifted_chebyshev_polynomial_v.x_scalar,
+               aten.special_shifted_chebyshev_polynomial_v.n_scalar)
+def shifted_chebyshev_polynomial_v(x, n):
+    return _polynomial("chebyshev_v", x, n, shifted=True)
+
+
+@decomposition(aten.special_shifted_chebyshev_polynomial_w.default,
+               aten.special_shifted_chebyshev_polynomial_w.x_scalar,
+               aten.special_shifted_chebyshev_polynomial_w.n_scalar)
+def shifted_chebyshev_polynomial_w(x, n):
+    return _polynomial("chebyshev_w", x, n, shifted=True)
