@@ -819,3 +819,10 @@ def test_shifted_chebyshev_polynomials_are_the_plain_ones_at_2x_minus_1():
                         special.shifted_chebyshev_polynomial_v(x, n),
                         special.shifted_chebyshev_polynomial_w(x, n),
                         special.shifted_chebyshev_polynomial_t(x, 4)), x[:, None], n)
+
+
+def test_spherical_bessel_j0():
+    x = torch.cat([torch.linspace(-20, 20, 401),
+                   torch.tensor([0.0, -0.0, 1e-8, 1e6, INF, -INF, NAN])])
+    check_on_both_paths(torch.special.spherical_bessel_j0, x, rtol=1e-4, atol=1e-5)
+    check(torch.special.spherical_bessel_j0, torch.arange(-3, 4))  # integers give float32

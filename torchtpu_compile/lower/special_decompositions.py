@@ -511,3 +511,15 @@ def scaled_modified_bessel_k0(x):
 @decomposition(aten.special_scaled_modified_bessel_k1.default)
 def scaled_modified_bessel_k1(x):
     return _bessel_k(x, 1, scaled=True)
+
+
+@decomposition(aten.special_spherical_bessel_j0.default)
+def spherical_bessel_j0(x):
+    # sin(x) / x: exact enough in float32 down to 0 (where it is 1); eager gives 0 at +-inf.
+    compute, result = _compute_dtype(x)
+    if result not in (torch.float32, torch.float64):  # eager has no half-precision kernels
+        return NotImplemented
+    x = x.to(compute)
+    safe = torch.where((x == 0) | x.isinf(), 1.0, x)
+    out = torch.where(x == 0, 1.0, torch.sin(safe) / safe)
+    return torch.where(x.isinf(), 0.0, out).to(result)
