@@ -720,85 +720,29 @@ def _polynomial(kind, x, n, shifted: bool = False):
     return _jax_function("polynomial", kind)(x.contiguous(), n.contiguous())
 
 
-@decomposition(aten.special_chebyshev_polynomial_t.default,
-               aten.special_chebyshev_polynomial_t.x_scalar,
-               aten.special_chebyshev_polynomial_t.n_scalar)
-def chebyshev_polynomial_t(x, n):
-    return _polynomial("chebyshev_t", x, n)
+#: op -> (kind, shifted). Each op's three overloads (tensor x and n, scalar x, scalar n) get the
+#: same decomposition; the shifted Chebyshev polynomials are the plain ones at x + x - 1.
+_POLYNOMIAL_OPS = {
+    aten.special_chebyshev_polynomial_t: ("chebyshev_t", False),
+    aten.special_chebyshev_polynomial_u: ("chebyshev_u", False),
+    aten.special_chebyshev_polynomial_v: ("chebyshev_v", False),
+    aten.special_chebyshev_polynomial_w: ("chebyshev_w", False),
+    aten.special_hermite_polynomial_h: ("hermite_h", False),
+    aten.special_hermite_polynomial_he: ("hermite_he", False),
+    aten.special_laguerre_polynomial_l: ("laguerre_l", False),
+    aten.special_legendre_polynomial_p: ("legendre_p", False),
+    aten.special_shifted_chebyshev_polynomial_t: ("chebyshev_t", True),
+    aten.special_shifted_chebyshev_polynomial_u: ("chebyshev_u", True),
+    aten.special_shifted_chebyshev_polynomial_v: ("chebyshev_v", True),
+    aten.special_shifted_chebyshev_polynomial_w: ("chebyshev_w", True),
+}
 
 
-@decomposition(aten.special_chebyshev_polynomial_u.default,
-               aten.special_chebyshev_polynomial_u.x_scalar,
-               aten.special_chebyshev_polynomial_u.n_scalar)
-def chebyshev_polynomial_u(x, n):
-    return _polynomial("chebyshev_u", x, n)
+def _register_polynomial(op, kind: str, shifted: bool) -> None:
+    @decomposition(op.default, op.x_scalar, op.n_scalar)
+    def polynomial(x, n):
+        return _polynomial(kind, x, n, shifted)
 
 
-@decomposition(aten.special_chebyshev_polynomial_v.default,
-               aten.special_chebyshev_polynomial_v.x_scalar,
-               aten.special_chebyshev_polynomial_v.n_scalar)
-def chebyshev_polynomial_v(x, n):
-    return _polynomial("chebyshev_v", x, n)
-
-
-@decomposition(aten.special_chebyshev_polynomial_w.default,
-               aten.special_chebyshev_polynomial_w.x_scalar,
-               aten.special_chebyshev_polynomial_w.n_scalar)
-def chebyshev_polynomial_w(x, n):
-    return _polynomial("chebyshev_w", x, n)
-
-
-@decomposition(aten.special_hermite_polynomial_h.default,
-               aten.special_hermite_polynomial_h.x_scalar,
-               aten.special_hermite_polynomial_h.n_scalar)
-def hermite_polynomial_h(x, n):
-    return _polynomial("hermite_h", x, n)
-
-
-@decomposition(aten.special_hermite_polynomial_he.default,
-               aten.special_hermite_polynomial_he.x_scalar,
-               aten.special_hermite_polynomial_he.n_scalar)
-def hermite_polynomial_he(x, n):
-    return _polynomial("hermite_he", x, n)
-
-
-@decomposition(aten.special_laguerre_polynomial_l.default,
-               aten.special_laguerre_polynomial_l.x_scalar,
-               aten.special_laguerre_polynomial_l.n_scalar)
-def laguerre_polynomial_l(x, n):
-    return _polynomial("laguerre_l", x, n)
-
-
-@decomposition(aten.special_legendre_polynomial_p.default,
-               aten.special_legendre_polynomial_p.x_scalar,
-               aten.special_legendre_polynomial_p.n_scalar)
-def legendre_polynomial_p(x, n):
-    return _polynomial("legendre_p", x, n)
-
-
-@decomposition(aten.special_shifted_chebyshev_polynomial_t.default,
-               aten.special_shifted_chebyshev_polynomial_t.x_scalar,
-               aten.special_shifted_chebyshev_polynomial_t.n_scalar)
-def shifted_chebyshev_polynomial_t(x, n):
-    return _polynomial("chebyshev_t", x, n, shifted=True)
-
-
-@decomposition(aten.special_shifted_chebyshev_polynomial_u.default,
-               aten.special_shifted_chebyshev_polynomial_u.x_scalar,
-               aten.special_shifted_chebyshev_polynomial_u.n_scalar)
-def shifted_chebyshev_polynomial_u(x, n):
-    return _polynomial("chebyshev_u", x, n, shifted=True)
-
-
-@decomposition(aten.special_shifted_chebyshev_polynomial_v.default,
-               aten.special_shifted_chebyshev_polynomial_v.x_scalar,
-               aten.special_shifted_chebyshev_polynomial_v.n_scalar)
-def shifted_chebyshev_polynomial_v(x, n):
-    return _polynomial("chebyshev_v", x, n, shifted=True)
-
-
-@decomposition(aten.special_shifted_chebyshev_polynomial_w.default,
-               aten.special_shifted_chebyshev_polynomial_w.x_scalar,
-               aten.special_shifted_chebyshev_polynomial_w.n_scalar)
-def shifted_chebyshev_polynomial_w(x, n):
-    return _polynomial("chebyshev_w", x, n, shifted=True)
+for _op, (_kind, _shifted) in _POLYNOMIAL_OPS.items():
+    _register_polynomial(_op, _kind, _shifted)

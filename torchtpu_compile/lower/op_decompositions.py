@@ -51,6 +51,11 @@ def fmod_scalar(a, b):
     return torch.fmod(a, _as_tensor(b, a))
 
 
+def _computing_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32 for the half-width floats, which eager's CPU kernels compute in; else ``dtype``."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 def _promoted(a, b):
     dtype = torch.result_type(a, b)
     return a.to(dtype), b.to(dtype)
@@ -517,12 +522,13 @@ def _expand(value, dims: int) -> list:
     return value * dims if len(value) == 1 else value
 
 
-def _max_pool_ceil(x, kernel_size, stride, padding, dilation, ceil_mode, pool):
+@decomposition(aten.max_pool2d_with_indices.default)
+def max_pool2d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     # torch-mlir gets the last window of ceil_mode wrong. Pad on the right with -inf to the
     # floor-mode size; indices come back in the unpadded input's coordinates.
     if not ceil_mode:
         return NotImplemented
-    dims = 2 if pool is aten.max_pool2d_with_indices.default else 3
+    dims, pool = 2, aten.max_pool2d_with_indices.default
     kernel = _expand(kernel_size, dims)
     stride = _expand(stride, dims) if stride else kernel
     padding, dilation = _expand(padding, dims), _expand(dilation, dims)
@@ -544,12 +550,6 @@ def _max_pool_ceil(x, kernel_size, stride, padding, dilation, ceil_mode, pool):
     for coord, size in zip(reversed(coords), in_sizes):  # ...reflatten in the input's
         flat = flat * size + coord
     return values, flat
-
-
-@decomposition(aten.max_pool2d_with_indices.default)
-def max_pool2d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
-    return _max_pool_ceil(x, kernel_size, stride, padding, dilation, ceil_mode,
-                          aten.max_pool2d_with_indices.default)
 
 
 @decomposition(aten.max_pool3d_with_indices.default)
@@ -576,7 +576,7 @@ def adaptive_avg_pool3d(x, output_size):
     # Unlowered. A box mean is the mean along each dim in turn (in float32 for narrower
     # floats, as eager accumulates).
     dims = 3
-    compute = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    compute = _computing_dtype(x.dtype)
     out = x.to(compute)
     for i, (n, size) in enumerate(zip(x.shape[-dims:], _expand(output_size, dims))):
         axis = x.dim() - dims + i
@@ -602,7 +602,7 @@ def adaptive_avg_pool3d_backward(grad, x):
     # The forward's per-dim means, transposed in reverse order: each window's gradient, over
     # its length, added back at the positions it read.
     dims = 3
-    compute = torch.float32 if grad.dtype in (torch.float16, torch.bfloat16) else grad.dtype
+    compute = _computing_dtype(grad.dtype)
     out = grad.to(compute)
     for i in reversed(range(dims)):
         axis = x.dim() - dims + i
@@ -613,9 +613,7 @@ def adaptive_avg_pool3d_backward(grad, x):
         per_window = out / valid.sum(1).reshape(shape)
         spread = per_window.unsqueeze(axis + 1).expand(
             list(out.shape[:axis + 1]) + [pos.shape[1]] + list(out.shape[axis + 1:]))
-        valid_shape = [1] * spread.dim()
-        valid_shape[axis:axis + 2] = list(pos.shape)
-        spread = torch.where(valid.reshape(valid_shape), spread, 0)
+        spread = torch.where(_window_mask(valid, spread.dim(), axis), spread, 0)
         target = list(out.shape)
         target[axis] = n
         out = torch.zeros(target, dtype=compute).index_add(
@@ -635,9 +633,9 @@ def _regular_windows(n: int, size: int, kernel: int, stride: int, padding: int,
 def _adaptive_windows(n: int, size: int):
     """Adaptive pooling's windows along one dim: output j reads [floor(j n / size),
     ceil((j + 1) n / size)), padded to the longest window with invalid positions."""
-    starts = [j * n // size for j in range(size)]
-    ends = [-(-(j + 1) * n // size) for j in range(size)]
-    length = max(e - b for b, e in zip(starts, ends))
+    # The longest window in Python (a shape); the windows themselves from arange, as traced
+    # code must build its constants.
+    length = max(-(-(j + 1) * n // size) - j * n // size for j in range(size))
     j = torch.arange(size)
     pos = ((j * n) // size)[:, None] + torch.arange(length)[None, :]
     valid = pos < (-((-(j + 1) * n) // size))[:, None]
@@ -650,9 +648,15 @@ def _gather_windows(x, axis: int, pos, valid):
     gathered = x.index_select(axis, pos.reshape(-1))
     shape = list(x.shape)
     shape[axis:axis + 1] = list(pos.shape)
-    valid_shape = [1] * len(shape)
-    valid_shape[axis:axis + 2] = list(pos.shape)
-    return gathered.reshape(shape), valid.reshape(valid_shape)
+    return gathered.reshape(shape), _window_mask(valid, len(shape), axis)
+
+
+def _window_mask(valid, rank: int, axis: int):
+    """A (window, position) mask shaped to broadcast over a rank-``rank`` tensor whose dims
+    ``axis`` and ``axis + 1`` are window and position."""
+    shape = [1] * rank
+    shape[axis:axis + 2] = list(valid.shape)
+    return valid.reshape(shape)
 
 
 def _separable_max(x, windows: list):
@@ -663,13 +667,8 @@ def _separable_max(x, windows: list):
     and, where a window holds NaN, the last NaN (eager's test is ``val > max || isnan(val)``).
     """
     dims = len(windows)
-    spatial = list(x.shape[-dims:])
-    flat = torch.zeros(spatial, dtype=torch.int64)
-    for i, n in enumerate(spatial):
-        shape = [1] * dims
-        shape[i] = n
-        flat = flat * n + torch.arange(n).reshape(shape)
-    flat = flat.expand(x.shape)
+    spatial = x.shape[-dims:]
+    flat = torch.arange(spatial.numel()).reshape(spatial).expand(x.shape)
     low = float("-inf") if x.is_floating_point() else torch.iinfo(x.dtype).min
     values = x
     for i in reversed(range(dims)):  # the first dim reduced last decides first
@@ -1032,7 +1031,7 @@ def native_batch_norm_eval(input, weight, bias, running_mean, running_var, train
     if training or running_mean is None or running_var is None:
         return NotImplemented
     shape = [1, -1] + [1] * (input.dim() - 2)
-    compute = torch.float32 if input.dtype in (torch.float16, torch.bfloat16) else input.dtype
+    compute = _computing_dtype(input.dtype)
     rstd = torch.rsqrt(running_var.to(compute) + eps)
     out = (input.to(compute) - running_mean.to(compute).reshape(shape)) * rstd.reshape(shape)
     if weight is not None:
@@ -1284,7 +1283,7 @@ def _gamma_input(x):
     """(x in its computing dtype, result dtype): integers give float32, as eager does;
     reduced-precision floats compute in float32 as the CPU kernels do."""
     result = x.dtype if x.is_floating_point() else torch.get_default_dtype()
-    compute = torch.float32 if result in (torch.float16, torch.bfloat16) else result
+    compute = _computing_dtype(result)
     return x.to(compute), result
 
 

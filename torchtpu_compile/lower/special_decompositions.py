@@ -17,7 +17,7 @@ import math
 import torch
 
 from .decompositions import decomposition
-from .op_decompositions import _gamma_input, digamma
+from .op_decompositions import _computing_dtype, _gamma_input, digamma
 
 aten = torch.ops.aten
 
@@ -27,8 +27,7 @@ def _compute_dtype(*tensors):
     result = torch.result_type(*tensors) if len(tensors) > 1 else tensors[0].dtype
     if not result.is_floating_point:
         result = torch.get_default_dtype()
-    compute = torch.float32 if result in (torch.float16, torch.bfloat16) else result
-    return compute, result
+    return _computing_dtype(result), result
 
 
 # --- Hurwitz zeta and polygamma --------------------------------------------------------------
