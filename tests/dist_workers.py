@@ -381,33 +381,93 @@ def _bad_reduce_ops(world):
 
 
 def check_dead_rank(rank, group, what="dead_rank"):
-    """Rank 1 exits after a first all_reduce on ``group``; rank 0's next one must raise
-    well within the group's timeout. Ends both processes (exit 0 after printing ok)."""
+    """Rank 1 dies (os._exit, no goodbye) while rank 0 waits in an all_reduce on ``group``:
+    that one fails on the PJRT transport itself, and the next one before it starts (rank 0
+    knows rank 1 is gone), each with DistBackendError naming rank 1, well within the group's
+    timeout. Ends both processes (exit 0 after printing ok)."""
     import time
     from torchtpu_eager.distributed import process_group
     x = torch.ones(3, device="tpu")
     dist.all_reduce(x, group=group)
     if rank == 1:
         print(f"rank 1: {what} ok", flush=True)
+        time.sleep(2)  # rank 0 is waiting in the next all_reduce by now
         os._exit(0)
     # Without the signature check (a gloo collective that would see the dead peer first),
-    # the collective that finds the dead peer is the transport's own.
+    # the collective in flight is the transport's own.
     process_group._CHECK = False
-    launched = _dist_stats()["pjrt_collectives"]
+    for attempt in ("in flight", "next"):
+        launched = _dist_stats()["pjrt_collectives"]
+        start = time.monotonic()
+        try:
+            dist.all_reduce(x, group=group)
+            x.cpu()
+        except dist.DistBackendError as exc:
+            took = time.monotonic() - start
+            ran = _dist_stats()["pjrt_collectives"] - launched
+            print(f"rank 0: {attempt}: error after {took:.1f}s "
+                  f"{'on the pjrt transport' if ran else 'before launching'}: "
+                  f"{str(exc).splitlines()[0][:300]}", flush=True)
+            assert "rank 1 died" in str(exc), exc
+            assert took < 40, took
+            assert ran == (1 if attempt == "in flight" else 0), (attempt, ran)
+        else:
+            raise AssertionError(f"all_reduce with a dead peer returned ({attempt})")
+    print(f"rank 0: {what} ok", flush=True)
+    os._exit(0)
+
+#: How a peer dies in ``peer_dies``: environment variables tests/slow/test_tpu_dist_slow.py sets.
+DEAD_RANK, DIE_WHEN, IDLE_S, CHECKPOINTS = ("DIST_DEAD_RANK", "DIST_DIE_WHEN", "DIST_IDLE_S",
+                                            "DIST_CHECKPOINTS")
+SURVIVOR_EXIT = 3  # the exit code a survivor chooses (not 0, not a signal's)
+
+
+@case
+def peer_dies(rank, world, port):
+    """Rank $DIST_DEAD_RANK is killed (SIGKILL) at $DIST_DIE_WHEN: "idle" (the survivors go
+    on with device work of their own for $DIST_IDLE_S seconds, then run an all_reduce), or
+    while the survivors wait in an all_reduce: "check" (in its signature check, gloo),
+    "pjrt" (on the PJRT transport), "staged" (a complex all_reduce, host-staged). Each
+    survivor must get an exception it can catch, then save a checkpoint of its state,
+    destroy the group and exit with its own code: never be killed by a signal (jax's
+    runtime aborted it) nor wait forever."""
+    import signal
+    import time
+    from torchtpu_eager.distributed import process_group
+    dead, when = int(os.environ[DEAD_RANK]), os.environ[DIE_WHEN]
+    if when in ("pjrt", "staged"):
+        process_group._CHECK = False  # the collective in flight is the transport's own
+    init(rank, world, port, timeout=20)
+    weights = data(rank).to("tpu")  # the state a checkpoint holds (never in a collective)
+    grads = data(rank, (5,), torch.complex64 if when == "staged" else torch.float32).to("tpu")
+    dist.all_reduce(grads)  # the world works
+    if rank == dead:
+        if when != "idle":
+            time.sleep(3)  # the survivors are waiting in the next collective by now
+        print(f"rank {rank}: dying", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    if when == "idle":
+        # Long enough for jax's runtime to see the dead peer (a closed connection, missed
+        # heartbeats); a survivor busy with its own work must not be ended meanwhile.
+        until = time.monotonic() + float(os.environ[IDLE_S])
+        while time.monotonic() < until:
+            weights = weights * 1.0
+            weights.cpu()
+            time.sleep(0.2)
     start = time.monotonic()
     try:
-        dist.all_reduce(x, group=group)
-        x.cpu()
-    except Exception as exc:  # gloo: connection closed, or the group's timeout
+        dist.all_reduce(grads)
+        grads.cpu()
+    except Exception as exc:  # what a training loop would catch
         took = time.monotonic() - start
-        transport = "pjrt" if _dist_stats()["pjrt_collectives"] > launched else "host-staged"
-        print(f"rank 0: error after {took:.1f}s on the {transport} transport: "
-              f"{str(exc).splitlines()[0][:200]}", flush=True)
-        assert took < 40, took
-        print(f"rank 0: {what} ok", flush=True)
-        os._exit(0)
-    raise AssertionError("all_reduce with a dead peer returned")
-
+        print(f"rank {rank}: caught {type(exc).__name__} after {took:.1f}s: "
+              f"{str(exc).splitlines()[0][:400]}", flush=True)
+        path = os.path.join(os.environ[CHECKPOINTS], f"rank{rank}.pt")
+        torch.save({"rank": rank, "weights": weights.cpu()}, path)
+        dist.destroy_process_group()
+        print(f"rank {rank}: saved {path} and destroyed the group", flush=True)
+        sys.exit(SURVIVOR_EXIT)
+    raise AssertionError(f"rank {rank}: all_reduce with a dead peer returned")
 
 def _mismatched_shapes(rank):
     """Ranks disagree on the shape: an error on every rank (not wrong values), then the

@@ -54,13 +54,16 @@ def test_collectives_ddp_dtensor_fsdp2_and_a_dead_peer_on_two_processes():
     # functional collectives lowered into its program;
     # DDP eager = one process on the global batch; DTensor distribute / redistribute /
     # matmul; FSDP2 on an MLP (2 SGD steps: losses, parameters, storage freed after backward);
-    # then rank 1 exits and rank 0's next all_reduce must raise (group timeout 15 s).
+    # then rank 1 dies while rank 0 waits in an all_reduce (group timeout 15 s): that one and
+    # the next raise DistBackendError naming rank 1.
     # Every collective PJRT carries runs on it (nothing staged) and equals the result of a
     # host-staged group (TORCHTPU_DIST_TRANSPORT=staged); the dead peer is found by the PJRT
-    # transport itself (the signature check is off for that call).
+    # transport itself in flight (the signature check is off for that call), and by rank 1's
+    # closed lifeline before the next one starts.
     results = launch("core", deadline=240)
     check(results, expect="core ok")
-    assert "on the pjrt transport" in results[0].output, results[0].output[-2000:]
+    assert "in flight: error" in results[0].output and "on the pjrt transport" in \
+        results[0].output and "next: error" in results[0].output, results[0].output[-2000:]
 
 
 def test_ranks_agree_to_stage_when_one_client_exists_already():
@@ -78,3 +81,37 @@ def test_ranks_agree_to_stage_when_one_client_exists_already():
     assert devices is None and "before init_process_group" in why, why
     assert store.get("tpu_dist_pjrt/coordinator").decode().startswith("staged:rank 0")
     assert not pjrt_world._world, "nothing joined"
+
+
+def test_coordinator_tells_the_others_which_rank_ended_and_how():
+    # One process plays three ranks' lifelines (tests/slow: real ranks killed). Rank 1 is a
+    # process SIGKILLed (no goodbye: "died"), rank 2 says goodbye and leaves ("exited"); rank
+    # 0 hears both; when the last lifeline closes, the coordinator process exits by itself.
+    import signal
+    import socket
+    import time
+    from torchtpu_eager.distributed.coordinator import Lifeline, start
+    _, port, coordinator = start(num_processes=3, timeout=60, heartbeat_timeout=10,
+                                 shutdown_timeout=10)
+    try:
+        ranks = {0: Lifeline("127.0.0.1", port, rank=0), 2: Lifeline("127.0.0.1", port, rank=2)}
+        killed = subprocess.Popen(
+            [sys.executable, "-c", "import socket, sys, time; "
+             f"s = socket.create_connection(('127.0.0.1', {port})); s.sendall(b'rank 1\\n'); "
+             "print('up', flush=True); time.sleep(120)"], stdout=subprocess.PIPE, text=True)
+        assert killed.stdout.readline().strip() == "up"
+        assert ranks[0].gone() == {}
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(timeout=30)
+        ranks[2].goodbye()
+        ranks[2]._socket.shutdown(socket.SHUT_RDWR)
+        deadline = time.monotonic() + 30
+        while ranks[0].gone() != {1: "died", 2: "exited"} and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ranks[0].gone() == {1: "died", 2: "exited"}, ranks[0].gone()
+        assert coordinator.poll() is None, "rank 0 still holds its lifeline"
+        ranks[0]._socket.shutdown(socket.SHUT_RDWR)
+        assert coordinator.wait(timeout=30) == 0
+    finally:
+        if coordinator.poll() is None:
+            coordinator.kill()

@@ -30,7 +30,7 @@ from torchtpu_compile.lower import collectives
 from .. import modes, views
 from . import collective_programs as programs
 from .staging import is_tpu
-from .work import PjrtWork
+from .work import PjrtWork, collective_error
 
 
 def _signature(tensors) -> tuple:
@@ -81,7 +81,14 @@ class PjrtTransport:
         try:
             buffers = exe.run(values)
         except Exception as exc:
-            raise RuntimeError(f"tpu_dist: collective {name} failed: {exc}") from exc
+            lost = [inputs[i] for i in donate if values[i].is_deleted()]
+            error = collective_error(name, exc)
+            if lost:  # say it now, not at a later read's "buffer deleted or donated"
+                error = type(error)(
+                    f"{error}. The tensors it was writing in place "
+                    f"({', '.join(f'{str(t.dtype)[6:]}{list(t.shape)}' for t in lost)}) had "
+                    f"given it their memory and hold no value now: reading them raises")
+            raise error from exc
         for t, buffer in zip(written, buffers):
             views.write(t, buffer)
         return PjrtWork(buffers, result)

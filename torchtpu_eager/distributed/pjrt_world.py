@@ -1,12 +1,17 @@
 """Joining the processes' PJRT clients into one multi-process client (jax's distributed runtime).
 
 Each process has one PJRT client (``torchtpu_compile.runtime.client``: jax's backend). Before
-that client is created, ``jax.distributed.initialize`` can join it with the other processes':
+that client is created, jax's distributed runtime can join it with the other processes':
 ``jax.devices()`` then lists every process's devices, and a program compiled for several of
 them runs its collectives across processes (gloo over TCP on the CPU client; the interconnect
 on TPU). ``init_process_group("tpu_dist")`` does that here, the first time a tpu_dist group is
-made: rank 0 picks a free port and publishes the coordinator address through the group's
+made: rank 0 starts the coordination service and publishes its address through the group's
 c10d store, every rank joins with the group's timeout.
+
+The service runs in a process of its own (``coordinator.py``), not in rank 0 as
+``jax.distributed.initialize`` puts it: there, rank 0 dying would make jax abort every other
+process. Each process keeps a lifeline to it, and ``gone`` says which ranks' processes have
+ended, so that the next collective raises instead of aborting or waiting on them.
 
 If the client exists already (a tpu tensor was made before ``init_process_group``), it cannot
 join any more: the ranks agree on that through the store and every collective of the group is
@@ -20,6 +25,7 @@ Example::
 """
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 import socket
@@ -29,7 +35,10 @@ from torchtpu_compile._logging import log
 
 _PREFIX = "tpu_dist_pjrt/"
 _lock = threading.Lock()
-_world: dict = {}  # after joining: {"address": ..., "processes": ..., "process_id": ...}
+#: After joining: {"address", "processes", "process_id"}, and "lifeline" (coordinator.Lifeline)
+#: when this package made the world.
+_world: dict = {}
+_coordinator: list = []  # rank 0: the coordinator's Popen (kept: it outlives this process)
 
 
 def _seconds(timeout) -> int:
@@ -53,12 +62,6 @@ def _coordinator_host(store) -> str:
         host = getattr(store, "host", None)
         store = getattr(store, "underlying_store", None)
     return host or socket.gethostname()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def _join(store, rank: int, world_size: int, timeout) -> str | None:
@@ -87,29 +90,94 @@ def _join(store, rank: int, world_size: int, timeout) -> str | None:
             decision = ("staged:some ranks called jax.distributed.initialize themselves and "
                         "others did not")
         else:
-            decision = f"{_coordinator_host(store)}:{_free_port()}"
+            try:
+                decision = _start_coordinator(store, world_size, timeout)
+            except Exception as exc:  # every rank raises it, none waits for a coordinator
+                decision = f"error:{exc}"
         store.set(f"{_PREFIX}coordinator", decision)
     decision = store.get(f"{_PREFIX}coordinator").decode()
     if decision.startswith("staged:"):
         return decision[len("staged:"):]
+    if decision.startswith("error:"):
+        raise RuntimeError(f"tpu_dist: rank 0 could not start the coordination service of the "
+                           f"PJRT world: {decision[len('error:'):]}")
     if decision == "joined":
         from jax._src import distributed as jax_distributed
         _world.update(address=jax_distributed.global_state.coordinator_address,
                       processes=world_size, process_id=rank)
         return None
+    from .coordinator import Lifeline
+    address, lifeline_port = decision.rsplit(" ", 1)
     seconds = _seconds(timeout)
+    lifeline = Lifeline(address.rsplit(":", 1)[0].strip("[]"), int(lifeline_port), rank,
+                        timeout=seconds)
+    atexit.register(lifeline.goodbye)
     # Gloo is what carries collectives between CPU clients; on TPU the flag is unused.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    # A dead process is found by its missed heartbeats; a clean exit waits for the others
-    # at most the group's timeout (and never longer than jax's default of five minutes).
-    jax.distributed.initialize(decision, num_processes=world_size, process_id=rank,
-                               initialization_timeout=seconds,
-                               heartbeat_timeout_seconds=min(seconds, 100),
-                               shutdown_timeout_seconds=min(seconds, 300))
-    _world.update(address=decision, processes=world_size, process_id=rank)
+    _connect(address, world_size, rank, seconds)
+    _world.update(address=address, processes=world_size, process_id=rank, lifeline=lifeline)
     log.info("torchtpu: tpu_dist joined the PJRT clients of %d processes (coordinator %s)",
-             world_size, decision)
+             world_size, address)
     return None
+
+
+def _start_coordinator(store, world_size: int, timeout) -> str:
+    """Start the coordination service's process (rank 0); "host:port lifeline_port"."""
+    from .coordinator import start
+    seconds = _seconds(timeout)
+    port, lifeline_port, process = start(world_size, seconds, *_heartbeat_and_shutdown(seconds))
+    _coordinator.append(process)
+    host = _coordinator_host(store)
+    return f"{f'[{host}]' if ':' in host else host}:{port} {lifeline_port}"
+
+
+def _heartbeat_and_shutdown(seconds: int) -> tuple:
+    """The service marks a process failed after missing heartbeats this long; a client's
+    shutdown at exit waits at most this long (never longer than jax's defaults)."""
+    return min(seconds, 100), min(seconds, 300)
+
+
+def _connect(address: str, world_size: int, rank: int, seconds: int) -> None:
+    """What ``jax.distributed.initialize`` does on a rank, less starting the service (the
+    coordinator process runs it): this process's client, in jax's global state, where
+    jax's backends find it when they make the PJRT client."""
+    from jax._src import distributed as jax_distributed
+    from jax._src.lib import _jax
+    heartbeat, shutdown = _heartbeat_and_shutdown(seconds)
+    client = _jax.get_distributed_runtime_client(
+        address, rank, init_timeout=seconds, heartbeat_timeout=heartbeat,
+        shutdown_timeout=shutdown, use_compression=True)
+    client.connect()
+    state = jax_distributed.global_state
+    state.coordinator_address, state.process_id, state.num_processes = address, rank, world_size
+    state.client = client
+    if os.environ.get("JAX_PARTITION_INDEX"):  # as jax's initialize reads it (multi-slice)
+        state.partition_index = int(os.environ["JAX_PARTITION_INDEX"])
+    state.initialize_preemption_sync_manager()
+
+
+def gone(processes=None) -> dict:
+    """{rank: "exited" | "died"} of the world's processes (of ``processes`` only, if given)
+    that have ended; -1 if the coordinator process itself has. Empty when nothing is known:
+    every process alive, or a world this package did not make (no lifeline)."""
+    lifeline = _world.get("lifeline")
+    lost = lifeline.gone() if lifeline is not None else None
+    if not lost:  # checked before every collective: the common case stays cheap
+        return {}
+    return {r: how for r, how in lost.items()
+            if processes is None or r == -1 or r in processes}
+
+
+def watched() -> bool:
+    """Whether this process has a lifeline (``gone`` can know of ranks that ended)."""
+    return "lifeline" in _world
+
+
+def processes_of(devices) -> tuple:
+    """The world process (rank of the joined world) that owns each PJRT device id."""
+    from torchtpu_compile.runtime.client import get_client
+    owner = {d.id: d.process_index for d in get_client().pjrt.devices()}
+    return tuple(owner[d] for d in devices)
 
 
 def placement(store, rank: int, world_size: int, timeout):
@@ -141,4 +209,4 @@ def placement(store, rank: int, world_size: int, timeout):
     return devices, None
 
 
-__all__ = ["placement"]
+__all__ = ["gone", "placement", "processes_of", "watched"]

@@ -15,7 +15,9 @@ tensors, which go straight to gloo). Two transports carry tpu tensors:
 Timeouts are the group's (``init_process_group(timeout=...)``): a rank that dies or never joins
 gives an error on the others, never a hang. Before each collective the ranks compare its
 signature over gloo (``_check``), bounded by the timeout; the transports error at once when a
-peer's connection closes.
+peer's connection closes. A rank whose process has ended (``pjrt_world.gone``: killed, crashed
+or exited) makes every later collective of a group holding it raise ``DistBackendError``
+naming it, at once; the survivors can still save their state and ``destroy_process_group()``.
 
 Example::
 
@@ -41,7 +43,7 @@ from torchtpu_compile.lower import collective_graphs
 from . import functional, pjrt_world, reduce_ops
 from .pjrt_transport import PjrtTransport
 from .staging import host_input, host_output, is_tpu, note, stage_in, stage_out
-from .work import StagedWork, eager_only
+from .work import StagedWork, collective_error, eager_only, gone_peers_error
 
 
 def _stage_output_lists(output_lists):
@@ -75,6 +77,8 @@ class TpuProcessGroup(dist.ProcessGroup):
                                self._gloo)
         devices, self._staged_why = pjrt_world.placement(store, rank, world_size, timeout)
         self._pjrt = PjrtTransport(devices) if devices else None
+        # The group's ranks in the joined world, whose ends ``_alive`` looks for.
+        self._processes = pjrt_world.processes_of(devices) if devices else None
         if self._pjrt is None:
             counters.add_dist("host_staged_groups")
             warn_once(("tpu_dist", "group staged", self._staged_why),
@@ -94,6 +98,14 @@ class TpuProcessGroup(dist.ProcessGroup):
 
     # --- helpers --------------------------------------------------------------------------
 
+    def _alive(self, name: str) -> None:
+        """Raise DistBackendError if a rank of this group has ended: ``name`` would fail on
+        its closed connections, or wait for it until the timeout."""
+        if self._processes is not None:
+            error = gone_peers_error(name, self._processes)
+            if error is not None:
+                raise error
+
     def _check(self, name: str, tensors, shapes: bool = True) -> None:
         """Raise on every rank if the ranks disagree on this collective's shapes or dtypes.
 
@@ -104,6 +116,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         behave exactly as on a gloo group (this group serves them when ``init_process_group``
         is given no backend, or "cpu:gloo,tpu:tpu_dist").
         """
+        self._alive(name)
         if not _CHECK or not any(is_tpu(t) for t in tensors):
             return
         described = ",".join(f"{str(t.dtype)[6:]}{list(t.shape) if shapes else ''}"
@@ -113,7 +126,10 @@ class TpuProcessGroup(dist.ProcessGroup):
         probe = torch.tensor([h, -h], dtype=torch.int64)
         opts = AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.MAX
-        self._gloo.allreduce([probe], opts).wait()
+        try:
+            self._gloo.allreduce([probe], opts).wait()
+        except Exception as exc:
+            raise collective_error(name, exc) from exc
         if probe[0].item() != -probe[1].item():
             raise RuntimeError(
                 f"tpu_dist: ranks called {name} with different shapes or dtypes (rank "
@@ -123,6 +139,7 @@ class TpuProcessGroup(dist.ProcessGroup):
     def _on_pjrt(self, name: str, tensors, call, why: str | None = None):
         """``call(transport)``'s work if the PJRT transport carries this collective, else None
         (the caller stages it; why is said once per collective kind)."""
+        self._alive(name)
         if self._pjrt is not None and call is not None:
             work = call(self._pjrt)
             if work is not None:
@@ -361,6 +378,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         return self._work(self._gloo.recv_anysource(host, tag), back, tensors)
 
     def barrier(self, opts=BarrierOptions()):
+        self._alive("barrier")
         torch.tpu.synchronize()  # as on CUDA: work queued on the device is part of the barrier
         if self._pjrt is not None:
             return self._pjrt.barrier()

@@ -1,8 +1,12 @@
-"""``StagedWork``: the handle of a collective in flight, finished on the caller's thread.
+"""``StagedWork``: the handle of a collective in flight, finished on the caller's thread; and
+the errors of collectives that fail (``collective_error``, ``gone_peers_error``).
 
 The transport (gloo on host copies) runs the collective on its own threads; copying results
 back onto the tpu device happens in ``wait()`` (or ``get_future()``, which DDP's reducer
 calls), on the thread that waits, because the eager device is driven from one thread.
+
+A collective that fails raises ``torch.distributed.DistBackendError`` (as NCCL's do), naming
+the ranks whose processes have ended (``pjrt_world.gone``) when that is the cause.
 
 Example::
 
@@ -12,10 +16,59 @@ Example::
 from __future__ import annotations
 
 import threading
+import time
 
 import torch
 import torch.distributed as dist
 from torch.futures import Future
+
+from . import pjrt_world
+
+#: How long a failed collective waits for the news of a peer that ended (its lifeline
+#: closes about when its connections do) to name it in the error.
+_NEWS_WAIT_S = 1.0
+
+
+def gone_peers_error(what: str, processes=None) -> dist.DistBackendError | None:
+    """The error for running ``what`` when a rank of ``processes`` (world ranks; None: any)
+    has ended, or None while all live.
+
+    Example::
+
+        error = gone_peers_error("all_reduce", (0, 1))
+        if error is not None:
+            raise error     # "tpu_dist: all_reduce: rank 0 died (...)"
+    """
+    gone = pjrt_world.gone(processes)
+    if not gone:
+        return None
+    said = []
+    for rank, how in sorted(gone.items()):
+        if rank == -1:
+            said.append("the coordinator process of the PJRT world is gone")
+        elif how == "exited":
+            said.append(f"rank {rank} exited")
+        else:
+            said.append(f"rank {rank} died (its process ended without exiting: killed or "
+                        f"crashed)")
+    return dist.DistBackendError(
+        f"tpu_dist: {what}: {'; '.join(said)}. The group cannot run collectives with it any "
+        f"more: save what you need, call torch.distributed.destroy_process_group() and exit "
+        f"(or restart the job)")
+
+
+def collective_error(what: str, exc: BaseException) -> dist.DistBackendError:
+    """The error a collective that failed with ``exc`` raises: DistBackendError (as NCCL's
+    failures are), naming the ranks whose processes have ended when any have."""
+    deadline = time.monotonic() + _NEWS_WAIT_S
+    error = gone_peers_error(what)
+    while error is None and pjrt_world.watched() and time.monotonic() < deadline:
+        time.sleep(0.05)
+        error = gone_peers_error(what)
+    cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if error is not None:
+        return dist.DistBackendError(f"{error} (the transport said: {cause})")
+    return dist.DistBackendError(f"tpu_dist: {what} failed: {cause}")
 
 
 def eager_only(cls):
@@ -76,7 +129,7 @@ class StagedWork(_Work):
                 if self._finish is not None:
                     self._finish()
             except Exception as exc:
-                self._error = RuntimeError(f"tpu_dist: collective failed: {exc}")
+                self._error = collective_error("collective", exc)
                 raise self._error from exc
             self._done = True
             return True
@@ -119,7 +172,7 @@ class PjrtWork(_Work):
             for buffer in self._buffers:
                 buffer.block_until_ready()
         except Exception as exc:
-            self._error = RuntimeError(f"tpu_dist: collective failed: {exc}")
+            self._error = collective_error("collective", exc)
             raise self._error from exc
         self._buffers = ()
         return True
