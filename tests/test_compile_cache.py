@@ -104,7 +104,7 @@ def test_corrupt_disk_entry_is_discarded_and_recompiled(isolated_cache, caplog):
 
 
 def test_truncated_entry_is_rejected():
-    blob = cache_store.pack(b"x" * 100, compile_seconds=1.0)
+    blob = cache_store.pack(b"x" * 100, "key", compile_seconds=1.0)
     with pytest.raises(cache_store.CorruptEntry):
         cache_store.unpack(blob[:-1])
     with pytest.raises(cache_store.CorruptEntry):

@@ -50,6 +50,12 @@ cache_max_bytes: int = int(os.environ.get("TORCHTPU_CACHE_MAX_BYTES", 4 << 30))
 #: None turns it off (env: TORCHTPU_REMOTE_CACHE).
 remote_cache: str | None = os.environ.get("TORCHTPU_REMOTE_CACHE") or None
 
+#: A secret shared by the people who share a compile cache (a team's remote, a group-writable
+#: folder): every entry is then signed with HMAC-SHA256 under it, and entries not signed with it
+#: are refused. Without it, only a folder no other user can write is used, and a remote that is
+#: not such a ``file://`` folder is not used at all (env: TORCHTPU_CACHE_KEY).
+cache_key: str | None = os.environ.get("TORCHTPU_CACHE_KEY") or None
+
 #: Cache above the StableHLO too: aot_autograd's result per Dynamo graph (so a warm process skips
 #: AOT tracing and decomposition) and the StableHLO per FX graph (so it skips torch-mlir); both
 #: live beside the executables, at the same levels (env: TORCHTPU_GRAPH_CACHE=0 turns it off).

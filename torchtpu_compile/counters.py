@@ -28,11 +28,14 @@ def _fresh() -> dict:
         "buckets": {"compiles": 0, "hits": 0, "exact_shape_compiles": 0,
                     "padded_elements": 0, "real_elements": 0},
         "cache_levels": {level: {"hits": 0, "misses": 0, "bytes_read": 0, "bytes_written": 0,
-                                 "seconds_saved": 0.0, "corrupt": 0}
+                                 "seconds_saved": 0.0, "corrupt": 0, "untrusted": 0}
                          for level in ("process", "disk", "remote")},
         # The caches above the executables (graph_cache.py, lower/cache.py): hits at any level.
+        # corrupt: damaged entries discarded; untrusted: entries refused for their signature or
+        # owner (runtime/cache.py), both also counted as misses.
         "graph_cache": {name: {"hits": 0, "misses": 0, "bypasses": 0, "corrupt": 0,
-                               "bytes_read": 0, "bytes_written": 0, "seconds_saved": 0.0}
+                               "untrusted": 0, "bytes_read": 0, "bytes_written": 0,
+                               "seconds_saved": 0.0}
                         for name in ("aot_autograd", "lowering", "dynamo")},
         # tpu_dist (torchtpu_eager.distributed): collectives and how they travelled.
         # pjrt_*: run as StableHLO collectives by the multi-process PJRT client;

@@ -438,20 +438,19 @@ def frame_key(code: types.CodeType) -> str:
     return "dynamo|" + hashlib.sha256("|".join(parts).encode()).hexdigest()
 
 
+def _decode_entries(payload: bytes) -> list[_Entry]:
+    """The frame's entries pickled in ``payload``; raises where they are not, or where the
+    guards inside one do not unpickle (the levels then discard it as corrupt)."""
+    entries = pickle.loads(payload)
+    if not isinstance(entries, list) or not all(isinstance(e, _Entry) for e in entries):
+        raise TypeError("not a list of Dynamo cache entries")
+    for entry in entries:
+        pickle.loads(entry.guards_state)
+    return entries
+
+
 def _read_entries(key: str) -> list[_Entry]:
-    payload = _levels.get(key)
-    if payload is None:
-        return []
-    try:
-        entries = pickle.loads(payload)
-        if not all(isinstance(e, _Entry) for e in entries):
-            raise TypeError("not a list of Dynamo cache entries")
-        return entries
-    except Exception as exc:  # a damaged or foreign entry: forget it, trace again
-        log.warning("torchtpu: discarding unreadable Dynamo cache entry (%s)", exc)
-        counters.add_graph_cache("dynamo", "corrupt")
-        _levels.discard(key)
-        return []
+    return _levels.get(key, decode=_decode_entries) or []
 
 
 def _save(code: types.CodeType, entry: _Entry, seconds: float) -> None:
@@ -496,13 +495,16 @@ def _load_compiled_fn(level_key: str):
         deserialize_bundled_cache_entry)
 
     from . import graph_cache
-    payload = graph_cache.level_payload(level_key)
-    if payload is None:
+    entry = graph_cache.level_entry(level_key)
+    if entry is None:
         raise Unportable("its aot_autograd entry is gone")
-    entry = pickle.loads(payload)
     if getattr(entry, "guards_expr", None):
         raise Unportable("its aot_autograd entry has symbolic guards")
-    fn = deserialize_bundled_cache_entry(entry)
+    try:
+        fn = deserialize_bundled_cache_entry(entry)
+    except Exception as exc:
+        graph_cache.reject(level_key, f"{type(exc).__name__}: {exc}")
+        raise Unportable(f"its aot_autograd entry did not load ({exc})") from exc
     fn._torchtpu_aot_key = level_key
     return torch._dynamo.disable(fn, reason="do not trace Dynamo-compiled graph")
 

@@ -36,6 +36,7 @@ import contextlib
 import dataclasses
 import hashlib
 import operator
+import pickle
 import threading
 from typing import Any, Callable
 
@@ -175,22 +176,41 @@ def _held_tensors_digest(gm: torch.fx.GraphModule) -> str | None:
     return digest.hexdigest()
 
 
+def _decode_entry(payload: bytes):
+    """The aot_autograd entry pickled in ``payload``; raises where it is not one."""
+    from torch._functorch._aot_autograd.aot_autograd_result import BundledAOTAutogradResult
+    entry = pickle.loads(payload)
+    if not isinstance(entry, BundledAOTAutogradResult):
+        raise TypeError(f"a pickled {type(entry).__name__}, not an aot_autograd entry")
+    return entry
+
+
+def _checked_payload(payload: bytes) -> bytes:
+    """``payload``, once it is known to unpickle to an aot_autograd entry: torch unpickles it
+    again itself, but one that does not unpickle must be counted and discarded here, not met
+    by torch (which logs a traceback and recomputes it as a hit of ours)."""
+    _decode_entry(payload)
+    return payload
+
+
 class _StoreAdapter:
     """torch's "remote cache" interface (get/put of JSON dicts) over our cache levels."""
 
     def __init__(self, salt: str):
         self.salt = salt
         self.used_key: str | None = None  # the entry this graph hit or saved, if any
+        self.served_key: str | None = None  # the entry handed to torch, if any
+        self.saved = False  # whether torch saved an entry (after a miss)
 
     def _key(self, key: str) -> str:
         return f"aot|{key}|{self.salt}"
 
     def get(self, key: str):
-        payload = _levels.get(self._key(key))
+        payload = _levels.get(self._key(key), decode=_checked_payload)
         if payload is None:
             return None
         log.debug("aot_autograd cache hit (%s)", key[:16])
-        self.used_key = self._key(key)
+        self.used_key = self.served_key = self._key(key)
         return {"data": base64.b64encode(payload).decode("ascii")}
 
     def put(self, key: str, data: dict) -> None:
@@ -198,6 +218,7 @@ class _StoreAdapter:
         _levels.put(self._key(key), payload,
                     compute_seconds=float(data.get("time_taken_ms", 0)) / 1000.0)
         self.used_key = self._key(key)
+        self.saved = True
 
 
 @contextlib.contextmanager
@@ -226,6 +247,7 @@ def scope(gm: torch.fx.GraphModule):
                # torch also writes every entry to its own folder; ours are in our levels only.
                "_write_to_local_cache": staticmethod(lambda key, content: None)}
     bypasses = torch_counters["aot_autograd"]["autograd_cache_bypass"]
+    outcomes = _torch_outcomes(torch_counters)
     with _scope_lock, torch._functorch.config.patch(
             bundled_autograd_cache=True, enable_autograd_cache=False,
             enable_remote_autograd_cache=True, force_non_lazy_backward_lowering=True):
@@ -238,10 +260,31 @@ def scope(gm: torch.fx.GraphModule):
             for name, value in saved.items():
                 setattr(AOTAutogradCache, name, value)
             _last_entry.key = adapter.used_key
+    if adapter.served_key is not None and _torch_outcomes(torch_counters) == outcomes:
+        # Served, yet neither a hit nor a guard miss for torch: loading it failed (torch
+        # logs why and compiles instead), so it was no hit of ours either.
+        # Where torch compiled and saved the graph again, the entry is a good one by now.
+        reject(adapter.served_key, "torch could not load it", discard=not adapter.saved)
+        if not adapter.saved:
+            _last_entry.key = None
     if torch_counters["aot_autograd"]["autograd_cache_bypass"] > bypasses:
         counters.add_graph_cache("aot_autograd", "bypasses")
         log.debug("aot_autograd cache bypassed for a graph (TORCH_LOGS=+torch._functorch "
                   "says why)")
+
+
+def _torch_outcomes(torch_counters) -> tuple:
+    """torch's counts of aot_autograd cache lookups that used an entry or rejected it by its
+    guards: a served entry that moved neither did not load."""
+    return (torch_counters["aot_autograd"]["autograd_cache_hit"],
+            torch_counters["aot_autograd"]["autograd_cache_guard_miss"])
+
+
+def reject(key: str, reason: str, discard: bool = True) -> None:
+    """An entry ``level_entry`` or torch's loader got from our levels that did not load: count
+    it corrupt instead of a hit and (unless it was written again meanwhile) discard it, so that
+    the graph is computed again."""
+    _levels.reject(key, reason, discard=discard)
 
 
 def last_entry_key() -> str | None:
@@ -251,14 +294,15 @@ def last_entry_key() -> str | None:
     return getattr(_last_entry, "key", None)
 
 
-def level_payload(key: str) -> bytes | None:
-    """The pickled aot_autograd entry stored under ``key`` (from ``last_entry_key``), or None.
+def level_entry(key: str):
+    """The aot_autograd entry stored under ``key`` (from ``last_entry_key``), unpickled, or
+    None (also where it did not unpickle: then it is discarded and counted corrupt).
 
     Example::
 
-        entry = pickle.loads(level_payload(key))
+        fn = deserialize_bundled_cache_entry(level_entry(key))
     """
-    return _levels.get(key)
+    return _levels.get(key, decode=_decode_entry)
 
 
 def clear_memory() -> None:

@@ -10,9 +10,11 @@ A serialized executable is code: load artifacts only from places you trust.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import re
 import tempfile
 import zipfile
 
@@ -52,35 +54,123 @@ def write_members(path: str, members: dict) -> None:
         raise
 
 
+#: Most a checksum table may hold; a manifest's is far larger than any we write.
+_CHECKSUMS_LIMIT = 1 << 20
+_MANIFEST_LIMIT = 64 << 20
+#: The member names the format has (the manifest then says which programs and platforms).
+_MEMBER_NAMES = re.compile(r"manifest\.json|CHECKSUMS|params\.safetensors|"
+                           r"example_inputs\.safetensors|stablehlo/[A-Za-z0-9_]+\.portable|"
+                           r"executables/[A-Za-z0-9_]+/[A-Za-z0-9_]+\.bin")
+
+
+def _check_directory(path: str, infos: list) -> None:
+    """Refuse, from the zip directory alone, what could cost memory or is not ours: names the
+    format does not have, repeated names, compressed members (we write them stored, so a
+    member's size in memory is its size in the file) and members that overlap."""
+    seen = set()
+    for info in infos:
+        name = info.filename
+        if not _MEMBER_NAMES.fullmatch(name):
+            raise ArtifactError(f"{path!r}: member {name!r} is not part of a torchtpu artifact")
+        if name in seen:
+            raise ArtifactError(f"{path!r}: member {name!r} appears twice")
+        seen.add(name)
+        if info.compress_type != zipfile.ZIP_STORED or info.file_size != info.compress_size:
+            raise ArtifactError(f"{path!r}: member {name!r} is compressed ({info.file_size:,} "
+                                f"bytes from {info.compress_size:,}); torchtpu stores members "
+                                f"uncompressed, so this file was repacked or crafted")
+    if sum(info.compress_size for info in infos) > os.path.getsize(path):
+        raise ArtifactError(f"{path!r}: its members are larger together than the file (they "
+                            f"overlap); the file was crafted")
+
+
+def _read(zf, path: str, info, limit: int | None = None) -> bytes:
+    if limit is not None and info.file_size > limit:
+        raise ArtifactError(f"{path!r}: member {info.filename!r} has {info.file_size:,} bytes, "
+                            f"more than a torchtpu artifact's ({limit:,})")
+    return zf.read(info)
+
+
 def read_members(path: str) -> dict:
-    """Every member of the artifact at ``path``, verified; ArtifactError on any mismatch."""
+    """Every member of the artifact at ``path``, verified; ArtifactError on any mismatch.
+
+    Sizes and names are checked from the zip directory and the checksum table and manifest
+    are read and checked first; only then are the other members read, each checked against
+    its SHA-256.
+    """
+    from . import manifest as manifest_format
+
     if not os.path.exists(path):
         raise ArtifactError(f"no artifact at {path!r}")
     try:
         with zipfile.ZipFile(path) as zf:
-            members = {name: zf.read(name) for name in zf.namelist()}
+            infos = {info.filename: info for info in zf.infolist()}
+            _check_directory(path, list(zf.infolist()))
+            if "CHECKSUMS" not in infos or "manifest.json" not in infos:
+                raise ArtifactError(f"{path!r} is not a torchtpu artifact (no manifest or "
+                                    f"checksums)")
+            checksums = _checksum_table(path, _read(zf, path, infos.pop("CHECKSUMS"),
+                                                    _CHECKSUMS_LIMIT))
+            if set(checksums) != set(infos):
+                raise ArtifactError(f"{path!r}: members {sorted(set(checksums) ^ set(infos))} "
+                                    f"do not match the checksum table; the file was modified")
+            members = {"manifest.json": _verified(
+                path, "manifest.json", _read(zf, path, infos.pop("manifest.json"),
+                                             _MANIFEST_LIMIT), checksums)}
+            manifest = manifest_format.parse(path, members["manifest.json"])
+            expected = manifest_format.expected_members(manifest)
+            for name in infos:
+                if name not in expected:
+                    raise ArtifactError(f"{path!r}: member {name!r} is not part of this "
+                                        f"artifact (its manifest has no such program)")
+            for name, info in infos.items():
+                members[name] = _verified(path, name, _read(zf, path, info), checksums)
+    except ArtifactError:
+        raise
     except (zipfile.BadZipFile, EOFError, OSError, zipfile.LargeZipFile) as exc:
         raise ArtifactError(f"{path!r} is not a readable torchtpu artifact (truncated or "
                             f"damaged?): {exc}") from exc
     except Exception as exc:  # zlib/CRC errors surface under several types
         raise ArtifactError(f"{path!r} is damaged: {exc}") from exc
-    if "CHECKSUMS" not in members or "manifest.json" not in members:
-        raise ArtifactError(f"{path!r} is not a torchtpu artifact (no manifest or checksums)")
-    try:
-        checksums = json.loads(members.pop("CHECKSUMS"))
-    except ValueError as exc:
-        raise ArtifactError(f"{path!r}: its checksum table is damaged") from exc
-    if set(checksums) != set(members):
-        raise ArtifactError(f"{path!r}: members {sorted(set(checksums) ^ set(members))} do "
-                            f"not match the checksum table; the file was modified")
-    for name, data in members.items():
-        if hashlib.sha256(data).hexdigest() != checksums[name]:
-            raise ArtifactError(f"{path!r}: checksum mismatch in {name!r}; the file was "
-                                f"modified or damaged. Export it again.")
-    manifest = json.loads(members["manifest.json"])
-    if manifest.get("format") != FORMAT:
-        raise ArtifactError(f"{path!r} is not a torchtpu artifact")
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise ArtifactError(f"{path!r} has format version {manifest.get('format_version')}; "
-                            f"this torchtpu reads version {FORMAT_VERSION}")
+    for name in ("params.safetensors",) + tuple(portable_member(p["name"])
+                                                for p in manifest["programs"]):
+        if name not in members:
+            raise ArtifactError(f"{path!r}: member {name!r} is missing")
     return members
+
+
+def _checksum_table(path: str, data: bytes) -> dict:
+    try:
+        checksums = json.loads(data)
+    except ValueError as exc:
+        raise ArtifactError(f"{path!r}: its checksum table (CHECKSUMS) is damaged") from exc
+    if not isinstance(checksums, dict) or not all(isinstance(v, str)
+                                                  for v in checksums.values()):
+        raise ArtifactError(f"{path!r}: its checksum table (CHECKSUMS) is damaged")
+    return checksums
+
+
+def _verified(path: str, name: str, data: bytes, checksums: dict) -> bytes:
+    if hashlib.sha256(data).hexdigest() != checksums[name]:
+        raise ArtifactError(f"{path!r}: checksum mismatch in {name!r}; the file was "
+                            f"modified or damaged. Export it again.")
+    return data
+
+
+@contextlib.contextmanager
+def decoding(path: str, member: str):
+    """Turn any failure to read ``member`` of the artifact at ``path`` into an ArtifactError
+    naming it: a member whose checksum is right can still be malformed.
+
+    Example::
+
+        with decoding(path, "params.safetensors"):
+            state = load_tensors(members["params.safetensors"])
+    """
+    try:
+        yield
+    except ArtifactError:
+        raise
+    except Exception as exc:
+        raise ArtifactError(f"{path!r}: member {member!r} is malformed ({type(exc).__name__}: "
+                            f"{exc})") from exc

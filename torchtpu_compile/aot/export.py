@@ -56,6 +56,28 @@ class Artifact:
         return path
 
 
+def _unaliased(tree):
+    """``tree`` with every tensor that shares memory with an earlier one cloned.
+
+    torch.export traces inputs that are one tensor (``f(a, a)``) as one value: the program
+    reads one placeholder for both, and called with two different tensors it gives a wrong
+    answer. Exported from separate copies, it computes the same on aliased inputs and the
+    right thing on distinct ones; AOT programs do not mutate their inputs, so nothing else
+    depends on the aliasing. (It also lets safetensors save the example inputs.)
+    """
+    seen = set()
+
+    def separate(value):
+        if not isinstance(value, torch.Tensor):
+            return value
+        storage = value.untyped_storage().data_ptr()
+        if storage in seen:
+            return value.clone()
+        seen.add(storage)
+        return value
+    return pytree.tree_map(separate, tree)
+
+
 def _dedupe_tied(state: dict) -> tuple[dict, dict]:
     """Store tied weights (lm_head = embedding) once; return (tensors, alias -> stored name)."""
     unique, aliases, seen = {}, {}, {}
@@ -82,6 +104,17 @@ def _op_counts(text: str) -> dict:
     return dict(collections.Counter(_OP.findall(text)).most_common())
 
 
+class _Function(torch.nn.Module):
+    """A plain function as the module torch.export takes."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+
 def _export(model, example_args, example_kwargs, dynamic_shapes):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -91,6 +124,8 @@ def _export(model, example_args, example_kwargs, dynamic_shapes):
     else:
         if isinstance(model, torch.nn.Module):
             model.eval()
+        elif callable(model):
+            model = _Function(model)
         # The fused CPU attention kernels neither decompose cleanly nor lower (STACK-NOTES).
         with sdpa_kernel(SDPBackend.MATH):
             exported = torch.export.export(model, tuple(example_args), example_kwargs or None,
@@ -222,8 +257,7 @@ def compile(model, example_args=(), example_kwargs=None, precision: str | None =
     from ..lower.precision import resolve_precision
     from ..runtime.client import get_client
 
-    example_args = tuple(example_args)
-    example_kwargs = dict(example_kwargs or {})
+    example_args, example_kwargs = _unaliased((tuple(example_args), dict(example_kwargs or {})))
     exported = _export(model, example_args, example_kwargs, dynamic_shapes)
     signature = exported.graph_signature
     for out in signature.output_specs:

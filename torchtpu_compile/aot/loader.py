@@ -55,11 +55,23 @@ class LoadedArtifact:
 
     def _spec(self, text):
         try:
-            return specs.load_treespec(text)
-        except Exception as exc:  # e.g. a transformers output class not imported here
+            spec = specs.load_treespec(text)
+        except NotImplementedError as exc:  # a class not imported here (transformers outputs)
             log.warning("torchtpu: %s: output structure not restored (%s); outputs come back as "
                         "a tuple. Import the module defining it before loading.", self.path, exc)
             return None
+        except Exception as exc:
+            raise ArtifactError(f"{self.path!r}: member 'manifest.json' is malformed: out_spec "
+                                f"does not read back ({type(exc).__name__}: {exc})") from exc
+        if spec is not None:
+            for program in self.programs.values():
+                count = len(program.plan_outputs if program.plan_outputs is not None
+                            else program.slots)
+                if spec.num_leaves != count:
+                    raise ArtifactError(
+                        f"{self.path!r}: member 'manifest.json' is malformed: out_spec has "
+                        f"{spec.num_leaves} outputs, program {program.name} {count}")
+        return spec
 
     def _check_inputs(self, flat: list) -> None:
         expected = self.manifest["inputs"]
@@ -155,44 +167,143 @@ def _load_executable(path: str, members: dict, manifest: dict, entry: dict, clie
         except Exception as exc:
             log.warning("torchtpu: %s: stored executable %s did not load (%s)", path, name, exc)
     from jaxlib.mlir.dialects import stablehlo
+    member = artifact_file.portable_member(name)
     built_for = ", ".join(f"{p} ({v['platform_version']}, jaxlib {v['jaxlib']})"
                           for p, v in manifest["executables"].items())
     log.warning("torchtpu: %s was compiled for %s; recompiling from its portable StableHLO "
                 "for %s (%s): program %s", path, built_for, client.platform,
                 _platform_tag(client)["platform_version"], name)
-    bytecode = stablehlo.deserialize_portable_artifact_str(
-        members[artifact_file.portable_member(name)])
+    with artifact_file.decoding(path, member):
+        bytecode = stablehlo.deserialize_portable_artifact_str(members[member])
+        if not bytecode:
+            raise ValueError("not portable StableHLO")
     return compile_stablehlo(bytecode, entry["fingerprint"], manifest["precision"],
                              what=f"artifact {path} program {name}"), True
 
 
+def _load_state(path: str, members: dict, name: str, aliases: dict) -> dict:
+    """The tensors of the safetensors member ``name``, with ``aliases`` (alias -> stored name)
+    added; ArtifactError naming the member where it does not read back."""
+    from safetensors.torch import load as load_tensors
+
+    with artifact_file.decoding(path, name):
+        tensors = load_tensors(members[name])
+    for alias, stored in aliases.items():
+        if stored not in tensors:
+            raise ArtifactError(f"{path!r}: member 'manifest.json' is malformed: alias "
+                                f"{alias!r} names {stored!r}, which {name} does not hold")
+        tensors[alias] = tensors[stored]
+    return tensors
+
+
+def _check_examples(path: str, inputs: list, example: dict) -> None:
+    """The saved example inputs are inputs the artifact takes (``run_example`` calls it)."""
+    for spec in inputs:
+        tensor = example.get(spec["name"])
+        dynamic = {int(d) for d in spec.get("dynamic", {})}
+        if tensor is None or specs.dtype_name(tensor.dtype) != spec["dtype"] or \
+                tensor.dim() != len(spec["shape"]) or any(
+                    d not in dynamic and size != want
+                    for d, (size, want) in enumerate(zip(tensor.shape, spec["shape"]))):
+            got = "nothing" if tensor is None else \
+                f"{specs.dtype_name(tensor.dtype)}{list(tensor.shape)}"
+            raise ArtifactError(f"{path!r}: member 'example_inputs.safetensors' holds {got} "
+                                f"for input {spec['name']!r}, which is {spec['dtype']}"
+                                f"{spec['shape']}")
+
+
+def _parameter_types(executable) -> list | None:
+    """[(dtype name, shape)] of the executable's parameters, or None where PJRT cannot say."""
+    try:
+        from jax._src.lib import xla_client
+        module = executable.loaded.hlo_modules()[0]
+        shape = xla_client.XlaComputation(module.as_serialized_hlo_module_proto()).program_shape()
+        return [(p.element_type().name, tuple(p.dimensions())) for p in shape.parameter_shapes()]
+    except Exception as exc:
+        log.debug("torchtpu: parameter types of an artifact program unavailable: %s", exc)
+        return None
+
+
+def _check_parameter_types(path: str, manifest: dict, program: _Program, state: dict,
+                           buckets) -> None:
+    """Every buffer the program will be given has the dtype and shape its executable takes:
+    an input spec or a tensor in params.safetensors that says otherwise, even with the same
+    byte size, would have its bits read as another type. ArtifactError naming the member."""
+    taken = _parameter_types(program.executable)
+    if taken is None:
+        log.warning("torchtpu: %s: the parameter types of program %s cannot be read from its "
+                    "executable; input and weight dtypes are not checked against it", path,
+                    program.name)
+        return
+    bucket = dict(zip((r["symbol"] for r in manifest["dynamic_dims"]), program.bucket or ()))
+    given = []  # (what, member at fault, dtype name, shape)
+    for i in program.arg_indices:
+        argument = program.graph_arguments[i]
+        if argument["kind"] == "input":
+            spec = manifest["inputs"][argument["index"]]
+            dynamic = spec.get("dynamic", {})
+            shape = tuple(bucket[dynamic[str(d)]] if str(d) in dynamic else size
+                          for d, size in enumerate(spec["shape"]))
+            given.append((f"input {spec['name']!r}", "manifest.json", spec["dtype"], shape))
+        elif argument["kind"] == "state":
+            given.append(_state_type(path, argument["name"], state))
+        else:
+            given.append((f"size {argument['symbol']}", "manifest.json", "int64", ()))
+    given += [_state_type(path, name, state) for name in program.constants]
+    if len(given) != len(taken):
+        raise ArtifactError(f"{path!r}: member 'manifest.json' is malformed: program "
+                            f"{program.name} passes {len(given)} arguments to an executable "
+                            f"taking {len(taken)}")
+    for (what, member, dtype, shape), (want_dtype, want_shape) in zip(given, taken):
+        if dtype != want_dtype or tuple(shape) != want_shape:
+            raise ArtifactError(
+                f"{path!r}: member {member!r} gives {what} as {dtype}{list(shape)}, but program "
+                f"{program.name} takes {want_dtype}{list(want_shape)} there; the artifact was "
+                f"modified or is inconsistent. Export it again.")
+
+
+def _state_type(path: str, name: str, state: dict) -> tuple:
+    if name not in state:
+        raise ArtifactError(f"{path!r}: member 'params.safetensors' lacks {name!r}, which the "
+                            f"manifest's programs take")
+    tensor = state[name]
+    return (f"tensor {name!r}", "params.safetensors", specs.dtype_name(tensor.dtype),
+            tuple(tensor.shape))
+
+
 def load(path: str) -> LoadedArtifact:
     """Load an artifact written by ``Artifact.save``; recompile only if it was built elsewhere.
+
+    Every member is checked first (``artifact_file.read_members``: sizes, names, checksums;
+    ``manifest.parse``: the manifest's fields), and what reads back from a member that is
+    malformed all the same is an ``ArtifactError`` naming it, as is an input or weight whose
+    dtype or shape is not the one the program's executable takes.
 
     Example::
 
         run = torchtpu_compile.aot.load("model.tpu")
         out = run(torch.randint(0, 100, (2, 8)))
     """
-    from safetensors.torch import load as load_tensors
-
     from ..runtime.client import get_client
     from .dynamic import BucketTable
 
     members = artifact_file.read_members(path)
-    manifest = json.loads(members["manifest.json"])
+    manifest = json.loads(members["manifest.json"])  # checked by read_members
+    state = _load_state(path, members, "params.safetensors", manifest.get("state_aliases", {}))
+    example = {}
+    if "example_inputs.safetensors" in members:
+        example = _load_state(path, members, "example_inputs.safetensors", {})
     client = get_client()
     buckets = BucketTable(path, manifest["dynamic_dims"], manifest["inputs"])
     programs, recompiled = {}, False
     for entry in manifest["programs"]:
         executable, rebuilt = _load_executable(path, members, manifest, entry, client)
         recompiled |= rebuilt
-        programs[entry["name"]] = _Program(entry, executable, buckets.symbols)
-    state = load_tensors(members["params.safetensors"])
-    for alias, stored in manifest.get("state_aliases", {}).items():
-        state[alias] = state[stored]
-    example = {}
-    if "example_inputs.safetensors" in members:
-        example = load_tensors(members["example_inputs.safetensors"])
+        with artifact_file.decoding(path, "manifest.json"):
+            program = _Program(entry, executable, buckets.symbols)
+        _check_parameter_types(path, manifest, program, state, buckets)
+        programs[entry["name"]] = program
+    if example:  # after the programs: an input spec at odds with them is the manifest's fault
+        _check_examples(path, manifest["inputs"], example)
     return LoadedArtifact(path, manifest, programs, state, example, recompiled,
                           buckets if manifest["dynamic_dims"] else None)

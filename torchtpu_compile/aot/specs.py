@@ -9,6 +9,8 @@ from torch.utils import _pytree as pytree
 _DTYPES = {str(d).removeprefix("torch."): d for d in (
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
     torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64)}
+#: The dtype names an artifact may record.
+DTYPE_NAMES = tuple(_DTYPES)
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -57,18 +57,40 @@ def lower_graph_cached(gm: fx.GraphModule, platform: str, precision: str) -> Low
         # A program with collectives depends on its group's size, which the key does not see.
         return lower_graph(gm, platform=platform, precision=precision)
     key = graph_key(gm, platform, precision)
-    payload = _levels.get(key)
-    if payload is not None:
-        header_size = int.from_bytes(payload[:4], "little")
-        header = json.loads(payload[4:4 + header_size])
-        return LoweredModule(bytecode=payload[4 + header_size:],
-                             fingerprint=header["fingerprint"], text=header["text"])
+    cached = _levels.get(key, decode=_decode)
+    if cached is not None:
+        return cached
     start = time.perf_counter()
     lowered = lower_graph(gm, platform=platform, precision=precision)
-    header = json.dumps({"fingerprint": lowered.fingerprint, "text": lowered.text}).encode()
-    _levels.put(key, len(header).to_bytes(4, "little") + header + lowered.bytecode,
-                compute_seconds=time.perf_counter() - start)
+    _levels.put(key, _encode(lowered), compute_seconds=time.perf_counter() - start)
     return lowered
+
+
+#: What MLIR bytecode starts with.
+_BYTECODE_MAGIC = b"ML\xefR"
+
+
+def _encode(lowered: LoweredModule) -> bytes:
+    header = json.dumps({"fingerprint": lowered.fingerprint, "text": lowered.text}).encode()
+    return len(header).to_bytes(4, "little") + header + lowered.bytecode
+
+
+def _decode(payload: bytes) -> LoweredModule:
+    """The entry ``_encode`` wrote; ValueError where it is not one (the cache then discards
+    it and lowers again)."""
+    header_size = int.from_bytes(payload[:4], "little")
+    header = json.loads(payload[4:4 + header_size].decode("utf-8"))
+    bytecode = payload[4 + header_size:]
+    if not (isinstance(header, dict) and isinstance(header.get("text"), str)
+            and isinstance(header.get("fingerprint"), str)):
+        raise ValueError("header is not {fingerprint, text}")
+    # The executable cache keys on the fingerprint: it must be the text's, as lowering makes it.
+    if hashlib.sha256(header["text"].encode()).hexdigest() != header["fingerprint"]:
+        raise ValueError("fingerprint is not the StableHLO's")
+    if not bytecode.startswith(_BYTECODE_MAGIC):
+        raise ValueError("not MLIR bytecode")
+    return LoweredModule(bytecode=bytecode, fingerprint=header["fingerprint"],
+                         text=header["text"])
 
 
 def clear_memory() -> None:

@@ -1,71 +1,182 @@
 """Levels 2 and 3 of the compile cache: compiled executables on host disk and on a remote store.
 
-Level 1 (this process) lives in ``executable.py``. An entry is a serialized PJRT executable
-framed with its SHA-256, so a truncated or tampered entry is detected, discarded and compiled
-again; it is never loaded.
+Level 1 (this process) lives in ``executable.py``. An entry is a serialized PJRT executable (or,
+for the graph caches of ``levels.py``, graph bytes) framed with its SHA-256 and the digest of the
+key it was stored under, so a truncated, tampered or misplaced entry is detected, discarded and
+computed again; it is never loaded.
+
+Trust. Entries are code: a PJRT executable is machine code on CPU and GPU, an aot_autograd or
+Dynamo entry is a pickle, and a StableHLO entry decides what a graph computes. So a store is
+used only if nobody else can put entries in it: a folder owned by this user (or root) that no
+other user can write, nor any folder above it (``writable_by_others``); or any store when
+``config.cache_key`` (``TORCHTPU_CACHE_KEY``, a secret shared by the people who share a cache)
+is set, in which case every entry is signed with HMAC-SHA256 under that key and an entry
+without a valid signature is refused. A store that fails both is left out with one warning,
+and work goes on without it. So does a store that cannot be created, read or written.
 
 Example::
 
     store = DiskStore("/tmp/torchtpu-cache", max_bytes=1 << 30)
-    store.put("key", pack(b"...", compile_seconds=1.2))
-    payload, meta = unpack(store.get("key"))
+    store.put("key", pack(b"...", "key", compile_seconds=1.2))
+    payload, meta = unpack(store.get("key"), "key")
 """
 from __future__ import annotations
 
 import atexit
 import hashlib
+import hmac
 import json
 import os
 import queue
+import stat
 import struct
 import tempfile
 import threading
 
-from .._logging import log
+from .._logging import log, warn_once
 
-_MAGIC = b"TTPUX1\n"
+_MAGIC = b"TTPUX2\n"
+_OLD_MAGICS = (b"TTPUX1\n",)
+_MAC_SIZE = 32
 
 
 class CorruptEntry(ValueError):
-    """A cache entry whose frame or checksum is wrong."""
+    """A cache entry whose frame or checksum is wrong, or that was stored under another key."""
 
 
-def pack(payload: bytes, **meta) -> bytes:
-    """Frame ``payload`` with its checksum and a small JSON header."""
-    header = json.dumps({**meta, "sha256": hashlib.sha256(payload).hexdigest(),
-                         "size": len(payload)}).encode()
-    return _MAGIC + struct.pack("<I", len(header)) + header + payload
+class StaleEntry(CorruptEntry):
+    """An entry an older torchtpu wrote, in another format: replaced, not reported."""
 
 
-def unpack(blob: bytes) -> tuple[bytes, dict]:
-    """The payload and header of a framed entry; CorruptEntry if anything does not check out."""
-    if not blob.startswith(_MAGIC) or len(blob) < len(_MAGIC) + 4:
+class UntrustedEntry(ValueError):
+    """An intact cache entry we may not load: unsigned or signed with another key while
+    ``config.cache_key`` is set, or a file another user put in our cache folder."""
+
+
+def signing_key() -> bytes | None:
+    """The HMAC key derived from ``config.cache_key``, or None when no key is set."""
+    from .. import config
+    secret = config.cache_key
+    if not secret:
+        return None
+    return hashlib.sha256(b"torchtpu cache key\0" + secret.encode()).digest()
+
+
+def key_digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def pack(payload: bytes, key: str, **meta) -> bytes:
+    """Frame ``payload``, stored under ``key``, with its checksum and a small JSON header;
+    signed when ``config.cache_key`` is set."""
+    mac_key = signing_key()
+    header = json.dumps({**meta, "key": key_digest(key), "size": len(payload),
+                         "sha256": hashlib.sha256(payload).hexdigest(),
+                         "signed": mac_key is not None}).encode()
+    body = _MAGIC + struct.pack("<I", len(header)) + header + payload
+    if mac_key is not None:
+        body += hmac.new(mac_key, body, hashlib.sha256).digest()
+    return body
+
+
+def unpack(blob: bytes, key: str | None = None) -> tuple[bytes, dict]:
+    """The payload and header of a framed entry; CorruptEntry if anything does not check out
+    (with ``key``: also if it was stored under another key), UntrustedEntry if
+    ``config.cache_key`` is set and the entry is not signed with it."""
+    if blob.startswith(_OLD_MAGICS):
+        raise StaleEntry("written by an older torchtpu (another entry format)")
+    start = len(_MAGIC) + 4
+    if not blob.startswith(_MAGIC) or len(blob) < start:
         raise CorruptEntry("not a torchtpu cache entry")
     (length,) = struct.unpack_from("<I", blob, len(_MAGIC))
-    start = len(_MAGIC) + 4
     try:
         meta = json.loads(blob[start:start + length])
     except ValueError as exc:
         raise CorruptEntry("unreadable header") from exc
-    payload = blob[start + length:]
-    if len(payload) != meta.get("size") or hashlib.sha256(payload).hexdigest() != meta.get("sha256"):
+    if not isinstance(meta, dict) or not isinstance(meta.get("size"), int):
+        raise CorruptEntry("unreadable header")
+    end = start + length + meta["size"]
+    payload = blob[start + length:end]
+    trailer = blob[end:]
+    if len(payload) != meta["size"] or hashlib.sha256(payload).hexdigest() != meta.get("sha256") \
+            or len(trailer) != (_MAC_SIZE if meta.get("signed") is True else 0):
         raise CorruptEntry("checksum mismatch (truncated or modified)")
+    if key is not None and meta.get("key") != key_digest(key):
+        raise CorruptEntry("stored under another key (misplaced or planted)")
+    mac_key = signing_key()
+    if mac_key is not None:
+        if not trailer:
+            raise UntrustedEntry("not signed with TORCHTPU_CACHE_KEY")
+        if not hmac.compare_digest(hmac.new(mac_key, blob[:end], hashlib.sha256).digest(),
+                                   trailer):
+            raise UntrustedEntry("signed with another key than TORCHTPU_CACHE_KEY")
     return payload, meta
 
 
 def entry_name(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest() + ".xla"
+    return key_digest(key) + ".xla"
 
+
+# --- who may write a folder ----------------------------------------------------------------
+
+def _private_group(gid: int) -> bool:
+    """Whether group ``gid`` is this user's own (the user-private-group convention)."""
+    try:
+        import grp
+        import pwd
+        user = pwd.getpwuid(os.geteuid())
+        group = grp.getgrgid(gid)
+    except (ImportError, KeyError):
+        return False
+    return gid == user.pw_gid and group.gr_name == user.pw_name and \
+        set(group.gr_mem) <= {user.pw_name}
+
+
+def writable_by_others(directory: str) -> str | None:
+    """Why a user other than this one (or root) could put files in ``directory``, or None.
+
+    The folder must be owned by us (or root) and writable by nobody else; each folder above it
+    too, unless it has the sticky bit (as /tmp has), since whoever can write one of them can
+    put another folder in its place. Group write is allowed to a group that is ours alone.
+
+    Example::
+
+        writable_by_others(os.path.expanduser("~/.cache/torchtpu"))   # None: ours alone
+    """
+    if not hasattr(os, "geteuid"):
+        return None  # no POSIX ownership to check
+    trusted = {os.geteuid(), 0}
+    path = os.path.realpath(directory)
+    first = True
+    while True:
+        st = os.stat(path)
+        if st.st_uid not in trusted:
+            return f"{path} is owned by uid {st.st_uid}, not by this user"
+        others = st.st_mode & 0o002 or (st.st_mode & 0o020 and not _private_group(st.st_gid))
+        if others and (first or not st.st_mode & stat.S_ISVTX):
+            return f"{path} is writable by other users (mode {stat.S_IMODE(st.st_mode):o})"
+        parent = os.path.dirname(path)
+        if parent == path:
+            return None
+        path, first = parent, False
+
+
+# --- stores --------------------------------------------------------------------------------
 
 class DiskStore:
-    """Entries as files in one directory; atomic writes, least-recently-used eviction."""
+    """Entries as files in one directory; atomic writes, least-recently-used eviction.
+
+    ``get`` and ``put`` raise OSError when the folder cannot be read or written; callers go
+    through ``fetch`` and ``store_entry``, which turn that into a miss and one warning.
+    """
 
     level = "disk"
 
-    def __init__(self, directory: str, max_bytes: int):
+    def __init__(self, directory: str, max_bytes: int, root: str | None = None):
         self.directory = os.path.expanduser(directory)
+        self.root = root or self.directory  # the configured folder, named in warnings
         self.max_bytes = max_bytes
-        os.makedirs(self.directory, exist_ok=True)
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
 
     def _path(self, key: str) -> str:
         return os.path.join(self.directory, entry_name(key))
@@ -74,9 +185,12 @@ class DiskStore:
         path = self._path(key)
         try:
             with open(path, "rb") as f:
+                owner = os.fstat(f.fileno()).st_uid
                 blob = f.read()
         except FileNotFoundError:
             return None
+        if signing_key() is None and hasattr(os, "geteuid") and owner not in (os.geteuid(), 0):
+            raise UntrustedEntry(f"{path} belongs to uid {owner}, not to this user")
         try:
             os.utime(path)  # recency for LRU eviction
         except OSError:
@@ -108,7 +222,13 @@ class DiskStore:
     def evict(self) -> None:
         """Delete least-recently-used entries until the directory fits in ``max_bytes``."""
         entries = []
-        for name in os.listdir(self.directory):
+        try:
+            names = os.listdir(self.directory)
+        except OSError as exc:  # the entry is written; eviction waits for a readable folder
+            log.debug("torchtpu: cache folder %s not listed for eviction: %s",
+                      self.directory, exc)
+            return
+        for name in names:
             if not name.endswith(".xla"):
                 continue
             path = os.path.join(self.directory, name)
@@ -128,6 +248,72 @@ class DiskStore:
                 pass
 
 
+def _warn_store(store, kind, message: str, *args) -> None:
+    """One warning per store root and kind of trouble ("io", "untrusted", or ("corrupt", what):
+    which cache holds damaged entries is worth knowing)."""
+    warn_once(("cache", kind, store.level, store.root), message, *args)
+
+
+def fetch(store, key: str, what: str):
+    """The entry under ``key`` in ``store`` as (framed blob, payload, header), or, where there
+    is none to use, why: "missing", "unreadable", "corrupt" or "untrusted". Warns once per
+    store and reason; a corrupt entry is discarded.
+
+    Example::
+
+        found = fetch(store, key, "lowering")
+        if isinstance(found, tuple):
+            blob, payload, meta = found
+    """
+    try:
+        blob = store.get(key)
+    except OSError as exc:
+        _warn_store(store, "io", "torchtpu: %s cache at %s cannot be read (%s); its entries "
+                    "are computed again (warned once)", store.level, store.root, exc)
+        return "unreadable"
+    except UntrustedEntry as exc:
+        _warn_store(store, "untrusted", "torchtpu: %s cache entry not used: %s (warned once)",
+                    store.level, exc)
+        return "untrusted"
+    if blob is None:
+        return "missing"
+    try:
+        payload, meta = unpack(blob, key)
+    except StaleEntry:
+        store.discard(key)  # an upgrade's leftover: computed again and written anew
+        return "missing"
+    except UntrustedEntry as exc:
+        # Not discarded: on a shared store it may be a colleague's, signed with their key.
+        _warn_store(store, "untrusted", "torchtpu: %s %s cache entry at %s not used: %s; "
+                    "computing it again (warned once)", store.level, what, store.root, exc)
+        return "untrusted"
+    except CorruptEntry as exc:
+        reject(store, key, what, exc)
+        return "corrupt"
+    return blob, payload, meta
+
+
+def reject(store, key: str, what: str, reason) -> None:
+    """Discard the entry under ``key`` in ``store``, which is damaged: its frame, or its
+    payload, does not decode (``reason``). Warns once per store."""
+    _warn_store(store, ("corrupt", what), "torchtpu: discarding corrupt %s cache entry (%s) at "
+                "%s: %s; computing it again (warned once)", store.level, what, store.root,
+                reason)
+    store.discard(key)
+
+
+def store_entry(store, key: str, blob: bytes, what: str) -> bool:
+    """Write ``blob`` to ``store``; False, with one warning per store, where it cannot."""
+    try:
+        store.put(key, blob)
+        return True
+    except OSError as exc:
+        _warn_store(store, "io", "torchtpu: %s cache at %s cannot be written (%s); running "
+                    "without storing %s entries there (warned once)", store.level, store.root,
+                    exc, what)
+        return False
+
+
 #: How long a process that exits waits for its queued remote-cache writes.
 _EXIT_FLUSH_SECONDS = 60
 
@@ -135,14 +321,16 @@ _EXIT_FLUSH_SECONDS = 60
 class RemoteStore:
     """A shared store at a URL: ``file://`` directly, other schemes through fsspec if present.
 
-    Reads are synchronous; writes go to a background thread, and every failure is logged and
-    swallowed: the remote can make compiles faster, never make them fail.
+    Reads are synchronous and raise OSError when the store cannot be read (``fetch`` makes that
+    a miss); writes go to a background thread, and every failure is logged once and swallowed:
+    the remote can make compiles faster, never make them fail.
     """
 
     level = "remote"
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, root: str | None = None):
         self.url = url.rstrip("/")
+        self.root = root or self.url
         if url.startswith("file://"):
             self._disk = DiskStore(url[len("file://"):], max_bytes=1 << 62)
             self._fs = None
@@ -162,18 +350,24 @@ class RemoteStore:
         # The writer is a daemon thread: without this, entries still queued at exit are lost.
         atexit.register(self._flush_at_exit)
 
+    @property
+    def directory(self) -> str | None:
+        """The folder of a ``file://`` remote (whose permissions can be checked), else None."""
+        return self._disk.directory if self._disk is not None else None
+
     def get(self, key: str) -> bytes | None:
+        if self._disk is not None:
+            return self._disk.get(key)
         try:
-            if self._disk is not None:
-                return self._disk.get(key)
             path = f"{self._root}/{entry_name(key)}"
             if not self._fs.exists(path):
                 return None
             with self._fs.open(path, "rb") as f:
                 return f.read()
-        except Exception as exc:
-            log.warning("torchtpu: remote compile cache %s unreadable: %s", self.url, exc)
-            return None
+        except OSError:
+            raise
+        except Exception as exc:  # fsspec plugins raise their own types
+            raise OSError(f"{type(exc).__name__}: {exc}") from exc
 
     def put(self, key: str, blob: bytes) -> None:
         self._writes.put((key, blob))
@@ -212,7 +406,8 @@ class RemoteStore:
                         f.write(blob)
                     self._fs.mv(tmp, f"{self._root}/{entry_name(key)}")
             except Exception as exc:
-                log.warning("torchtpu: remote compile cache %s write failed: %s", self.url, exc)
+                _warn_store(self, "io", "torchtpu: remote compile cache %s write failed: %s "
+                            "(warned once)", self.url, exc)
             finally:
                 self._writes.task_done()
 
@@ -221,42 +416,86 @@ _configured_lock = threading.Lock()
 _configured: dict = {}
 
 
-def configured_stores(subdir: str | None = None, what: str = "compile cache") -> list:
+def _untrusted_reason(directory: str | None) -> str | None:
+    """Why entries in ``directory`` (None: a remote that is no local folder) cannot be trusted
+    as they are, or None: a folder only we can write needs no more; any other store needs
+    signed entries (``config.cache_key``)."""
+    if signing_key() is not None:
+        return None
+    if directory is None:
+        return "a remote store others may write (set TORCHTPU_CACHE_KEY to a secret shared " \
+               "by the people who share it: entries are then signed and checked)"
+    try:
+        reason = writable_by_others(directory)
+    except OSError as exc:
+        return f"its permissions cannot be read ({exc})"
+    if reason is None:
+        return None
+    return f"{reason}; an entry there is code this process would run. Make it yours alone " \
+           f"(chown, chmod go-w), point TORCHTPU_CACHE_DIR elsewhere, or set " \
+           f"TORCHTPU_CACHE_KEY to sign and check entries"
+
+
+def _open_store(make, level: str, root: str, folder: str | None):
+    """The store ``make()`` builds, or None with one warning per root (its executables and
+    graphs/ alike) where it cannot be built or cannot be trusted. ``folder``: the root's local
+    folder (None for an fsspec remote), checked before anything is created in it."""
+    def refuse(reason: str):
+        warn_once(("cache", "untrusted", level, root), "torchtpu: %s compile cache at %s not "
+                  "used: %s", level, root, reason)
+
+    reason = _untrusted_reason(folder) if folder is None or os.path.isdir(folder) else None
+    if reason is not None:
+        return refuse(reason)
+    try:
+        store = make()
+    except Exception as exc:  # an unusable cache (or misconfigured remote) must not stop work
+        warn_once(("cache", "io", level, root), "torchtpu: %s compile cache at %s cannot be "
+                  "used (%s); running without it", level, root, exc)
+        return None
+    reason = _untrusted_reason(store.directory)  # the folder itself, now that it exists
+    if reason is not None:
+        return refuse(reason)
+    return store
+
+
+def configured_stores(subdir: str | None = None) -> list:
     """The disk and remote stores ``config`` asks for now, under ``subdir`` of each root.
 
     Built once per configuration and subdir, and shared: the executable cache uses the roots,
-    the graph caches (``levels.py``) a ``graphs/`` folder in them. A misconfigured remote is
-    logged and left out, never fatal. With a ``subdir``, so is an unwritable disk folder.
+    the graph caches (``levels.py``) a ``graphs/`` folder in them. A store that cannot be
+    created, or whose entries cannot be trusted (module docstring), is left out with one
+    warning, never fatal.
 
     Example::
 
-        for store in configured_stores("graphs", "graph cache"):
+        for store in configured_stores("graphs"):
             blob = store.get(key)
     """
     from .. import config
-    wanted = (subdir, config.cache_dir, config.cache_max_bytes, config.remote_cache)
+    key = signing_key()
+    wanted = (subdir, config.cache_dir, config.cache_max_bytes, config.remote_cache,
+              None if key is None else hashlib.sha256(key).hexdigest())
     with _configured_lock:
         stores = _configured.get(wanted)
         if stores is not None:
             return stores
         stores = []
         if config.cache_dir:
-            if subdir is None:
-                stores.append(DiskStore(config.cache_dir, config.cache_max_bytes))
-            else:
-                try:
-                    stores.append(DiskStore(os.path.join(config.cache_dir, subdir),
-                                            config.cache_max_bytes))
-                except OSError as exc:  # an unwritable cache dir must not stop compiling
-                    log.warning("torchtpu: %s on disk disabled: %s", what, exc)
+            root = os.path.expanduser(config.cache_dir)
+            directory = root if subdir is None else os.path.join(root, subdir)
+            stores.append(_open_store(
+                lambda: DiskStore(directory, config.cache_max_bytes, root=root), "disk", root,
+                root))
         if config.remote_cache:
             url = config.remote_cache if subdir is None else \
                 f"{config.remote_cache.rstrip('/')}/{subdir}"
-            try:
-                stores.append(RemoteStore(url))
-            except Exception as exc:  # a misconfigured remote must not stop compiling
-                log.warning("torchtpu: remote %s disabled: %s", what, exc)
-        for key in [k for k in _configured if k[0] == subdir]:
-            del _configured[key]  # one configuration per subdir at a time, as before
+            folder = config.remote_cache[len("file://"):] \
+                if config.remote_cache.startswith("file://") else None
+            stores.append(_open_store(lambda: RemoteStore(url, root=config.remote_cache),
+                                      "remote", config.remote_cache, folder))
+        stores = [store for store in stores if store is not None]
+        for old in [k for k in _configured if k[0] == subdir]:
+            del _configured[old]  # one configuration per subdir at a time, as before
         _configured[wanted] = stores
         return stores

@@ -118,20 +118,22 @@ def _stores() -> list:
 
 
 def _load_from(store, key: str, client, placement):
-    """(loaded executable, its serialized payload, the framed entry) or Nones."""
-    blob = store.get(key)
-    if blob is None:
+    """(loaded executable, its serialized payload, the framed entry) or Nones. An entry that
+    cannot be read, is damaged or is not to be trusted is a miss at this level (counted, with
+    one warning per store: ``cache.fetch``); a damaged one is discarded."""
+    found = cache_store.fetch(store, key, "executable")
+    if not isinstance(found, tuple):
+        if found in ("corrupt", "untrusted"):
+            counters.add_level(store.level, found)
         counters.add_level(store.level, "misses")
         return None, None, None
+    blob, payload, meta = found
     try:
-        payload, meta = cache_store.unpack(blob)
         loaded = client.pjrt.deserialize_executable(payload, *placement)
     except Exception as exc:
-        log.warning("torchtpu: discarding corrupt %s cache entry (%s); compiling again",
-                    store.level, exc)
+        cache_store.reject(store, key, "executable", f"it does not deserialize: {exc}")
         counters.add_level(store.level, "corrupt")
         counters.add_level(store.level, "misses")
-        store.discard(key)
         return None, None, None
     counters.add_level(store.level, "hits")
     counters.add_level(store.level, "bytes_read", len(blob))
@@ -163,8 +165,8 @@ def compile_stablehlo(bytecode: bytes, fingerprint: str, precision: str,
         loaded, payload, blob = _load_from(store, key, client, placement)
         if loaded is not None:
             for upper in stores[:depth]:  # fill the faster levels
-                upper.put(key, blob)
-                counters.add_level(upper.level, "bytes_written", len(blob))
+                if cache_store.store_entry(upper, key, blob, "executable"):
+                    counters.add_level(upper.level, "bytes_written", len(blob))
             exe = Executable(loaded, key, serialized=payload, compiled_here=False)
             counters.add("cache_hits")
             break
@@ -189,16 +191,13 @@ def _compile(bytecode: bytes, what: str, client, key: str, stores: list, placeme
     exe = Executable(loaded, key)
     if stores:
         try:
-            blob = cache_store.pack(exe.serialize(), compile_seconds=seconds, what=what)
+            blob = cache_store.pack(exe.serialize(), key, compile_seconds=seconds, what=what)
         except Exception as exc:  # some plugins cannot serialize: the cache is an optimization
             log.debug("executable of %s not serializable: %s", what, exc)
             return exe
         for store in stores:
-            try:
-                store.put(key, blob)
+            if cache_store.store_entry(store, key, blob, "executable"):
                 counters.add_level(store.level, "bytes_written", len(blob))
-            except OSError as exc:
-                log.warning("torchtpu: could not write the %s compile cache: %s", store.level, exc)
     return exe
 
 
