@@ -62,9 +62,7 @@ def collect_outputs(slots: list, results: list, args: list, device: str | None =
             outputs.append(empty_tensor(slot.value, device))
         elif kind == "view":
             base = results[slot.index] if slot.value["of"] == "program" else args[slot.index]
-            if slot._steps is None:
-                slot._steps = decode_view_steps(slot.value["ops"])
-            outputs.append(replay_view_steps(base, slot._steps))
+            outputs.append(_rebuilt_view(slot, base))
         elif kind == "none":
             outputs.append(None)
         else:  # an artifact from a newer torchtpu, say: never a silent None
@@ -135,6 +133,22 @@ def replay_view_steps(base, steps: list):
 
 
 _DTYPE_TAG = "torch.dtype"  # {"torch.dtype": "float32"}: no ATen argument is named so
+
+
+def _rebuilt_view(slot: OutputSlot, base):
+    if slot._steps is None:
+        slot._steps = decode_view_steps(slot.value["ops"])
+    try:
+        return replay_view_steps(base, slot._steps)
+    except RuntimeError as exc:
+        # prepare() checked the steps on the layouts a base can come with (as traced,
+        # contiguous); an eager fallback's result can have others. Its values, unaliased.
+        from ._logging import warn_once
+        warn_once(("view-replay", str(slot.value["ops"])),
+                  "torchtpu: an output that views %s %d cannot be rebuilt as a view of its "
+                  "base (%s); it is returned as a copy, and writes to it will not reach the "
+                  "base", slot.value["of"], slot.index, exc)
+        return replay_view_steps(base.contiguous(), slot._steps)
 
 
 def _encode(value):

@@ -71,7 +71,8 @@ def floor_divide(a, b):
 
 def _floor_divide_integers(a, b):
     """a // b in integer arithmetic, as the CPU kernel computes it: the truncated quotient,
-    one less where the remainder is nonzero and its sign differs from the divisor's.
+    one less where the remainder is nonzero and its sign differs from the divisor's
+    (tests/test_integer_division.py).
 
     Division by zero is not caught: XLA has no way to raise from inside a program.
     """
