@@ -1,8 +1,8 @@
 """Where each output of a prepared graph comes from, and the one loop that rebuilds them.
 
 ``lower/calling_convention.py`` drops from a program the outputs XLA need not compute (None,
-inputs returned as they are, constants, duplicates, tensors with no elements) and records an
-``OutputSlot`` for each;
+inputs returned as they are, constants, duplicates, tensors with no elements, views of inputs
+or of other outputs) and records an ``OutputSlot`` for each;
 compiled programs (``program.py``) and loaded AOT artifacts (``aot/loader.py``) put them back
 with ``collect_outputs``. This module imports nothing heavy: the AOT loader must not pull in
 torch-mlir.
@@ -14,16 +14,19 @@ Example::
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, field
 
 
 @dataclass
 class OutputSlot:
     """Where one output of the original graph comes from."""
     kind: str          # "program" (index into program outputs), "input", "none", "constant",
-    #                    "empty" (value: [shape, dtype name, device type])
+    #                    "empty" (value: [shape, dtype name, device type]), "view" (value:
+    #                    {"of": "program" | "input", "ops": view steps}; index: the base's)
     index: int = -1
     value: object = None
+    _steps: object = field(default=None, init=False, repr=False, compare=False)
 
     def to_json(self) -> dict:
         """A JSON-ready form (AOT manifests); constants are ints, floats or bools."""
@@ -57,8 +60,13 @@ def collect_outputs(slots: list, results: list, args: list, device: str | None =
             outputs.append(slot.value)
         elif kind == "empty":
             outputs.append(empty_tensor(slot.value, device))
-        else:
+        elif kind == "view":
+            base = results[slot.index] if slot.value["of"] == "program" else args[slot.index]
+            outputs.append(_rebuilt_view(slot, base))
+        elif kind == "none":
             outputs.append(None)
+        else:  # an artifact from a newer torchtpu, say: never a silent None
+            raise ValueError(f"output slot of unknown kind {kind!r}")
     return outputs
 
 
@@ -77,3 +85,102 @@ def empty_tensor(spec: list, device: str | None = None):
     import torch  # not at import: the loader's light imports (torch is loaded by then anyway)
     shape, dtype, traced_device = spec
     return torch.empty(shape, dtype=getattr(torch, dtype), device=device or traced_device)
+
+
+# --- views rebuilt after the program runs ----------------------------------------------------
+# A graph output that is a view of another output (or of an input) is a view in eager PyTorch:
+# a write through one shows in the other. XLA returns fresh buffers, so such an output is not
+# computed by the program but replayed on its base, op by op. The steps are JSON (AOT
+# manifests): [op name, args, kwargs, item of a multi-output view or None].
+
+def encode_view_steps(steps: list):
+    """``steps`` as [(OpOverload, args, kwargs, item)] in JSON form; None where an argument
+    has no JSON form (then the output is computed by the program, not rebuilt).
+
+    Example::
+
+        encode_view_steps([(torch.ops.aten.view.default, ([-1],), {}, None)])
+        # [["aten.view.default", [[-1]], {}, None]]
+    """
+    encoded = []
+    for op, args, kwargs, item in steps:
+        try:
+            encoded.append([str(op), _encode(list(args)), _encode(dict(kwargs)), item])
+        except TypeError:
+            return None
+    return encoded
+
+
+def decode_view_steps(encoded: list) -> list:
+    """The callable steps of ``encode_view_steps``'s JSON: [(op, args, kwargs, item)]."""
+    return [(_op(name), _decode(args), _decode(kwargs), item)
+            for name, args, kwargs, item in encoded]
+
+
+def replay_view_steps(base, steps: list):
+    """``base`` seen through ``steps`` (from ``decode_view_steps``): a view sharing its storage.
+
+    Example::
+
+        y = replay_view_steps(x, decode_view_steps([["aten.view.default", [[-1]], {}, None]]))
+        y._base is x
+    """
+    for op, args, kwargs, item in steps:
+        base = op(base, *args, **kwargs)
+        if item is not None:
+            base = base[item]
+    return base
+
+
+_DTYPE_TAG = "torch.dtype"  # {"torch.dtype": "float32"}: no ATen argument is named so
+
+
+def _rebuilt_view(slot: OutputSlot, base):
+    if slot._steps is None:
+        slot._steps = decode_view_steps(slot.value["ops"])
+    try:
+        return replay_view_steps(base, slot._steps)
+    except RuntimeError as exc:
+        # prepare() checked the steps on the layouts a base can come with (as traced,
+        # contiguous); an eager fallback's result can have others. Its values, unaliased.
+        from ._logging import warn_once
+        warn_once(("view-replay", str(slot.value["ops"])),
+                  "torchtpu: an output that views %s %d cannot be rebuilt as a view of its "
+                  "base (%s); it is returned as a copy, and writes to it will not reach the "
+                  "base", slot.value["of"], slot.index, exc)
+        return replay_view_steps(base.contiguous(), slot._steps)
+
+
+def _encode(value):
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_encode(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _encode(v) for k, v in value.items()}
+    if type(value).__name__ == "dtype" and type(value).__module__ == "torch":
+        return {_DTYPE_TAG: str(value).removeprefix("torch.")}
+    raise TypeError(f"no JSON form for a view argument of type {type(value).__name__}")
+
+
+def _decode(value):
+    if isinstance(value, list):
+        return [_decode(v) for v in value]
+    if isinstance(value, dict):
+        if set(value) == {_DTYPE_TAG}:
+            import torch
+            return getattr(torch, value[_DTYPE_TAG])
+        return {k: _decode(v) for k, v in value.items()}
+    return value
+
+
+@functools.lru_cache(maxsize=None)
+def _op(name: str):
+    # Only view ops: the steps may come from an artifact's manifest, and replaying anything
+    # else there (a write, a copy) would let a file run ops on the caller's tensors.
+    import torch
+    namespace, op, overload = name.split(".")
+    found = getattr(getattr(getattr(torch.ops, namespace), op), overload)
+    if not isinstance(found, torch._ops.OpOverload) or not found.is_view:
+        raise ValueError(f"{name} is not a view op")
+    return found

@@ -3,7 +3,8 @@
 Each op falls in one of these kinds, decided once per op and kept:
 
 - a registered handler (``@handles``): copies, device moves, clone, empty-likes, dropout;
-- a view (``op.is_view``): a new tensor over the same storage, geometry from the meta device;
+- a view (``op.is_view``, and ``_unsafe_view``): a new tensor over the same storage, geometry
+  from the meta device;
 - a random op: drawn on the host from the tpu generator (``rng.py``);
 - a host value (returns a Python number or bool: ``.item()``, ``equal``): computed on the host;
 - everything else: traced once per (op, shapes, dtypes, arguments) into an ``OpGraph``, which
@@ -392,6 +393,12 @@ def run_view(func, args, kwargs):
 
 class _NotAView(Exception):
     pass
+
+
+# A view autograd does not track: aot_autograd returns some compiled outputs through it to
+# hide their aliasing from autograd. On the CPU it shares the storage; traced as an op, it
+# copied, and those outputs no longer aliased each other.
+handles(aten._unsafe_view.default)(run_view)
 
 
 def run_inplace_view(func, args, kwargs):

@@ -68,7 +68,7 @@ class OpGraph:
                                        for n in gm.graph.nodes)
 
     def _build(self, precision: str):
-        prepared = prepare(self.gm)
+        prepared = prepare(self.gm, rebuild_views=False)
         executable = None
         if prepared.num_program_outputs:
             client = get_client()
@@ -83,7 +83,7 @@ class OpGraph:
         """Raise ``LoweringError`` if this graph cannot be lowered (no XLA compile)."""
         if getattr(self, "_lowers", False):
             return
-        prepared = prepare(self.gm)
+        prepared = prepare(self.gm, rebuild_views=False)
         if prepared.num_program_outputs:
             client = get_client()
             lower_graph(prepared.gm, platform=client.platform,

@@ -21,7 +21,10 @@ import zipfile
 from ..errors import TorchTPUError
 
 FORMAT = "torchtpu-aot"
-FORMAT_VERSION = 2  # 2: one program per bucket (version 1 had a single program)
+# 2: one program per bucket (version 1 had a single program); 3: "view" output slots (outputs
+# rebuilt as views of inputs or of other outputs), which a version-2 reader cannot rebuild.
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (2, 3)
 
 
 def portable_member(program: str) -> str:

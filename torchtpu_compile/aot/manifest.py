@@ -17,7 +17,7 @@ import json
 import re
 
 from . import specs
-from .artifact_file import (FORMAT, FORMAT_VERSION, ArtifactError, executable_member,
+from .artifact_file import (FORMAT, READABLE_VERSIONS, ArtifactError, executable_member,
                             portable_member)
 
 MEMBER = "manifest.json"
@@ -130,7 +130,19 @@ def EMPTY_SPEC(value, where):  # noqa: N802  (a schema, like the constants aroun
     string(value[2], f"{where}[2]")
 
 
-OUTPUT_SLOT = record({"kind": one_of("program", "input", "none", "constant", "empty")},
+def _check_view_slot(value, where):
+    from ..output_slots import decode_view_steps
+    if not isinstance(value, dict) or value.get("of") not in ("program", "input") or \
+            not isinstance(value.get("ops"), list):
+        raise _Invalid(where, f"expected {{'of': 'program' | 'input', 'ops': [...]}}, got "
+                              f"{_show(value)}")
+    try:
+        decode_view_steps(value["ops"])
+    except Exception as exc:
+        raise _Invalid(f"{where}.ops", f"not view steps ({type(exc).__name__}: {exc})") from exc
+
+
+OUTPUT_SLOT = record({"kind": one_of("program", "input", "none", "constant", "empty", "view")},
                      {"index": integer, "value": anything})
 PROGRAM = record({
     "name": string, "graph_arguments": list_of(GRAPH_ARGUMENT), "arg_indices": list_of(count),
@@ -141,7 +153,7 @@ PROGRAM = record({
 DYNAMIC_DIM = record({"input": string, "input_index": count, "dim": count, "symbol": string,
                       "min": count, "max": count, "buckets": list_of(count)})
 MANIFEST = record({
-    "format": one_of(FORMAT), "format_version": one_of(FORMAT_VERSION),
+    "format": one_of(FORMAT), "format_version": one_of(*READABLE_VERSIONS),
     "inputs": list_of(INPUT), "in_spec": nullable(string), "out_spec": nullable(string),
     "dynamic_dims": list_of(DYNAMIC_DIM), "programs": list_of(PROGRAM),
     "precision": one_of("medium", "high", "highest"), "stablehlo_version": string,
@@ -199,7 +211,9 @@ def _check_program(program: dict, where: str, n_inputs: int, symbols: set, n_dim
     bound = {"program": len(program["program_outputs"]), "input": len(arguments)}
     for j, slot in enumerate(program["output_slots"]):
         at = f"{where}.output_slots[{j}]"
-        limit = bound.get(slot["kind"])
+        if slot["kind"] == "view":
+            _check_view_slot(slot.get("value"), f"{at}.value")
+        limit = bound.get(slot["value"]["of"] if slot["kind"] == "view" else slot["kind"])
         if limit is not None and not 0 <= slot.get("index", -1) < limit:
             raise _Invalid(f"{at}.index", f"{slot['kind']} {slot.get('index')} of {limit}")
         if slot["kind"] == "empty":
@@ -228,9 +242,10 @@ def parse(path: str, data: bytes) -> dict:
         raise ArtifactError(f"{path!r}: {MEMBER} is not JSON ({exc})") from exc
     if isinstance(manifest, dict) and manifest.get("format") != FORMAT:
         raise ArtifactError(f"{path!r} is not a torchtpu artifact")
-    if isinstance(manifest, dict) and manifest.get("format_version") != FORMAT_VERSION:
+    if isinstance(manifest, dict) and manifest.get("format_version") not in READABLE_VERSIONS:
         raise ArtifactError(f"{path!r} has format version {manifest.get('format_version')}; "
-                            f"this torchtpu reads version {FORMAT_VERSION}")
+                            f"this torchtpu reads versions "
+                            f"{', '.join(map(str, READABLE_VERSIONS))}")
     try:
         MANIFEST(manifest, "manifest")
         _check_references(manifest)

@@ -6,6 +6,10 @@ and records how to rebuild the caller's view around the executable:
 - None outputs (common in backward graphs), outputs that are inputs, duplicate outputs,
   constant (int) outputs and tensors with no elements (batch norm's reserve) are dropped from
   the program and put back after it runs;
+- outputs that are views of inputs, or views of a computed tensor that another output also
+  shows (``y, y.view(-1)``), are rebuilt as views after the program runs, so that a write
+  through one output shows in the others as in eager PyTorch (aot_autograd leaves this
+  aliasing to the backend in inference graphs);
 - tensors held by the graph (``get_attr``) become arguments, never inlined literals;
 - random ops (dropout masks, ``rand``) are drawn on the host from torch's generator and passed
   in, so results follow ``torch.manual_seed`` exactly as eager does.
@@ -21,9 +25,11 @@ import torch
 import torch.fx as fx
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
-from ..output_slots import OutputSlot, empty_spec
+from ..output_slots import (OutputSlot, decode_view_steps, empty_spec, encode_view_steps,
+                            replay_view_steps)
 
 aten = torch.ops.aten
+prims = torch.ops.prims
 
 # Random ops whose tensor arguments only give shape and dtype: they can be drawn on the host
 # before the program runs.
@@ -76,7 +82,8 @@ class PreparedGraph:
 
     @property
     def num_program_outputs(self) -> int:
-        return sum(1 for o in self.outputs if o.kind == "program")
+        # Not the "program" slots: a root that only views show is a program output too.
+        return len(self.gm.graph.output_node().args[0])
 
 
 def _new_placeholder(graph: fx.Graph, after: fx.Node | None, name: str, val) -> fx.Node:
@@ -93,8 +100,12 @@ def _new_placeholder(graph: fx.Graph, after: fx.Node | None, name: str, val) -> 
     return node
 
 
-def prepare(gm: fx.GraphModule) -> PreparedGraph:
-    """Rewrite a copy of ``gm`` to the program calling convention (``gm`` is not changed)."""
+def prepare(gm: fx.GraphModule, rebuild_views: bool = True) -> PreparedGraph:
+    """Rewrite a copy of ``gm`` to the program calling convention (``gm`` is not changed).
+
+    ``rebuild_views``: outputs that alias inputs or other outputs become "view" slots (for
+    callers that hold tensors; the eager device's graphs return buffers, which cannot view).
+    """
     gm = fx.GraphModule(gm, _copy_graph(gm.graph))
     graph = gm.graph
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
@@ -135,9 +146,21 @@ def prepare(gm: fx.GraphModule) -> PreparedGraph:
     single = not isinstance(raw, (tuple, list))
     values = [raw] if single else list(raw)
     input_pos = {n: i for i, n in enumerate(placeholders)}
+    views = _rebuilt_views(values, input_pos) if rebuild_views else {}
     slots, program_values, seen = [], [], {}
     for value in values:
-        if value is None:
+        if value in views:
+            root, steps = views[value]
+            if root in input_pos:
+                slots.append(OutputSlot("view", index=input_pos[root],
+                                        value={"of": "input", "ops": steps}))
+                continue
+            if root not in seen:
+                seen[root] = len(program_values)
+                program_values.append(root)
+            slots.append(OutputSlot("view", index=seen[root],
+                                    value={"of": "program", "ops": steps}))
+        elif value is None:
             slots.append(OutputSlot("none"))
         elif not isinstance(value, fx.Node):
             slots.append(OutputSlot("constant", value=value))
@@ -158,6 +181,113 @@ def prepare(gm: fx.GraphModule) -> PreparedGraph:
     gm.recompile()
     return PreparedGraph(gm=gm, arg_indices=arg_indices, constants=constants,
                          random_inputs=random_inputs, outputs=slots, single_output=single)
+
+
+# Views whose result depends on the base's strides, not only its values: replayed on a base
+# laid out otherwise than in the trace (program results are contiguous), they would read other
+# elements.
+_LAYOUT_DEPENDENT_VIEWS = {aten.as_strided.default, aten._reshape_alias.default}
+
+
+def _as_reshape(node: fx.Node):
+    return aten.view.default, (list(node.meta["val"].shape),)
+
+
+# The view prims that decompositions leave (unbind: slice + prims.squeeze) as the ATen views
+# they are: prims carry no autograd view metadata, so their results would share storage with
+# no ``_base``, unlike eager's.
+_PRIMS_AS_ATEN = {
+    prims.squeeze.default: _as_reshape,
+    prims.split_dim.default: _as_reshape,
+    prims.collapse_view.default: _as_reshape,
+    prims.transpose.default: lambda node: (aten.permute.default, (node.args[1],)),
+    prims.view_of.default: lambda node: (aten.alias.default, ()),
+    prims.view_of_dtype.default: lambda node: (aten.view.dtype, (node.args[1],)),
+}
+
+
+def _view_step(node: fx.Node):
+    """(the viewed node, (op, args, kwargs, item)) if ``node`` is an ATen view of another."""
+    item = None
+    if node.op == "call_function" and node.target is operator.getitem and \
+            isinstance(node.args[0], fx.Node):  # one output of split, unbind, chunk
+        node, item = node.args[0], node.args[1]
+    target = node.target
+    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload) or \
+            not target.is_view or target in _LAYOUT_DEPENDENT_VIEWS or not node.args or \
+            not isinstance(node.args[0], fx.Node):
+        return None
+    args, kwargs = node.args[1:], node.kwargs
+    if target in _PRIMS_AS_ATEN:
+        target, args = _PRIMS_AS_ATEN[target](node)
+    elif target.namespace != "aten":
+        return None
+    graph_values = []  # a view whose size comes from the graph cannot be replayed later
+    fx.node.map_arg((args, kwargs), graph_values.append)
+    if graph_values:
+        return None
+    return node.args[0], (target, args, kwargs, item)
+
+
+def _view_chain(node: fx.Node):
+    """(root, JSON steps from root to ``node``): the first node up the chain of views that is
+    not itself a view; no steps if ``node`` is not a view (or one we cannot replay)."""
+    steps = []
+    root = node
+    while True:
+        step = _view_step(root)
+        if step is None:
+            break
+        root, one = step
+        steps.append(one)
+    steps.reverse()
+    # aot_autograd marks some outputs with an alias() of a view; replayed, it would make the
+    # view its _base. Alone it stays: then it is the output's only link to its root.
+    if len(steps) > 1:
+        steps = [s for s in steps if s[0] is not aten.alias.default] or steps[:1]
+    encoded = encode_view_steps(steps)
+    return (root, encoded) if steps and encoded is not None else (node, [])
+
+
+def _replays(steps: list, base_meta, want) -> bool:
+    """The steps run on ``base_meta`` (a meta tensor) and give ``want``'s shape and dtype."""
+    try:
+        out = replay_view_steps(base_meta, decode_view_steps(steps))
+    except Exception:  # an invalid view on this layout (view of a transposed base)
+        return False
+    return tuple(out.shape) == tuple(want.shape) and out.dtype == want.dtype
+
+
+def _rebuilt_views(values: list, input_pos: dict) -> dict:
+    """{output node: (root, steps)} for the outputs to rebuild as views after the program.
+
+    A view of an input always (a view costs nothing and aliases it, as in eager); a view of a
+    computed tensor when another output shares its root (else its aliasing cannot be seen, and
+    the program returns only the view's elements rather than all of its root's). The steps
+    must replay on the base as it will come: an input as traced or contiguous (a region of a
+    partitioned graph gets earlier programs' results), a program result contiguous.
+    """
+    chains = {v: _view_chain(v) for v in values if isinstance(v, fx.Node)}
+    sharing: dict = {}
+    for node, (root, _) in chains.items():
+        sharing.setdefault(root, set()).add(node)
+    rebuilt = {}
+    for node, (root, steps) in chains.items():
+        if not steps or _has_no_elements(node) or _has_no_elements(root):
+            continue
+        want, base = node.meta.get("val"), root.meta.get("val")
+        if not isinstance(want, torch.Tensor) or not isinstance(base, torch.Tensor):
+            continue
+        contiguous = torch.empty(base.shape, dtype=base.dtype, device="meta")
+        if root in input_pos:
+            traced = torch.empty_strided(base.shape, base.stride(), dtype=base.dtype,
+                                         device="meta")
+            ok = _replays(steps, traced, want) and _replays(steps, contiguous, want)
+        else:
+            ok = len(sharing[root]) > 1 and _replays(steps, contiguous, want)
+        if ok:
+            rebuilt[node] = (root, steps)
+    return rebuilt
 
 
 def _has_no_elements(node: fx.Node) -> bool:

@@ -51,6 +51,38 @@ def fmod_scalar(a, b):
     return torch.fmod(a, _as_tensor(b, a))
 
 
+def _is_integer(dtype: torch.dtype) -> bool:
+    return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+
+
+@decomposition(aten.div.Tensor_mode, aten.div.Scalar_mode)
+def div_mode(a, b, *, rounding_mode=None):
+    # torch-mlir floors integer quotients in float64: int64 beyond 2**53 loses its low digits
+    # (and TPUs have no float64). Integers are floored exactly here; floats stay torch-mlir's.
+    if rounding_mode != "floor" or not _is_integer(torch.result_type(a, b)):
+        return NotImplemented
+    return _floor_divide_integers(_as_tensor(a, b), _as_tensor(b, a))
+
+
+@decomposition(aten.floor_divide.default, aten.floor_divide.Scalar)
+def floor_divide(a, b):
+    return torch.div(a, b, rounding_mode="floor")
+
+
+def _floor_divide_integers(a, b):
+    """a // b in integer arithmetic, as the CPU kernel computes it: the truncated quotient,
+    one less where the remainder is nonzero and its sign differs from the divisor's
+    (tests/test_integer_division.py).
+
+    Division by zero is not caught: XLA has no way to raise from inside a program.
+    """
+    quotient = torch.div(a, b, rounding_mode="trunc")
+    rest = a - quotient * b
+    # logical_xor, not !=: see remainder.
+    rounds_down = (rest != 0) & torch.logical_xor(rest < 0, b < 0)
+    return quotient - rounds_down.to(quotient.dtype)
+
+
 def _computing_dtype(dtype: torch.dtype) -> torch.dtype:
     """float32 for the half-width floats, which eager's CPU kernels compute in; else ``dtype``."""
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype

@@ -156,3 +156,60 @@ def sorts_put_nan_last(module, ctx):
         nan_order = _create("stablehlo.and", [first, not_second], i1, ip, loc)
         terminator.operands[0] = _create("stablehlo.or", [compare.result, nan_order], i1, ip,
                                          loc)
+
+
+@stablehlo_pass
+def arg_reductions_pick_nan(module, ctx):
+    # argmax/argmin, max.dim/min.dim: torch-mlir reduces (value, index) pairs with `a >= b`
+    # (`a <= b`) and, on `a == b`, the smaller index. NaN compares false with everything, so
+    # which NaN (or number) won depended on XLA's reduction order. Eager's rule: the first
+    # NaN wins, both directions. NaN becomes the best value and equal to itself; the pair
+    # order is then total and the reduction has one answer whatever its order.
+    ne = ir.Attribute.parse("#stablehlo<comparison_direction NE>")
+    for reduce in _ops_named(module, ("stablehlo.reduce",)):
+        ops = list(reduce.regions[0].blocks[0].operations)
+        matched = _arg_reduction_compares(ops)
+        if matched is None:
+            continue
+        better, same = matched
+        a, b = better.operands
+        loc, i1, kind = better.location, better.result.type, better.attributes["compare_type"]
+        after_better = ir.InsertionPoint(ops[ops.index(better) + 1])
+        a_nan = _create("stablehlo.compare", [a, a], i1, after_better, loc,
+                        comparison_direction=ne, compare_type=kind)
+        b_nan = _create("stablehlo.compare", [b, b], i1, after_better, loc,
+                        comparison_direction=ne, compare_type=kind)
+        nan_better = _create("stablehlo.or", [better.result, a_nan], i1, after_better, loc)
+        after_same = ir.InsertionPoint(ops[ops.index(same) + 1])
+        both_nan = _create("stablehlo.and", [a_nan, b_nan], i1, after_same, loc)
+        nan_same = _create("stablehlo.or", [same.result, both_nan], i1, after_same, loc)
+        for op in ops:
+            if op in (better, same):
+                continue
+            for i, operand in enumerate(list(op.operands)):
+                if operand == better.result:
+                    op.operands[i] = nan_better
+                elif operand == same.result:
+                    op.operands[i] = nan_same
+
+
+def _arg_reduction_compares(ops: list):
+    """(the GE/LE compare, the EQ compare) of torch-mlir's (value, index) reducer, else None.
+
+    Its body: compare GE|LE (a, b); select; compare EQ (a, b); minimum; select; select; return.
+    """
+    names = [op.name for op in ops]
+    if names != ["stablehlo.compare", "stablehlo.select", "stablehlo.compare",
+                 "stablehlo.minimum", "stablehlo.select", "stablehlo.select",
+                 "stablehlo.return"]:
+        return None
+    better, same = ops[0], ops[2]
+    if not (_is_float_compare(better) and _is_float_compare(same)):
+        return None
+    direction = str(better.attributes["comparison_direction"])
+    if not direction.endswith(("GE>", "LE>")) or \
+            not str(same.attributes["comparison_direction"]).endswith("EQ>"):
+        return None
+    if list(better.operands) != list(same.operands):
+        return None
+    return better, same
