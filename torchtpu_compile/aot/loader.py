@@ -177,6 +177,7 @@ def load(path: str) -> LoadedArtifact:
     from safetensors.torch import load as load_tensors
 
     from ..runtime.client import get_client
+    from ..runtime.transfer import shareable
     from .dynamic import BucketTable
 
     members = artifact_file.read_members(path)
@@ -188,7 +189,9 @@ def load(path: str) -> LoadedArtifact:
         executable, rebuilt = _load_executable(path, members, manifest, entry, client)
         recompiled |= rebuilt
         programs[entry["name"]] = _Program(entry, executable, buckets.symbols)
-    state = load_tensors(members["params.safetensors"])
+    # Tensors at arbitrary offsets of the file: copied where the CPU client could not share
+    # them, as it must to keep them resident (runtime.transfer.to_buffer).
+    state = {name: shareable(t) for name, t in load_tensors(members["params.safetensors"]).items()}
     for alias, stored in manifest.get("state_aliases", {}).items():
         state[alias] = state[stored]
     example = {}
