@@ -1,5 +1,9 @@
 """Where torchtpu's per-call time goes, on the one-op graph ``x + 1`` (8 elements).
 
+A second graph, ``Linear(64, 64)``, shows the cost of its parameters: resident (a buffer that
+aliases the weight's memory, reused) and, for a weight whose memory PJRT cannot alias (not
+64-byte aligned, as on every non-CPU platform), uploaded at each call.
+
 Not part of run_all: a diagnostic for work on the runtime path (program.py, runtime/). It prints
 
 1. the median time of each stage of one call, timed alone and interleaved (see common.py),
@@ -53,6 +57,15 @@ def main() -> None:
     exe = program.executable
     buf = to_buffer(x)
     out_buf = exe.run([buf])[0]
+    linear = torch.nn.Linear(64, 64)
+    compiled_linear = torch.compile(linear, backend="torchtpu")
+    xl = torch.randn(4, 64)
+    weight = linear.weight
+    # The same values 4 bytes past a 64-byte boundary: PJRT copies it at each upload.
+    unaligned = torch.empty(weight.numel() + 1)[1:].view_as(weight).copy_(weight.detach())
+    unaligned = torch.nn.Parameter(unaligned)
+    with torch.no_grad():
+        compiled_linear(xl)
     jitted = jax.jit(lambda a: a + 1)
     xj = jnp.asarray(x.numpy())
     jitted(xj).block_until_ready()
@@ -68,10 +81,14 @@ def main() -> None:
         "      to_buffer(x)": lambda: to_buffer(x),
         "      Executable.run([buf])": lambda: exe.run([buf]),
         "      to_torch(out)": lambda: to_torch(out_buf),
+        "torchtpu: Linear(64,64) call": lambda: compiled_linear(xl),
+        "  to_buffer(weight, resident)": lambda: to_buffer(weight, True),
+        "  to_buffer(unaligned, resident)": lambda: to_buffer(unaligned, True),
         "jax.jit(x + 1) on a jax array": lambda: jitted(xj),
         "  ... and block_until_ready()": lambda: jitted(xj).block_until_ready(),
     }
-    times, busy = interleaved(stages, rounds=20, inner=200, warmup=50)
+    with torch.no_grad():
+        times, busy = interleaved(stages, rounds=20, inner=200, warmup=50)
     print(f"median per call, stages timed alone (other processes took {busy or 0:.0%} CPU):")
     for name, seconds in times.items():
         print(f"  {name:<34} {fmt_time(seconds):>10}")

@@ -99,10 +99,10 @@ def test_parameters_stay_resident_between_calls():
             compiled(x)
     assert torchtpu_compile.stats()["resident_uploads"] == 0
     with torch.no_grad():
-        model[0].weight.add_(1)  # a changed weight is uploaded again, once
+        model[0].weight.add_(1)  # the device buffer is the weight's memory: no upload at all
         torch.testing.assert_close(compiled(x), model(x), rtol=2e-2, atol=2e-2)
         compiled(x)
-    assert torchtpu_compile.stats()["resident_uploads"] == 1
+    assert torchtpu_compile.stats()["resident_uploads"] == 0
 
 
 def test_buffers_stay_resident_too():

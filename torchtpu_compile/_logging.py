@@ -34,7 +34,21 @@ def warn_once(key, message: str, *args) -> None:
 
         warn_once(("fallback", "aten.nonzero"), "falling back to eager for %s", "aten.nonzero")
     """
+    _log_once(logging.WARNING, key, message, *args)
+
+
+def info_once(key, message: str, *args) -> None:
+    """Log ``message`` at INFO level the first time ``key`` is seen (a hint, not a problem).
+
+    Example::
+
+        info_once(("copied", "cpu"), "a weight is copied at every call: %s", "float32[3, 4]")
+    """
+    _log_once(logging.INFO, key, message, *args)
+
+
+def _log_once(level: int, key, message: str, *args) -> None:
     if key in _warned:
         return
     _warned.add(key)
-    log.warning(message, *args)
+    log.log(level, message, *args)

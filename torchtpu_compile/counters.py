@@ -17,7 +17,8 @@ def _fresh() -> dict:
         "cache_misses": 0,
         "fallback_ops": collections.Counter(),   # op name -> nodes sent to eager PyTorch
         "graphs_with_fallback": 0,
-        "resident_uploads": 0,       # parameters/constants uploaded (again only after a change)
+        "resident_uploads": 0,       # parameters/buffers/constants uploaded (kept if aliased)
+        "resident_copies": 0,        # ... of which were copies, made again at every call
         # The eager tpu device (torchtpu_eager).
         "eager_programs_compiled": 0,    # single-op and fused programs built
         "eager_fallbacks": 0,            # ops run on the host because they do not lower

@@ -16,3 +16,27 @@ class LoweringError(TorchTPUError):
 
 class UnsupportedOpError(LoweringError):
     """An op cannot be lowered and ``TORCHTPU_STRICT=1`` forbids the eager fallback."""
+
+
+class InvalidInputError(Exception):
+    """Eager PyTorch rejects these inputs, and so do we, with its exception and message, found
+    while tracing (before any device work). Raised as ``InputRuntimeError`` or
+    ``InputIndexError`` (``invalid_input``): the types eager raises."""
+
+
+class InputRuntimeError(InvalidInputError, RuntimeError):
+    """Eager raises RuntimeError for these inputs."""
+
+
+class InputIndexError(InvalidInputError, IndexError):
+    """Eager raises IndexError for these inputs (a dim out of range or of size 0)."""
+
+
+def invalid_input(kind: type, message: str) -> InvalidInputError:
+    """The error eager raises, as ``kind`` (RuntimeError or IndexError), marked as ours.
+
+    Example::
+
+        raise invalid_input(IndexError, "max(): Expected reduction dim 0 to have non-zero size.")
+    """
+    return (InputIndexError if issubclass(kind, IndexError) else InputRuntimeError)(message)

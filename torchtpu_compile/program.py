@@ -24,7 +24,7 @@ from .errors import LoweringError, UnsupportedOpError
 from .lower import lower_graph
 from .lower.cache import lower_graph_cached
 from .lower.collective_graphs import plan_collectives
-from .lower.calling_convention import prepare
+from .lower.calling_convention import pin_rng_state_sizes, prepare
 from .lower.fx_passes import normalize
 from .lower.precision import resolve_precision
 from .lower.support import describe, is_host_scalar, op_name, probe, rule_violation
@@ -92,7 +92,7 @@ class Program:
             buffers = [to_buffer(args[i], i in resident or type(args[i]) is _Parameter, client)
                        for i in prepared.arg_indices]
             buffers += [to_buffer(c, True, client) for c in prepared.constants]
-            buffers += [to_buffer(draw(), False, client) for draw in prepared.random_inputs]
+            buffers += [to_buffer(draw(args), False, client) for draw in prepared.random_inputs]
             results = [wrap(b) for wrap, b in zip(self._wrap, self.executable.run(buffers))]
         return collect_outputs(prepared.outputs, results, args)
 
@@ -290,6 +290,7 @@ class GraphRunner:
         self._boxed_call = True
         self.gm = gm
         self.name = name or f"graph_{next(_graph_ids)}"
+        pin_rng_state_sizes(gm)
         self.static = _is_static(gm)
         self.resident_inputs = resident_inputs
         self._programs: dict = {}

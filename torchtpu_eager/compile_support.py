@@ -56,6 +56,8 @@ def teach_dynamo() -> None:
     # Our dispatch code runs below the graph (as ATen kernels do); Dynamo must never trace it.
     trace_rules.add("torchtpu_eager")
     register_with_runtime()
+    from .rng import register_replay_ops
+    register_replay_ops(TpuTensor)
     _taught = True
 
 

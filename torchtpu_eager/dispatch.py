@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from torchtpu_compile.errors import LoweringError
+from torchtpu_compile.errors import InvalidInputError, LoweringError
 
 from . import fallback, modes, rng, scalars, views
 from .programs import OpGraph, example, trace
@@ -251,6 +251,8 @@ def _build(func, args, kwargs, tensors, lift_floats=False):
         else:
             graph = trace(fn, examples, label)
         modes.current().check(graph)
+    except InvalidInputError:
+        raise  # eager's own error for these inputs, not a reason to run the op on the host
     except (LoweringError, NotImplementedError, RuntimeError, TypeError, ValueError,
             AssertionError, IndexError) as exc:
         if lift_floats:

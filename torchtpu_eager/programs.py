@@ -76,8 +76,7 @@ class OpGraph:
             executable = compile_stablehlo(lowered.bytecode, lowered.fingerprint, precision,
                                            what=self.label)
             counters.add("eager_programs_compiled")
-        constants = [to_buffer(c) for c in prepared.constants]
-        return prepared, executable, constants
+        return prepared, executable
 
     def check_lowers(self) -> None:
         """Raise ``LoweringError`` if this graph cannot be lowered (no XLA compile)."""
@@ -91,7 +90,7 @@ class OpGraph:
         self._lowers = True
 
     def compiled(self):
-        """(prepared graph, executable, constant buffers) at the current matmul precision."""
+        """(prepared graph, executable) at the current matmul precision."""
         if self._precision_free:
             entry = self._compiled.get(None)
             if entry is None:
@@ -105,12 +104,12 @@ class OpGraph:
 
     def run(self, buffers: list) -> list:
         """Run on concrete PJRT buffers; one buffer per graph output."""
-        prepared, executable, constants = self.compiled()
+        prepared, executable = self.compiled()
         results = ()
         if executable is not None:
             inputs = [buffers[i] for i in prepared.arg_indices]
-            if constants:
-                inputs += constants
+            if prepared.constants:  # resident by the one rule of runtime.transfer.to_buffer
+                inputs += [to_buffer(c, True) for c in prepared.constants]
             if prepared.random_inputs:
                 inputs += [to_buffer(draw()) for draw in prepared.random_inputs]
             results = executable.run(inputs)

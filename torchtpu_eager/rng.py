@@ -40,12 +40,36 @@ def initial_seed() -> int:
     return _initial_seed
 
 
-def get_rng_state() -> torch.Tensor:
+def get_rng_state(device="tpu") -> torch.Tensor:
+    """The generator's state (``device``: the one tpu device, as ``torch.cuda`` takes it).
+
+    Example::
+
+        state = torch.tpu.get_rng_state()
+        a = torch.rand(3, device="tpu")
+        torch.tpu.set_rng_state(state)
+        b = torch.rand(3, device="tpu")      # equal to a
+    """
+    check_device(device)
     return _generator.get_state()
 
 
-def set_rng_state(state: torch.Tensor) -> None:
+def set_rng_state(state: torch.Tensor, device="tpu") -> None:
+    check_device(device)
     _generator.set_state(state)
+
+
+def check_device(device) -> None:
+    """Raise for a device other than the process's one tpu device (tpu:0)."""
+    if isinstance(device, int):
+        index = device
+    else:
+        device = torch.device(device)
+        if device.type != "tpu":
+            raise ValueError(f"expected a tpu device, got {device}")
+        index = device.index
+    if index not in (None, 0, -1):
+        raise ValueError(f"tpu:{index} does not exist: this process drives one device, tpu:0")
 
 
 @contextlib.contextmanager
@@ -59,3 +83,27 @@ def drawing_from_tpu_generator():
     finally:
         _generator.set_state(cpu.get_state())
         cpu.set_state(saved)
+
+
+def register_replay_ops(tensor_type) -> None:
+    """Run the RNG state ops of compiled graphs on ``tensor_type`` (tpu) tensors.
+
+    aot_autograd gives a recomputed random op (dropout in a checkpointed block) the state it
+    drew from in the forward: ``run_and_save_rng_state`` returns the generator's state with the
+    op's result, ``run_with_rng_state`` replays the op from that state. PyTorch implements them
+    per device (CPU, CUDA, ...): for the tpu they read and set this generator.
+    """
+    from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
+
+    @run_and_save_rng_state.py_impl(tensor_type)
+    def run_and_save(op, *args, **kwargs):
+        return get_rng_state(), op(*args, **kwargs)
+
+    @run_with_rng_state.py_impl(tensor_type)
+    def run_with(rng_state, op, *args, **kwargs):
+        current = get_rng_state()
+        set_rng_state(rng_state.cpu())
+        try:
+            return op(*args, **kwargs)
+        finally:
+            set_rng_state(current)

@@ -126,11 +126,9 @@ class TpuTensor(torch.Tensor):
         return object.__format__(self, format_spec)
 
     def __reduce_ex__(self, protocol):
-        # PyTorch's route for devices without host storage: the data travels as a CPU tensor
-        # and is moved to the saved device, or to ``map_location``, at load.
-        from .transfer import to_cpu
-        return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
-                (to_cpu(self), self.dtype, str(self.device), self.requires_grad))
+        # A view of its storage's host copy, shared by the storage's views (serialization.py).
+        from .serialization import reduce
+        return reduce(self)
 
 
 def _numel(shape) -> int:

@@ -22,7 +22,11 @@ from .modes import get_eager_mode, set_eager_mode  # noqa: F401  (part of the mo
 from . import streams as _streams
 from .streams import (Event, Stream, StreamContext, current_stream, default_stream,  # noqa: F401
                       set_stream, stream)
-from .rng import get_rng_state, initial_seed, manual_seed, seed, set_rng_state  # noqa: F401
+from .rng import check_device, get_rng_state, initial_seed, manual_seed, seed, set_rng_state  # noqa: F401
+
+# Read by torch.utils.checkpoint: an initialized device has RNG state to save and restore
+# around recomputation (its dropout masks), which the tpu generator always has.
+_initialized = True
 
 
 def is_available() -> bool:
@@ -46,10 +50,40 @@ def current_device() -> int:
 
 
 def set_device(device) -> None:
-    index = torch.device("tpu", device).index if isinstance(device, int) else \
-        torch.device(device).index
-    if index not in (None, 0):
-        raise ValueError(f"tpu:{index} does not exist: this process drives one device, tpu:0")
+    check_device(device)
+
+
+class device:
+    """Context manager selecting a tpu device, as ``torch.cuda.device``: there is one, tpu:0.
+
+    Example::
+
+        with torch.tpu.device(0):
+            state = torch.tpu.get_rng_state()
+    """
+
+    def __init__(self, device):
+        check_device(device)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def get_rng_state_all() -> list:
+    return [get_rng_state()]
+
+
+def set_rng_state_all(states) -> None:
+    for state in states:
+        set_rng_state(state)
+
+
+def get_amp_supported_dtype() -> list:
+    """The dtypes ``torch.autocast("tpu", dtype=...)`` accepts."""
+    return [torch.bfloat16, torch.float16]
 
 
 def manual_seed_all(seed_value: int) -> None:

@@ -1,7 +1,8 @@
 """Moving data between the host and the tpu device.
 
-Uploads copy: a PJRT CPU buffer made through DLPack would alias the host tensor, and a later
-in-place write on the host must not reach the device copy. Downloads copy for the same reason.
+Uploads copy, during the call: a tpu tensor is a value of its own, so neither a zero-copy CPU
+buffer (which would see a later write to the host tensor) nor an asynchronous transfer (which
+could read the host tensor after the write) will do. Downloads copy for the same reason.
 
 Example::
 
@@ -13,7 +14,8 @@ from __future__ import annotations
 import torch
 
 from torchtpu_compile.runtime.client import get_client
-from torchtpu_compile.runtime.transfer import to_buffer, to_torch
+from torchtpu_compile.runtime import transfer as runtime_transfer
+from torchtpu_compile.runtime.transfer import to_torch
 
 from . import modes, views
 from .tensor import new_tensor
@@ -23,9 +25,7 @@ def upload(host: torch.Tensor):
     """A PJRT buffer holding a copy of host tensor ``host``."""
     # A conjugate or negative bit is a lazy flag, not values: a buffer holds the values.
     host = host.detach().resolve_conj().resolve_neg()
-    if get_client().platform == "cpu":
-        host = host.clone(memory_format=torch.contiguous_format)
-    return to_buffer(host)
+    return runtime_transfer.upload(host, get_client().device, copy=True)
 
 
 def download(buffer) -> torch.Tensor:

@@ -181,13 +181,16 @@ def _load_executable(path: str, members: dict, manifest: dict, entry: dict, clie
                              what=f"artifact {path} program {name}"), True
 
 
-def _load_state(path: str, members: dict, name: str, aliases: dict) -> dict:
-    """The tensors of the safetensors member ``name``, with ``aliases`` (alias -> stored name)
-    added; ArtifactError naming the member where it does not read back."""
+def _load_state(path: str, members: dict, name: str, aliases: dict, convert=None) -> dict:
+    """The tensors of the safetensors member ``name`` (each passed through ``convert``), with
+    ``aliases`` (alias -> stored name) added; ArtifactError naming the member where it does not
+    read back."""
     from safetensors.torch import load as load_tensors
 
     with artifact_file.decoding(path, name):
         tensors = load_tensors(members[name])
+    if convert is not None:
+        tensors = {key: convert(t) for key, t in tensors.items()}
     for alias, stored in aliases.items():
         if stored not in tensors:
             raise ArtifactError(f"{path!r}: member 'manifest.json' is malformed: alias "
@@ -285,11 +288,15 @@ def load(path: str) -> LoadedArtifact:
         out = run(torch.randint(0, 100, (2, 8)))
     """
     from ..runtime.client import get_client
+    from ..runtime.transfer import shareable
     from .dynamic import BucketTable
 
     members = artifact_file.read_members(path)
     manifest = json.loads(members["manifest.json"])  # checked by read_members
-    state = _load_state(path, members, "params.safetensors", manifest.get("state_aliases", {}))
+    # Tensors at arbitrary offsets of the file: copied where the CPU client could not share
+    # them, as it must to keep them resident (runtime.transfer.to_buffer).
+    state = _load_state(path, members, "params.safetensors", manifest.get("state_aliases", {}),
+                        convert=shareable)
     example = {}
     if "example_inputs.safetensors" in members:
         example = _load_state(path, members, "example_inputs.safetensors", {})

@@ -12,7 +12,10 @@ and records how to rebuild the caller's view around the executable:
   aliasing to the backend in inference graphs);
 - tensors held by the graph (``get_attr``) become arguments, never inlined literals;
 - random ops (dropout masks, ``rand``) are drawn on the host from torch's generator and passed
-  in, so results follow ``torch.manual_seed`` exactly as eager does.
+  in, so results follow ``torch.manual_seed`` exactly as eager does. So are the two RNG state
+  operators aot_autograd puts around a random op that the backward recomputes (dropout in a
+  checkpointed block): ``run_and_save_rng_state`` reads the generator's state before drawing,
+  ``run_with_rng_state`` draws again from that state.
 """
 from __future__ import annotations
 
@@ -39,35 +42,112 @@ _METADATA_ONLY_RNG = {
 }
 
 
+@functools.lru_cache(maxsize=None)
+def _rng_state_ops() -> tuple:
+    from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
+    return run_and_save_rng_state, run_with_rng_state
+
+
+def is_rng_state_op(node: fx.Node) -> bool:
+    """``run_and_save_rng_state`` or ``run_with_rng_state``: a random op with its state."""
+    return node.op == "call_function" and node.target in _rng_state_ops()
+
+
 def is_random(node: fx.Node) -> bool:
     target = node.target
     return (node.op == "call_function" and isinstance(target, torch._ops.OpOverload)
-            and torch.Tag.nondeterministic_seeded in target.tags)
+            and torch.Tag.nondeterministic_seeded in target.tags) or is_rng_state_op(node)
+
+
+def _random_call(node: fx.Node) -> tuple:
+    """(random op, its args, its kwargs, the node holding a saved generator state or None)."""
+    save, replay = _rng_state_ops()
+    if node.target is save:
+        return node.args[0], node.args[1:], node.kwargs, None
+    if node.target is replay:
+        return node.args[1], node.args[2:], node.kwargs, node.args[0]
+    return node.target, node.args, node.kwargs, None
 
 
 def can_draw_on_host(node: fx.Node) -> bool:
-    """A random node that needs no value computed by the graph."""
-    if node.target in _METADATA_ONLY_RNG:
+    """A random node that needs no value computed by the graph (a saved generator state is a
+    graph input, read at the call)."""
+    op, args, kwargs, state = _random_call(node)
+    if state is not None and state.op != "placeholder":
+        return False
+    if op in _METADATA_ONLY_RNG:
         return True
-    return not any(isinstance(a, fx.Node) for a in node.all_input_nodes)
+    return all(n is state for n in node.all_input_nodes)
 
 
-def _host_draw(node: fx.Node) -> Callable[[], torch.Tensor]:
-    target = node.target
+def _host_draw(op, args, kwargs, device: str = "cpu") -> Callable[[], torch.Tensor]:
+    """``op`` with its graph-value arguments replaced by empty tensors of their shape and dtype
+    on ``device`` (metadata-only ops read nothing else): "meta" gives the result's shape."""
+    device = torch.device(device)
 
     def as_host(value):
         if isinstance(value, fx.Node):
             meta = value.meta["val"]
-            return torch.empty(meta.shape, dtype=meta.dtype)
+            return torch.empty(meta.shape, dtype=meta.dtype, device=device)
         if isinstance(value, torch.device):
-            return torch.device("cpu")
+            return device
         return value
 
-    args = tuple(as_host(a) for a in node.args)
-    kwargs = {k: as_host(v) for k, v in node.kwargs.items()}
+    args = tuple(as_host(a) for a in args)
+    kwargs = {k: as_host(v) for k, v in kwargs.items()}
     if "device" in kwargs:
-        kwargs["device"] = torch.device("cpu")
-    return functools.partial(target, *args, **kwargs)
+        kwargs["device"] = device
+    return functools.partial(op, *args, **kwargs)
+
+
+def _state_example() -> torch.Tensor:
+    """A generator state's shape and dtype (what ``torch.get_rng_state()`` returns)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    with unset_fake_temporarily():
+        return torch.empty(torch.get_rng_state().shape, dtype=torch.uint8)
+
+
+def pin_rng_state_sizes(gm: fx.GraphModule) -> None:
+    """Give the generator states of a graph's RNG state ops their one concrete size.
+
+    aot_autograd makes them fake tensors of a fresh symbolic size, which would make the graph
+    look dynamic (and pad a state like an activation); a state's size is the generator's.
+    """
+    save, replay = _rng_state_ops()
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.target is replay and node.args[0].op == "placeholder":
+            state = node.args[0]
+        elif node.target is operator.getitem and node.args[0].op == "call_function" and \
+                node.args[0].target is save and node.args[1] == 0:
+            state = node
+        else:
+            continue
+        state.meta["val"] = _state_example()
+        state.meta["tensor_meta"] = _extract_tensor_metadata(state.meta["val"])
+
+
+def _drawn_from(draw: Callable[[], torch.Tensor], state: torch.Tensor) -> torch.Tensor:
+    """``draw()`` from generator state ``state``, leaving the generator as it was."""
+    current = torch.get_rng_state()
+    torch.set_rng_state(state.cpu())  # a tpu graph's saved state comes back a tpu tensor
+    try:
+        return draw()
+    finally:
+        torch.set_rng_state(current)
+
+
+@dataclass(frozen=True)
+class HostDraw:
+    """A program input made on the host at each call: ``fn`` of the caller's ``args[i]`` for
+    ``i`` in ``reads`` (a saved generator state), in list order (a state is read before the
+    draw that follows it)."""
+    fn: Callable
+    reads: tuple = ()
+
+    def __call__(self, args=()) -> torch.Tensor:
+        return self.fn(*(args[i] for i in self.reads))
 
 
 @dataclass
@@ -76,7 +156,7 @@ class PreparedGraph:
     gm: fx.GraphModule
     arg_indices: list                      # caller's args that become program inputs, in order
     constants: list = field(default_factory=list)        # lifted graph tensors, resident
-    random_inputs: list = field(default_factory=list)    # callables drawing host tensors
+    random_inputs: list = field(default_factory=list)    # HostDraw per drawn input
     outputs: list = field(default_factory=list)          # OutputSlot per original output
     single_output: bool = False
 
@@ -134,12 +214,35 @@ def prepare(gm: fx.GraphModule, rebuild_views: bool = True) -> PreparedGraph:
         constants.append(value.detach())
 
     random_inputs = []
+    position = {n: i for i, n in enumerate(placeholders)}
+    save, _ = _rng_state_ops()
     for node in list(graph.nodes):
-        if is_random(node) and can_draw_on_host(node):
-            last = _new_placeholder(graph, last, f"random_{len(random_inputs)}", node.meta["val"])
-            random_inputs.append(_host_draw(node))
+        if not (is_random(node) and can_draw_on_host(node)):
+            continue
+        op, args, kwargs, state = _random_call(node)
+        draw = _host_draw(op, args, kwargs)
+        if node.target is save:  # (state, value): the state as it was before the draw
+            for index, fn in ((0, torch.get_rng_state), (1, draw)):
+                part = next((u for u in node.users if u.args[1] == index), None)
+                if part is None:
+                    continue
+                last = _new_placeholder(graph, last, f"random_{len(random_inputs)}",
+                                        part.meta["val"])
+                random_inputs.append(HostDraw(fn))
+                part.replace_all_uses_with(last)
+                graph.erase_node(part)
+        else:
+            val = node.meta.get("val")
+            if val is None:  # aot_autograd's run_with_rng_state nodes carry no value
+                val = _host_draw(op, args, kwargs, device="meta")()
+            last = _new_placeholder(graph, last, f"random_{len(random_inputs)}", val)
+            if state is None:
+                random_inputs.append(HostDraw(draw))
+            else:
+                random_inputs.append(HostDraw(functools.partial(_drawn_from, draw),
+                                              (position[state],)))
             node.replace_all_uses_with(last)
-            graph.erase_node(node)
+        graph.erase_node(node)
 
     output_node = graph.output_node()
     raw = output_node.args[0]

@@ -1,6 +1,8 @@
 """Decompositions applied while aot_autograd traces: torch-mlir's table plus our own.
 
-Ours are registered one per op with ``@decomposition(op)`` and win over torch-mlir's.
+Ours are registered one per op with ``@decomposition(op)`` and win over torch-mlir's. Checks
+registered with ``@checked_first(op)`` see an op's arguments before whichever decomposition it
+has (or none): the place for eager's argument errors and edge values (empty_reductions.py).
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import torch
 
 aten = torch.ops.aten
 _OURS: dict = {}
+_CHECKS: dict = {}
 
 
 def decomposition(*ops):
@@ -31,6 +34,37 @@ def decomposition(*ops):
     return register
 
 
+def checked_first(*ops):
+    """Register ``check(*args, **kwargs)`` to run before each op's decomposition.
+
+    The check raises eager's error for inputs eager rejects, returns eager's result where the
+    decomposition would compute another one, or returns None to decompose as usual. Shapes are
+    static here (both paths trace with fake tensors), so it decides on the host.
+
+    Example::
+
+        @checked_first(aten.max.default)
+        def max_of_nothing(x):
+            if x.numel() == 0:
+                raise invalid_input(RuntimeError, "max(): ...")
+    """
+    def register(fn):
+        for op in ops:
+            _CHECKS[op] = fn
+        return fn
+    return register
+
+
+def _checked(check, decompose):
+    def run(*args, **kwargs):
+        result = check(*args, **kwargs)
+        if result is not None:
+            return result
+        return NotImplemented if decompose is None else decompose(*args, **kwargs)
+    run.__name__ = f"checked_{getattr(decompose, '__name__', 'op')}"
+    return run
+
+
 @functools.lru_cache(maxsize=None)
 def _base_table() -> dict:
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table
@@ -43,6 +77,7 @@ def decomposition_table() -> dict:
     from . import op_decompositions  # noqa: F401  (registers itself on import)
     from . import jax_decompositions  # noqa: F401  (registers itself on import)
     from . import special_decompositions  # noqa: F401  (registers itself on import)
+    from . import empty_reductions  # noqa: F401  (registers itself on import)
     table = dict(_base_table())
     for op, fn in _OURS.items():
         if isinstance(op, str):
@@ -50,6 +85,8 @@ def decomposition_table() -> dict:
             if op is None:  # its library is not loaded: nothing can call it
                 continue
         table[op] = fn
+    for op, check in _CHECKS.items():
+        table[op] = _checked(check, table.get(op))
     return table
 
 

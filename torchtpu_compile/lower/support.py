@@ -80,6 +80,9 @@ def is_host_scalar(node: fx.Node) -> bool:
     """
     if node.op != "call_function" or node.target is operator.getitem:
         return False
+    from .calling_convention import is_rng_state_op
+    if is_rng_state_op(node):  # a random op with its generator state (no "val" of its own)
+        return False
     val = node.meta.get("val")
     if isinstance(val, (tuple, list)):
         return False
@@ -99,6 +102,10 @@ def rule_violation(node: fx.Node) -> str | None:
         return None
     if node.target is operator.getitem:
         return None
+    from .calling_convention import can_draw_on_host, is_rng_state_op
+    if is_rng_state_op(node):  # drawn on the host by the calling convention
+        return None if can_draw_on_host(node) else \
+            "a random op whose parameters are computed by the graph"
     if not _is_op(node):
         return f"{getattr(node.target, '__name__', node.target)} is not an ATen op"
     for rule in _RULES:

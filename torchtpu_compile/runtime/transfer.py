@@ -7,8 +7,12 @@ an active exception``: the worker is unwound out of a noexcept destructor). jaxl
 numpy-backed buffers through its own queue, on a thread that holds the GIL. Downloads on the CPU
 client are DLPack views, freed by torch on the thread that drops the tensor.
 
-Parameters and buffers are uploaded once and stay resident: ``to_buffer(p, resident=True)``
-returns the buffer made at the last call as long as the tensor was not modified since.
+Parameters and buffers stay resident only where that cannot go stale: a device buffer of a host
+tensor is reused across calls only when it *is* the tensor's memory (a zero-copy upload on the
+CPU client, see ``aliases``), so every write to the tensor, whatever route it takes (in place,
+``.data``, numpy, ``set_``, an optimizer step), is what the next call reads. A copy (memory
+PJRT cannot alias: not 64-byte aligned, or any non-CPU platform) is made again at every call;
+tensors of the eager tpu device are their own device buffers and need neither.
 """
 from __future__ import annotations
 
@@ -18,9 +22,11 @@ import torch
 from jaxlib import _jax
 
 from .. import counters
+from .._logging import info_once, warn_once
 from .client import get_client
 
-# id(tensor) -> (weakref, data_ptr, version, buffer); cleared when the tensor dies.
+# id(tensor) -> (weakref, layout, buffer) for buffers that alias their tensor's memory; layout
+# is (data_ptr, shape, strides, dtype) at upload. Cleared when the tensor dies.
 _resident: dict = {}
 
 # Tensor types whose data already lives in PJRT buffers (the eager "tpu" device's tensors):
@@ -77,8 +83,11 @@ def _host_array(tensor: torch.Tensor):
     return tensor.view(bits).numpy().view(getattr(ml_dtypes, name))
 
 
-def upload(tensor: torch.Tensor, device):
+def upload(tensor: torch.Tensor, device, copy: bool = False):
     """A new jax array on ``device`` holding ``tensor``'s data (no copy where PJRT can alias).
+
+    ``copy=True``: a buffer of its own, taken during the call, that no later write to
+    ``tensor`` reaches (the eager device's ``.to("tpu")``).
 
     Example::
 
@@ -86,14 +95,17 @@ def upload(tensor: torch.Tensor, device):
     """
     # The common case (a contiguous CPU tensor not requiring grad) takes no extra calls: this
     # runs for every input of every compiled call.
+    own = False  # tensor is already a private copy: no second one for copy=True
     if not tensor.is_cpu:
-        tensor = tensor.cpu()
+        tensor, own = tensor.cpu(), True
     if not tensor.is_contiguous():
-        tensor = tensor.contiguous()
+        tensor, own = tensor.contiguous(), True
     if tensor.requires_grad:
         tensor = tensor.detach()
     if tensor.is_complex():  # numpy cannot view lazily conjugated or negated memory
-        tensor = tensor.resolve_conj().resolve_neg()
+        resolved = tensor.resolve_conj().resolve_neg()
+        own = own or resolved is not tensor
+        tensor = resolved
     array = _host_array(tensor)
     key = (array.shape, array.dtype)
     aval = _avals.get(key)
@@ -107,15 +119,65 @@ def upload(tensor: torch.Tensor, device):
         from jax.sharding import SingleDeviceSharding
         sharding = _shardings.setdefault(device, SingleDeviceSharding(device))
     # Zero-copy where the memory is aligned; jaxlib holds ``array`` until the buffer is gone.
-    return _jax.batched_device_put(aval, sharding, [array], [device], True, False,
+    # force_copy copies during the call (PJRT's "immutable only during call").
+    return _jax.batched_device_put(aval, sharding, [array], [device], True, copy and not own,
                                     enable_x64=True)  # int64 and float64 stay 64-bit
+
+
+def aliases(buffer, tensor: torch.Tensor, platform: str) -> bool:
+    """Whether ``buffer`` is ``tensor``'s own memory: a zero-copy upload on the CPU client.
+
+    The one rule for keeping a device buffer of a host tensor across calls: only a buffer that
+    aliases the tensor sees every later write to it, whichever route the write takes; a copy
+    could be stale. Non-CPU platforms always copy (a device pointer is never host memory).
+
+    Example::
+
+        t = torch.ones(4)
+        aliases(upload(t, get_client().device), t, "cpu")      # True: 64-byte aligned
+        aliases(upload(t[1:], get_client().device), t[1:], "cpu")  # False: PJRT copied
+    """
+    return platform == "cpu" and buffer.unsafe_buffer_pointer() == tensor.data_ptr()
+
+
+# PJRT's CPU client aliases host memory at this alignment only (torch's allocator gives it).
+_ALIGNMENT = 64
+
+
+def shareable(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``, or a copy of it in torch's own (aligned) memory where the CPU client could
+    not alias it: for host tensors kept for many calls (an artifact's weights).
+
+    Example::
+
+        w = shareable(torch.from_numpy(array))   # resident from then on, on the CPU client
+    """
+    return tensor if tensor.data_ptr() % _ALIGNMENT == 0 else tensor.clone()
+
+
+def _note_copied(tensor: torch.Tensor, platform: str) -> None:
+    counters.add("resident_copies")
+    what = f"{str(tensor.dtype).replace('torch.', '')}{list(tensor.shape)}"
+    if platform != "cpu":
+        warn_once(("resident-copies", platform),
+                  "torchtpu: the compiled model's parameters and buffers (%s, ...) live on the "
+                  "host: on %s they are uploaded at every call, since a copy kept on the device "
+                  "would miss a later write to them. Move the model to the tpu device "
+                  "(model.to('tpu')) to keep its weights on the device.", what, platform)
+    else:
+        info_once(("resident-copies", platform),
+                  "torchtpu: a parameter or buffer (%s) is not 64-byte aligned (torch.from_numpy "
+                  "memory?), so PJRT cannot share it and it is copied at every call; .clone() "
+                  "it, or move the model to the tpu device, to keep it resident.", what)
 
 
 def to_buffer(tensor: torch.Tensor, resident: bool = False, client=None):
     """A PJRT buffer holding ``tensor``'s data, on the process's device.
 
-    With ``resident=True`` the buffer is remembered and reused while the tensor's storage and
-    version counter are unchanged, so weights are not uploaded on every call.
+    With ``resident=True`` (parameters, buffers, a graph's constants) a buffer that aliases the
+    tensor's memory is remembered and reused while the tensor keeps that memory and layout:
+    weights are then never uploaded again, and every write to them is seen. A buffer that is a
+    copy is not kept: it is made again at the next call (``aliases`` says which).
 
     Example::
 
@@ -125,22 +187,27 @@ def to_buffer(tensor: torch.Tensor, resident: bool = False, client=None):
     read = _device_tensors.get(type(tensor))
     if read is not None:
         return read(tensor)
-    if tensor.device.type == "tpu" and _register_tpu_tensors():
+    # is_cpu first: reading .device costs more than the rest of a resident hit.
+    if not tensor.is_cpu and tensor.device.type == "tpu" and _register_tpu_tensors():
         return _device_tensors[type(tensor)](tensor)
-    device = (client or get_client()).device
+    client = client or get_client()
+    device = client.device
     if not resident:
         return upload(tensor, device)
     key = id(tensor)
     entry = _resident.get(key)
-    version = tensor._version
-    ptr = tensor.data_ptr()
-    if entry is not None and entry[1] == ptr and entry[2] == version and entry[0]() is tensor:
-        return entry[3]
+    layout = (tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype)
+    if entry is not None and entry[1] == layout and entry[0]() is tensor:
+        return entry[2]
     buf = upload(tensor, device)
     counters.add("resident_uploads")
+    if not aliases(buf, tensor, client.platform):
+        _resident.pop(key, None)
+        _note_copied(tensor, client.platform)
+        return buf
     if entry is None:
         weakref.finalize(tensor, _resident.pop, key, None)
-    _resident[key] = (weakref.ref(tensor), ptr, version, buf)
+    _resident[key] = (weakref.ref(tensor), layout, buf)
     return buf
 
 

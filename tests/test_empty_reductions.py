@@ -1,0 +1,149 @@
+"""Reductions over no elements, on the eager tpu device and the compile path, against eager CPU:
+where eager raises (no identity: max, min, argmax, amax, median over a dim, mode, ...) we raise,
+where it returns a value (NaN variance, a median of nothing) we return that value."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torchtpu_eager  # noqa: F401
+from helpers import compile_tpu, strict
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*degrees of freedom is <= 0")
+
+# name -> (function of the input, input shape); each function reduces over an empty extent.
+CASES = {
+    "max()": (lambda x: x.max(), (0,)),
+    "min()": (lambda x: x.min(), (2, 0)),
+    "max(dim)": (lambda x: x.max(0), (0, 3)),
+    "min(dim=-2, keepdim)": (lambda x: x.min(-2, keepdim=True), (0, 3)),
+    "max(dim) of a 3-d": (lambda x: torch.max(x, dim=1), (2, 0, 3)),
+    "argmax()": (lambda x: x.argmax(), (0,)),
+    "argmin(dim)": (lambda x: x.argmin(0), (0, 3)),
+    "amax()": (lambda x: x.amax(), (0, 3)),
+    "amin(dims)": (lambda x: x.amin((1, 0)), (0, 3)),
+    "aminmax()": (lambda x: torch.aminmax(x), (0,)),
+    "aminmax(dim)": (lambda x: torch.aminmax(x, dim=0), (0, 3)),
+    "mode(dim)": (lambda x: x.mode(0), (0, 3)),
+    "kthvalue(dim)": (lambda x: x.kthvalue(1, 0), (0, 3)),
+    # eager returns values for these (a median of nothing: test_median_of_nothing below)
+    "var()": (lambda x: x.var(), (0,)),
+    "std(dim)": (lambda x: x.std(0), (0, 3)),
+    "var(correction=2) of one": (lambda x: x.var(correction=2), (1,)),
+    "std_mean()": (lambda x: torch.std_mean(x), (0,)),
+    "var_mean(dim, correction=3)": (lambda x: torch.var_mean(x, 1, correction=3), (2, 2)),
+    "max(dim) over a nonempty dim": (lambda x: x.max(1), (0, 3)),
+    "amax over a nonempty dim": (lambda x: x.amax(1), (0, 3)),
+}
+# Cases whose lowering took torch-mlir down (an empty gather: a process abort): each test of
+# them runs in a subprocess (test_medians_in_a_subprocess).
+MEDIANS = {
+    "median(dim)": (lambda x: x.median(0), (0, 3)),
+    "nanmedian(dim)": (lambda x: x.nanmedian(0), (0, 3)),
+    "median(dim) over a nonempty dim": (lambda x: x.median(1), (0, 3)),
+}
+
+
+def _input(shape, dtype):
+    return torch.arange(torch.Size(shape).numel()).reshape(shape).to(dtype) + 0.5 \
+        if dtype.is_floating_point else torch.arange(torch.Size(shape).numel()).reshape(shape)
+
+
+def _outcome(fn, x):
+    try:
+        out = fn(x)
+    except (RuntimeError, IndexError) as exc:
+        return exc
+    return tuple(o.cpu() for o in out) if isinstance(out, tuple) else out.cpu()
+
+
+def _expected(name, dtype=torch.float32):
+    fn, shape = {**CASES, **MEDIANS}[name]
+    return fn, _input(shape, dtype), _outcome(fn, _input(shape, dtype))
+
+
+def _assert_same_values(got, want):
+    if isinstance(want, tuple):
+        assert isinstance(got, tuple) and len(got) == len(want)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, equal_nan=True)
+    else:
+        torch.testing.assert_close(got, want, equal_nan=True)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_eager_device_matches_cpu(name):
+    check_eager_device(name)
+
+
+def check_eager_device(name):
+    fn, x, want = _expected(name)
+    got = _outcome(fn, x.to("tpu"))
+    if isinstance(want, Exception):
+        assert isinstance(got, type(want)), f"eager CPU raised {want!r}; tpu gave {got!r}"
+        assert str(got) == str(want)
+    else:
+        _assert_same_values(got, want)
+
+
+@pytest.mark.parametrize("name", ["max()", "max(dim)", "argmax()", "amin(dims)", "mode(dim)"])
+def test_eager_device_raises_eagers_error_in_strict_mode_too(name):
+    """Eager's error is not an op that cannot lower: TORCHTPU_STRICT=1 does not replace it."""
+    fn, x, want = _expected(name)
+    with strict():
+        got = _outcome(fn, x.to("tpu"))
+    assert isinstance(got, type(want)) and str(got) == str(want)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_compile_path_matches_cpu(name):
+    check_compile_path(name)
+
+
+def check_compile_path(name):
+    fn, x, want = _expected(name)
+    compiled = compile_tpu(fn, dynamic=False)
+    if isinstance(want, Exception):
+        # Raised while compiling, as Inductor does; PyTorch's fake-tensor checks (argmax, amax,
+        # aminmax) raise before the backend sees the graph, with their own wording.
+        with pytest.raises((RuntimeError, IndexError)):
+            compiled(x)
+    else:
+        _assert_same_values(_outcome(compiled, x), want)
+
+
+MEDIANS_CHILD = """
+import torch
+import test_empty_reductions as t
+from helpers import compile_tpu
+for name in t.MEDIANS:
+    for path, check in (("tpu", t.check_eager_device), ("compile", t.check_compile_path)):
+        try:
+            check(name)
+            print(path, name, "ok")
+        except AssertionError as exc:
+            print(path, name, "FAIL", str(exc).splitlines()[0])
+for dtype in (torch.float32, torch.float16, torch.float64, torch.int64, torch.int32,
+              torch.int16, torch.uint8):
+    for fn in (torch.median, torch.nanmedian):
+        x = torch.empty(0, 3, dtype=dtype)
+        want = fn(x)
+        for path, got in (("tpu", lambda: fn(x.to("tpu")).cpu()),
+                          ("compile", lambda: compile_tpu(fn, dynamic=False)(x))):
+            got = got()
+            same = torch.equal(got, want) or bool(want.isnan() and got.isnan())
+            print(path, fn.__name__, dtype, "ok" if same else f"FAIL got {got}, eager {want}")
+"""
+
+
+def test_medians_in_a_subprocess():
+    """Medians over an empty dim raise eager's IndexError; the median of nothing is eager's
+    NaN, converted to the dtype as the host converts it."""
+    done = subprocess.run([sys.executable, "-c", MEDIANS_CHILD], capture_output=True,
+                          text=True, timeout=600, cwd=os.path.dirname(__file__))
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0 and len(lines) == 34, \
+        f"exit status {done.returncode}\n{done.stdout}{done.stderr[-2000:]}"
+    assert all(line.endswith(" ok") for line in lines), done.stdout

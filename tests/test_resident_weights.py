@@ -1,0 +1,269 @@
+"""Resident weights are never stale: every way PyTorch lets a user write a parameter or buffer
+reaches the next compiled call, whether the device buffer aliases the host memory (the CPU
+client, aligned memory) or is a copy (unaligned memory; every upload on a non-CPU platform,
+played here by uploading a private clone of each tensor: a real copy, as PJRT makes there)."""
+import copy
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import torchtpu_compile
+from helpers import compile_tpu, precision
+from torchtpu_compile.runtime import transfer
+
+UPLOADS = ("aliased", "unaligned", "copied")
+
+
+def _unaligned(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values 4 bytes past torch's 64-byte alignment: PJRT's CPU client copies it."""
+    flat = torch.empty(t.numel() + 1, dtype=t.dtype)[1:]
+    return flat.view(t.shape).copy_(t)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.register_buffer("scale", torch.linspace(0.5, 2.0, 4))
+
+    def forward(self, x):
+        return self.linear(x) * self.scale
+
+
+def _net(upload: str, monkeypatch) -> Net:
+    torch.manual_seed(0)
+    net = Net()
+    if upload == "unaligned":
+        net.linear.weight = nn.Parameter(_unaligned(net.linear.weight.detach()))
+        net.linear.bias = nn.Parameter(_unaligned(net.linear.bias.detach()))
+        net.scale = _unaligned(net.scale)
+    elif upload == "copied":  # as on TPU and GPU: no upload is ever the host memory
+        monkeypatch.setattr(transfer, "upload", _copying(transfer.upload))
+    return net
+
+
+def _copying(upload):
+    def copy_then_upload(tensor, device, *args, **kwargs):
+        return upload(tensor.detach().clone(), device, *args, **kwargs)
+    return copy_then_upload
+
+
+def _new(shape, seed):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _other_device_source(shape, seed):
+    import torchtpu_eager  # noqa: F401  (registers the tpu device)
+    return _new(shape, seed).to("tpu")
+
+
+# Each route writes the weight (and, where it can, the buffer) the way user code does; ``seed``
+# varies the written values between the two writes of a test.
+def _data_add(net, seed):
+    net.linear.weight.data.add_(1.0)
+    net.scale.data.add_(0.5)
+
+
+def _data_copy(net, seed):
+    net.linear.weight.data.copy_(_new((4, 4), seed))
+    net.scale.data.copy_(_new(4, seed + 1))
+
+
+def _ema(net, seed):
+    target = _new((4, 4), seed)
+    net.linear.weight.data.mul_(0.9).add_(target, alpha=0.1)
+
+
+def _no_grad_inplace(net, seed):
+    with torch.no_grad():
+        net.linear.weight.mul_(-2.0)
+        net.linear.bias.add_(1.0)
+        net.scale.mul_(3.0)
+
+
+def _load_state_dict(net, seed):
+    state = {k: _new(v.shape, seed + i) for i, (k, v) in enumerate(net.state_dict().items())}
+    net.load_state_dict(state)
+
+
+def _load_state_dict_assign(net, seed):
+    state = {k: _new(v.shape, seed + i) for i, (k, v) in enumerate(net.state_dict().items())}
+    net.load_state_dict(state, assign=True)
+
+
+def _set(net, seed):
+    with torch.no_grad():
+        net.linear.weight.set_(_new((4, 4), seed))
+        net.scale.set_(_new(4, seed + 1))
+
+
+def _data_assign(net, seed):
+    net.linear.weight.data = _new((4, 4), seed)
+    net.scale.data = _new(4, seed + 1)
+
+
+def _data_restride(net, seed):
+    # The same memory seen transposed: the data pointer does not move, the strides do.
+    net.linear.weight.data = net.linear.weight.data.t()
+
+
+def _copy_from_other_device(net, seed):
+    with torch.no_grad():
+        net.linear.weight.copy_(_other_device_source((4, 4), seed))
+        net.scale.copy_(_other_device_source(4, seed + 1))
+
+
+def _numpy_view(net, seed):
+    view = net.linear.weight.detach().numpy()  # shares the tensor's memory
+    view += np.float32(0.25)
+    net.scale.numpy()[:] = np.arange(4, dtype=np.float32)
+
+
+def _optimizer_step(net, seed):
+    optimizer = torch.optim.AdamW(net.parameters(), lr=0.1)
+    for p in net.parameters():
+        p.grad = _new(p.shape, seed)
+    optimizer.step()
+
+
+ROUTES = {
+    ".data.add_": _data_add,
+    ".data.copy_": _data_copy,
+    "EMA .data.mul_().add_()": _ema,
+    "no_grad in-place": _no_grad_inplace,
+    "load_state_dict": _load_state_dict,
+    "load_state_dict(assign=True)": _load_state_dict_assign,
+    "set_": _set,
+    ".data = new tensor": _data_assign,
+    ".data = same memory restrided": _data_restride,
+    "copy_ from the tpu device": _copy_from_other_device,
+    "numpy array sharing the memory": _numpy_view,
+    "optimizer step": _optimizer_step,
+}
+
+
+@pytest.mark.parametrize("upload", UPLOADS)
+@pytest.mark.parametrize("route", list(ROUTES))
+def test_a_write_reaches_the_next_compiled_call(route, upload, monkeypatch):
+    net = _net(upload, monkeypatch)
+    x = torch.randn(3, 4)
+    with precision("highest"):
+        compiled = compile_tpu(net)
+        torch.testing.assert_close(compiled(x), net(x))
+        for seed in (1, 2):  # twice: the buffer made after the first write must not stick
+            ROUTES[route](net, seed)
+            torch.testing.assert_close(compiled(x), net(x), msg=f"after write {seed}")
+
+
+@pytest.mark.parametrize("upload", UPLOADS)
+def test_a_compiled_training_loop_matches_eager(upload, monkeypatch):
+    """Forward, backward and the optimizer's in-place step, five times: the losses and final
+    weights of eager CPU PyTorch."""
+    net = _net(upload, monkeypatch)
+    reference = copy.deepcopy(net)
+    x, target = torch.randn(8, 4), torch.randn(8, 4)
+
+    def train(model, step_fn):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        losses = []
+        for _ in range(5):
+            optimizer.zero_grad()
+            loss = ((step_fn(x) - target) ** 2).mean()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        return losses
+
+    with precision("highest"):
+        losses = train(net, compile_tpu(net))
+    expected = train(reference, reference)
+    torch.testing.assert_close(losses, expected)
+    for (name, got), want in zip(net.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(got, want, msg=name)
+
+
+def test_aligned_weights_are_shared_once_and_copies_are_made_every_call(monkeypatch):
+    net = _net("aliased", monkeypatch)
+    x = torch.randn(3, 4)
+    compiled = compile_tpu(net)
+    with torch.no_grad():
+        compiled(x)
+        torchtpu_compile.reset_stats()
+        for _ in range(3):
+            compiled(x)
+            net.linear.weight.data.add_(1.0)  # seen through the shared memory: no upload
+    stats = torchtpu_compile.stats()
+    assert stats["resident_uploads"] == 0 and stats["resident_copies"] == 0
+    copied = _net("copied", monkeypatch)
+    compiled = compile_tpu(copied)
+    with torch.no_grad():
+        compiled(x)
+        torchtpu_compile.reset_stats()
+        compiled(x)
+    # weight, bias and scale, again at this call: a copy is never kept
+    assert torchtpu_compile.stats()["resident_copies"] == 3
+
+
+def test_the_issue_repro_from_numpy():
+    m = nn.Linear(4, 3)
+    m.weight = nn.Parameter(torch.from_numpy(np.random.randn(3, 4).astype("float32")))
+    x = torch.randn(2, 4)
+    with precision("highest"):
+        compiled = compile_tpu(m)
+        compiled(x)
+        m.weight.data.add_(1.0)
+        torch.testing.assert_close(compiled(x), m(x))
+
+
+def test_constants_of_a_graph_follow_the_same_rule(monkeypatch):
+    monkeypatch.setattr(transfer, "upload", _copying(transfer.upload))
+    f = compile_tpu(lambda x: x * torch.tensor([1.0, 2.0, 3.0]))
+    x = torch.ones(3)
+    torch.testing.assert_close(f(x), x * torch.tensor([1.0, 2.0, 3.0]))
+    torchtpu_compile.reset_stats()
+    f(x)
+    assert torchtpu_compile.stats()["resident_copies"] == 1
+
+
+def test_an_aot_artifacts_weights_are_resident_and_never_stale(tmp_path):
+    from torchtpu_compile import aot
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3).eval()
+    x = torch.randn(2, 4)
+    path = str(tmp_path / "linear.tpu")
+    aot.compile(model, (x,)).save(path)
+    run = aot.load(path)
+    with torch.no_grad():
+        torch.testing.assert_close(run(x), model(x), rtol=2e-2, atol=2e-2)
+    for name, value in run.state.items():
+        value.data.mul_(2.0)  # the artifact's weights, written behind the version counter
+    with torch.no_grad():
+        torch.testing.assert_close(run(x), 2 * model(x), rtol=2e-2, atol=2e-2)
+    torchtpu_compile.reset_stats()
+    run(x)
+    assert torchtpu_compile.stats()["resident_copies"] == 0  # the loaded state is shared
+
+
+def test_eager_device_uploads_are_copies_taken_during_the_call():
+    import torchtpu_eager  # noqa: F401
+    for host in (torch.arange(8.0), _unaligned(torch.arange(8.0))):
+        original = host.clone()
+        on_device = host.to("tpu")
+        host.add_(100.0)  # the tpu tensor is a value of its own
+        torch.testing.assert_close(on_device.cpu(), original)
+
+
+@pytest.mark.parametrize("upload", ("aliased", "copied"))
+def test_constants_of_an_eager_device_graph_follow_the_same_rule(upload, monkeypatch):
+    from torchtpu_eager.programs import trace
+    from torchtpu_eager.transfer import download
+    if upload == "copied":
+        monkeypatch.setattr(transfer, "upload", _copying(transfer.upload))
+    graph = trace(lambda a: (a + torch.tensor([1.0, 2.0, 3.0]),), [torch.empty(3)], "add")
+    [constant] = [getattr(graph.gm, n.target) for n in graph.gm.graph.nodes if n.op == "get_attr"]
+    x = transfer.to_buffer(torch.zeros(3))
+    torch.testing.assert_close(download(graph.run([x])[0]), torch.tensor([1.0, 2.0, 3.0]))
+    constant.data.mul_(10.0)  # nothing writes a graph's literal, but if it did, it is seen
+    torch.testing.assert_close(download(graph.run([x])[0]), torch.tensor([10.0, 20.0, 30.0]))

@@ -1,0 +1,139 @@
+"""Reductions over no elements: eager's error where eager raises, eager's value where it has one.
+
+An XLA reduction of an empty window gives the reduction's initial value: max of nothing is
+-inf, a variance divides 0 by ``N - correction`` < 0. Eager PyTorch instead raises for reductions
+without an identity (max, min, argmax, amax, median over a dim, mode, ...) and gives NaN where
+it divides by ``max(N - correction, 0) == 0``. Sizes are static where an op is traced (the
+compile path's aot_autograd trace and the eager device's per-op trace share this table), so the
+checks run on the host, at trace time, raising eager's exception type with eager's message.
+
+Example::
+
+    torch.empty(0, device="tpu").max()   # RuntimeError: max(): Expected reduction dim to be ...
+"""
+from __future__ import annotations
+
+import torch
+from torch.fx.experimental.symbolic_shapes import guard_or_false
+
+from ..errors import invalid_input
+from .decompositions import checked_first
+
+aten = torch.ops.aten
+
+
+def _empty(x) -> bool:
+    return guard_or_false(x.numel() == 0)
+
+
+def _reduces_everything(name: str, kind: type, hint: bool):
+    """The check of a reduction over every element: eager raises ``kind`` for an empty input."""
+    message = f"{name}: Expected reduction dim to be specified for input.numel() == 0."
+    if hint:
+        message += " Specify the reduction dim with the 'dim' argument."
+
+    def check(x):
+        if _empty(x):
+            raise invalid_input(kind, message)
+    return check
+
+
+def _check_dims(name: str, x, dims) -> None:
+    """Eager's IndexError if a reduced dim of an empty ``x`` has size 0 (named wrapped)."""
+    if not _empty(x) or x.dim() == 0:
+        return
+    for dim in dims:
+        dim = dim % x.dim()
+        if guard_or_false(x.shape[dim] == 0):
+            raise invalid_input(IndexError, f"{name}: Expected reduction dim {dim} to have "
+                                            f"non-zero size.")
+
+
+def _reduces_one_dim(op, name: str):
+    """The check of a reduction along the op's ``dim`` argument (positional or keyword)."""
+    schema = op._schema.arguments
+    at = [a.name for a in schema].index("dim")
+    default = schema[at].default_value
+
+    def check(x, *args, **kwargs):
+        dim = args[at - 1] if len(args) >= at else kwargs.get("dim", default)
+        _check_dims(name, x, [dim])
+    return check
+
+
+for _op, _name in ((aten.max.default, "max()"), (aten.min.default, "min()")):
+    checked_first(_op)(_reduces_everything(_name, RuntimeError, hint=True))
+
+# nanmedian's message says "median()", as eager's does.
+for _op, _name in ((aten.max.dim, "max()"), (aten.min.dim, "min()"),
+                   (aten.median.dim, "median()"), (aten.nanmedian.dim, "median()"),
+                   (aten.mode.default, "mode()"), (aten.kthvalue.default, "kthvalue()")):
+    checked_first(_op)(_reduces_one_dim(_op, _name))
+
+
+def _arg_extremum(name: str):
+    everything = _reduces_everything(name, IndexError, hint=False)
+
+    def check(x, dim=None, keepdim=False):
+        if dim is None:
+            everything(x)
+        else:
+            _check_dims(name, x, [dim])
+    return check
+
+
+def _extremum_over_dims(name: str):
+    everything = _reduces_everything(name, RuntimeError, hint=True)
+
+    def check(x, dim=(), keepdim=False):
+        if len(dim) == 0:
+            everything(x)
+        else:
+            _check_dims(name, x, dim)
+    return check
+
+
+checked_first(aten.argmax.default)(_arg_extremum("argmax()"))
+checked_first(aten.argmin.default)(_arg_extremum("argmin()"))
+checked_first(aten.amax.default)(_extremum_over_dims("amax()"))
+checked_first(aten.amin.default)(_extremum_over_dims("amin()"))
+
+
+@checked_first(aten.aminmax.default)
+def _aminmax(x, *, dim=None, keepdim=False):
+    if dim is not None:
+        _check_dims("aminmax", x, [dim])
+    elif _empty(x):
+        raise invalid_input(RuntimeError, "aminmax(): cannot compute aminmax over an empty "
+                                          "dimension as the operation has no identity.")
+
+
+@checked_first(aten.median.default, aten.nanmedian.default)
+def _median_of_nothing(x):
+    # Eager's NaN, converted to the dtype as the host converts it (INT64_MIN for int64 on x86).
+    if not _empty(x):
+        return None
+    from torch.utils._python_dispatch import _disable_current_modes
+    with _disable_current_modes():  # a real host computation, not part of the traced graph
+        value = torch.tensor(float("nan")).to(x.dtype).item()
+    return torch.full((), value, dtype=x.dtype, device=x.device)
+
+
+def _correction_at_most_count(op):
+    # Eager divides by max(N - correction, 0): with correction > N that is 0 (NaN, or inf for a
+    # nonzero sum of squares). Decompositions divide by N - correction, negative then: the
+    # division eager makes is the one with correction = N.
+    def check(x, dim=None, *, correction=None, keepdim=False):
+        dims = range(x.dim()) if dim is None or len(dim) == 0 else dim
+        count = 1
+        for d in dims if x.dim() else ():  # a 0-d tensor is one element, whatever dim says
+            count *= x.shape[d % x.dim()]
+        if not guard_or_false((1 if correction is None else correction) > count):
+            return None
+        return op(x, dim, correction=count, keepdim=keepdim)
+    return check
+
+
+for _op in (aten.var.correction, aten.std.correction, aten.var_mean.correction,
+            aten.std_mean.correction):
+    checked_first(_op)(_correction_at_most_count(_op))
