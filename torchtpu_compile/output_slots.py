@@ -21,7 +21,8 @@ from dataclasses import dataclass
 class OutputSlot:
     """Where one output of the original graph comes from."""
     kind: str          # "program" (index into program outputs), "input", "none", "constant",
-    #                    "empty" (value: [shape, dtype name, device type])
+    #                    "empty" (value: [shape, dtype name, device type]), "check" (the
+    #                    program output of index checks, value: their specs; no graph output)
     index: int = -1
     value: object = None
 
@@ -34,12 +35,16 @@ class OutputSlot:
         return cls(data["kind"], data.get("index", -1), data.get("value"))
 
 
-def collect_outputs(slots: list, results: list, args: list, device: str | None = None) -> list:
+def collect_outputs(slots: list, results: list, args: list, device: str | None = None,
+                    defer_checks: bool = False) -> list:
     """The original graph's outputs from the program's ``results`` and the call's ``args``.
 
     The one reading of ``OutputSlot``s: compiled programs and loaded AOT artifacts both use it,
     so an output that is an input, a constant or None comes back the same way on each path.
-    Tensors with no elements are made here, on ``device`` (default: the traced one).
+    Tensors with no elements are made here, on ``device`` (default: the traced one). The
+    "check" slot's result (a PJRT buffer, not wrapped) is read now, raising for an index out
+    of range, or, with ``defer_checks`` (results that stay on the device), at the next
+    synchronization point (``index_errors.py``).
 
     Example::
 
@@ -57,9 +62,20 @@ def collect_outputs(slots: list, results: list, args: list, device: str | None =
             outputs.append(slot.value)
         elif kind == "empty":
             outputs.append(empty_tensor(slot.value, device))
+        elif kind == "check":
+            from . import index_errors
+            if defer_checks:
+                index_errors.defer(results[slot.index], slot.value)
+            else:
+                index_errors.check_now(results[slot.index], slot.value)
         else:
             outputs.append(None)
     return outputs
+
+
+def check_index(slots: list):
+    """The program output index of the "check" slot (left as a PJRT buffer), or None."""
+    return next((slot.index for slot in slots if slot.kind == "check"), None)
 
 
 def empty_spec(value) -> list:

@@ -19,7 +19,10 @@ import zipfile
 from ..errors import TorchTPUError
 
 FORMAT = "torchtpu-aot"
-FORMAT_VERSION = 2  # 2: one program per bucket (version 1 had a single program)
+FORMAT_VERSION = 3  # 3: index checks (an output slot of kind "check"); 2: one program per
+#                      bucket (version 1 had a single program)
+#: Versions this loader reads: a version 2 artifact has no index checks and runs as before.
+READABLE_VERSIONS = (2, 3)
 
 
 def portable_member(program: str) -> str:
@@ -80,7 +83,8 @@ def read_members(path: str) -> dict:
     manifest = json.loads(members["manifest.json"])
     if manifest.get("format") != FORMAT:
         raise ArtifactError(f"{path!r} is not a torchtpu artifact")
-    if manifest.get("format_version") != FORMAT_VERSION:
+    if manifest.get("format_version") not in READABLE_VERSIONS:
         raise ArtifactError(f"{path!r} has format version {manifest.get('format_version')}; "
-                            f"this torchtpu reads version {FORMAT_VERSION}")
+                            f"this torchtpu reads versions "
+                            f"{', '.join(map(str, READABLE_VERSIONS))}")
     return members

@@ -8,7 +8,8 @@ and records how to rebuild the caller's view around the executable:
   the program and put back after it runs;
 - tensors held by the graph (``get_attr``) become arguments, never inlined literals;
 - random ops (dropout masks, ``rand``) are drawn on the host from torch's generator and passed
-  in, so results follow ``torch.manual_seed`` exactly as eager does.
+  in, so results follow ``torch.manual_seed`` exactly as eager does;
+- index checks (``index_checks.py``) leave as one last output, its slot of kind "check".
 """
 from __future__ import annotations
 
@@ -71,12 +72,13 @@ class PreparedGraph:
     arg_indices: list                      # caller's args that become program inputs, in order
     constants: list = field(default_factory=list)        # lifted graph tensors, resident
     random_inputs: list = field(default_factory=list)    # callables drawing host tensors
-    outputs: list = field(default_factory=list)          # OutputSlot per original output
+    # OutputSlot per original output, then the "check" slot of index checks, if any
+    outputs: list = field(default_factory=list)
     single_output: bool = False
 
     @property
     def num_program_outputs(self) -> int:
-        return sum(1 for o in self.outputs if o.kind == "program")
+        return sum(1 for o in self.outputs if o.kind in ("program", "check"))
 
 
 def _new_placeholder(graph: fx.Graph, after: fx.Node | None, name: str, val) -> fx.Node:
@@ -130,6 +132,10 @@ def prepare(gm: fx.GraphModule) -> PreparedGraph:
             node.replace_all_uses_with(last)
             graph.erase_node(node)
 
+    from .. import config
+    from .index_checks import lower_marks
+    check, check_specs = lower_marks(gm, config.check_indices)
+
     output_node = graph.output_node()
     raw = output_node.args[0]
     single = not isinstance(raw, (tuple, list))
@@ -153,6 +159,9 @@ def prepare(gm: fx.GraphModule) -> PreparedGraph:
             seen[value] = len(program_values)
             slots.append(OutputSlot("program", index=len(program_values)))
             program_values.append(value)
+    if check is not None:  # last, after the graph's own outputs (index_checks.py)
+        slots.append(OutputSlot("check", index=len(program_values), value=check_specs))
+        program_values.append(check)
     output_node.args = (tuple(program_values),)
     graph.eliminate_dead_code()
     gm.recompile()

@@ -43,6 +43,7 @@ def decomposition_table() -> dict:
     from . import op_decompositions  # noqa: F401  (registers itself on import)
     from . import jax_decompositions  # noqa: F401  (registers itself on import)
     from . import special_decompositions  # noqa: F401  (registers itself on import)
+    from .index_checks import with_index_checks
     table = dict(_base_table())
     for op, fn in _OURS.items():
         if isinstance(op, str):
@@ -50,7 +51,8 @@ def decomposition_table() -> dict:
             if op is None:  # its library is not loaded: nothing can call it
                 continue
         table[op] = fn
-    return table
+    # Last: indexing ops mark their indices, then decompose as above (index_checks.py).
+    return with_index_checks(table)
 
 
 def _custom_op(qualified_name: str):
