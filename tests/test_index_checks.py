@@ -195,3 +195,22 @@ def test_in_range_values_match_eager_on_the_unsafe_index_path():
     image = torch.randn(1, 2, 3, 5)
     fn = lambda x: F.interpolate(x, size=(7, 4), mode="nearest")  # noqa: E731
     torch.testing.assert_close(compile_tpu(fn)(image), fn(image))
+
+
+def test_backward_does_not_check_the_forward_indices_again():
+    # x[i]'s backward scatters with i, and gather's with its index: checked in the forward.
+    from functorch.compile import aot_function, make_boxed_func
+
+    from torchtpu_compile.lower.decompositions import decomposition_table
+    from torchtpu_compile.lower.index_checks import INDEX_CHECK
+    graphs = []
+
+    def capture(gm, _):
+        graphs.append(gm)
+        return make_boxed_func(gm.forward)
+    fn = aot_function(lambda x, i: (x[i] * 2).sum() + torch.gather(x, 0, _rows(i)).sum(),
+                      capture, capture, decompositions=decomposition_table())
+    x = torch.randn(4, 2, requires_grad=True)
+    fn(x, torch.tensor([1, 3])).backward()
+    marks = [[n.args[4] for n in g.graph.nodes if n.target is INDEX_CHECK] for g in graphs]
+    assert marks == [["aten.index", "aten.gather"], []]

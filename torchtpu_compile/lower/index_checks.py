@@ -7,8 +7,9 @@ raises. A program cannot raise on a data value, so the check leaves it as an out
    table of ``decompositions.py``), each indexing op the *user's program* calls passes its index
    tensors through ``torchtpu::index_check``, an identity that records the op, the dim and its
    size. Registered per op with ``@index_rule``. Indexing that decompositions build themselves
-   (upsampling's ``_unsafe_index``, the scatter inside ``index_put``, embedding's backward) is in
-   range by construction and is not marked: it costs nothing.
+   (upsampling's ``_unsafe_index``, the scatter inside ``index_put``) is in range by
+   construction, and backward formulas index with the forward op's indices, checked there:
+   neither is marked, neither costs anything.
 2. ``calling_convention.prepare`` calls ``lower_marks``: each mark is replaced by its index, and
    a few ops computing (1, the first index out of range) or (0, 0) are added; the pairs of a
    graph are stacked into one extra program output, recorded as an ``OutputSlot("check")``.
@@ -201,8 +202,9 @@ def unchecked():
 
 def _called_by_user() -> bool:
     """Whether the op being decomposed was called by the traced program itself, not by another
-    op's decomposition (whose indices are in range by construction)."""
-    if getattr(_unmarked, "active", False):
+    op's decomposition (whose indices are in range by construction) nor by a backward formula
+    (whose indices are the forward op's, checked there)."""
+    if getattr(_unmarked, "active", False) or torch._C._current_autograd_node() is not None:
         return False
     from torch.fx.experimental.proxy_tensor import get_proxy_mode
     mode = get_proxy_mode()
