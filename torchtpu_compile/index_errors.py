@@ -74,8 +74,8 @@ def _error(spec: dict, value: int, where: str | None, deferred: bool) -> BaseExc
     note = f" ({what}, at {where})"
     if deferred:
         note += ("; found at this synchronization point, after the op ran on the device: "
-                 "tensors computed from it hold clamped values. TORCH_TPU_LAUNCH_BLOCKING=1 "
-                 "raises at the op itself")
+                 "tensors computed from it hold XLA's values (indices clamped, writes "
+                 "dropped). TORCH_TPU_LAUNCH_BLOCKING=1 raises at the op itself")
     exc.args = (str(exc.args[0]) + note,)
     return exc
 
@@ -152,6 +152,10 @@ _OURS = (os.path.dirname(os.path.abspath(__file__)) + os.sep,
                       "torchtpu_eager") + os.sep)
 
 
+#: Frames of code that is not the user's: importlib, FX's generated graph code.
+_GENERATED = ("<frozen ", "<eval_with_key")
+
+
 def caller_location() -> tuple:
     """(file, line) of the innermost frame outside torch and torchtpu: the user's call.
 
@@ -162,7 +166,8 @@ def caller_location() -> tuple:
     torch_dir = _torch_dir()
     while frame is not None:
         name = frame.f_code.co_filename
-        if not (name.startswith(_OURS) or name.startswith(torch_dir) or name.startswith("<")):
+        if not (name.startswith(_OURS) or name.startswith(torch_dir) or
+                name.startswith(_GENERATED)):
             return name, frame.f_lineno
         frame = frame.f_back
     return None
