@@ -23,6 +23,10 @@ def _rows(i):
     return i.reshape(-1, 1).expand(-1, 2)
 
 
+def _ones(x, i):
+    return x.new_ones(i.numel(), 2)
+
+
 def _setitem(x, i):
     y = x.clone()
     y[i] = 1.0  # the line an error of x[i] = v names
@@ -44,10 +48,10 @@ OPS = {
     "take": (lambda x, i: torch.take(x, i), [8], [-8, 7]),
     "put": (lambda x, i: x.put(i, x.new_ones(i.shape)), [-9], [-1, 0]),
     "scatter": (lambda x, i: x.scatter(0, _rows(i), 7.0), [4], [0, 3]),
-    "scatter_add": (lambda x, i: x.scatter_add(0, _rows(i), x.new_ones(i.numel(), 2)), [-1], [1, 2]),
-    "scatter_reduce": (lambda x, i: x.scatter_reduce(0, _rows(i), x.new_ones(i.numel(), 2), "sum"), [6], [2]),
-    "index_add": (lambda x, i: x.index_add(0, i, x.new_ones(i.numel(), 2)), [4], [1, 3]),
-    "index_copy": (lambda x, i: x.index_copy(0, i, x.new_ones(i.numel(), 2)), [7], [2]),
+    "scatter_add": (lambda x, i: x.scatter_add(0, _rows(i), _ones(x, i)), [-1], [1, 2]),
+    "scatter_reduce": (lambda x, i: x.scatter_reduce(0, _rows(i), _ones(x, i), "sum"), [6], [2]),
+    "index_add": (lambda x, i: x.index_add(0, i, _ones(x, i)), [4], [1, 3]),
+    "index_copy": (lambda x, i: x.index_copy(0, i, _ones(x, i)), [7], [2]),
     "index_fill": (lambda x, i: x.index_fill(0, i, 3.0), [4], [-1]),
     "nll_loss": (lambda x, i: F.nll_loss(x[:i.numel()].log_softmax(1), i), [2], [1, -100]),
 }
