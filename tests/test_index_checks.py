@@ -218,3 +218,41 @@ def test_backward_does_not_check_the_forward_indices_again():
     fn(x, torch.tensor([1, 3])).backward()
     marks = [[n.args[4] for n in g.graph.nodes if n.target is INDEX_CHECK] for g in graphs]
     assert marks == [["aten.index", "aten.gather"], []]
+
+
+class _IndexInBackward(torch.autograd.Function):
+    """Indexes in its backward, so the autograd engine runs that op on the device first."""
+
+    @staticmethod
+    def forward(ctx, x, i):
+        ctx.save_for_backward(i)
+        return x * 1
+
+    @staticmethod
+    def backward(ctx, grad):
+        (i,) = ctx.saved_tensors
+        return grad + grad[i].sum() * 0, None
+
+
+@pytest.mark.parametrize("eager_mode", ["strict"], indirect=True)
+def test_eager_op_first_seen_in_a_backward_still_checks_the_users_call(eager_mode):
+    # The device keeps one program per op signature: the one traced while autograd ran the
+    # backward also serves x[i] called by the user afterwards, which must be checked.
+    x = torch.randn(5, 3).to("tpu").requires_grad_()
+    _IndexInBackward.apply(x, torch.tensor([4, 1]).to("tpu")).sum().backward()
+    x.grad.cpu()
+    with pytest.raises(IndexError, match="index 5 is out of bounds for dimension 0 with size 5"):
+        x.detach()[torch.tensor([0, 5]).to("tpu")].cpu()
+
+
+def test_eager_view_reads_and_writes_are_not_checked():
+    # They gather and scatter at positions computed from the view's geometry: in range.
+    from torchtpu_compile.lower.index_checks import INDEX_CHECK
+    from torchtpu_eager import views
+    read = views._read_graph((4, 6), torch.float32, (6, 4), (1, 6), 0)
+    write = views._write_graph((4, 6), torch.float32, (6, 4), (1, 6), 0)
+    for graph in (read, write):
+        assert not graph.checked
+        assert not any(n.target is INDEX_CHECK for n in graph.gm.graph.nodes)
+    x = torch.arange(24.0).reshape(4, 6)
+    torch.testing.assert_close(x.to("tpu").t().contiguous().cpu(), x.t().contiguous())

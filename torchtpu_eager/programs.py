@@ -22,7 +22,7 @@ from torchtpu_compile import counters, index_errors
 from torchtpu_compile.lower import lower_graph
 from torchtpu_compile.lower.calling_convention import prepare
 from torchtpu_compile.lower.fx_passes import normalize
-from torchtpu_compile.lower.index_checks import INDEX_CHECK
+from torchtpu_compile.lower.index_checks import INDEX_CHECK, one_op_at_a_time
 from torchtpu_compile.lower.precision import resolve_precision
 from torchtpu_compile.output_slots import empty_tensor
 from torchtpu_compile.runtime.client import get_client
@@ -152,7 +152,7 @@ def trace(fn, examples: list, label: str) -> OpGraph:
     # attention kernels do not lower; the math formulation does (as in the backend).
     include, exclude = _top_level_keys()
     with torch._C._ForceDispatchKeyGuard(include, exclude), sdpa_kernel(SDPBackend.MATH), \
-            torch.no_grad():
+            torch.no_grad(), one_op_at_a_time():
         gm = make_fx(torch.func.functionalize(fn, remove="mutations"),
                      decomposition_table=_decompositions(), tracing_mode="fake")(*examples)
     normalize(gm)

@@ -178,10 +178,19 @@ def _nll_loss(x, target, weight, reduction, ignore_index):
             reduction, ignore_index)
 
 
-_unmarked = threading.local()
+_marking = threading.local()   # .mode: "off" (unchecked), "ops" (one_op_at_a_time)
 
 
 @contextlib.contextmanager
+def _marking_mode(mode: str):
+    previous = getattr(_marking, "mode", None)
+    _marking.mode = "off" if previous == "off" else mode  # unchecked() holds inside
+    try:
+        yield
+    finally:
+        _marking.mode = previous
+
+
 def unchecked():
     """Trace without marking: for graphs whose indices are ours and in range by construction
     (the eager device's view reads and writes), or are marked already (a graph traced again
@@ -192,23 +201,26 @@ def unchecked():
         with unchecked():
             graph = trace(lambda base: (base.reshape(-1)[positions],), ...)
     """
-    previous = getattr(_unmarked, "active", False)
-    _unmarked.active = True
-    try:
-        yield
-    finally:
-        _unmarked.active = previous
+    return _marking_mode("off")
+
+
+def one_op_at_a_time():
+    """Trace one op (the eager device): marked even when the autograd engine runs it, since
+    its graph is kept per signature and may serve the user's own call of the same op later.
+    """
+    return _marking_mode("ops")
 
 
 def _called_by_user() -> bool:
     """Whether the op being decomposed was called by the traced program itself, not by another
-    op's decomposition (whose indices are in range by construction) nor by a backward formula
-    (whose indices are the forward op's, checked there)."""
-    if getattr(_unmarked, "active", False) or torch._C._current_autograd_node() is not None:
+    op's decomposition (whose indices are in range by construction) nor, in a whole graph, by a
+    backward formula (whose indices are the forward op's, checked there)."""
+    mode = getattr(_marking, "mode", None)
+    if mode == "off" or (mode != "ops" and torch._C._current_autograd_node() is not None):
         return False
     from torch.fx.experimental.proxy_tensor import get_proxy_mode
-    mode = get_proxy_mode()
-    return mode is None or getattr(mode, "decomp_layers", 0) <= 1
+    proxy = get_proxy_mode()
+    return proxy is None or getattr(proxy, "decomp_layers", 0) <= 1
 
 
 def _checked(op, rule, inner):
