@@ -256,3 +256,19 @@ def test_eager_view_reads_and_writes_are_not_checked():
         assert not any(n.target is INDEX_CHECK for n in graph.gm.graph.nodes)
     x = torch.arange(24.0).reshape(4, 6)
     torch.testing.assert_close(x.to("tpu").t().contiguous().cpu(), x.t().contiguous())
+
+
+def test_bucketed_dynamic_graph_checks_only_real_indices():
+    # The padding of a bucket holds no index of the user's: only real indices are checked,
+    # and the mark does not keep the graph from being bucketed.
+    torch.manual_seed(0)
+    table = torch.nn.Embedding(10, 4)
+    compiled = compile_tpu(lambda ids: table(ids).sum(-1), dynamic=True)
+    for n in (3, 5, 6):
+        ids = torch.randint(0, 10, (2, n))
+        torch.testing.assert_close(compiled(ids), table(ids).sum(-1))
+    with pytest.raises(IndexError, match=r"index out of range in self \(aten.embedding: "
+                                         r"index 10 of dim 0 of size 10"):
+        compiled(torch.tensor([[1, 2, 3, 10, 1]]))
+    stats = torchtpu_compile.stats()["buckets"]
+    assert stats["exact_shape_compiles"] == 0 and stats["hits"] >= 2
