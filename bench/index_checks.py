@@ -3,8 +3,9 @@
 Not part of run_all: a measurement for lower/index_checks.py. In one process, interleaved (see
 common.py), it times
 
-1. a compiled embedding lookup and linear layer (CPU tensors: the check is read before the call
-   returns), with ``config.check_indices`` on and off when the program was built;
+1. a compiled embedding lookup and linear layer, and compile_path.py's GPT-2 forward (CPU
+   tensors: the check is read before the call returns), with ``config.check_indices`` on and
+   off when the programs were built;
 2. a compiled graph without indexing (``x + 1``): its program is the same either way;
 3. the eager tpu device's ``x[i]`` (strict mode: the check output is kept for the next
    synchronization) and a whole step that ends in a download.
@@ -34,6 +35,11 @@ def _compiled(fn, checks: bool):
     return torch.compile(copy, backend="torchtpu")
 
 
+def _no_grad(fn, *args):
+    with torch.no_grad():
+        return fn(*args)
+
+
 def main() -> None:
     torch.set_float32_matmul_precision("highest")
     import torchtpu_compile
@@ -51,15 +57,26 @@ def main() -> None:
 
     ids = torch.randint(0, 1000, (4, 128))
     x = torch.randn(8)
+    from compile_path import gpt2
+    model, tokens = gpt2()
+
+    def lm(tokens):
+        return model(tokens).logits
+
     contenders = {}
     for checks in (False, True):
         embed_fn = _compiled(embed, checks)
         embed_fn(ids)
         add_fn = _compiled(add_one, checks)
         add_fn(x)
+        lm_fn = _compiled(lm, checks)
+        with torch.no_grad():
+            lm_fn(tokens)
         label = "checked" if checks else "unchecked"
         contenders[f"compiled embedding+linear, {label}"] = lambda f=embed_fn: f(ids)
         contenders[f"compiled x + 1, {label}"] = lambda f=add_fn: f(x)
+        contenders[f"compiled GPT-2 forward (4 x 128), {label}"] = \
+            lambda f=lm_fn: _no_grad(f, tokens)
     torchtpu_compile.config.check_indices = True
 
     tpu_ids = ids.to("tpu")
@@ -76,7 +93,7 @@ def main() -> None:
     torchtpu_compile.config.check_indices = True
 
     wait_for_idle(300)
-    times, busy = interleaved(contenders, rounds=40, inner=50, warmup=20)
+    times, busy = interleaved(contenders, rounds=30, inner=20, warmup=5)
     print(f"median per call (other processes took {busy or 0:.0%} CPU):")
     for name, seconds in times.items():
         print(f"  {name:<48} {fmt_time(seconds):>10}")

@@ -170,7 +170,9 @@ def _check_slots(fn, *args):
 
     from torchtpu_compile.lower.calling_convention import prepare
     from torchtpu_compile.lower.decompositions import decomposition_table
+    from torchtpu_compile.lower.fx_passes import normalize
     gm = make_fx(fn, decomposition_table=decomposition_table(), tracing_mode="fake")(*args)
+    normalize(gm)  # as every path does before prepare
     return [slot for slot in prepare(gm).outputs if slot.kind == "check"]
 
 
@@ -272,3 +274,14 @@ def test_bucketed_dynamic_graph_checks_only_real_indices():
         compiled(torch.tensor([[1, 2, 3, 10, 1]]))
     stats = torchtpu_compile.stats()["buckets"]
     assert stats["exact_shape_compiles"] == 0 and stats["hits"] >= 2
+
+
+def test_literal_indices_in_range_are_checked_on_the_host_once():
+    # Masks and position ids built from arange: folded on the host, found in range, and no
+    # check is left in the program. An index that is a literal out of range still raises.
+    def positions(table):
+        return F.embedding(torch.arange(4), table) + table[torch.arange(3, -1, -1)]
+    assert _check_slots(positions, X) == []
+    compiled = compile_tpu(lambda t: t[torch.arange(2, 6)] * 1)
+    with pytest.raises(IndexError, match="index 4 is out of bounds for dimension 0 with size 4"):
+        compiled(X)
