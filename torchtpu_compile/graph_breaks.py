@@ -101,7 +101,12 @@ def install() -> None:
     from torch._dynamo import symbolic_convert
     translator = symbolic_convert.InstructionTranslatorBase
     original = getattr(translator, "log_graph_break", None)
-    if original is None or getattr(original, "_torchtpu", False):
+    if original is None:  # another torch: say so rather than let breaks pass unseen
+        warn_once(("graph_break", "no hook"),
+                  "torchtpu: this torch has no InstructionTranslatorBase.log_graph_break: graph "
+                  "breaks are neither counted nor, under TORCHTPU_STRICT=1, errors")
+        return
+    if getattr(original, "_torchtpu", False):
         return
 
     def log_graph_break(self, code_options, reason, exc):
