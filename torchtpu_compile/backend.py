@@ -22,11 +22,14 @@ if "torchtpu_eager" in sys.modules:
     import torchtpu_eager.compile_support
     torchtpu_eager.compile_support.teach_dynamo()
 
-# Likewise, the Dynamo-level cache must be hooked in before the first frame is converted.
+# Likewise, the Dynamo-level cache must be hooked in before the first frame is converted, and
+# graph breaks reported (graph_breaks.py: counted, or strict errors) before the first is traced.
 from . import config as _config  # noqa: E402
+from . import graph_breaks as _graph_breaks  # noqa: E402
 if _config.dynamo_cache:
     from . import dynamo_cache
     dynamo_cache.install()
+_graph_breaks.install()
 
 
 def _static_inputs(kind: str) -> frozenset:

@@ -31,6 +31,13 @@ matmul_precision: str | None = os.environ.get("TORCHTPU_MATMUL_PRECISION") or No
 strict: bool = _env_flag("TORCHTPU_STRICT")
 
 
+#: Check tensor indices (x[i], embedding, gather, scatter, index_select, ...) against their
+#: dim as eager does, raising its IndexError/RuntimeError instead of letting XLA clamp them;
+#: read when a program is built (env: TORCHTPU_CHECK_INDICES=0 turns it off).
+check_indices: bool = os.environ.get("TORCHTPU_CHECK_INDICES", "1").strip().lower() not in (
+    "0", "off", "false", "no")
+
+
 def _cache_dir_default() -> str | None:
     value = os.environ.get("TORCHTPU_CACHE_DIR")
     if value is None or value == "":

@@ -17,6 +17,9 @@ def _fresh() -> dict:
         "cache_misses": 0,
         "fallback_ops": collections.Counter(),   # op name -> nodes sent to eager PyTorch
         "graphs_with_fallback": 0,
+        # Dynamo graph breaks in frames compiled for torchtpu: reason -> breaks traced (the code
+        # at each runs in eager PyTorch between graphs; graph_breaks.py).
+        "graph_breaks": collections.Counter(),
         "resident_uploads": 0,       # parameters/buffers/constants uploaded (kept if aliased)
         "resident_copies": 0,        # ... of which were copies, made again at every call
         # The eager tpu device (torchtpu_eager).
@@ -103,6 +106,12 @@ def count_fallback(op_name: str) -> None:
         _stats["fallback_ops"][op_name] += 1
 
 
+def count_graph_break(reason: str) -> None:
+    """Record one Dynamo graph break (``reason``) in a frame compiled with torchtpu."""
+    with _lock:
+        _stats["graph_breaks"][reason] += 1
+
+
 def _graph(name: str) -> dict:
     entry = _stats["graphs"].get(name)
     if entry is None:
@@ -162,6 +171,7 @@ def stats() -> dict:
     with _lock:
         snap = copy.deepcopy(_stats)
     snap["fallback_ops"] = dict(snap["fallback_ops"])
+    snap["graph_breaks"] = dict(snap["graph_breaks"])
     # padding waste: % of the elements fed to bucketed programs that are padding
     for entry in list(snap["graphs"].values()) + [snap["buckets"]]:
         entry["padding_waste_pct"] = _waste_pct(entry)

@@ -23,7 +23,9 @@ class OutputSlot:
     """Where one output of the original graph comes from."""
     kind: str          # "program" (index into program outputs), "input", "none", "constant",
     #                    "empty" (value: [shape, dtype name, device type]), "view" (value:
-    #                    {"of": "program" | "input", "ops": view steps}; index: the base's)
+    #                    {"of": "program" | "input", "ops": view steps}; index: the base's),
+    #                    "check" (the program output of index checks, value: their specs; no
+    #                    graph output)
     index: int = -1
     value: object = None
     _steps: object = field(default=None, init=False, repr=False, compare=False)
@@ -37,12 +39,16 @@ class OutputSlot:
         return cls(data["kind"], data.get("index", -1), data.get("value"))
 
 
-def collect_outputs(slots: list, results: list, args: list, device: str | None = None) -> list:
+def collect_outputs(slots: list, results: list, args: list, device: str | None = None,
+                    defer_checks: bool = False) -> list:
     """The original graph's outputs from the program's ``results`` and the call's ``args``.
 
     The one reading of ``OutputSlot``s: compiled programs and loaded AOT artifacts both use it,
     so an output that is an input, a constant or None comes back the same way on each path.
-    Tensors with no elements are made here, on ``device`` (default: the traced one).
+    Tensors with no elements are made here, on ``device`` (default: the traced one). The
+    "check" slot's result (a PJRT buffer, not wrapped) is read now, raising for an index out
+    of range, or, with ``defer_checks`` (results that stay on the device), at the next
+    synchronization point (``index_errors.py``).
 
     Example::
 
@@ -63,11 +69,22 @@ def collect_outputs(slots: list, results: list, args: list, device: str | None =
         elif kind == "view":
             base = results[slot.index] if slot.value["of"] == "program" else args[slot.index]
             outputs.append(_rebuilt_view(slot, base))
+        elif kind == "check":
+            from . import index_errors
+            if defer_checks:
+                index_errors.defer(results[slot.index], slot.value)
+            else:
+                index_errors.check_now(results[slot.index], slot.value)
         elif kind == "none":
             outputs.append(None)
         else:  # an artifact from a newer torchtpu, say: never a silent None
             raise ValueError(f"output slot of unknown kind {kind!r}")
     return outputs
+
+
+def check_index(slots: list):
+    """The program output index of the "check" slot (left as a PJRT buffer), or None."""
+    return next((slot.index for slot in slots if slot.kind == "check"), None)
 
 
 def empty_spec(value) -> list:

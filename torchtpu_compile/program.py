@@ -28,7 +28,7 @@ from .lower.calling_convention import pin_rng_state_sizes, prepare
 from .lower.fx_passes import normalize
 from .lower.precision import resolve_precision
 from .lower.support import describe, is_host_scalar, op_name, probe, rule_violation
-from .output_slots import collect_outputs
+from .output_slots import check_index, collect_outputs
 from .runtime.client import get_client
 from .runtime.executable import compile_stablehlo
 from .runtime.transfer import to_buffer, wrapper_for
@@ -68,6 +68,7 @@ class Program:
         self.prepared = prepared or prepare(gm)
         self.name = name
         self.resident_inputs = resident_inputs
+        self._defer_checks = False
         if self.prepared.num_program_outputs == 0:
             self.executable = None  # nothing to compute: outputs are inputs, None or constants
             return
@@ -79,8 +80,14 @@ class Program:
                                             what=name, replicas=lowered.replicas)
         # Results go back to the device the graph computes on: host tensors for CPU inputs,
         # tpu tensors (no round trip through the host) for tensors of the eager tpu device.
-        self._wrap = [wrapper_for(_device_type(node)) for node in
-                      self.prepared.gm.graph.output_node().args[0]]
+        outputs = self.prepared.gm.graph.output_node().args[0]
+        self._wrap = [wrapper_for(_device_type(node)) for node in outputs]
+        check = check_index(self.prepared.outputs)
+        # Index checks of results left on the device are read at its next synchronization.
+        if check is not None:
+            self._wrap[check] = _unwrapped
+            self._defer_checks = any(_device_type(node) != "cpu" for node in outputs
+                                     if node is not outputs[check])
 
     def __call__(self, args: list) -> list:
         prepared = self.prepared
@@ -94,7 +101,11 @@ class Program:
             buffers += [to_buffer(c, True, client) for c in prepared.constants]
             buffers += [to_buffer(draw(args), False, client) for draw in prepared.random_inputs]
             results = [wrap(b) for wrap, b in zip(self._wrap, self.executable.run(buffers))]
-        return collect_outputs(prepared.outputs, results, args)
+        return collect_outputs(prepared.outputs, results, args, defer_checks=self._defer_checks)
+
+
+def _unwrapped(buffer):
+    return buffer
 
 
 def _device_type(node: fx.Node) -> str:

@@ -29,6 +29,8 @@ import torch.fx as fx
 
 from torchtpu_compile import counters
 from torchtpu_compile._logging import log
+from torchtpu_compile.index_errors import caller_location
+from torchtpu_compile.lower.index_checks import INDEX_CHECK
 
 from .programs import OpGraph
 
@@ -65,6 +67,7 @@ class _Recording:
         self.inputs: list = []      # concrete buffers read by the recording
         self.input_index: dict = {}
         self.storages: list = []    # weak references to storages holding our Lazy values
+        self.locations: dict = {}   # entry -> where it was called, for entries with index checks
         self.done = False
 
     def record(self, graph: OpGraph, values: list) -> list:
@@ -80,6 +83,8 @@ class _Recording:
                 self.inputs.append(buffer)
             refs.append(-1 - position)
         entry = len(self.graphs)
+        if graph.checked:
+            self.locations[entry] = caller_location()
         self.graphs.append(graph)
         self.refs.append(tuple(refs))
         outs = [Lazy(self, entry, j) for j in range(len(graph.out_meta))]
@@ -115,7 +120,7 @@ class _Recording:
             else:
                 counters.add("fused_graph_cache_hits")
             counters.add("fused_graphs_run")
-            results = program.run(self.inputs)
+            results = program.run(self.inputs, self.locations)
             for (entry, index), buffer in zip(wanted, results):
                 self.outputs[entry][index].buffer = buffer
         for ref in self.storages:
@@ -154,6 +159,8 @@ class _Recording:
                     env[node].meta.update(node.meta)
                 else:
                     env[node] = graph.node_copy(node, lambda n: env[n])
+                    if node.target is INDEX_CHECK:  # its error names this entry's call site
+                        env[node].meta["torchtpu_entry"] = entry
             produced.append(outs)
         graph.output(tuple(produced[e][i] for e, i in wanted))
         return OpGraph(fx.GraphModule(root, graph), f"fused[{len(self.graphs)} ops]")

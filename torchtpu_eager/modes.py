@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import os
 
+from torchtpu_compile.index_errors import caller_location, raise_pending
+
 MODES = ("strict", "debug", "defer_and_fuse")
 
 
@@ -33,7 +35,8 @@ class Strict:
     name = "strict"
 
     def apply(self, graph, values: list) -> list:
-        return graph.run([concrete(v) for v in values])
+        return graph.run([concrete(v) for v in values],
+                         caller_location() if graph.checked else None)
 
     def check(self, graph) -> None:
         """Compile a newly traced op now, so an op that does not lower falls back at once."""
@@ -53,13 +56,15 @@ class Debug(Strict):
 
     def apply(self, graph, values: list) -> list:
         try:
-            outputs = graph.run([concrete(v) for v in values])
+            outputs = graph.run([concrete(v) for v in values],
+                                caller_location() if graph.checked else None)
             for buffer in outputs:
                 buffer.block_until_ready()
         except Exception as exc:
             # Raised here, inside the op's own dispatch: the traceback is the op's Python stack.
             raise RuntimeError(f"tpu (TORCH_TPU_LAUNCH_BLOCKING=1): {graph.label} failed on "
                                f"the device: {exc}") from exc
+        raise_pending(at_op=True)  # an index out of range: eager's error, at the op itself
         return outputs
 
 

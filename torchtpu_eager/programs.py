@@ -18,10 +18,11 @@ import itertools
 import torch
 import torch.fx as fx
 
-from torchtpu_compile import counters
+from torchtpu_compile import counters, index_errors
 from torchtpu_compile.lower import lower_graph
 from torchtpu_compile.lower.calling_convention import prepare
 from torchtpu_compile.lower.fx_passes import normalize
+from torchtpu_compile.lower.index_checks import INDEX_CHECK, one_op_at_a_time
 from torchtpu_compile.lower.precision import resolve_precision
 from torchtpu_compile.output_slots import empty_tensor
 from torchtpu_compile.runtime.client import get_client
@@ -66,6 +67,9 @@ class OpGraph:
         # resolving it on every run.
         self._precision_free = not any(n.op == "call_function" and n.target in _PRECISION_OPS
                                        for n in gm.graph.nodes)
+        # Indexing with tensor data: its runs report where they were called (index_errors).
+        self.checked = any(n.op == "call_function" and n.target is INDEX_CHECK
+                           for n in gm.graph.nodes)
 
     def _build(self, precision: str):
         prepared = prepare(self.gm, rebuild_views=False)
@@ -102,8 +106,13 @@ class OpGraph:
             entry = self._compiled[precision] = self._build(precision)
         return entry
 
-    def run(self, buffers: list) -> list:
-        """Run on concrete PJRT buffers; one buffer per graph output."""
+    def run(self, buffers: list, locations=None) -> list:
+        """Run on concrete PJRT buffers; one buffer per graph output.
+
+        Its index checks are kept for the next synchronization point (``index_errors.defer``),
+        with ``locations``: where the op was called (``caller_location()``), or per entry of
+        a fused graph.
+        """
         prepared, executable = self.compiled()
         results = ()
         if executable is not None:
@@ -122,6 +131,8 @@ class OpGraph:
                 outputs.append(buffers[slot.index])
             elif kind == "empty":
                 outputs.append(to_buffer(empty_tensor(slot.value, "cpu")))
+            elif kind == "check":
+                index_errors.defer(results[slot.index], slot.value, locations)
             else:
                 raise RuntimeError(f"{self.label}: graph output of kind {kind!r} is not a tensor")
         return outputs
@@ -140,7 +151,7 @@ def trace(fn, examples: list, label: str) -> OpGraph:
     # attention kernels do not lower; the math formulation does (as in the backend).
     include, exclude = _top_level_keys()
     with torch._C._ForceDispatchKeyGuard(include, exclude), sdpa_kernel(SDPBackend.MATH), \
-            torch.no_grad():
+            torch.no_grad(), one_op_at_a_time():
         gm = make_fx(torch.func.functionalize(fn, remove="mutations"),
                      decomposition_table=_decompositions(), tracing_mode="fake")(*examples)
     normalize(gm)

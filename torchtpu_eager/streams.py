@@ -36,12 +36,15 @@ def synchronize_device() -> None:
 
         synchronize_device()        # what torch.tpu.synchronize() does
     """
+    from torchtpu_compile import index_errors
+
     from . import modes
     modes.current().flush()
     for st in _storage.live_storages():
         value = st.value
         if value is not None and hasattr(value, "block_until_ready"):
             value.block_until_ready()
+    index_errors.raise_pending()  # an index out of range in an op that ran: raised here
 
 
 def device_idle() -> bool:

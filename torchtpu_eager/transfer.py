@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from torchtpu_compile import index_errors
 from torchtpu_compile.runtime.client import get_client
 from torchtpu_compile.runtime import transfer as runtime_transfer
 from torchtpu_compile.runtime.transfer import to_torch
@@ -29,7 +30,14 @@ def upload(host: torch.Tensor):
 
 
 def download(buffer) -> torch.Tensor:
-    """A host tensor holding a copy of a (concrete) PJRT buffer."""
+    """A host tensor holding a copy of a (concrete) PJRT buffer.
+
+    A synchronization point: an index out of range found by an op that ran before is raised
+    here (``torchtpu_compile.index_errors``), as CUDA raises a device-side assert at the next
+    synchronization.
+    """
+    if index_errors.has_pending():
+        index_errors.raise_pending()
     host = to_torch(buffer)
     return host.clone() if get_client().platform == "cpu" else host
 

@@ -22,8 +22,10 @@ from ..errors import TorchTPUError
 
 FORMAT = "torchtpu-aot"
 # 2: one program per bucket (version 1 had a single program); 3: "view" output slots (outputs
-# rebuilt as views of inputs or of other outputs), which a version-2 reader cannot rebuild.
+# rebuilt as views of inputs or of other outputs) and "check" slots (index checks), which a
+# version-2 reader cannot read.
 FORMAT_VERSION = 3
+#: Versions this loader reads: a version 2 artifact has no views or checks and runs as before.
 READABLE_VERSIONS = (2, 3)
 
 

@@ -21,7 +21,7 @@ class _Program:
     """One executable of an artifact with its calling convention (from the manifest)."""
 
     def __init__(self, entry: dict, executable, symbols: dict):
-        from ..output_slots import OutputSlot
+        from ..output_slots import OutputSlot, check_index
         self.name = entry["name"]
         self.executable = executable
         self.bucket = entry.get("bucket")
@@ -29,6 +29,7 @@ class _Program:
         self.arg_indices = entry["arg_indices"]
         self.constants = entry["constants"]
         self.slots = [OutputSlot.from_json(slot) for slot in entry["output_slots"]]
+        self.check = check_index(self.slots)
         self.plan_outputs = None
         if entry.get("outputs") is not None:  # a bucket: padded outputs, cut back per layout
             from .dynamic import load_layout, parse_expr
@@ -133,8 +134,11 @@ class LoadedArtifact:
         # Results come back on the inputs' device: tpu tensors in, tpu tensors out.
         device = next((t.device.type for t in flat if t.device.type != "cpu"), "cpu")
         wrap = wrapper_for(device)
-        results = [wrap(b) for b in program.executable.run(buffers)]
-        outputs = collect_outputs(program.slots, results, graph_args, device)
+        # The index checks' output stays a buffer: collect_outputs reads it (index_errors.py).
+        results = [b if i == program.check else wrap(b)
+                   for i, b in enumerate(program.executable.run(buffers))]
+        outputs = collect_outputs(program.slots, results, graph_args, device,
+                                  defer_checks=device != "cpu")
         if program.plan_outputs is not None:
             from ..buckets.layout import unpad_outputs
             outputs = unpad_outputs(outputs, program.plan_outputs, real_env, pad_env)

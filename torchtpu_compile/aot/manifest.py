@@ -142,7 +142,11 @@ def _check_view_slot(value, where):
         raise _Invalid(f"{where}.ops", f"not view steps ({type(exc).__name__}: {exc})") from exc
 
 
-OUTPUT_SLOT = record({"kind": one_of("program", "input", "none", "constant", "empty", "view")},
+INDEX_CHECK = record({"op": string, "dim": integer, "size": integer},
+                     {"where": nullable(string), "entry": nullable(integer)})
+
+
+OUTPUT_SLOT = record({"kind": one_of("program", "input", "none", "constant", "empty", "view", "check")},
                      {"index": integer, "value": anything})
 PROGRAM = record({
     "name": string, "graph_arguments": list_of(GRAPH_ARGUMENT), "arg_indices": list_of(count),
@@ -213,7 +217,10 @@ def _check_program(program: dict, where: str, n_inputs: int, symbols: set, n_dim
         at = f"{where}.output_slots[{j}]"
         if slot["kind"] == "view":
             _check_view_slot(slot.get("value"), f"{at}.value")
-        limit = bound.get(slot["value"]["of"] if slot["kind"] == "view" else slot["kind"])
+        if slot["kind"] == "check":
+            list_of(INDEX_CHECK)(slot.get("value"), f"{at}.value")
+        base = slot["value"]["of"] if slot["kind"] == "view" else slot["kind"]
+        limit = bound.get("program" if base == "check" else base)
         if limit is not None and not 0 <= slot.get("index", -1) < limit:
             raise _Invalid(f"{at}.index", f"{slot['kind']} {slot.get('index')} of {limit}")
         if slot["kind"] == "empty":

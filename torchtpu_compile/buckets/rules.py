@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
+from ..lower.index_checks import INDEX_CHECK
 from .layout import Dim, NotPaddable, dim_mask, evaluate, is_symbolic, prefix, sym_expr, \
     view_layout
 
@@ -646,6 +647,18 @@ def topk(ctx, node, x, k, dim=-1, largest=True, sorted=True):
 
 
 # --- indexing ----------------------------------------------------------------------------------
+
+@padding_rule(INDEX_CHECK)
+def index_check(ctx, node, index, size, dim, wraps, op, ignore=None):
+    # lower/index_checks.py's mark. Only real indices are checked: the padding holds whatever
+    # the padded computation left there, replaced by an index in range. Indexing along a
+    # dynamic dim is checked against the bucket's size (an index between the real size and
+    # the bucket's is not caught).
+    bound = size.pad if isinstance(size, Size) else size
+    fill = ignore if ignore is not None else 0
+    checked = INDEX_CHECK(ctx.fill(index, fill), bound, dim, wraps, op, ignore)
+    return Padded(checked, index.layout)
+
 
 @padding_rule(aten.embedding.default)
 def embedding(ctx, node, weight, indices, *args):

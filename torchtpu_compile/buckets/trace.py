@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import sympy
 import torch
 import torch.fx as fx
+import torch.fx.traceback as fx_traceback
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
@@ -135,8 +136,12 @@ def trace_bucket(gm: fx.GraphModule, spec: InputSpec, pad_env: dict) -> BucketPl
 
     # The rules emit ATen ops that the backend's table may decompose (cumsum, left whole at a
     # symbolic length): decompose them the same way, now that sizes are static.
+    # The graph's own index checks are marked already (their rule pads them); the indexing the
+    # rules add is in range by construction.
     from ..lower.decompositions import decomposition_table
-    with torch.no_grad():
+    from ..lower.index_checks import unchecked
+    # Nodes keep their source node's meta (its stack trace: errors name the user's line).
+    with torch.no_grad(), unchecked(), fx_traceback.preserve_node_meta():
         plan.gm = make_fx(run, decomposition_table=decomposition_table(),
                           tracing_mode="fake")(*examples)
     return plan
@@ -164,7 +169,8 @@ def _interpret(gm, spec, flat, ctx: Context, plan: BucketPlan) -> list:
             continue
         args = fx.node.map_arg(node.args, lambda n: env[n])
         kwargs = fx.node.map_arg(node.kwargs, lambda n: env[n])
-        env[node] = _run_node(node, args, kwargs, ctx)
+        with fx_traceback.set_current_meta(node):
+            env[node] = _run_node(node, args, kwargs, ctx)
     raise NotPaddable("graph without output")
 
 

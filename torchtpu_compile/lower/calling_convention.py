@@ -16,6 +16,7 @@ and records how to rebuild the caller's view around the executable:
   operators aot_autograd puts around a random op that the backward recomputes (dropout in a
   checkpointed block): ``run_and_save_rng_state`` reads the generator's state before drawing,
   ``run_with_rng_state`` draws again from that state.
+- index checks (``index_checks.py``) leave as one last output, its slot of kind "check".
 """
 from __future__ import annotations
 
@@ -157,7 +158,8 @@ class PreparedGraph:
     arg_indices: list                      # caller's args that become program inputs, in order
     constants: list = field(default_factory=list)        # lifted graph tensors, resident
     random_inputs: list = field(default_factory=list)    # HostDraw per drawn input
-    outputs: list = field(default_factory=list)          # OutputSlot per original output
+    # OutputSlot per original output, then the "check" slot of index checks, if any
+    outputs: list = field(default_factory=list)
     single_output: bool = False
 
     @property
@@ -244,6 +246,10 @@ def prepare(gm: fx.GraphModule, rebuild_views: bool = True) -> PreparedGraph:
             node.replace_all_uses_with(last)
         graph.erase_node(node)
 
+    from .. import config
+    from .index_checks import lower_marks
+    check, check_specs = lower_marks(gm, config.check_indices)
+
     output_node = graph.output_node()
     raw = output_node.args[0]
     single = not isinstance(raw, (tuple, list))
@@ -279,6 +285,9 @@ def prepare(gm: fx.GraphModule, rebuild_views: bool = True) -> PreparedGraph:
             seen[value] = len(program_values)
             slots.append(OutputSlot("program", index=len(program_values)))
             program_values.append(value)
+    if check is not None:  # last, after the graph's own outputs (index_checks.py)
+        slots.append(OutputSlot("check", index=len(program_values), value=check_specs))
+        program_values.append(check)
     output_node.args = (tuple(program_values),)
     graph.eliminate_dead_code()
     gm.recompile()

@@ -78,6 +78,7 @@ def decomposition_table() -> dict:
     from . import jax_decompositions  # noqa: F401  (registers itself on import)
     from . import special_decompositions  # noqa: F401  (registers itself on import)
     from . import empty_reductions  # noqa: F401  (registers itself on import)
+    from .index_checks import with_index_checks
     table = dict(_base_table())
     for op, fn in _OURS.items():
         if isinstance(op, str):
@@ -87,7 +88,8 @@ def decomposition_table() -> dict:
         table[op] = fn
     for op, check in _CHECKS.items():
         table[op] = _checked(check, table.get(op))
-    return table
+    # Last: indexing ops mark their indices, then decompose as above (index_checks.py).
+    return with_index_checks(table)
 
 
 def _custom_op(qualified_name: str):

@@ -7,6 +7,8 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from .index_checks import INDEX_CHECK
+
 aten = torch.ops.aten
 _PASSES: list = []
 
@@ -210,6 +212,12 @@ def fold_literal_expressions(gm):
         if not isinstance(value, torch.Tensor):
             continue
         known[node] = value
+        if node.target is INDEX_CHECK:
+            # A literal index that the host found in range (index_checks.py): nothing to check
+            # at run time (masks built from arange, position ids).
+            node.replace_all_uses_with(node.args[0])
+            gm.graph.erase_node(node)
+            continue
         if not node.all_input_nodes:
             continue  # a factory: already a single literal
         splat = _splat_value(value)

@@ -1,0 +1,139 @@
+"""Strict mode means nothing ran outside XLA without an error, whether Dynamo broke the graph
+or not; without strict, graph breaks are counted and named like fallbacks."""
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torchtpu_compile
+from helpers import compile_tpu, strict
+from torchtpu_compile.errors import UnsupportedOpError
+
+MASKED_SELECT_REASON = "Dynamic shape operator"
+
+
+def select_positive(x, ran):
+    y = x * 2
+    ran.append("host")  # runs only when the compiled frame runs
+    picked = torch.masked_select(y, y > 2)  # the graph breaks here
+    return picked.sum()
+
+
+@pytest.fixture(autouse=True)
+def fresh_stats():
+    torchtpu_compile.reset_stats()
+    yield
+
+
+def test_graph_break_is_counted_and_warned_once(caplog):
+    x = torch.arange(6.0)
+    with caplog.at_level(logging.WARNING, logger="torchtpu"):
+        compiled = compile_tpu(select_positive)
+        for _ in range(2):
+            torch.testing.assert_close(compiled(x, []), select_positive(x, []))
+    breaks = torchtpu_compile.stats()["graph_breaks"]
+    [(reason, count)] = breaks.items()
+    assert reason.startswith(MASKED_SELECT_REASON) and "aten.masked_select" in reason
+    assert count == 1  # traced once; the second call runs the cached frame
+    warnings = [r.getMessage() for r in caplog.records if "breaks the graph" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "test_graph_breaks.py:" in warnings[0] and "the graph breaks here" in warnings[0]
+
+
+def test_strict_graph_break_is_an_error_before_anything_runs():
+    ran = []
+    with strict(), pytest.raises(UnsupportedOpError) as info:
+        compile_tpu(select_positive)(torch.arange(6.0), ran)
+    message = str(info.value)
+    assert "TORCHTPU_STRICT=1" in message and "aten.masked_select" in message
+    assert "test_graph_breaks.py:" in message and "the graph breaks here" in message
+    assert ran == []  # raised while tracing: neither graph nor the host code ran
+    assert torchtpu_compile.stats()["graph_breaks"] == {}
+
+
+@pytest.mark.parametrize("code", ["x.sum().item()", "print('side effect') or x"])
+def test_strict_catches_other_graph_breaks(code):
+    fn = eval(f"lambda x: ({code}) * 2")
+    with strict(), pytest.raises(UnsupportedOpError, match="breaks the graph"):
+        compile_tpu(fn)(torch.ones(3))
+
+
+def test_graph_breaks_of_other_backends_are_not_ours():
+    torch._dynamo.reset()
+    with strict():
+        out = torch.compile(select_positive, backend="eager")(torch.arange(6.0), [])
+    torch.testing.assert_close(out, select_positive(torch.arange(6.0), []))
+    assert torchtpu_compile.stats()["graph_breaks"] == {}
+
+
+@pytest.fixture
+def capture_dynamic_shapes():
+    config = torch._dynamo.config
+    saved = config.capture_dynamic_output_shape_ops
+    config.capture_dynamic_output_shape_ops = True
+    yield
+    config.capture_dynamic_output_shape_ops = saved
+
+
+def test_captured_data_dependent_op_is_a_counted_fallback(capture_dynamic_shapes):
+    x = torch.arange(6.0)
+    out = compile_tpu(select_positive)(x, [])
+    torch.testing.assert_close(out, select_positive(x, []))
+    stats = torchtpu_compile.stats()
+    assert stats["graph_breaks"] == {}  # one graph: the op is in it, and falls back
+    assert stats["fallback_ops"].get("aten.masked_select.default") == 1
+
+
+def test_captured_data_dependent_op_is_a_strict_error(capture_dynamic_shapes):
+    with strict(), pytest.raises(Exception) as info:
+        compile_tpu(select_positive)(torch.arange(6.0), [])
+    error = getattr(info.value, "inner_exception", info.value)  # Dynamo wraps backend errors
+    assert isinstance(error, UnsupportedOpError)
+    assert "TORCHTPU_STRICT=1" in str(error) and "aten.masked_select" in str(error)
+
+
+def test_eager_device_host_fallback_is_a_strict_error():
+    x = torch.arange(6.0).to("tpu")
+    with strict(), pytest.raises(UnsupportedOpError, match="aten.masked_select.*TORCHTPU_STRICT"
+                                 "|TORCHTPU_STRICT.*aten.masked_select"):
+        torch.masked_select(x, x > 2)
+
+
+def test_strict_from_the_environment_covers_graph_breaks_and_the_eager_device(tmp_path):
+    script = tmp_path / "strict_breaks.py"
+    script.write_text(
+        "import torch\n"
+        "from torchtpu_compile.errors import UnsupportedOpError\n"
+        "f = torch.compile(lambda x: torch.masked_select(x, x > 0).sum(), backend='torchtpu')\n"
+        "try:\n"
+        "    f(torch.tensor([0.0, 1.0, 2.0]))\n"
+        "    print('graph break: no error')\n"
+        "except UnsupportedOpError as e:\n"
+        "    print('graph break:', 'TORCHTPU_STRICT=1' in str(e))\n"
+        "x = torch.tensor([0.0, 1.0, 2.0], device='tpu')\n"
+        "try:\n"
+        "    x.nonzero()\n"
+        "    print('eager fallback: no error')\n"
+        "except UnsupportedOpError as e:\n"
+        "    print('eager fallback:', 'TORCHTPU_STRICT=1' in str(e))\n")
+    env = dict(os.environ, TORCHTPU_STRICT="1")
+    result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "graph break: True" in result.stdout, result.stdout
+    assert "eager fallback: True" in result.stdout, result.stdout
+
+
+def test_strict_allows_autograd_breaks_whose_backward_is_compiled():
+    # The code at this break is the autograd engine running the backward graph we compiled.
+    def grad_of_square(x):
+        return torch.autograd.grad((x * x).sum(), x)[0]
+    x = torch.randn(5, requires_grad=True)
+    with strict():
+        torch.testing.assert_close(compile_tpu(grad_of_square)(x), 2 * x.detach())
+    [reason] = torchtpu_compile.stats()["graph_breaks"]
+    assert "torch.autograd.grad" in reason
+    assert not torchtpu_compile.stats()["fallback_ops"]

@@ -1,0 +1,287 @@
+"""Indices out of range raise eager's error on every path, instead of being clamped by XLA.
+
+Each indexing op runs with an index out of range on the compile path (CPU tensors: raised
+before the call returns), on the eager tpu device (strict: at the next synchronization; debug:
+at the op; defer-and-fuse: at the materialization point) and through an AOT artifact. The
+error has eager CPU's type and message, and names the op and the line that called it; in-range
+indices (negative ones where eager wraps them) give eager's values, and the next correct call
+after an error works.
+"""
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchtpu_compile
+from helpers import compile_tpu, configured
+
+X = torch.arange(8.0).reshape(4, 2)
+
+
+def _rows(i):
+    return i.reshape(-1, 1).expand(-1, 2)
+
+
+def _ones(x, i):
+    return x.new_ones(i.numel(), 2)
+
+
+def _setitem(x, i):
+    y = x.clone()
+    y[i] = 1.0  # the line an error of x[i] = v names
+    return y
+
+
+# name -> (fn(x, i), an index out of range, an index in range). Each fn on its own line: the
+# error must name it.
+OPS = {
+    "index": (lambda x, i: x[i] * 1, [1, 5], [0, -1]),
+    "index_negative": (lambda x, i: x[i] * 1, [-5], [-4, 3]),
+    "index_dim1": (lambda x, i: x[:, i] * 1, [2], [-1, 1]),
+    "index_put": (lambda x, i: x.index_put((i,), torch.tensor(7.0)), [4], [-1, 2]),
+    "index_put_accumulate": (lambda x, i: x.index_put((i,), torch.tensor(7.0), True), [4], [1, 1]),
+    "setitem": (lambda x, i: _setitem(x, i) * 1, [9], [-2]),
+    "embedding": (lambda x, i: F.embedding(i, x), [1, 4], [3, 0]),
+    "gather": (lambda x, i: torch.gather(x, 0, _rows(i)), [5], [3, 0]),
+    "index_select": (lambda x, i: torch.index_select(x, 0, i), [-1], [2, 3]),
+    "take": (lambda x, i: torch.take(x, i), [8], [-8, 7]),
+    "put": (lambda x, i: x.put(i, x.new_ones(i.shape)), [-9], [-1, 0]),
+    "scatter": (lambda x, i: x.scatter(0, _rows(i), 7.0), [4], [0, 3]),
+    "scatter_add": (lambda x, i: x.scatter_add(0, _rows(i), _ones(x, i)), [-1], [1, 2]),
+    "scatter_reduce": (lambda x, i: x.scatter_reduce(0, _rows(i), _ones(x, i), "sum"), [6], [2]),
+    "index_add": (lambda x, i: x.index_add(0, i, _ones(x, i)), [4], [1, 3]),
+    "index_copy": (lambda x, i: x.index_copy(0, i, _ones(x, i)), [7], [2]),
+    "index_fill": (lambda x, i: x.index_fill(0, i, 3.0), [4], [-1]),
+    "nll_loss": (lambda x, i: F.nll_loss(x[:i.numel()].log_softmax(1), i), [2], [1, -100]),
+}
+
+
+def _cpu_error(fn, index):
+    with pytest.raises((IndexError, RuntimeError)) as info:
+        fn(X, torch.tensor(index))
+    return info.value
+
+
+def _assert_like_eager(error, expected, name: str):
+    """``error`` has eager's type and message, then the op's name and the calling line."""
+    assert type(error) is type(expected), (error, expected)
+    message = str(error)
+    assert message.startswith(str(expected).splitlines()[0]), (message, expected)
+    assert "test_index_checks.py:" in message, message
+    line = "y[i] = 1.0" if name == "setitem" else f'"{name}": (lambda'
+    assert line in message, message
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    torchtpu_compile.reset_stats()
+    yield
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_compile_path_raises_as_eager_then_runs_again(name):
+    fn, bad, good = OPS[name]
+    expected = _cpu_error(fn, bad)
+    compiled = compile_tpu(fn, dynamic=False)
+    torch.testing.assert_close(compiled(X, torch.tensor(good)), fn(X, torch.tensor(good)))
+    with pytest.raises(type(expected)) as info:
+        compiled(X, torch.tensor(bad))
+    _assert_like_eager(info.value, expected, name)
+    # Raised once: the next correct call works.
+    torch.testing.assert_close(compiled(X, torch.tensor(good)), fn(X, torch.tensor(good)))
+
+
+@pytest.fixture
+def eager_mode(request):
+    previous = torch.tpu.get_eager_mode()
+    torch.tpu.set_eager_mode(request.param)
+    yield request.param
+    torch.tpu.set_eager_mode(previous)
+
+
+@pytest.mark.parametrize("name", list(OPS))
+@pytest.mark.parametrize("eager_mode", ["strict"], indirect=True)
+def test_eager_device_raises_at_the_next_synchronization(name, eager_mode):
+    fn, bad, good = OPS[name]
+    expected = _cpu_error(fn, bad)
+    x = X.to("tpu")
+    torch.testing.assert_close(fn(x, torch.tensor(good).to("tpu")).cpu(),
+                               fn(X, torch.tensor(good)))
+    out = fn(x, torch.tensor(bad).to("tpu"))  # runs on the device: no error yet
+    with pytest.raises(type(expected)) as info:
+        out.cpu()
+    _assert_like_eager(info.value, expected, name)
+    assert "synchronization point" in str(info.value)
+    torch.testing.assert_close(fn(x, torch.tensor(good).to("tpu")).cpu(),
+                               fn(X, torch.tensor(good)))
+
+
+@pytest.mark.parametrize("eager_mode", ["debug"], indirect=True)
+def test_debug_mode_raises_at_the_op(eager_mode):
+    x, i = X.to("tpu"), torch.tensor([1, 5]).to("tpu")
+    with pytest.raises(IndexError, match=re.escape(
+            "index 5 is out of bounds for dimension 0 with size 4 (aten.index")) as info:
+        x[i]  # the op to blame
+    assert "the op to blame" in str(info.value)
+    assert "synchronization point" not in str(info.value)
+    torch.testing.assert_close(x[torch.tensor([-1]).to("tpu")].cpu(), X[[-1]])
+
+
+@pytest.mark.parametrize("eager_mode", ["defer_and_fuse", "strict"], indirect=True)
+def test_error_names_the_failing_op_among_several(eager_mode):
+    x = X.to("tpu")
+    good, bad = torch.tensor([3]).to("tpu"), torch.tensor([0, 4]).to("tpu")
+    a = F.embedding(good, x)
+    b = torch.gather(x, 0, _rows(bad))  # this one is out of range
+    c = x[good]
+    with pytest.raises(RuntimeError, match="aten.gather") as info:
+        torch.tpu.synchronize()
+    assert "this one is out of range" in str(info.value)
+    (a + c).cpu()  # raised once, then cleared
+    del b
+
+
+def test_compiled_graph_on_tpu_tensors_raises_at_the_next_synchronization():
+    compiled = compile_tpu(lambda w, i: F.embedding(i, w) * 2)
+    w = X.to("tpu")
+    out = compiled(w, torch.tensor([4]).to("tpu"))
+    assert out.device.type == "tpu"
+    with pytest.raises(IndexError, match=r"index out of range in self \(aten.embedding"):
+        out.cpu()
+    torch.testing.assert_close(compiled(w, torch.tensor([2]).to("tpu")).cpu(), X[[2]] * 2)
+
+
+def test_aot_artifact_raises_as_eager(tmp_path):
+    from torchtpu_compile import aot
+    model = torch.nn.Embedding(10, 3)
+    path = aot.compile(model, (torch.tensor([[1, 2]]),)).save(str(tmp_path / "emb.tpu"))
+    run = aot.load(path)
+    with pytest.raises(IndexError, match=re.escape("index out of range in self (aten.embedding")):
+        run(torch.tensor([[1, 10]]))
+    torch.testing.assert_close(run(torch.tensor([[9, 0]])), model(torch.tensor([[9, 0]])))
+    out = run(torch.tensor([[1, -1]]).to("tpu"))  # device inputs: checked at synchronization
+    with pytest.raises(IndexError, match="aten.embedding"):
+        out.cpu()
+
+
+def _check_slots(fn, *args):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torchtpu_compile.lower.calling_convention import prepare
+    from torchtpu_compile.lower.decompositions import decomposition_table
+    from torchtpu_compile.lower.fx_passes import normalize
+    gm = make_fx(fn, decomposition_table=decomposition_table(), tracing_mode="fake")(*args)
+    normalize(gm)  # as every path does before prepare
+    return [slot for slot in prepare(gm).outputs if slot.kind == "check"]
+
+
+def test_indexing_built_by_decompositions_is_not_checked():
+    image = torch.randn(1, 2, 4, 4)
+    # Upsampling gathers through _unsafe_index (in range by construction), embedding's
+    # backward scatters: neither is the user's indexing, and neither pays for a check.
+    assert _check_slots(lambda x: F.interpolate(x, scale_factor=2), image) == []
+    assert _check_slots(lambda x: F.interpolate(x, scale_factor=2, mode="bilinear"), image) == []
+    assert _check_slots(lambda g, i: torch.ops.aten.embedding_dense_backward(g, i, 4, -1, False),
+                        torch.ones(2, 3), torch.tensor([1, 2])) == []
+    assert _check_slots(lambda x: x.sin() + 1, image) == []
+    # The user's own indexing is checked once, though its decomposition scatters.
+    [slot] = _check_slots(lambda x, i: x.index_put((i,), torch.tensor(1.0)), X, torch.tensor([1]))
+    assert [spec["op"] for spec in slot.value] == ["aten.index_put"]
+
+
+def test_checks_can_be_turned_off():
+    with configured(check_indices=False):
+        compiled = compile_tpu(lambda x, i: x[i] * 1)
+        out = compiled(X, torch.tensor([7]))  # clamped by XLA, as before the checks
+    assert out.shape == (1, 2)
+
+
+def test_in_range_values_match_eager_on_the_unsafe_index_path():
+    image = torch.randn(1, 2, 3, 5)
+    fn = lambda x: F.interpolate(x, size=(7, 4), mode="nearest")  # noqa: E731
+    torch.testing.assert_close(compile_tpu(fn)(image), fn(image))
+
+
+def test_backward_does_not_check_the_forward_indices_again():
+    # x[i]'s backward scatters with i, and gather's with its index: checked in the forward.
+    from functorch.compile import aot_function, make_boxed_func
+
+    from torchtpu_compile.lower.decompositions import decomposition_table
+    from torchtpu_compile.lower.index_checks import INDEX_CHECK
+    graphs = []
+
+    def capture(gm, _):
+        graphs.append(gm)
+        return make_boxed_func(gm.forward)
+    fn = aot_function(lambda x, i: (x[i] * 2).sum() + torch.gather(x, 0, _rows(i)).sum(),
+                      capture, capture, decompositions=decomposition_table())
+    x = torch.randn(4, 2, requires_grad=True)
+    fn(x, torch.tensor([1, 3])).backward()
+    marks = [[n.args[4] for n in g.graph.nodes if n.target is INDEX_CHECK] for g in graphs]
+    assert marks == [["aten.index", "aten.gather"], []]
+
+
+class _IndexInBackward(torch.autograd.Function):
+    """Indexes in its backward, so the autograd engine runs that op on the device first."""
+
+    @staticmethod
+    def forward(ctx, x, i):
+        ctx.save_for_backward(i)
+        return x * 1
+
+    @staticmethod
+    def backward(ctx, grad):
+        (i,) = ctx.saved_tensors
+        return grad + grad[i].sum() * 0, None
+
+
+@pytest.mark.parametrize("eager_mode", ["strict"], indirect=True)
+def test_eager_op_first_seen_in_a_backward_still_checks_the_users_call(eager_mode):
+    # The device keeps one program per op signature: the one traced while autograd ran the
+    # backward also serves x[i] called by the user afterwards, which must be checked.
+    x = torch.randn(5, 3).to("tpu").requires_grad_()
+    _IndexInBackward.apply(x, torch.tensor([4, 1]).to("tpu")).sum().backward()
+    x.grad.cpu()
+    with pytest.raises(IndexError, match="index 5 is out of bounds for dimension 0 with size 5"):
+        x.detach()[torch.tensor([0, 5]).to("tpu")].cpu()
+
+
+def test_eager_view_reads_and_writes_are_not_checked():
+    # They gather and scatter at positions computed from the view's geometry: in range.
+    from torchtpu_compile.lower.index_checks import INDEX_CHECK
+    from torchtpu_eager import views
+    read = views._read_graph((4, 6), torch.float32, (6, 4), (1, 6), 0)
+    write = views._write_graph((4, 6), torch.float32, (6, 4), (1, 6), 0)
+    for graph in (read, write):
+        assert not graph.checked
+        assert not any(n.target is INDEX_CHECK for n in graph.gm.graph.nodes)
+    x = torch.arange(24.0).reshape(4, 6)
+    torch.testing.assert_close(x.to("tpu").t().contiguous().cpu(), x.t().contiguous())
+
+
+def test_bucketed_dynamic_graph_checks_only_real_indices():
+    # The padding of a bucket holds no index of the user's: only real indices are checked,
+    # and the mark does not keep the graph from being bucketed.
+    torch.manual_seed(0)
+    table = torch.nn.Embedding(10, 4)
+    compiled = compile_tpu(lambda ids: table(ids).sum(-1), dynamic=True)
+    for n in (3, 5, 6):
+        ids = torch.randint(0, 10, (2, n))
+        torch.testing.assert_close(compiled(ids), table(ids).sum(-1))
+    with pytest.raises(IndexError, match=r"index out of range in self \(aten.embedding: "
+                                         r"index 10 of dim 0 of size 10"):
+        compiled(torch.tensor([[1, 2, 3, 10, 1]]))
+    stats = torchtpu_compile.stats()["buckets"]
+    assert stats["exact_shape_compiles"] == 0 and stats["hits"] >= 2
+
+
+def test_literal_indices_in_range_are_checked_on_the_host_once():
+    # Masks and position ids built from arange: folded on the host, found in range, and no
+    # check is left in the program. An index that is a literal out of range still raises.
+    def positions(table):
+        return F.embedding(torch.arange(4), table) + table[torch.arange(3, -1, -1)]
+    assert _check_slots(positions, X) == []
+    compiled = compile_tpu(lambda t: t[torch.arange(2, 6)] * 1)
+    with pytest.raises(IndexError, match="index 4 is out of bounds for dimension 0 with size 4"):
+        compiled(X)

@@ -1,0 +1,194 @@
+"""Raising, as eager PyTorch does, for the indices out of range that a program found.
+
+XLA clamps a gather's indices and drops a scatter's; eager PyTorch raises. A program cannot raise
+on a data value, so ``lower/index_checks.py`` adds to each program that indexes with tensor data
+one output: per checked index tensor, (1, the first index out of range) or (0, 0). This module
+reads that output and raises eager's exception (``IndexError`` or ``RuntimeError``, eager's
+message) naming the op, the dim's size and the user's source line:
+
+- results that come back as host tensors: checked before the call returns (``check_now``);
+- results that stay on the device (eager tpu tensors, compiled graphs on them): the output is
+  kept (``defer``) and read at the next synchronization point (a download, ``.item()``,
+  printing, ``torch.tpu.synchronize()``), which calls ``raise_pending``. The error is raised
+  once, then cleared: the next correct call works.
+
+It imports nothing heavy: the AOT loader uses it.
+
+Example::
+
+    check_now(buffer, [{"op": "aten.embedding", "dim": 0, "size": 4, "where": "m.py:3: e(i)"}])
+    # IndexError: index out of range in self (aten.embedding: index 5, dim 0 of size 4, ...)
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+#: Eager's exception and message per op (the checked op the user called).
+_EAGER_ERRORS = {
+    "aten.index": (IndexError, "index {value} is out of bounds for dimension {dim} with size "
+                               "{size}"),
+    "aten.index_put": (IndexError, "index {value} is out of bounds for dimension {dim} with "
+                                   "size {size}"),
+    "aten.index_fill": (IndexError, "index {value} is out of bounds for dimension {dim} with "
+                                    "size {size}"),
+    "aten.index_copy": (IndexError, "index_copy_(): index {value} is out of bounds for "
+                                    "dimension {dim} with size {size}"),
+    "aten.embedding": (IndexError, "index out of range in self"),
+    "aten.index_select": (IndexError, "index out of range in self"),
+    "aten.index_reduce": (IndexError, "index out of range in self"),
+    "aten.take": (IndexError, "out of range: tried to access index {value} on a tensor of "
+                              "{size} elements."),
+    "aten.put": (IndexError, "out of range: tried to access index {value} on a tensor of "
+                             "{size} elements."),
+    "aten.nll_loss": (IndexError, "Target {value} is out of bounds."),
+}
+#: gather, scatter, scatter_add, scatter_reduce, index_add.
+_GATHER_ERROR = (RuntimeError, "index {value} is out of bounds for dimension {dim} with size "
+                               "{size}")
+
+#: How many device-side checks may wait before they are read anyway (a program that never
+#: synchronizes must not keep every check output alive).
+MAX_PENDING = 1024
+
+
+def eager_error(op: str, value: int, dim: int, size: int) -> BaseException:
+    """The exception eager PyTorch raises for index ``value`` out of range in ``op``.
+
+    Example::
+
+        eager_error("aten.gather", 5, 0, 4)
+        # RuntimeError('index 5 is out of bounds for dimension 0 with size 4')
+    """
+    kind, template = _EAGER_ERRORS.get(op, _GATHER_ERROR)
+    return kind(template.format(value=value, dim=dim, size=size))
+
+
+def _error(spec: dict, value: int, where: str | None, deferred: bool) -> BaseException:
+    exc = eager_error(spec["op"], value, spec["dim"], spec["size"])
+    what = spec["op"]
+    if "{value}" not in _EAGER_ERRORS.get(what, _GATHER_ERROR)[1]:  # "out of range in self"
+        what += f": index {value} of dim {spec['dim']} of size {spec['size']}"
+    where = where or spec.get("where") or "unknown source line"
+    note = f" ({what}, at {where})"
+    if deferred:
+        note += ("; found at this synchronization point, after the op ran on the device: "
+                 "tensors computed from it hold XLA's values (indices clamped, writes "
+                 "dropped). TORCH_TPU_LAUNCH_BLOCKING=1 raises at the op itself")
+    exc.args = (str(exc.args[0]) + note,)
+    return exc
+
+
+def _host_values(buffer) -> list:
+    """The (k, 2) check output as a list of [flag, value] pairs (waits for the program)."""
+    from .runtime.transfer import to_torch
+    return to_torch(buffer).tolist()
+
+
+def _first_failure(codes: list, specs: list):
+    for (bad, value), spec in zip(codes, specs):
+        if bad:
+            return spec, value
+    return None
+
+
+def _where(spec: dict, locations) -> str | None:
+    # ``locations``: a caller_location() of the op, or, for a fused graph, one per entry.
+    if isinstance(locations, dict):
+        locations = locations.get(spec.get("entry"))
+    return format_location(locations)
+
+
+def check_now(buffer, specs: list, locations=None) -> None:
+    """Raise eager's error for the first failed check of a check output, read now.
+
+    ``locations`` is the call site (a ``caller_location()``) where the specs' own source lines
+    are unknown (eager ops), or maps a fused graph's entries to theirs.
+    """
+    failure = _first_failure(_host_values(buffer), specs)
+    if failure is not None:
+        spec, value = failure
+        raise _error(spec, value, _where(spec, locations), deferred=False)
+
+
+_pending: list = []     # (buffer, specs, locations), oldest first
+_lock = threading.Lock()
+
+
+def defer(buffer, specs: list, locations=None) -> None:
+    """Keep a check output of results that stay on the device, for ``raise_pending``."""
+    _pending.append((buffer, specs, locations))
+    if len(_pending) > MAX_PENDING:
+        raise_pending()
+
+
+def has_pending() -> bool:
+    return bool(_pending)
+
+
+def raise_pending(at_op: bool = False) -> None:
+    """Read every kept check output; raise for the first that failed (then they are cleared).
+
+    Called at the eager device's synchronization points, and with ``at_op`` right after each
+    op in debug mode (TORCH_TPU_LAUNCH_BLOCKING=1). Example::
+
+        torch.tpu.synchronize()     # IndexError here if x[i] ran with i out of range
+    """
+    global _pending
+    if not _pending:
+        return
+    with _lock:
+        pending, _pending = _pending, []
+    for buffer, specs, locations in pending:
+        failure = _first_failure(_host_values(buffer), specs)
+        if failure is not None:
+            spec, value = failure
+            raise _error(spec, value, _where(spec, locations), deferred=not at_op)
+
+
+_OURS = (os.path.dirname(os.path.abspath(__file__)) + os.sep,
+         os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                      "torchtpu_eager") + os.sep)
+
+
+#: Frames of code that is not the user's: importlib, FX's generated graph code.
+_GENERATED = ("<frozen ", "<eval_with_key")
+
+
+def caller_location() -> tuple:
+    """(file, line) of the innermost frame outside torch and torchtpu: the user's call.
+
+    Cheap (a walk up the frames, no source read): the eager device records it for each op that
+    is checked, and ``format_location`` reads the line only when an error is raised.
+    """
+    frame = sys._getframe(1)
+    torch_dir = _torch_dir()
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not (name.startswith(_OURS) or name.startswith(torch_dir) or
+                name.startswith(_GENERATED)):
+            return name, frame.f_lineno
+        frame = frame.f_back
+    return None
+
+
+def format_location(location) -> str | None:
+    """"file.py:12: code" for a ``caller_location()`` result (None stays None)."""
+    if not location:
+        return None
+    import linecache
+    name, line = location
+    code = linecache.getline(name, line).strip()
+    return f"{name}:{line}: {code}" if code else f"{name}:{line}"
+
+
+_torch_path = None
+
+
+def _torch_dir() -> str:
+    global _torch_path
+    if _torch_path is None:
+        import torch
+        _torch_path = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+    return _torch_path

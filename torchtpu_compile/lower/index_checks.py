@@ -1,0 +1,321 @@
+"""Index bounds checks: an index out of range raises as in eager PyTorch, on every path.
+
+XLA's gather clamps indices out of range and its scatter drops them, silently; eager PyTorch
+raises. A program cannot raise on a data value, so the check leaves it as an output:
+
+1. While a graph is decomposed (aot_autograd, the eager device's tracing, AOT export: the one
+   table of ``decompositions.py``), each indexing op the *user's program* calls passes its index
+   tensors through ``torchtpu::index_check``, an identity that records the op, the dim and its
+   size. Registered per op with ``@index_rule``. Indexing that decompositions build themselves
+   (upsampling's ``_unsafe_index``, the scatter inside ``index_put``) is in range by
+   construction, and backward formulas index with the forward op's indices, checked there:
+   neither is marked, neither costs anything.
+2. ``calling_convention.prepare`` calls ``lower_marks``: each mark is replaced by its index, and
+   a few ops computing (1, the first index out of range) or (0, 0) are added; the pairs of a
+   graph are stacked into one extra program output, recorded as an ``OutputSlot("check")``.
+3. ``index_errors`` reads that output and raises eager's exception (see there for when).
+
+A graph without indexing ops is unchanged and pays nothing. ``config.check_indices = False``
+(env ``TORCHTPU_CHECK_INDICES=0``) builds programs without the checks.
+
+Example::
+
+    torch.compile(lambda w, i: w[i], backend="torchtpu")(torch.ones(4), torch.tensor([5]))
+    # IndexError: index 5 is out of bounds for dimension 0 with size 4 (aten.index: ..., at ...)
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+from typing import Optional
+
+import torch
+import torch.fx as fx
+
+from ..index_errors import eager_error
+
+aten = torch.ops.aten
+
+
+@torch.library.custom_op("torchtpu::index_check", mutates_args=())
+def index_check(index: torch.Tensor, size: int, dim: int, wraps: bool, op: str,
+                ignore: Optional[int] = None) -> torch.Tensor:
+    """``index`` unchanged, after checking it against ``size`` as ``op`` does in eager.
+
+    In programs it never runs (``lower_marks`` replaces it); this body runs where a graph is
+    executed by eager PyTorch (a fallback region, a numerics replay).
+    """
+    flat = index.reshape(-1).to(torch.int64)
+    bad = _out_of_range(flat, size, wraps, ignore)
+    if bool(bad.any()):
+        raise eager_error(op, int(flat[bad.nonzero()[0, 0]]), dim, size)
+    return index.clone()
+
+
+@index_check.register_fake
+def _index_check_fake(index, size, dim, wraps, op, ignore=None):
+    return torch.empty_like(index)
+
+
+INDEX_CHECK = torch.ops.torchtpu.index_check.default
+
+
+def _out_of_range(flat, size: int, wraps: bool, ignore):
+    bad = (flat < (-size if wraps else 0)) | (flat >= size)
+    if ignore is not None:
+        bad = bad & (flat != ignore)
+    return bad
+
+
+# --- 1. marking the indices of the ops the user calls ------------------------------------------
+
+_RULES: dict = {}
+
+
+def index_rule(*ops):
+    """Register ``fn(*args) -> args``: the op's positional arguments with its indices marked.
+
+    Example::
+
+        @index_rule(aten.gather.default)
+        def gather(x, dim, index, *rest, **kwargs):
+            return (x, dim, mark(index, x, dim, "aten.gather"), *rest)
+    """
+    def register(fn):
+        for op in ops:
+            _RULES[op] = fn
+        return fn
+    return register
+
+
+def mark(index, source, dim: int | None, op: str, wraps: bool = False, ignore=None,
+         named_dim: int | None = None):
+    """``index`` passed through ``torchtpu::index_check`` against ``source``'s dim ``dim``
+    (None: its flat element count); unmarked where nothing can be out of range.
+
+    ``named_dim``: the dim eager's message names, where it is not ``dim`` (aten.index counts
+    only the indexed dims).
+    """
+    if not isinstance(index, torch.Tensor) or index.dtype in (torch.bool, torch.uint8):
+        return index  # boolean masks select; their shape is checked when traced
+    if dim is None:
+        size, dim = source.numel(), 0
+    else:
+        dim = dim % source.dim() if source.dim() else 0
+        size = source.shape[dim] if source.dim() else 1
+    if index.numel() == 0:
+        return index
+    return index_check(index, size, dim if named_dim is None else named_dim, wraps, op, ignore)
+
+
+def _marked_indices(x, indices, op: str) -> list:
+    """aten.index / index_put's index list, marked; a boolean mask spans its own dims."""
+    marked, dim, indexed = [], 0, 0
+    for i in indices:
+        if i is not None and i.dtype in (torch.bool, torch.uint8):
+            marked.append(i)
+            dim += i.dim()
+            indexed += i.dim()
+            continue
+        if i is not None:
+            i = mark(i, x, dim, op, wraps=True, named_dim=indexed)
+            indexed += 1
+        marked.append(i)
+        dim += 1
+    return marked
+
+
+@index_rule(aten.index.Tensor)
+def _index(x, indices):
+    return (x, _marked_indices(x, indices, "aten.index"))
+
+
+@index_rule(aten.index_put.default)
+def _index_put(x, indices, values, *rest):
+    return (x, _marked_indices(x, indices, "aten.index_put"), values, *rest)
+
+
+@index_rule(aten.embedding.default)
+def _embedding(weight, indices, *rest):
+    return (weight, mark(indices, weight, 0, "aten.embedding"), *rest)
+
+
+def _dim_rule(name: str, wraps: bool = False):
+    """The rule of an op taking (self, dim, index, ...)."""
+    def rule(x, dim, index, *rest):
+        return (x, dim, mark(index, x, dim, name, wraps=wraps), *rest)
+    return rule
+
+
+index_rule(aten.gather.default)(_dim_rule("aten.gather"))
+index_rule(aten.scatter.src, aten.scatter.value, aten.scatter.reduce,
+           aten.scatter.value_reduce)(_dim_rule("aten.scatter"))
+index_rule(aten.scatter_add.default)(_dim_rule("aten.scatter_add"))
+index_rule(aten.scatter_reduce.two)(_dim_rule("aten.scatter_reduce"))
+index_rule(aten.index_select.default)(_dim_rule("aten.index_select"))
+index_rule(aten.index_add.default)(_dim_rule("aten.index_add"))
+index_rule(aten.index_copy.default)(_dim_rule("aten.index_copy"))
+index_rule(aten.index_reduce.default)(_dim_rule("aten.index_reduce"))
+index_rule(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)(
+    _dim_rule("aten.index_fill", wraps=True))
+
+
+@index_rule(aten.take.default)
+def _take(x, index):
+    return (x, mark(index, x, None, "aten.take", wraps=True))
+
+
+@index_rule(aten.put.default)
+def _put(x, index, *rest):
+    return (x, mark(index, x, None, "aten.put", wraps=True), *rest)
+
+
+@index_rule(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
+def _nll_loss(x, target, weight, reduction, ignore_index):
+    classes = 1 if x.dim() >= 2 else 0
+    return (x, mark(target, x, classes, "aten.nll_loss", ignore=ignore_index), weight,
+            reduction, ignore_index)
+
+
+_marking = threading.local()   # .mode: "off" (unchecked), "ops" (one_op_at_a_time)
+
+
+@contextlib.contextmanager
+def _marking_mode(mode: str):
+    previous = getattr(_marking, "mode", None)
+    _marking.mode = "off" if previous == "off" else mode  # unchecked() holds inside
+    try:
+        yield
+    finally:
+        _marking.mode = previous
+
+
+def unchecked():
+    """Trace without marking: for graphs whose indices are ours and in range by construction
+    (the eager device's view reads and writes), or are marked already (a graph traced again
+    at a bucket's shape, whose marks the padding rules carry over).
+
+    Example::
+
+        with unchecked():
+            graph = trace(lambda base: (base.reshape(-1)[positions],), ...)
+    """
+    return _marking_mode("off")
+
+
+def one_op_at_a_time():
+    """Trace one op (the eager device): marked even when the autograd engine runs it, since
+    its graph is kept per signature and may serve the user's own call of the same op later.
+    """
+    return _marking_mode("ops")
+
+
+def _called_by_user() -> bool:
+    """Whether the op being decomposed was called by the traced program itself, not by another
+    op's decomposition (whose indices are in range by construction) nor, in a whole graph, by a
+    backward formula (whose indices are the forward op's, checked there)."""
+    mode = getattr(_marking, "mode", None)
+    if mode == "off" or (mode != "ops" and torch._C._current_autograd_node() is not None):
+        return False
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
+    proxy = get_proxy_mode()
+    return proxy is None or getattr(proxy, "decomp_layers", 0) <= 1
+
+
+def _checked(op, rule, inner):
+    def decompose(*args, **kwargs):
+        if _called_by_user():
+            args = rule(*args)
+            if inner is None:  # traced as the op itself: this call re-enters one layer down
+                return op(*args, **kwargs)
+        elif inner is None:
+            return NotImplemented
+        return inner(*args, **kwargs)
+    decompose.__name__ = f"checked_{op.__name__.replace('.', '_')}"
+    return decompose
+
+
+def with_index_checks(table: dict) -> dict:
+    """``table`` with each indexing op's decomposition marking its indices first."""
+    for op, rule in _RULES.items():
+        table[op] = _checked(op, rule, table.get(op))
+    return table
+
+
+# --- 2. marks -> one program output ----------------------------------------------------------
+
+@functools.lru_cache(maxsize=512)
+def _first_out_of_range(shape: tuple, dtype, size: int, wraps: bool, ignore) -> fx.GraphModule:
+    """A graph: index -> int64[2], (1, the first index out of range) or (0, 0)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def first(index):
+        flat = index.reshape(-1).to(torch.int64)
+        count = flat.shape[0]
+        bad = _out_of_range(flat, size, wraps, ignore)
+        positions = torch.arange(count, dtype=torch.int64)
+        first_bad = torch.where(bad, positions, count).amin()
+        value = torch.where(positions == first_bad, flat, 0).sum()
+        return torch.stack([(first_bad < count).to(torch.int64), value])
+
+    # Traced alone: inside a compile, make_fx would take Dynamo's fake mode, with symbolic sizes.
+    with torch._guards.tracing(None), unset_fake_temporarily():
+        return make_fx(first, tracing_mode="fake")(torch.empty(shape, dtype=dtype))
+
+
+def _insert(graph: fx.Graph, check: fx.GraphModule, index: fx.Node) -> fx.Node:
+    env: dict = {}
+    result = None
+    for node in check.graph.nodes:
+        if node.op == "placeholder":
+            env[node] = index
+        elif node.op == "output":
+            result = env[node.args[0]]
+        else:
+            env[node] = graph.node_copy(node, lambda n: env[n])
+    return result
+
+
+def _where(node: fx.Node) -> str:
+    """The user's source line, else the module that made the node (a model compiled whole has
+    no frame of the user's in its stack traces)."""
+    from .support import source_line
+    line = source_line(node)
+    modules = node.meta.get("nn_module_stack")
+    if line.startswith("unknown") and modules:
+        path, kind = list(modules.values())[-1]
+        return f"module {path} ({getattr(kind, '__name__', kind)})"
+    return line
+
+
+def lower_marks(gm: fx.GraphModule, check: bool = True):
+    """Replace each ``index_check`` mark of ``gm`` by its index; with ``check``, add the ops
+    computing each mark's (failed, first index out of range).
+
+    Returns (the node of all pairs stacked, int64[k, 2], or None; the k specs: op, dim, size,
+    source line, and the fused-graph entry the mark came from). ``gm`` is changed in place.
+    """
+    graph = gm.graph
+    pairs, specs = [], []
+    for node in [n for n in graph.nodes if n.op == "call_function" and n.target is INDEX_CHECK]:
+        index, size, dim, wraps, op, *rest = node.args
+        ignore = rest[0] if rest else node.kwargs.get("ignore")
+        node.replace_all_uses_with(index)
+        val = index.meta.get("val")
+        if check and isinstance(size, int) and \
+                isinstance(val, torch.Tensor) and all(isinstance(s, int) for s in val.shape):
+            with graph.inserting_before(node):
+                pairs.append(_insert(graph, _first_out_of_range(
+                    tuple(val.shape), val.dtype, size, wraps, ignore), index))
+            specs.append({"op": op, "dim": dim, "size": size, "where": _where(node),
+                          "entry": node.meta.get("torchtpu_entry")})
+        graph.erase_node(node)
+    if not pairs:
+        return None, []
+    with graph.inserting_before(graph.output_node()):
+        stacked = graph.call_function(aten.stack.default, (pairs,))
+    with pairs[0].meta["val"].fake_mode:  # each pair was traced in a fake mode of its own
+        stacked.meta["val"] = torch.empty((len(pairs), 2), dtype=torch.int64)
+    return stacked, specs
