@@ -66,8 +66,8 @@ class LoadedArtifact:
                                 f"does not read back ({type(exc).__name__}: {exc})") from exc
         if spec is not None:
             for program in self.programs.values():
-                count = len(program.plan_outputs if program.plan_outputs is not None
-                            else program.slots)
+                count = len(program.plan_outputs) if program.plan_outputs is not None else \
+                    sum(1 for slot in program.slots if slot.kind != "check")  # checks: no output
                 if spec.num_leaves != count:
                     raise ArtifactError(
                         f"{self.path!r}: member 'manifest.json' is malformed: out_spec has "
