@@ -272,9 +272,28 @@ def _stable_sort(x, dim, descending=False):
     if x.is_floating_point():
         differs = differs & ~(later.isnan() & earlier.isnan())
     starts = torch.cat([torch.ones_like(differs.narrow(dim, 0, 1)), differs], dim)
-    run = torch.cumsum(starts.to(torch.int64), dim)
-    _, order = aten.sort.default(run * n + positions, dim, False)
+    # The key is below n * (n + 1): int32 up to n = 46340 (TPUs emulate int64 sorts).
+    key_dtype = torch.int32 if n * (n + 1) < 2 ** 31 else torch.int64
+    run = torch.cumsum(starts.to(key_dtype), dim)
+    _, order = aten.sort.default(run * n + positions.to(key_dtype), dim, False)
     return values.gather(dim, order), positions.gather(dim, order)
+
+
+@decomposition(aten.topk.default)
+def topk(x, k, dim=-1, largest=True, sorted=True):
+    # torch-mlir lowers topk to the unstable sort, so among equal values the indices were the
+    # platform sort's choice (XLA:CPU's, TPU's, neither eager's nth_element). Eager leaves the
+    # order of ties unspecified (torch.topk's docs); ours is the first k of the stable sort:
+    # equal values lowest position first on every platform, as jax.lax.top_k. NaN is the
+    # largest value, as in eager. (Bucket padding sits after the real elements: it loses ties.)
+    if x.dtype == torch.bool:
+        raise RuntimeError("topk does not support bool dtypes (as eager PyTorch on CPU)")
+    if x.dim() == 0:
+        if k not in (0, 1):
+            raise RuntimeError("selected index k out of range")
+        return x.clone(), torch.zeros((), dtype=torch.int64)
+    values, positions = _stable_sort(x, dim, descending=largest)
+    return values.narrow(dim, 0, k), positions.narrow(dim, 0, k)
 
 
 @decomposition(aten.sort.stable)
