@@ -11,6 +11,7 @@ from helpers import compile_tpu, configured
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 NAN, INF = float("nan"), float("inf")
+aten = torch.ops.aten
 
 
 def check(fn, *args, rtol=1e-4, atol=1e-5):
@@ -552,6 +553,53 @@ def test_avg_pool3d_divisor_override():
     F = torch.nn.functional
     check(lambda x: F.avg_pool3d(x, 2, stride=1, padding=1, ceil_mode=True,
                                  count_include_pad=False, divisor_override=2), randn(1, 2, 4, 4, 4))
+
+
+AVG_POOL_BACKWARDS = [  # (dims, kernel, stride, padding, ceil_mode, count_include_pad, divisor)
+    (2, 2, 2, 0, True, True, None),      # RT-DETR's ResNet shortcut, on an odd size
+    (2, 3, 2, 1, True, False, None), (2, 3, 2, 1, False, True, None),
+    (2, 2, 1, 1, False, False, None), (2, 3, 3, 1, True, True, 4), (2, 1, 2, 0, False, True, None),
+    (3, 2, 2, 0, True, True, None), (3, 3, 2, 1, True, False, None), (3, 2, 1, 1, False, True, 3)]
+
+
+def test_avg_pool_backward_every_divisor_rule():
+    # Unlowered: training a model with average pooling (RT-DETR's backbone) ran it in eager
+    # PyTorch, a host round trip per step. Eager's divisors: the window clipped to the padded
+    # input, or to the input (count_include_pad=False), or the override.
+    F = torch.nn.functional
+    inputs = {2: randn(2, 3, 7, 6), 3: randn(1, 2, 5, 6, 7)}
+    cases = []
+    for dims, k, s, p, ceil, include_pad, divisor in AVG_POOL_BACKWARDS:
+        pool = F.avg_pool2d if dims == 2 else F.avg_pool3d
+        out = pool(inputs[dims], k, s, p, ceil, include_pad, divisor)
+        cases.append((dims, [k] * dims, [s] * dims, [p] * dims, ceil, include_pad, divisor,
+                      randn(*out.shape, seed=len(cases))))
+
+    def backwards(x2, x3, *grads):
+        return [(aten.avg_pool2d_backward.default if dims == 2 else
+                 aten.avg_pool3d_backward.default)(g, x2 if dims == 2 else x3, *args)
+                for (dims, *args, _), g in zip(cases, grads)]
+    check_on_both_paths(backwards, inputs[2], inputs[3], *(case[-1] for case in cases),
+                        rtol=1e-5, atol=1e-6)
+
+
+def test_grid_sampler_backward_every_mode_at_borders_and_pixel_centres():
+    # Unlowered: training deformable attention (RT-DETR, Deformable DETR: grid_sample,
+    # bilinear, zeros) ran it in eager PyTorch, a host round trip per layer and step. The
+    # grid hits borders, pixel centres and edges of both conventions, and lies outside.
+    x = randn(2, 3, 5, 7)
+    marks = torch.tensor([-1.0, 1, 0, -1.5, 1.5, -1 + 1 / 7, 1 - 1 / 7, -1 + 2 / 7, 3, -3.2, 2])
+    special = torch.stack(torch.meshgrid(marks, marks, indexing="xy"), -1)
+    grid = torch.cat([special.expand(2, -1, -1, -1), randn(2, 11, 4, 2) * 1.5], 2)
+    grad = randn(2, 3, 11, 15, seed=1)
+
+    def backwards(grad, x, grid):
+        out = [aten.grid_sampler_2d_backward.default(grad, x, grid, mode, padding, align,
+                                                     [True, True])
+               for mode in (0, 1) for padding in (0, 1, 2) for align in (False, True)]
+        return out + [aten.grid_sampler_2d_backward.default(grad, x, grid, 0, 0, False,
+                                                            [False, True])[1]]
+    check_on_both_paths(backwards, grad, x, grid, rtol=1e-5, atol=1e-5)
 
 
 # --- reductions of 0-d tensors (torch-mlir crashed the process on several) -------------------

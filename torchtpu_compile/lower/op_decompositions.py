@@ -618,23 +618,35 @@ def max_pool3d_backward(grad, x, *args):
 
 @decomposition(aten._adaptive_avg_pool3d_backward.default)
 def adaptive_avg_pool3d_backward(grad, x):
-    # The forward's per-dim means, transposed in reverse order: each window's gradient, over
-    # its length, added back at the positions it read.
+    # The forward's per-dim means, transposed: each window's gradient, over its length,
+    # added back at the positions it read.
     dims = 3
+    windows = [_adaptive_windows(n, size) for n, size in zip(x.shape[-dims:], grad.shape[-dims:])]
+    per_dim = [valid.sum(1) for _, valid in windows]
+    return _spread_back(grad, x.shape, windows, per_dim)
+
+
+def _spread_back(grad, in_shape, windows: list, per_dim_divisors: list):
+    """The adjoint of box means: each output's gradient, divided by its window's size (per
+    spatial dim a vector over that dim's windows, or one number), added back at the input
+    positions its window read (``windows``: (positions, valid) per dim), in float32 for the
+    narrower floats as eager accumulates."""
+    dims = len(windows)
     compute = _computing_dtype(grad.dtype)
     out = grad.to(compute)
     for i in reversed(range(dims)):
-        axis = x.dim() - dims + i
-        n = x.shape[axis]
-        pos, valid = _adaptive_windows(n, grad.shape[axis])
-        shape = [1] * out.dim()
-        shape[axis] = pos.shape[0]
-        per_window = out / valid.sum(1).reshape(shape)
-        spread = per_window.unsqueeze(axis + 1).expand(
+        axis = len(in_shape) - dims + i
+        pos, valid = windows[i]
+        divisor = per_dim_divisors[i]
+        if isinstance(divisor, torch.Tensor):
+            shape = [1] * out.dim()
+            shape[axis] = pos.shape[0]
+            divisor = divisor.reshape(shape)
+        spread = (out / divisor).unsqueeze(axis + 1).expand(
             list(out.shape[:axis + 1]) + [pos.shape[1]] + list(out.shape[axis + 1:]))
         spread = torch.where(_window_mask(valid, spread.dim(), axis), spread, 0)
         target = list(out.shape)
-        target[axis] = n
+        target[axis] = in_shape[axis]
         out = torch.zeros(target, dtype=compute).index_add(
             axis, pos.reshape(-1), spread.flatten(axis, axis + 1))
     return out.to(grad.dtype)
@@ -765,6 +777,43 @@ def avg_pool3d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_incl
                divisor_override=None):
     return _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad,
                      divisor_override, 3, aten.avg_pool3d.default)
+
+
+def _avg_pool_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                       divisor_override, dims):
+    # Unlowered (torch-mlir's avg_pool2d_backward fails for ceil_mode and count_include_pad
+    # = False, its 3-D one always). Each output's gradient over the divisor eager used, added
+    # back at the input positions its window read. Eager's divisor: the override; else the
+    # window clipped to the padded input (count_include_pad) or to the input itself.
+    kernel = _expand(kernel_size, dims)
+    stride = _expand(stride, dims) if stride else kernel
+    padding = _expand(padding, dims)
+    windows, divisors = [], []
+    for n, size, k, s, p in zip(x.shape[-dims:], grad.shape[-dims:], kernel, stride, padding):
+        pos, valid = _regular_windows(n, size, k, s, p, 1)
+        windows.append((pos, valid))
+        if divisor_override:
+            divisors.append(divisor_override if not divisors else 1)
+        elif count_include_pad:
+            start = torch.arange(size) * s - p
+            divisors.append(torch.clamp(start + k, max=n + p) - start)
+        else:
+            divisors.append(valid.sum(1))
+    return _spread_back(grad, x.shape, windows, divisors)
+
+
+@decomposition(aten.avg_pool2d_backward.default)
+def avg_pool2d_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                        divisor_override):
+    return _avg_pool_backward(grad, x, kernel_size, stride, padding, ceil_mode,
+                              count_include_pad, divisor_override, 2)
+
+
+@decomposition(aten.avg_pool3d_backward.default)
+def avg_pool3d_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                        divisor_override):
+    return _avg_pool_backward(grad, x, kernel_size, stride, padding, ceil_mode,
+                              count_include_pad, divisor_override, 3)
 
 
 # --- reductions over 0-d tensors -------------------------------------------------------------
@@ -1143,6 +1192,70 @@ def upsample_bicubic2d(x, output_size, align_corners, *scales):
 def upsample_trilinear3d(x, output_size, align_corners, *scales):
     return _torch_decomposition(aten.upsample_trilinear3d.default)(x, output_size,
                                                                    align_corners, *scales)
+
+
+def _grid_source(coord, size: int, padding_mode: int, align_corners: bool):
+    """(source coordinate, d source / d coord) of a grid coordinate in [-1, 1] along a dim of
+    ``size``, as eager's grid sampler computes them (borders count as outside for the
+    gradient of clipping)."""
+    if align_corners:
+        src, grad = (coord + 1) / 2 * (size - 1), (size - 1) / 2
+    else:
+        src, grad = ((coord + 1) * size - 1) / 2, size / 2
+    if padding_mode == 0:  # zeros
+        return src, torch.full_like(src, grad)
+    slope = torch.ones_like(src)
+    if padding_mode == 2:  # reflection about the borders (or the pixel edges), then clipped
+        low, span = (0.0, size - 1.0) if align_corners else (-0.5, float(size))
+        if span <= 0:
+            return torch.zeros_like(src), torch.zeros_like(src)
+        shifted = src - low
+        slope = torch.where(shifted < 0, -1.0, 1.0)
+        shifted = shifted.abs()
+        extra = torch.fmod(shifted, span)
+        odd = torch.remainder(torch.floor(shifted / span), 2) == 1
+        src = torch.where(odd, span - extra, extra) + low
+        slope = torch.where(odd, -slope, slope)
+    inside = (src > 0) & (src < size - 1)
+    return src.clamp(0, size - 1), torch.where(inside, slope * grad, 0.0)
+
+
+@decomposition(aten.grid_sampler_2d_backward.default)
+def grid_sampler_2d_backward(grad, x, grid, interpolation_mode, padding_mode, align_corners,
+                             output_mask):
+    # Unlowered: each sample's gradient added back at the pixels it read, weighted as it read
+    # them; the grid's, the sampled surface's slope (zero for nearest). Bicubic is not.
+    if interpolation_mode not in (0, 1):
+        return NotImplemented
+    n, c, height, width = x.shape
+    out_h, out_w = grid.shape[1:3]
+    ix, gx = _grid_source(grid[..., 0], width, padding_mode, align_corners)
+    iy, gy = _grid_source(grid[..., 1], height, padding_mode, align_corners)
+    if interpolation_mode == 1:  # nearest: round half to even, as eager
+        corners = [(torch.round(ix), torch.round(iy), torch.ones_like(ix), None, None)]
+    else:  # (x, y, weight, d weight / d ix, d weight / d iy) of the four neighbours
+        x0, y0 = ix.floor(), iy.floor()
+        wx, wy = ix - x0, iy - y0
+        corners = [(x0, y0, (1 - wx) * (1 - wy), wy - 1, wx - 1),
+                   (x0 + 1, y0, wx * (1 - wy), 1 - wy, -wx),
+                   (x0, y0 + 1, (1 - wx) * wy, -wy, 1 - wx),
+                   (x0 + 1, y0 + 1, wx * wy, wy, wx)]
+    flat_x = x.reshape(n, c, height * width)
+    grad_x = torch.zeros_like(flat_x)
+    slope_x = slope_y = torch.zeros_like(grad)
+    for cx, cy, weight, dx, dy in corners:
+        inside = (cx >= 0) & (cx < width) & (cy >= 0) & (cy < height)
+        index = torch.where(inside, cy * width + cx, 0).to(torch.int64)
+        index = index.reshape(n, 1, out_h * out_w).expand(n, c, out_h * out_w)
+        weight = torch.where(inside, weight, 0).unsqueeze(1)
+        grad_x = grad_x.scatter_add(2, index, (grad * weight).reshape(n, c, -1))
+        if dx is not None:
+            value = torch.where(inside.unsqueeze(1),
+                                flat_x.gather(2, index).reshape(n, c, out_h, out_w), 0)
+            slope_x = slope_x + value * dx.unsqueeze(1)
+            slope_y = slope_y + value * dy.unsqueeze(1)
+    grad_grid = torch.stack([(grad * slope_x).sum(1) * gx, (grad * slope_y).sum(1) * gy], -1)
+    return (grad_x.reshape(x.shape) if output_mask[0] else None), grad_grid
 
 
 # --- scatter reductions ----------------------------------------------------------------------
