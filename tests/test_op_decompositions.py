@@ -602,6 +602,28 @@ def test_grid_sampler_backward_every_mode_at_borders_and_pixel_centres():
     check_on_both_paths(backwards, grad, x, grid, rtol=1e-5, atol=1e-5)
 
 
+def test_nearest_upsampling_backward_with_and_without_scales():
+    # Unlowered with scales: every nearest interpolation's backward on the eager device (RT-DETR's
+    # FPN) ran on the host. Eager's source positions: float32 arithmetic, 1 / the scale given
+    # (else in / out), in == out and out == 2 in as shortcuts (not for the exact variant).
+    cases = [(3, 7, 2.5), (3, 7, None), (4, 8, 2.0), (5, 3, 0.6), (7, 7, 1.3), (3, 10, 3.3)]
+    grads, calls = [], []
+    for exact in (False, True):
+        for dims in (1, 2, 3):
+            name = ("_upsample_nearest_exact%dd_backward" if exact else
+                    "upsample_nearest%dd_backward") % dims
+            for n_in, n_out, scale in cases:
+                out_size = [n_out + d for d in range(dims)]
+                in_size = [2, 3] + [n_in + d for d in range(dims)]
+                calls.append((getattr(aten, name).default, out_size, in_size, [scale] * dims))
+                grads.append(randn(2, 3, *out_size, seed=len(grads)))
+
+    def backwards(*grads):
+        return [op(g, out_size, in_size, *scales)
+                for (op, out_size, in_size, scales), g in zip(calls, grads)]
+    check_on_both_paths(backwards, *grads, rtol=1e-5, atol=1e-5)
+
+
 # --- reductions of 0-d tensors (torch-mlir crashed the process on several) -------------------
 
 ZERO_DIM_REDUCTIONS = {

@@ -1194,6 +1194,48 @@ def upsample_trilinear3d(x, output_size, align_corners, *scales):
                                                                    align_corners, *scales)
 
 
+def _nearest_sources(in_size: int, out_size: int, scale, exact: bool):
+    """The input position each output position of nearest upsampling reads, as eager picks it
+    (UpSample.h: float32 arithmetic; 1 / the given scale, else in / out)."""
+    out = torch.arange(out_size)
+    if out_size == in_size and not exact:  # whatever the scale says, as eager
+        return out
+    if out_size == 2 * in_size and not exact:
+        return out // 2
+    factor = 1.0 / scale if scale is not None and scale > 0 else in_size / out_size
+    position = out.to(torch.float32) + 0.5 if exact else out.to(torch.float32)
+    # A Python float multiplies a float32 tensor in float32: eager's (float)(1.0 / scale).
+    return torch.floor(position * factor).to(torch.int64).clamp(max=in_size - 1)
+
+
+def _upsample_nearest_backward(exact: bool):
+    def backward(grad, output_size, input_size, *scales):
+        # Unlowered with scales (torch-mlir leaves a torch.constant.int); the eager device
+        # meets these overloads in every nearest interpolation's backward. Each output's
+        # gradient added to the input position it copied, one spatial dim at a time.
+        dims = len(output_size)
+        compute = _computing_dtype(grad.dtype)
+        out = grad.to(compute)
+        scales = list(scales) + [None] * (dims - len(scales))
+        for i in range(dims):
+            axis = grad.dim() - dims + i
+            source = _nearest_sources(input_size[axis], output_size[i], scales[i], exact)
+            target = list(out.shape)
+            target[axis] = input_size[axis]
+            out = torch.zeros(target, dtype=compute).index_add(axis, source, out)
+        return out.to(grad.dtype)
+    return backward
+
+
+for _op in (aten.upsample_nearest1d_backward.default, aten.upsample_nearest2d_backward.default,
+            aten.upsample_nearest3d_backward.default):
+    decomposition(_op)(_upsample_nearest_backward(exact=False))
+for _op in (aten._upsample_nearest_exact1d_backward.default,
+            aten._upsample_nearest_exact2d_backward.default,
+            aten._upsample_nearest_exact3d_backward.default):
+    decomposition(_op)(_upsample_nearest_backward(exact=True))
+
+
 def _grid_source(coord, size: int, padding_mode: int, align_corners: bool):
     """(source coordinate, d source / d coord) of a grid coordinate in [-1, 1] along a dim of
     ``size``, as eager's grid sampler computes them (borders count as outside for the
