@@ -641,6 +641,8 @@ def topk(ctx, node, x, k, dim=-1, largest=True, sorted=True):
     _prefix_dim(x, dim, "topk")
     if isinstance(k, Size):
         raise NotPaddable("topk with a dynamic k")
+    # Padding never beats a real element: topk takes the lowest index among equal values,
+    # and the real elements are a prefix (real infinities stay first).
     fill = lowest(x.tensor.dtype) if largest else highest(x.tensor.dtype)
     return _wrap(aten.topk.default(ctx.fill(x, fill, [dim]), k, dim, largest, sorted), layout)
 
