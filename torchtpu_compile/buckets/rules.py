@@ -225,6 +225,14 @@ for _op in (aten.clone.default, aten._to_copy.default, aten.alias.default, aten.
     RULES[_op] = same_layout
 
 
+@padding_rule(aten.view.dtype)
+def view_dtype(ctx, node, x, dtype):
+    # The bits of each element as another type of the same width: no element moves.
+    if torch.empty((), dtype=dtype).element_size() != x.tensor.element_size():
+        raise NotPaddable("view(dtype) to a type of another width")
+    return Padded(aten.view.dtype(x.tensor, dtype), x.layout)
+
+
 # --- shapes ------------------------------------------------------------------------------------
 
 @padding_rule(aten.view.default, aten._unsafe_view.default, aten.reshape.default)

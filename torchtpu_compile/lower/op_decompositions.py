@@ -260,9 +260,40 @@ def kthvalue(x, k, dim=-1, keepdim=False):
 # .sorts_put_nan_last), unstable as eager's default sort; stability is built here.
 
 def _stable_sort(x, dim, descending=False):
-    """(values, original positions) of a stable sort along ``dim``: the unstable sort, then
-    each run of equal values put back in position order by a second sort of the exact int64
-    key run * n + position (unique, so any sort gives one answer)."""
+    """(values, original positions) of a stable sort along ``dim``: one sort of a unique int64
+    key, (the value's rank in eager's order) * n + position, so any sort gives one answer;
+    for 64-bit values, which leave no room for the position, two sorts (``_stable_by_runs``)."""
+    n = x.shape[dim]
+    rank = _order_rank(x)
+    if n < 2 or rank is None:
+        return _stable_by_runs(x, dim, descending)
+    if descending:  # NaN (the largest) first, as eager
+        rank = -rank - 1
+    shape = [1] * x.dim()
+    shape[dim] = n
+    _, positions = aten.sort.default(rank * n + torch.arange(n).reshape(shape), dim, False)
+    return x.gather(dim, positions), positions
+
+
+def _order_rank(x):
+    """An int64 tensor ordered as eager orders ``x`` (equal values equal, -0 = +0, NaN above
+    everything), with |rank| < 2**31; None for 64-bit dtypes."""
+    if x.dtype in (torch.int64, torch.float64) or x.is_complex():
+        return None
+    if not x.is_floating_point():
+        return x.to(torch.int64)
+    value = x.to(torch.float32)
+    # One zero and one NaN, by selects: XLA may fold x + 0.0 to x and keep -0.
+    value = torch.where(value == 0, 0.0, value)
+    value = torch.where(value.isnan(), float("nan"), value)
+    bits = value.view(torch.int32).to(torch.int64)
+    # Negative floats' bits grow with their magnitude: mirrored below zero.
+    return torch.where(bits < 0, -(bits + 2 ** 31) - 1, bits)
+
+
+def _stable_by_runs(x, dim, descending):
+    """The stable sort as the unstable one, then each run of equal values put back in
+    position order by a second sort of the exact key run * n + position."""
     values, positions = aten.sort.default(x, dim, descending)
     n = x.shape[dim]
     if n < 2:
@@ -272,10 +303,8 @@ def _stable_sort(x, dim, descending=False):
     if x.is_floating_point():
         differs = differs & ~(later.isnan() & earlier.isnan())
     starts = torch.cat([torch.ones_like(differs.narrow(dim, 0, 1)), differs], dim)
-    # The key is below n * (n + 1): int32 up to n = 46340 (TPUs emulate int64 sorts).
-    key_dtype = torch.int32 if n * (n + 1) < 2 ** 31 else torch.int64
-    run = torch.cumsum(starts.to(key_dtype), dim)
-    _, order = aten.sort.default(run * n + positions.to(key_dtype), dim, False)
+    run = torch.cumsum(starts.to(torch.int64), dim)
+    _, order = aten.sort.default(run * n + positions, dim, False)
     return values.gather(dim, order), positions.gather(dim, order)
 
 
