@@ -5,6 +5,7 @@ The full 40-length runs over 1..512 live in tests/slow/test_buckets_full.py.
 from __future__ import annotations
 
 import copy
+import math
 import random
 
 import pytest
@@ -97,6 +98,25 @@ def test_rule_matches_eager_at_every_size(name, fresh_dynamo):
     stats = torchtpu_compile.stats()
     assert stats["buckets"]["exact_shape_compiles"] == 0
     assert stats["buckets"]["compiles"] == 2 and stats["buckets"]["hits"] == 1
+
+
+def test_topk_over_a_padded_dim_never_picks_the_padding(fresh_dynamo):
+    # topk pads with -inf; where real elements are -inf too, the unstable sort put padding
+    # among the first k, and topk returned positions past the real size. Real elements come
+    # first now (ties go to the lowest index).
+    def fn(x):
+        return torch.topk(x, 12, dim=1), torch.topk(-x, 12, dim=1, largest=False)
+
+    compiled = compile_tpu(fn)
+    for i, n in enumerate((20, 21, 40)):
+        x = torch.full((2, n), -math.inf)
+        x[:, :3] = torch.tensor([1.0, -2.0, 5.0])
+        if i == 0:
+            torch._dynamo.mark_dynamic(x, 1)
+        for (values, indices), (want_values, _) in zip(compiled(x), fn(x)):
+            assert torch.equal(values, want_values)
+            assert torch.equal(indices, torch.tensor([2, 0, 1] + list(range(3, 12))).expand(2, 12))
+    assert torchtpu_compile.stats()["buckets"]["exact_shape_compiles"] == 0
 
 
 def test_gather_with_real_positions(fresh_dynamo):

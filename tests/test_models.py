@@ -276,3 +276,40 @@ FAST_TRANSFORMERS = ("gpt2", "llama", "bert", "vit")
 def test_transformer(precision, name):
     model, inputs = zoo.TRANSFORMERS[name]()
     check_model(name, model, inputs, precision, steps=3)
+
+
+# --- detection: deformable attention ---------------------------------------------------------
+
+def test_rt_detr_v2_deformable_attention_and_its_gradients_match_eager():
+    """RT-DETR v2's multi-scale deformable attention as transformers writes it: grid_sample
+    (bilinear, zero padding, align_corners=False) of 3 levels at learned points, weighted and
+    summed. Points outside [0, 1], on pixel centres and on borders; strict, so nothing falls
+    back. The whole model (slow) is in tests/slow/test_detection_models.py."""
+    from transformers.models.rt_detr_v2.modeling_rt_detr_v2 import \
+        multi_scale_deformable_attention_v2 as attention
+
+    from helpers import configured
+    generator = torch.Generator().manual_seed(0)
+    shapes, batch, queries, heads, head_dim, points = [(8, 8), (4, 4), (2, 2)], 2, 6, 4, 8, 4
+    value = torch.randn(batch, sum(h * w for h, w in shapes), heads, head_dim,
+                        generator=generator)
+    locations = torch.rand(batch, queries, heads, 3 * points, 2, generator=generator) * 1.4 - 0.2
+    locations[:, 0, :, :, 0] = torch.tensor([0.0, 1.0, 0.5 / 8, 7.5 / 8] * 3)  # edges, centres
+    weights = torch.randn(batch, queries, heads, 3 * points, generator=generator).softmax(-1)
+    cotangent = torch.randn(batch, queries, heads * head_dim, generator=generator)
+
+    def forward(value, locations, weights):
+        return attention(value, shapes, locations, weights, [points] * 3)
+
+    def run(fn):
+        inputs = [t.clone().requires_grad_() for t in (value, locations, weights)]
+        out = fn(*inputs)
+        (out * cotangent).sum().backward()
+        return out.detach(), {i: t.grad for i, t in enumerate(inputs)}
+
+    with configured(strict=True, matmul_precision="highest"):
+        actual, actual_grads = run(torch.compile(forward, backend="torchtpu"))
+    assert_ran_on_torchtpu()
+    expected, expected_grads = run(forward)
+    assert_close(actual, expected, TOLERANCES["highest"]["out"], "output")
+    assert_all_close(actual_grads, expected_grads, TOLERANCES["highest"]["grad"], "grad")

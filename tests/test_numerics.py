@@ -220,6 +220,63 @@ def test_locate_without_a_single_bad_op():
     assert "none diverges beyond tolerance on its own" in note
 
 
+class TiedQueries(nn.Module):
+    """RT-DETR's query selection in small: the top 30 of 84 scores, all equal at this init
+    (as RT-DETR v2's at random init, eval mode: its features collapse to ~1e-9 and every
+    score rounds to the class bias, -log 2)."""
+
+    def __init__(self, tied: bool):
+        super().__init__()
+        self.score = nn.Linear(4, 1)
+        if tied:
+            nn.init.zeros_(self.score.weight)
+
+    def forward(self, x):
+        index = self.score(x).squeeze(-1).topk(30, dim=1).indices
+        return x.gather(1, index.unsqueeze(-1).expand(-1, -1, 4))  # the queries' boxes
+
+
+def tied_queries(tied=True):
+    torch.manual_seed(0)
+    return TiedQueries(tied), (torch.randn(3, 84, 4),)
+
+
+def test_locate_names_an_op_that_chose_other_equal_values():
+    # Eager's topk takes 56, 83, 81, ... of 84 equal scores, torchtpu's 0, 1, 2, ...: both
+    # right (torch.topk's docs leave ties unspecified), yet the gathered boxes differ.
+    report = compare(*tied_queries(), reference="cpu", precision="highest", locate=True)
+    assert not report.passed
+    found = report.divergence
+    assert found is not None and found.op == "aten.topk.default" and found.ties == 90, report
+    assert "from ties" in str(report) and "leaves that choice unspecified" in str(report)
+    assert "none diverges beyond tolerance on its own" in report.locate_note
+    assert compare(*tied_queries(tied=False), reference="cpu", precision="highest").passed
+
+
+@pytest.fixture
+def tanh_decomposed_one_percent_high(monkeypatch):
+    """Our decomposition table gives aten.tanh a decomposition 1% too large."""
+    from torchtpu_compile.lower import decompositions
+
+    def tanh(x):
+        return (1 - 2 / (torch.exp(2 * x) + 1)) * 1.01
+    monkeypatch.setitem(decompositions._OURS, aten.tanh.default, tanh)
+    # Graphs cached by earlier tests, decomposed without the plant, must not answer for it.
+    monkeypatch.setattr(torchtpu_compile.config, "graph_cache", False)
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["inference", "train"])
+def test_a_wrong_decomposition_is_located_at_its_op(tanh_decomposed_one_percent_high, train):
+    # The captured graphs used to hold our decompositions' ops, which eager then replayed too:
+    # a wrong decomposition was invisible. Ours are checked whole, against eager's kernel.
+    report = compare(*planted(), reference="cpu", precision="highest", train=train,
+                     locate=True)
+    found = report.divergence
+    assert found is not None and found.op == "aten.tanh.default" and not found.ties, report
+    assert found.check.rel_max_abs == pytest.approx(0.01, rel=0.05)
+    assert found.source_line.startswith(f"{__file__}:{PLANTED_LINE}: h = torch.tanh(h)")
+
+
 def test_assert_numerics_fixture(assert_numerics, tanh_one_percent_high):
     assert_numerics(*mlp(), reference="cpu", precision="medium")  # tanh off by 1% < 3e-2
     with pytest.raises(AssertionError) as info:

@@ -11,6 +11,7 @@ from helpers import compile_tpu, configured
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 NAN, INF = float("nan"), float("inf")
+aten = torch.ops.aten
 
 
 def check(fn, *args, rtol=1e-4, atol=1e-5):
@@ -164,6 +165,94 @@ def test_stable_sorts_keep_ties_in_order_and_every_sort_puts_nan_last():
     # Without ties the default sort has one answer: NaN last ascending, first descending.
     distinct = torch.tensor([[3.0, NAN, -1, 2, INF, 0], [NAN, 1, -INF, 5, 4, -2]])
     check(lambda x: (torch.sort(x), torch.sort(x, descending=True)), distinct)
+
+
+TOPK_CASES = [  # (k as a fraction of the dim's size, largest, sorted)
+    (0, True, True), (1, True, True), (0.5, True, True), (1.0, True, True),
+    (1, False, True), (0.5, False, True), (1.0, False, True), (0.5, True, False),
+    (0.5, False, False)]
+
+
+def _topk_sweep(inputs, cases=TOPK_CASES):
+    """topk of each input along each dim for each case (k = 1 means one element, a float a
+    fraction of the dim): [((x, k, dim, largest, sorted), (values, indices))]."""
+    results = []
+    for x in inputs:
+        for dim in range(x.dim()):
+            n = x.shape[dim]
+            for k, largest, sorted_ in cases:
+                k = min(k, n) if isinstance(k, int) else int(k * n)
+                out = torch.topk(x, k, dim - x.dim() if dim else dim, largest=largest,
+                                 sorted=sorted_)
+                results.append(((x, k, dim, largest, sorted_), tuple(out)))
+    return results
+
+
+def check_topk(*inputs, cases=TOPK_CASES, on_device=False):
+    """torchtpu's topk (compiled, all in one graph; with ``on_device`` the eager tpu device
+    too) against eager: the values of eager's topk, the indices of eager's stable sort (the
+    lowest index first among equal values), each index pointing at its value."""
+    with configured(strict=True, matmul_precision="highest"):
+        ours = [compile_tpu(lambda *xs: [out for _, out in _topk_sweep(xs, cases)])(*inputs)]
+        if on_device:
+            ours.append([tuple(t.cpu() for t in out) for _, out in
+                         _topk_sweep([x.to("tpu") for x in inputs], cases)])
+    for i, ((x, k, dim, largest, sorted_), eager) in enumerate(_topk_sweep(inputs, cases)):
+        stable = torch.sort(x, dim=dim, descending=largest, stable=True)
+        want_values, want_indices = (t.narrow(dim, 0, k) for t in stable)
+        eager_values = eager[0] if sorted_ else \
+            torch.sort(eager[0], dim=dim, descending=largest, stable=True).values
+        for values, indices in (path[i] for path in ours):
+            what = f"topk(k={k}, dim={dim}, largest={largest}, sorted={sorted_}) of {x.dtype}"
+            for got, want in ((values, eager_values), (values, want_values),
+                              (x.gather(dim, indices), eager_values)):
+                torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True,
+                                           msg=lambda m: f"{what}: {m}")
+            assert torch.equal(indices, want_indices), f"{what}: {indices} != {want_indices}"
+
+
+def test_topk_of_equal_values_picks_the_lowest_indices():
+    # RT-DETR v2 at random init: all 84 encoder scores of an image round to one float32
+    # (-log 2), and topk(30) picked among them as the platform's unstable sort happened to
+    # (XLA:CPU: 52, 62, 61, ...; eager's nth_element: 56, 83, 81, ...; torch.topk's docs
+    # leave it unspecified). Ours is the stable sort's first k on every platform.
+    scores = torch.full((3, 84), -0.6931472)
+    with configured(strict=True, matmul_precision="highest"):
+        values, indices = compile_tpu(lambda s: torch.topk(s, 30, dim=1))(scores)
+    assert torch.equal(indices, torch.arange(30).expand(3, 30))
+    assert torch.equal(values, torch.topk(scores, 30, dim=1).values)
+    check_topk(scores, cases=[(30, True, True), (30, False, True)], on_device=True)
+
+
+def test_topk_sweep_against_eager_with_ties_nan_infinities_and_signed_zeros():
+    gen = torch.Generator().manual_seed(0)
+    few_values = torch.randint(0, 3, (5, 40), generator=gen).float()   # long runs of ties
+    special = torch.tensor([[NAN, 1, INF, -INF, 0.0, -0.0, 1, NAN, -INF, 2, INF, 0.0],
+                            [-0.0, 0.0, -0.0, 0.0, NAN, NAN, NAN, 3, 3, -1, -1, -1]])
+    distinct = torch.randn(4, 70, generator=gen)                        # eager's indices too
+    check_topk(few_values, few_values.reshape(5, 4, 10).transpose(0, 1), special, distinct)
+    check_topk(special, cases=TOPK_CASES[1:3] + TOPK_CASES[4:6], on_device=True)
+
+
+def test_topk_of_every_dtype_with_ties():
+    gen = torch.Generator().manual_seed(1)
+    ties = torch.randint(0, 3, (3, 20), generator=gen)
+    check_topk(*(ties.to(dtype) for dtype in (torch.float64, torch.bfloat16, torch.float16,
+                                              torch.int64, torch.int32, torch.uint8)),
+               cases=[(1, True, True), (0.5, True, True), (0.5, False, True)])
+
+
+def test_topk_of_a_scalar_and_of_nothing_and_its_errors():
+    check(lambda x: (torch.topk(x, 1), torch.topk(x, 0)), torch.tensor(2.5))
+    check(lambda x: torch.topk(x, 0, dim=1), torch.zeros(3, 0))
+    for bad, message in ((lambda x: torch.topk(x > 0, 1), "bool"),
+                         (lambda x: torch.topk(x, 5), "k")):
+        with pytest.raises(RuntimeError, match=message):
+            bad(torch.zeros(4))
+        with configured(strict=True), pytest.raises(RuntimeError, match=message):
+            compile_tpu(bad)(torch.zeros(4))
+        with pytest.raises(RuntimeError, match=message):
+            bad(torch.zeros(4, device="tpu"))
 
 
 def test_median_and_nanmedian_pick_the_lower_middle_as_eager():
@@ -464,6 +553,75 @@ def test_avg_pool3d_divisor_override():
     F = torch.nn.functional
     check(lambda x: F.avg_pool3d(x, 2, stride=1, padding=1, ceil_mode=True,
                                  count_include_pad=False, divisor_override=2), randn(1, 2, 4, 4, 4))
+
+
+AVG_POOL_BACKWARDS = [  # (dims, kernel, stride, padding, ceil_mode, count_include_pad, divisor)
+    (2, 2, 2, 0, True, True, None),      # RT-DETR's ResNet shortcut, on an odd size
+    (2, 3, 2, 1, True, False, None), (2, 3, 2, 1, False, True, None),
+    (2, 2, 1, 1, False, False, None), (2, 3, 3, 1, True, True, 4), (2, 1, 2, 0, False, True, None),
+    (3, 2, 2, 0, True, True, None), (3, 3, 2, 1, True, False, None), (3, 2, 1, 1, False, True, 3)]
+
+
+def test_avg_pool_backward_every_divisor_rule():
+    # Unlowered: training a model with average pooling (RT-DETR's backbone) ran it in eager
+    # PyTorch, a host round trip per step. Eager's divisors: the window clipped to the padded
+    # input, or to the input (count_include_pad=False), or the override.
+    F = torch.nn.functional
+    inputs = {2: randn(2, 3, 7, 6), 3: randn(1, 2, 5, 6, 7)}
+    cases = []
+    for dims, k, s, p, ceil, include_pad, divisor in AVG_POOL_BACKWARDS:
+        pool = F.avg_pool2d if dims == 2 else F.avg_pool3d
+        out = pool(inputs[dims], k, s, p, ceil, include_pad, divisor)
+        cases.append((dims, [k] * dims, [s] * dims, [p] * dims, ceil, include_pad, divisor,
+                      randn(*out.shape, seed=len(cases))))
+
+    def backwards(x2, x3, *grads):
+        return [(aten.avg_pool2d_backward.default if dims == 2 else
+                 aten.avg_pool3d_backward.default)(g, x2 if dims == 2 else x3, *args)
+                for (dims, *args, _), g in zip(cases, grads)]
+    check_on_both_paths(backwards, inputs[2], inputs[3], *(case[-1] for case in cases),
+                        rtol=1e-5, atol=1e-6)
+
+
+def test_grid_sampler_backward_every_mode_at_borders_and_pixel_centres():
+    # Unlowered: training deformable attention (RT-DETR, Deformable DETR: grid_sample,
+    # bilinear, zeros) ran it in eager PyTorch, a host round trip per layer and step. The
+    # grid hits borders, pixel centres and edges of both conventions, and lies outside.
+    x = randn(2, 3, 5, 7)
+    marks = torch.tensor([-1.0, 1, 0, -1.5, 1.5, -1 + 1 / 7, 1 - 1 / 7, -1 + 2 / 7, 3, -3.2, 2])
+    special = torch.stack(torch.meshgrid(marks, marks, indexing="xy"), -1)
+    grid = torch.cat([special.expand(2, -1, -1, -1), randn(2, 11, 4, 2) * 1.5], 2)
+    grad = randn(2, 3, 11, 15, seed=1)
+
+    def backwards(grad, x, grid):
+        out = [aten.grid_sampler_2d_backward.default(grad, x, grid, mode, padding, align,
+                                                     [True, True])
+               for mode in (0, 1) for padding in (0, 1, 2) for align in (False, True)]
+        return out + [aten.grid_sampler_2d_backward.default(grad, x, grid, 0, 0, False,
+                                                            [False, True])[1]]
+    check_on_both_paths(backwards, grad, x, grid, rtol=1e-5, atol=1e-5)
+
+
+def test_nearest_upsampling_backward_with_and_without_scales():
+    # Unlowered with scales: every nearest interpolation's backward on the eager device (RT-DETR's
+    # FPN) ran on the host. Eager's source positions: float32 arithmetic, 1 / the scale given
+    # (else in / out), in == out and out == 2 in as shortcuts (not for the exact variant).
+    cases = [(3, 7, 2.5), (3, 7, None), (4, 8, 2.0), (5, 3, 0.6), (7, 7, 1.3), (3, 10, 3.3)]
+    grads, calls = [], []
+    for exact in (False, True):
+        for dims in (1, 2, 3):
+            name = ("_upsample_nearest_exact%dd_backward" if exact else
+                    "upsample_nearest%dd_backward") % dims
+            for n_in, n_out, scale in cases:
+                out_size = [n_out + d for d in range(dims)]
+                in_size = [2, 3] + [n_in + d for d in range(dims)]
+                calls.append((getattr(aten, name).default, out_size, in_size, [scale] * dims))
+                grads.append(randn(2, 3, *out_size, seed=len(grads)))
+
+    def backwards(*grads):
+        return [op(g, out_size, in_size, *scales)
+                for (op, out_size, in_size, scales), g in zip(calls, grads)]
+    check_on_both_paths(backwards, *grads, rtol=1e-5, atol=1e-5)
 
 
 # --- reductions of 0-d tensors (torch-mlir crashed the process on several) -------------------

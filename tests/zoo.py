@@ -11,9 +11,9 @@ _TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, interme
 
 
 def _seeded(fn):
-    def make(seed: int = 0):
+    def make(seed: int = 0, **config):
         torch.manual_seed(seed)
-        return fn()
+        return fn(**config)
     make.__name__ = fn.__name__
     return make
 

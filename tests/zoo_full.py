@@ -260,6 +260,72 @@ def olmoe():
     return OlmoeForCausalLM(cfg), (_ids(),)
 
 
+# --- detection -------------------------------------------------------------------------------
+
+def _resnet_backbone(out_indices, rt_detr=False):
+    """A 4-stage ResNet of 8-64 channels, one basic block each."""
+    from transformers import ResNetConfig, RTDetrResNetConfig
+    config = RTDetrResNetConfig if rt_detr else ResNetConfig
+    return config(embedding_size=8, hidden_sizes=[8, 16, 32, 64], depths=[1, 1, 1, 1],
+                  layer_type="basic", out_indices=out_indices)
+
+
+_DETECTION = dict(num_queries=30, d_model=32, encoder_layers=2, decoder_layers=2,
+                  encoder_ffn_dim=64, decoder_ffn_dim=64, encoder_attention_heads=4,
+                  decoder_attention_heads=4, dropout=0.0)
+
+
+def _rt_detr_config(config_class, **overrides):
+    # Deformable attention (grid_sample) over 3 levels, 30 queries chosen by topk. At the
+    # default initializer_range (0.01) eval mode shrinks the features to ~1e-9 and all 84
+    # encoder scores of an image round to one float32: the queries are then chosen by how
+    # topk breaks ties, which eager leaves unspecified (numerics.locate says so). At 0.2 the
+    # scores lie 1e-3 apart around the 30th.
+    settings = dict(backbone_config=_resnet_backbone([2, 3, 4], rt_detr=True),
+                    encoder_in_channels=[16, 32, 64], encoder_hidden_dim=32,
+                    encoder_ffn_dim=64, encoder_attention_heads=4, d_model=32, num_queries=30,
+                    decoder_in_channels=[32, 32, 32], decoder_ffn_dim=64, num_feature_levels=3,
+                    decoder_n_points=4, decoder_layers=2, decoder_attention_heads=4,
+                    num_denoising=0, disable_custom_kernels=True, initializer_range=0.2)
+    return config_class(**{**settings, **overrides})
+
+
+@_seeded
+def rt_detr_v2(**overrides):
+    from transformers import RTDetrV2Config, RTDetrV2Model
+    return RTDetrV2Model(_rt_detr_config(RTDetrV2Config, **overrides)), (_image(64, batch=3),)
+
+
+@_seeded
+def rt_detr():
+    from transformers import RTDetrConfig, RTDetrModel
+    return RTDetrModel(_rt_detr_config(RTDetrConfig)), (_image(64, batch=3),)
+
+
+@_seeded
+def deformable_detr():
+    # Two-stage with box refinement: the heads are those of the detection model.
+    from transformers import DeformableDetrConfig, DeformableDetrForObjectDetection
+    cfg = DeformableDetrConfig(backbone_config=_resnet_backbone([2, 3, 4]), num_feature_levels=4,
+                               two_stage=True, with_box_refine=True, two_stage_num_proposals=30,
+                               disable_custom_kernels=True, **_DETECTION)
+    return DeformableDetrForObjectDetection(cfg), (_image(64),)
+
+
+@_seeded
+def conditional_detr():
+    from transformers import ConditionalDetrConfig, ConditionalDetrModel
+    cfg = ConditionalDetrConfig(backbone_config=_resnet_backbone([4]), **_DETECTION)
+    return ConditionalDetrModel(cfg), (_image(64),)
+
+
+@_seeded
+def detr():
+    from transformers import DetrConfig, DetrModel
+    return DetrModel(DetrConfig(backbone_config=_resnet_backbone([4]), **_DETECTION)), \
+        (_image(64),)
+
+
 # --- hand-written CNNs (timm would pull a torch and torchvision that do not fit the pin) -----
 
 class ResidualBlock(nn.Module):
@@ -347,6 +413,8 @@ ZOO = {
     "vit": ("vision", zoo.vit),
     **{f.__name__: ("vision", f) for f in (deit, convnext, swin, resnet_hf, segformer,
                                             mobilenet_v2)},
+    **{f.__name__: ("detection", f) for f in (rt_detr_v2, rt_detr, deformable_detr,
+                                               conditional_detr, detr)},
     "whisper": ("audio", zoo.whisper),
     **{f.__name__: ("audio", f) for f in (wav2vec2, hubert)},
     "clip": ("multimodal", zoo.clip),

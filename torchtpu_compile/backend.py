@@ -57,6 +57,12 @@ def _compiler(kind: str, graph_id: int, cached: bool):
     return compile_graph
 
 
+def _decompositions() -> dict:
+    # A module-level hook, as _compiler: numerics.locate captures with ours left whole.
+    from .lower.decompositions import decomposition_table
+    return decomposition_table()
+
+
 def torchtpu_backend(gm: torch.fx.GraphModule, example_inputs, **options):
     """Compile a Dynamo FX graph for the PJRT device.
 
@@ -70,7 +76,6 @@ def torchtpu_backend(gm: torch.fx.GraphModule, example_inputs, **options):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from . import graph_cache
-    from .lower.decompositions import decomposition_table
 
     graph_id = next(_backend_ids)
     # Inside the scope, aot_autograd first looks for this graph's result in the graph cache
@@ -80,7 +85,7 @@ def torchtpu_backend(gm: torch.fx.GraphModule, example_inputs, **options):
             fw_compiler=_compiler("forward", graph_id, cached),
             bw_compiler=_compiler("backward", graph_id, cached),
             inference_compiler=_compiler("inference", graph_id, cached),
-            decompositions=decomposition_table(),
+            decompositions=_decompositions(),
             partition_fn=min_cut_rematerialization_partition,
         )
         # The fused CPU attention kernels (_scaled_dot_product_flash_attention_for_cpu) do not

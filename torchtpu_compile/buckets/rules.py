@@ -226,6 +226,14 @@ for _op in (aten.clone.default, aten._to_copy.default, aten.alias.default, aten.
     RULES[_op] = same_layout
 
 
+@padding_rule(aten.view.dtype)
+def view_dtype(ctx, node, x, dtype):
+    # The bits of each element as another type of the same width: no element moves.
+    if torch.empty((), dtype=dtype).element_size() != x.tensor.element_size():
+        raise NotPaddable("view(dtype) to a type of another width")
+    return Padded(aten.view.dtype(x.tensor, dtype), x.layout)
+
+
 # --- shapes ------------------------------------------------------------------------------------
 
 @padding_rule(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
@@ -642,6 +650,8 @@ def topk(ctx, node, x, k, dim=-1, largest=True, sorted=True):
     _prefix_dim(x, dim, "topk")
     if isinstance(k, Size):
         raise NotPaddable("topk with a dynamic k")
+    # Padding never beats a real element: topk takes the lowest index among equal values,
+    # and the real elements are a prefix (real infinities stay first).
     fill = lowest(x.tensor.dtype) if largest else highest(x.tensor.dtype)
     return _wrap(aten.topk.default(ctx.fill(x, fill, [dim]), k, dim, largest, sorted), layout)
 

@@ -71,25 +71,48 @@ def _base_table() -> dict:
     return dict(get_decomposition_table())
 
 
-def decomposition_table() -> dict:
-    """The table given to aot_autograd."""
+def decomposition_table(ours: bool = True) -> dict:
+    """The table given to aot_autograd: torch-mlir's, ours winning.
+
+    With ``ours=False``, torch-mlir's without the ops we decompose: they stay whole, for
+    ``numerics.locate`` to check each of our decompositions against eager's op.
+
+    Example::
+
+        table = decomposition_table()
+        aten.topk.default in table, aten.topk.default in decomposition_table(ours=False)
+        # True, False
+    """
+    mine = _our_table()
+    if not ours:
+        return {op: fn for op, fn in _base_table().items() if op not in mine}
+    from . import empty_reductions  # noqa: F401  (registers its checks on import)
+    from .index_checks import with_index_checks
+    table = {**_base_table(), **mine}
+    for op, check in _CHECKS.items():
+        table[op] = _checked(check, table.get(op))
+    # Last: indexing ops mark their indices, then decompose as above (index_checks.py).
+    return with_index_checks(table)
+
+
+def _our_table() -> dict:
     from . import foreach_decompositions  # noqa: F401  (registers itself on import)
     from . import op_decompositions  # noqa: F401  (registers itself on import)
     from . import jax_decompositions  # noqa: F401  (registers itself on import)
     from . import special_decompositions  # noqa: F401  (registers itself on import)
-    from . import empty_reductions  # noqa: F401  (registers itself on import)
-    from .index_checks import with_index_checks
-    table = dict(_base_table())
+    table = {}
     for op, fn in _OURS.items():
         if isinstance(op, str):
             op = _custom_op(op)
             if op is None:  # its library is not loaded: nothing can call it
                 continue
         table[op] = fn
-    for op, check in _CHECKS.items():
-        table[op] = _checked(check, table.get(op))
-    # Last: indexing ops mark their indices, then decompose as above (index_checks.py).
-    return with_index_checks(table)
+    return table
+
+
+def our_ops() -> frozenset:
+    """The ops we decompose (``@decomposition``), those of libraries not loaded left out."""
+    return frozenset(_our_table())
 
 
 def _custom_op(qualified_name: str):

@@ -292,9 +292,40 @@ def kthvalue(x, k, dim=-1, keepdim=False):
 # .sorts_put_nan_last), unstable as eager's default sort; stability is built here.
 
 def _stable_sort(x, dim, descending=False):
-    """(values, original positions) of a stable sort along ``dim``: the unstable sort, then
-    each run of equal values put back in position order by a second sort of the exact int64
-    key run * n + position (unique, so any sort gives one answer)."""
+    """(values, original positions) of a stable sort along ``dim``: one sort of a unique int64
+    key, (the value's rank in eager's order) * n + position, so any sort gives one answer;
+    for 64-bit values, which leave no room for the position, two sorts (``_stable_by_runs``)."""
+    n = x.shape[dim]
+    rank = _order_rank(x)
+    if n < 2 or rank is None:
+        return _stable_by_runs(x, dim, descending)
+    if descending:  # NaN (the largest) first, as eager
+        rank = -rank - 1
+    shape = [1] * x.dim()
+    shape[dim] = n
+    _, positions = aten.sort.default(rank * n + torch.arange(n).reshape(shape), dim, False)
+    return x.gather(dim, positions), positions
+
+
+def _order_rank(x):
+    """An int64 tensor ordered as eager orders ``x`` (equal values equal, -0 = +0, NaN above
+    everything), with |rank| < 2**31; None for 64-bit dtypes."""
+    if x.dtype in (torch.int64, torch.float64) or x.is_complex():
+        return None
+    if not x.is_floating_point():
+        return x.to(torch.int64)
+    value = x.to(torch.float32)
+    # One zero and one NaN, by selects: XLA may fold x + 0.0 to x and keep -0.
+    value = torch.where(value == 0, 0.0, value)
+    value = torch.where(value.isnan(), float("nan"), value)
+    bits = value.view(torch.int32).to(torch.int64)
+    # Negative floats' bits grow with their magnitude: mirrored below zero.
+    return torch.where(bits < 0, -(bits + 2 ** 31) - 1, bits)
+
+
+def _stable_by_runs(x, dim, descending):
+    """The stable sort as the unstable one, then each run of equal values put back in
+    position order by a second sort of the exact key run * n + position."""
     values, positions = aten.sort.default(x, dim, descending)
     n = x.shape[dim]
     if n < 2:
@@ -307,6 +338,23 @@ def _stable_sort(x, dim, descending=False):
     run = torch.cumsum(starts.to(torch.int64), dim)
     _, order = aten.sort.default(run * n + positions, dim, False)
     return values.gather(dim, order), positions.gather(dim, order)
+
+
+@decomposition(aten.topk.default)
+def topk(x, k, dim=-1, largest=True, sorted=True):
+    # torch-mlir lowers topk to the unstable sort, so among equal values the indices were the
+    # platform sort's choice (XLA:CPU's, TPU's, neither eager's nth_element). Eager leaves the
+    # order of ties unspecified (torch.topk's docs); ours is the first k of the stable sort:
+    # equal values lowest position first on every platform, as jax.lax.top_k. NaN is the
+    # largest value, as in eager. (Bucket padding sits after the real elements: it loses ties.)
+    if x.dtype == torch.bool:
+        raise RuntimeError("topk does not support bool dtypes (as eager PyTorch on CPU)")
+    if x.dim() == 0:
+        if k not in (0, 1):
+            raise RuntimeError("selected index k out of range")
+        return x.clone(), torch.zeros((), dtype=torch.int64)
+    values, positions = _stable_sort(x, dim, descending=largest)
+    return values.narrow(dim, 0, k), positions.narrow(dim, 0, k)
 
 
 @decomposition(aten.sort.stable)
@@ -631,23 +679,35 @@ def max_pool3d_backward(grad, x, *args):
 
 @decomposition(aten._adaptive_avg_pool3d_backward.default)
 def adaptive_avg_pool3d_backward(grad, x):
-    # The forward's per-dim means, transposed in reverse order: each window's gradient, over
-    # its length, added back at the positions it read.
+    # The forward's per-dim means, transposed: each window's gradient, over its length,
+    # added back at the positions it read.
     dims = 3
+    windows = [_adaptive_windows(n, size) for n, size in zip(x.shape[-dims:], grad.shape[-dims:])]
+    per_dim = [valid.sum(1) for _, valid in windows]
+    return _spread_back(grad, x.shape, windows, per_dim)
+
+
+def _spread_back(grad, in_shape, windows: list, per_dim_divisors: list):
+    """The adjoint of box means: each output's gradient, divided by its window's size (per
+    spatial dim a vector over that dim's windows, or one number), added back at the input
+    positions its window read (``windows``: (positions, valid) per dim), in float32 for the
+    narrower floats as eager accumulates."""
+    dims = len(windows)
     compute = _computing_dtype(grad.dtype)
     out = grad.to(compute)
     for i in reversed(range(dims)):
-        axis = x.dim() - dims + i
-        n = x.shape[axis]
-        pos, valid = _adaptive_windows(n, grad.shape[axis])
-        shape = [1] * out.dim()
-        shape[axis] = pos.shape[0]
-        per_window = out / valid.sum(1).reshape(shape)
-        spread = per_window.unsqueeze(axis + 1).expand(
+        axis = len(in_shape) - dims + i
+        pos, valid = windows[i]
+        divisor = per_dim_divisors[i]
+        if isinstance(divisor, torch.Tensor):
+            shape = [1] * out.dim()
+            shape[axis] = pos.shape[0]
+            divisor = divisor.reshape(shape)
+        spread = (out / divisor).unsqueeze(axis + 1).expand(
             list(out.shape[:axis + 1]) + [pos.shape[1]] + list(out.shape[axis + 1:]))
         spread = torch.where(_window_mask(valid, spread.dim(), axis), spread, 0)
         target = list(out.shape)
-        target[axis] = n
+        target[axis] = in_shape[axis]
         out = torch.zeros(target, dtype=compute).index_add(
             axis, pos.reshape(-1), spread.flatten(axis, axis + 1))
     return out.to(grad.dtype)
@@ -778,6 +838,43 @@ def avg_pool3d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_incl
                divisor_override=None):
     return _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad,
                      divisor_override, 3, aten.avg_pool3d.default)
+
+
+def _avg_pool_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                       divisor_override, dims):
+    # Unlowered (torch-mlir's avg_pool2d_backward fails for ceil_mode and count_include_pad
+    # = False, its 3-D one always). Each output's gradient over the divisor eager used, added
+    # back at the input positions its window read. Eager's divisor: the override; else the
+    # window clipped to the padded input (count_include_pad) or to the input itself.
+    kernel = _expand(kernel_size, dims)
+    stride = _expand(stride, dims) if stride else kernel
+    padding = _expand(padding, dims)
+    windows, divisors = [], []
+    for n, size, k, s, p in zip(x.shape[-dims:], grad.shape[-dims:], kernel, stride, padding):
+        pos, valid = _regular_windows(n, size, k, s, p, 1)
+        windows.append((pos, valid))
+        if divisor_override:
+            divisors.append(divisor_override if not divisors else 1)
+        elif count_include_pad:
+            start = torch.arange(size) * s - p
+            divisors.append(torch.clamp(start + k, max=n + p) - start)
+        else:
+            divisors.append(valid.sum(1))
+    return _spread_back(grad, x.shape, windows, divisors)
+
+
+@decomposition(aten.avg_pool2d_backward.default)
+def avg_pool2d_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                        divisor_override):
+    return _avg_pool_backward(grad, x, kernel_size, stride, padding, ceil_mode,
+                              count_include_pad, divisor_override, 2)
+
+
+@decomposition(aten.avg_pool3d_backward.default)
+def avg_pool3d_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                        divisor_override):
+    return _avg_pool_backward(grad, x, kernel_size, stride, padding, ceil_mode,
+                              count_include_pad, divisor_override, 3)
 
 
 # --- reductions over 0-d tensors -------------------------------------------------------------
@@ -1156,6 +1253,112 @@ def upsample_bicubic2d(x, output_size, align_corners, *scales):
 def upsample_trilinear3d(x, output_size, align_corners, *scales):
     return _torch_decomposition(aten.upsample_trilinear3d.default)(x, output_size,
                                                                    align_corners, *scales)
+
+
+def _nearest_sources(in_size: int, out_size: int, scale, exact: bool):
+    """The input position each output position of nearest upsampling reads, as eager picks it
+    (UpSample.h: float32 arithmetic; 1 / the given scale, else in / out)."""
+    out = torch.arange(out_size)
+    if out_size == in_size and not exact:  # whatever the scale says, as eager
+        return out
+    if out_size == 2 * in_size and not exact:
+        return out // 2
+    factor = 1.0 / scale if scale is not None and scale > 0 else in_size / out_size
+    position = out.to(torch.float32) + 0.5 if exact else out.to(torch.float32)
+    # A Python float multiplies a float32 tensor in float32: eager's (float)(1.0 / scale).
+    return torch.floor(position * factor).to(torch.int64).clamp(max=in_size - 1)
+
+
+def _upsample_nearest_backward(exact: bool):
+    def backward(grad, output_size, input_size, *scales):
+        # Unlowered with scales (torch-mlir leaves a torch.constant.int); the eager device
+        # meets these overloads in every nearest interpolation's backward. Each output's
+        # gradient added to the input position it copied, one spatial dim at a time.
+        dims = len(output_size)
+        compute = _computing_dtype(grad.dtype)
+        out = grad.to(compute)
+        scales = list(scales) + [None] * (dims - len(scales))
+        for i in range(dims):
+            axis = grad.dim() - dims + i
+            source = _nearest_sources(input_size[axis], output_size[i], scales[i], exact)
+            target = list(out.shape)
+            target[axis] = input_size[axis]
+            out = torch.zeros(target, dtype=compute).index_add(axis, source, out)
+        return out.to(grad.dtype)
+    return backward
+
+
+for _op in (aten.upsample_nearest1d_backward.default, aten.upsample_nearest2d_backward.default,
+            aten.upsample_nearest3d_backward.default):
+    decomposition(_op)(_upsample_nearest_backward(exact=False))
+for _op in (aten._upsample_nearest_exact1d_backward.default,
+            aten._upsample_nearest_exact2d_backward.default,
+            aten._upsample_nearest_exact3d_backward.default):
+    decomposition(_op)(_upsample_nearest_backward(exact=True))
+
+
+def _grid_source(coord, size: int, padding_mode: int, align_corners: bool):
+    """(source coordinate, d source / d coord) of a grid coordinate in [-1, 1] along a dim of
+    ``size``, as eager's grid sampler computes them (borders count as outside for the
+    gradient of clipping)."""
+    if align_corners:
+        src, grad = (coord + 1) / 2 * (size - 1), (size - 1) / 2
+    else:
+        src, grad = ((coord + 1) * size - 1) / 2, size / 2
+    if padding_mode == 0:  # zeros
+        return src, torch.full_like(src, grad)
+    slope = torch.ones_like(src)
+    if padding_mode == 2:  # reflection about the borders (or the pixel edges), then clipped
+        low, span = (0.0, size - 1.0) if align_corners else (-0.5, float(size))
+        if span <= 0:
+            return torch.zeros_like(src), torch.zeros_like(src)
+        shifted = src - low
+        slope = torch.where(shifted < 0, -1.0, 1.0)
+        shifted = shifted.abs()
+        extra = torch.fmod(shifted, span)
+        odd = torch.remainder(torch.floor(shifted / span), 2) == 1
+        src = torch.where(odd, span - extra, extra) + low
+        slope = torch.where(odd, -slope, slope)
+    inside = (src > 0) & (src < size - 1)
+    return src.clamp(0, size - 1), torch.where(inside, slope * grad, 0.0)
+
+
+@decomposition(aten.grid_sampler_2d_backward.default)
+def grid_sampler_2d_backward(grad, x, grid, interpolation_mode, padding_mode, align_corners,
+                             output_mask):
+    # Unlowered: each sample's gradient added back at the pixels it read, weighted as it read
+    # them; the grid's, the sampled surface's slope (zero for nearest). Bicubic is not.
+    if interpolation_mode not in (0, 1):
+        return NotImplemented
+    n, c, height, width = x.shape
+    out_h, out_w = grid.shape[1:3]
+    ix, gx = _grid_source(grid[..., 0], width, padding_mode, align_corners)
+    iy, gy = _grid_source(grid[..., 1], height, padding_mode, align_corners)
+    if interpolation_mode == 1:  # nearest: round half to even, as eager
+        corners = [(torch.round(ix), torch.round(iy), torch.ones_like(ix), None, None)]
+    else:  # (x, y, weight, d weight / d ix, d weight / d iy) of the four neighbours
+        x0, y0 = ix.floor(), iy.floor()
+        wx, wy = ix - x0, iy - y0
+        corners = [(x0, y0, (1 - wx) * (1 - wy), wy - 1, wx - 1),
+                   (x0 + 1, y0, wx * (1 - wy), 1 - wy, -wx),
+                   (x0, y0 + 1, (1 - wx) * wy, -wy, 1 - wx),
+                   (x0 + 1, y0 + 1, wx * wy, wy, wx)]
+    flat_x = x.reshape(n, c, height * width)
+    grad_x = torch.zeros_like(flat_x)
+    slope_x = slope_y = torch.zeros_like(grad)
+    for cx, cy, weight, dx, dy in corners:
+        inside = (cx >= 0) & (cx < width) & (cy >= 0) & (cy < height)
+        index = torch.where(inside, cy * width + cx, 0).to(torch.int64)
+        index = index.reshape(n, 1, out_h * out_w).expand(n, c, out_h * out_w)
+        weight = torch.where(inside, weight, 0).unsqueeze(1)
+        grad_x = grad_x.scatter_add(2, index, (grad * weight).reshape(n, c, -1))
+        if dx is not None:
+            value = torch.where(inside.unsqueeze(1),
+                                flat_x.gather(2, index).reshape(n, c, out_h, out_w), 0)
+            slope_x = slope_x + value * dx.unsqueeze(1)
+            slope_y = slope_y + value * dy.unsqueeze(1)
+    grad_grid = torch.stack([(grad * slope_x).sum(1) * gx, (grad * slope_y).sum(1) * gy], -1)
+    return (grad_x.reshape(x.shape) if output_mask[0] else None), grad_grid
 
 
 # --- scatter reductions ----------------------------------------------------------------------

@@ -1,11 +1,17 @@
 """Locate: the first ATen op whose torchtpu result diverges from eager PyTorch.
 
 The model is compiled once more with the torchtpu backend, its graph compiler swapped for a
-recorder: the ATen graphs torchtpu would lower (same decompositions, same forward/backward
-split) are captured with the real inputs of each call, and run eagerly. Then each graph is
-replayed with ``torch.fx.Interpreter`` on the reference device; every op is also run alone
-through torchtpu on exactly the reference's input values, so errors never accumulate: the
-first op beyond tolerance is where the difference starts.
+recorder: the ATen graphs torchtpu would lower (same forward/backward split; of the
+decompositions, torch-mlir's, ours left out) are captured with the real inputs of each call,
+and run eagerly. Then each graph is replayed with ``torch.fx.Interpreter`` on the reference
+device; every op is also run alone through torchtpu (an op we decompose, decomposed: our
+decomposition checked against eager's kernel) on exactly the reference's input values, so
+errors never accumulate: the first op beyond tolerance is where the difference starts.
+
+An op that picks elements (topk, sort, kthvalue, median, mode) may pick other ones among equal
+values than eager did: eager PyTorch leaves that choice unspecified. Such a result is no error,
+and the search goes on; when nothing else diverges, the first such op is reported as the cause
+(``Divergence.ties``): the model's outputs depend on how ties are broken.
 
 Views, ``getitem``, random ops, ``empty`` (uninitialized memory) and ops torchtpu cannot
 lower (they run in eager PyTorch inside compiled graphs anyway) are not checked. Matmuls and convolutions get the tolerance of the
@@ -26,9 +32,11 @@ from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from .._logging import log
 from ..lower.calling_convention import is_random
+from ..lower.decompositions import decomposition_table, our_ops
 from ..lower.fx_passes import normalize
 from ..lower.support import op_name, rule_violation, single_op_graph, source_line
 from .policy import compare_tensors, tolerance
@@ -48,6 +56,16 @@ PRECISION_OPS = {
 UNINITIALIZED_OPS = {
     aten.empty.memory_format, aten.empty_strided.default, aten.empty_like.default,
     aten.new_empty.default, aten.new_empty_strided.default,
+}
+
+
+#: Ops returning (values, indices) of elements they pick along ``dim``, whose choice among
+#: equal values eager PyTorch leaves unspecified (torch.topk's and torch.median's docs, sort
+#: without stable=True), with whether each index is picked once (a permutation's prefix).
+TIE_OPS = {
+    aten.topk.default: True, aten.sort.default: True, aten.sort.stable: True,
+    aten.kthvalue.default: False, aten.median.dim: False, aten.nanmedian.dim: False,
+    aten.mode.default: False,
 }
 
 
@@ -88,16 +106,17 @@ def capture(model_or_fn, inputs: tuple, train: bool, cotangents: dict) -> list:
     from .. import config
 
     side = Side.build(model_or_fn, inputs, None, train)
-    saved = backend._compiler, config.graph_cache
+    saved = backend._compiler, backend._decompositions, config.graph_cache
     torch._dynamo.reset()
     backend._compiler = recording_compiler
+    backend._decompositions = lambda: decomposition_table(ours=False)
     # A graph-cache hit would hand back compiled graphs without calling our compiler: the
     # capture must see every graph being built.
     config.graph_cache = False
     try:
         side.run(torch.compile(side.fn, backend="torchtpu"), cotangents or None)
     finally:
-        backend._compiler, config.graph_cache = saved
+        backend._compiler, backend._decompositions, config.graph_cache = saved
         torch._dynamo.reset()
     return runs
 
@@ -152,8 +171,10 @@ class NodeChecker(fx.Interpreter):
         self.precision = precision
         self.label = label
         self.programs = programs   # shared across graphs: signature -> Program or None
+        self.ours = our_ops()      # decomposed alone, in _program
         self.checked = 0
         self.skipped = collections.Counter()   # op -> nodes that could not run alone
+        self.ties = []   # Divergences that are only another choice among equal values
 
     def _to_device(self, value):
         if self.device.type == "cpu":
@@ -183,13 +204,16 @@ class NodeChecker(fx.Interpreter):
             self._check(node, value)
         return value
 
-    def _program(self, node: fx.Node):
+    def _program(self, node: fx.Node, args: list):
         from ..program import Program
 
         key = _signature(node)
         if key not in self.programs:
             gm = single_op_graph(node)
             try:
+                if node.target in self.ours:  # as the compiled graphs have it
+                    gm = make_fx(gm, decomposition_table=decomposition_table(),
+                                 tracing_mode="fake")(*args)
                 normalize(gm)
                 self.programs[key] = Program(gm, self.precision, name=f"locate/{op_name(node)}")
             except Exception as exc:  # does not lower: it would run in eager PyTorch anyway
@@ -198,25 +222,78 @@ class NodeChecker(fx.Interpreter):
         return self.programs[key]
 
     def _check(self, node: fx.Node, value) -> None:
-        program = self._program(node)
+        args = [_on_host(self.env[arg]) for arg in node.all_input_nodes]
+        program = self._program(node, args)
         if program is None:
             self.skipped[op_name(node)] += 1
             return
-        args = [_on_host(self.env[arg]) for arg in node.all_input_nodes]
         outputs = program(args)
         self.checked += 1
         expected = _tensors(value)
         mode = self.precision if node.target in PRECISION_OPS else "highest"
+        checks = []
         for i, (ours, ref) in enumerate(zip(outputs, expected)):
             name = node.name if len(expected) == 1 else f"{node.name}[{i}]"
-            check = compare_tensors(name, ours, ref, tolerance(mode, ref.dtype))
-            if not check.passed:
-                raise _Found(Divergence(
-                    graph=self.label, node=node.name, op=op_name(node),
-                    inputs=[_fmt(a) for a in node.args]
-                    + [f"{k}={_fmt(v)}" for k, v in node.kwargs.items()],
-                    outputs=[_fmt(t) for t in expected], check=check,
-                    source_line=source_line(node), module=module_path(node)))
+            checks.append(compare_tensors(name, ours, ref, tolerance(mode, ref.dtype)))
+        failed = [c for c in checks if not c.passed]
+        if not failed:
+            return
+        ties = _tie_count(node, self.env, outputs, expected, checks)
+        divergence = Divergence(
+            graph=self.label, node=node.name, op=op_name(node),
+            inputs=[_fmt(a) for a in node.args]
+            + [f"{k}={_fmt(v)}" for k, v in node.kwargs.items()],
+            outputs=[_fmt(t) for t in expected], check=failed[0],
+            source_line=source_line(node), module=module_path(node), ties=ties)
+        if not ties:
+            raise _Found(divergence)
+        # Each op runs on the reference's inputs: the ops after it see eager's choice, and
+        # the search for an op that is really wrong goes on.
+        self.ties.append(divergence)
+
+
+def _schema_arguments(node: fx.Node, env: dict) -> dict:
+    """The op's arguments by schema name, defaults filled in, nodes replaced by their values."""
+    bound = {}
+    for i, arg in enumerate(node.target._schema.arguments):
+        if i < len(node.args) and not arg.kwarg_only:
+            value = node.args[i]
+        elif arg.name in node.kwargs:
+            value = node.kwargs[arg.name]
+        else:
+            value = arg.default_value if arg.has_default_value() else None
+        bound[arg.name] = env[value] if isinstance(value, fx.Node) else value
+    return bound
+
+
+def _tie_count(node: fx.Node, env: dict, outputs: list, expected: list, checks: list) -> int:
+    """For a TIE_OPS node whose values match and whose indices differ only by naming other
+    positions of equal values (each once where the op picks each once): how many indices
+    differ. 0 when the difference is anything else."""
+    if node.target not in TIE_OPS or len(outputs) != 2 or not checks[0].passed:
+        return 0
+    bound = _schema_arguments(node, env)
+    if bound.get("stable"):  # sort(stable=True): eager's order is the only right one
+        return 0
+    x, dim = bound["self"], bound.get("dim")
+    values, indices = (_on_host(t) for t in expected)
+    ours = _on_host(outputs[1])
+    if dim is None or x.dim() == 0 or ours.dtype != torch.int64 or ours.shape != indices.shape:
+        return 0
+    x, dim = _on_host(x), dim % x.dim()
+    if not bound.get("keepdim", True):
+        ours, values = ours.unsqueeze(dim), values.unsqueeze(dim)
+    if ((ours < 0) | (ours >= x.shape[dim])).any():
+        return 0
+    picked = x.gather(dim, ours)
+    if not bool(((picked == values) | (picked.isnan() & values.isnan())).all()):
+        return 0
+    if TIE_OPS[node.target] and ours.shape[dim] > 1:
+        ordered = ours.sort(dim).values
+        if bool((ordered.narrow(dim, 1, ordered.shape[dim] - 1)
+                 == ordered.narrow(dim, 0, ordered.shape[dim] - 1)).any()):
+            return 0
+    return int((_on_host(outputs[1]) != _on_host(expected[1])).sum())
 
 
 _DYNAMO_ROOT = re.compile(r"^L\['[^']*'\]\.?")
@@ -260,7 +337,7 @@ def locate_divergence(model_or_fn, inputs: tuple, device: torch.device, precisio
     if not runs:
         return None, "Dynamo gave torchtpu no graph to check"
     programs: dict = {}
-    checked, skipped = 0, collections.Counter()
+    checked, skipped, ties = 0, collections.Counter(), []
     with torchtpu_precision(precision):
         for run in runs:
             checker = NodeChecker(run.gm, device, precision, run.label, programs)
@@ -273,6 +350,12 @@ def locate_divergence(model_or_fn, inputs: tuple, device: torch.device, precisio
             finally:
                 checked += checker.checked
                 skipped += checker.skipped
+                ties += checker.ties
+    if ties:
+        log.info("torchtpu numerics: %s", ties[0])
+        return ties[0], (f"checked {checked} ops in {len(runs)} graph runs: none diverges "
+                         f"beyond tolerance on its own; {len(ties)} chose other elements "
+                         f"among equal values than eager did")
     note = (f"checked {checked} ops in {len(runs)} graph runs and none diverges beyond "
             f"tolerance on its own: the difference builds up over many ops")
     if skipped:

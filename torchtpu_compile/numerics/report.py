@@ -30,13 +30,23 @@ class Divergence:
     check: TensorCheck   # errors of its first failing output
     source_line: str     # "model.py:12: y = torch.tanh(h)", or "unknown source line"
     module: str = ""     # the innermost submodule that ran it: "blocks.0.mlp (MLP)"
+    # > 0: no error but a choice: this many indices name other positions of equal values
+    # than eager's (topk, sort, median, ...), whose order eager PyTorch leaves unspecified.
+    ties: int = 0
 
     def __str__(self) -> str:
         c = self.check
         module = f" in module {self.module}" if self.module else ""
-        return (f"first divergence: {self.op}({', '.join(self.inputs)}) -> "
-                f"{', '.join(self.outputs)} in {self.graph} (node {self.node})\n"
-                f"  at {self.source_line}{module}\n"
+        head = (f"{self.op}({', '.join(self.inputs)}) -> {', '.join(self.outputs)} in "
+                f"{self.graph} (node {self.node})\n  at {self.source_line}{module}\n")
+        if self.ties:
+            return (f"first divergence, from ties: {head}"
+                    f"  the same values as eager, but {self.ties} indices name other elements "
+                    f"of equal value. Eager PyTorch leaves that choice unspecified (its CPU and "
+                    f"CUDA kernels differ too; torchtpu's topk takes the lowest index first): "
+                    f"the outputs depend on how ties are broken. Compare on inputs without "
+                    f"them")
+        return (f"first divergence: {head}"
                 f"  max_abs {c.max_abs:.3g} (limit {c.atol + c.rtol * c.scale:.3g}), "
                 f"max_abs/scale {c.rel_max_abs:.3g}, max_rel {c.max_rel:.3g}")
 
