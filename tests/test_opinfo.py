@@ -3,7 +3,7 @@
 The whole sweep (every entry, fp32 and bf16) is tests/slow/test_opinfo_full.py; the harness is
 tests/opinfo. Entries here span the families the backend must get right: elementwise math,
 broadcasting binaries, reductions, matmuls, shape and indexing ops, nn.functional layers, and
-the ops our own decompositions cover (lower/op_decompositions.py).
+the ops our own decompositions cover (lower/decompositions/).
 """
 from __future__ import annotations
 

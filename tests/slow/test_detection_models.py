@@ -2,8 +2,9 @@
 compiled and on the eager tpu device, against eager CPU at matmul precision "highest"; and
 RT-DETR v2 at its default init, where the outputs hang on how topk breaks ties.
 
-The fast checks of the same ops are in tests/test_op_decompositions.py (topk, grid sampler and
-pooling backwards) and tests/test_models.py (RT-DETR v2's deformable attention).
+The fast checks of the same ops are in tests/decompositions/ (test_sorting.py: topk;
+test_resampling.py and test_pooling.py: the grid sampler's and pooling's backwards) and
+tests/test_models.py (RT-DETR v2's deformable attention).
 """
 from __future__ import annotations
 

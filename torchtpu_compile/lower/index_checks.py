@@ -4,7 +4,7 @@ XLA's gather clamps indices out of range and its scatter drops them, silently; e
 raises. A program cannot raise on a data value, so the check leaves it as an output:
 
 1. While a graph is decomposed (aot_autograd, the eager device's tracing, AOT export: the one
-   table of ``decompositions.py``), each indexing op the *user's program* calls passes its index
+   table of ``decompositions/``), each indexing op the *user's program* calls passes its index
    tensors through ``torchtpu::index_check``, an identity that records the op, the dim and its
    size. Registered per op with ``@index_rule``. Indexing that decompositions build themselves
    (upsampling's ``_unsafe_index``, the scatter inside ``index_put``) is in range by

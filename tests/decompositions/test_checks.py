@@ -1,4 +1,5 @@
-"""Reductions over no elements, on the eager tpu device and the compile path, against eager CPU:
+"""The checks run before decompositions (torchtpu_compile/lower/decompositions/checks.py):
+reductions over no elements, on the eager tpu device and the compile path, against eager CPU:
 where eager raises (no identity: max, min, argmax, amax, median over a dim, mode, ...) we raise,
 where it returns a value (NaN variance, a median of nothing) we return that value."""
 import os
@@ -116,7 +117,7 @@ def check_compile_path(name):
 
 MEDIANS_CHILD = """
 import torch
-import test_empty_reductions as t
+import test_checks as t
 from helpers import compile_tpu
 for name in t.MEDIANS:
     for path, check in (("tpu", t.check_eager_device), ("compile", t.check_compile_path)):
@@ -141,8 +142,10 @@ for dtype in (torch.float32, torch.float16, torch.float64, torch.int64, torch.in
 def test_medians_in_a_subprocess():
     """Medians over an empty dim raise eager's IndexError; the median of nothing is eager's
     NaN, converted to the dtype as the host converts it."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.pathsep.join(filter(None, [os.path.dirname(here), os.environ.get("PYTHONPATH")]))
     done = subprocess.run([sys.executable, "-c", MEDIANS_CHILD], capture_output=True,
-                          text=True, timeout=600, cwd=os.path.dirname(__file__))
+                          text=True, timeout=600, cwd=here, env={**os.environ, "PYTHONPATH": path})
     lines = done.stdout.splitlines()
     assert done.returncode == 0 and len(lines) == 34, \
         f"exit status {done.returncode}\n{done.stdout}{done.stderr[-2000:]}"

@@ -1,4 +1,5 @@
-"""Reductions over no elements: eager's error where eager raises, eager's value where it has one.
+"""Checks run before decompositions (``@checked_first``): eager's error where eager raises,
+eager's value where it has one, for reductions over no elements.
 
 An XLA reduction of an empty window gives the reduction's initial value: max of nothing is
 -inf, a variance divides 0 by ``N - correction`` < 0. Eager PyTorch instead raises for reductions
@@ -16,8 +17,8 @@ from __future__ import annotations
 import torch
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
-from ..errors import invalid_input
-from .decompositions import checked_first
+from ...errors import invalid_input
+from .registry import checked_first
 
 aten = torch.ops.aten
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .decompositions import decomposition
+from .registry import decomposition
 
 aten = torch.ops.aten
 

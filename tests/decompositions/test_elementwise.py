@@ -1,0 +1,231 @@
+"""The elementwise decompositions (torchtpu_compile/lower/decompositions/elementwise.py) against
+eager CPU PyTorch, in strict mode: the op must run through XLA, not fall back, and give eager's
+numbers (edge cases included: NaN, signed zeros, broadcasting).
+
+Also the elementwise lowering fixes of lower/fx_passes.py and lower/stablehlo_passes.py
+(literals folded on the host, boolean comparisons), and integer floor division on every path."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from decomposition_checks import INF, NAN, check, randn
+from helpers import PATHS, compile_tpu, configured, run_on_path
+
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
+
+
+# --- arithmetic ------------------------------------------------------------------------------
+
+def test_remainder_takes_the_divisors_sign():
+    a, b = randn(5, 6), randn(5, 6, seed=1)
+    check(torch.remainder, a, b)
+    check(lambda x: torch.remainder(x, -1.5), a)
+    check(lambda x: torch.remainder(2.5, x), b)
+
+
+def test_remainder_of_integers():
+    check(torch.remainder, torch.tensor([-7, -3, 0, 4, 9, -9]), torch.tensor([3, -4, 5, 2, -3, 7]))
+
+
+def test_fmod_with_a_scalar():
+    check(lambda x: torch.fmod(x, 0.7), randn(4, 3))
+
+
+def test_fmax_fmin_broadcast_and_ignore_nan():
+    a = torch.tensor([[1.0, NAN], [3.0, 4.0]])
+    b = torch.tensor([[NAN], [2.0]])
+    check(torch.fmax, a, b)
+    check(torch.fmin, a, b)
+    check(torch.fmax, torch.tensor([1, 5, 3]), torch.tensor([4]))
+
+
+def test_clamp_with_broadcast_tensor_bounds():
+    x = randn(5, 6)
+    check(lambda x, lo, hi: torch.clamp(x, lo, hi), x, randn(5, 1) - 1, randn(6) + 1)
+    check(torch.clamp_min, x, randn(5, 1))
+    check(torch.clamp_max, x, randn(6))
+
+
+def test_copies_hypot_angle_dist():
+    x = randn(4, 5)
+    check(lambda x: torch.narrow_copy(x, 1, 1, 3), x)
+    check(lambda x: torch.permute_copy(x, (1, 0)), x)
+    check(torch.hypot, x, randn(5, seed=1))
+    check(torch.angle, torch.tensor([-1.0, 0.0, 2.0, NAN, -0.0]))
+    check(torch.angle, torch.tensor([-1, 0, 2]))
+    check(lambda a, b: torch.dist(a, b, 3), x, randn(4, 5, seed=1))
+
+
+# --- floats bit by bit -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_nextafter_steps_the_bit_pattern(dtype):
+    x = torch.tensor([1.0, -1.0, 0.0, -0.0, 3.5, INF, -INF, 3.4e38, 1.0, NAN, 2.0, -2.5, 0.0])
+    y = torch.tensor([2.0, 0.0, 1.0, -1.0, -7, 0.0, 0.0, INF, 1.0, 1.0, NAN, -3.0, -0.0])
+    x, y = x.to(dtype), y.to(dtype)
+    with configured(strict=True):
+        actual = compile_tpu(torch.nextafter)(x, y)
+    assert torch.equal(actual.view(torch.int16), torch.nextafter(x, y).view(torch.int16))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_frexp_from_the_bit_pattern_subnormals_included(dtype):
+    x = torch.tensor([0.0, -0.0, 1.0, -3.5, 1e-40, -1e-42, INF, -INF, NAN, 0.75, 1e30, 3e-38],
+                     dtype=dtype)
+    if dtype is torch.float64:
+        x = torch.cat([x, torch.tensor([1e-310, -4e-320], dtype=dtype)])
+    with configured(strict=True):
+        mantissa, exponent = compile_tpu(torch.frexp)(x)
+    expected = torch.frexp(x)
+    assert torch.equal(exponent, expected.exponent)
+    torch.testing.assert_close(mantissa, expected.mantissa, rtol=0, atol=0, equal_nan=True)
+
+
+# --- lowering fixes: literals and comparisons ------------------------------------------------
+
+def test_expressions_of_literals_fold_on_the_host():
+    # torch-mlir folds these wrongly (ge to false, add of a negative int to 2**64) or crashes
+    # (an int literal against a float); fx_passes folds them with eager PyTorch first.
+    def literals(x):
+        half = torch.ops.aten.scalar_tensor.default(-1.5, dtype=torch.float32)
+        three = torch.ops.aten.scalar_tensor.default(-3, dtype=torch.int64)
+        row = torch.ops.aten.full.default([4], 2.5, dtype=torch.float32)
+        return torch.stack([x + torch.ops.aten.ge.Scalar(half, -2),
+                            x + torch.ops.aten.lt.Scalar(half, 0),
+                            x + torch.ops.aten.add.Scalar(half, -2),
+                            x * torch.ops.aten.mul.Scalar(row, -2),
+                            x + torch.ops.aten.lt.Scalar(three, 0.5),
+                            x + torch.ops.aten.remainder.Scalar(row, -1.5)])
+    check(literals, randn(4))
+
+
+def test_comparisons_of_shape_only_literals_fold_on_the_host():
+    # full_like(x, 4.0) is a literal whatever x holds; torch-mlir folded lt(it, 1) to true
+    # and the whole result to NaN.
+    check(lambda x: torch.where(torch.full_like(x, 4.0) < 1, NAN, x) + 1, randn(8))
+
+
+def test_boolean_and_uint8_comparisons():
+    # torch-mlir emits SIGNED comparisons; XLA rejects them on booleans (stablehlo pass fix).
+    a, b = randn(5, 6), randn(5, 6, seed=1)
+    check(lambda a, b: (a < 0) != (b < 0), a, b)
+    check(lambda a, b: (a < 0) < (b < 0), a, b)
+    check(lambda a, b: a < b, torch.tensor([0, 200, 100], dtype=torch.uint8),
+          torch.tensor([130, 100, 5], dtype=torch.uint8))
+
+
+def test_comparisons_of_a_value_with_itself_see_nan():
+    # torch-mlir folded eq(x, x) to true: isfinite(nan) was True.
+    x = torch.tensor([1.0, NAN, INF, -INF, 0.0])
+    check(lambda x: (torch.isfinite(x), x == x, x >= x, x <= x, x != x), x)
+
+
+# --- integer floor division on every path ----------------------------------------------------
+# Integer floor division is exact, as eager's on the CPU, on every path (torch.compile, the
+# eager tpu device strict and fused, AOT): torch-mlir divides integers in float64, which loses
+# the low digits of int64 beyond 2**53 (and TPUs have no float64).
+
+
+BIG = 2 ** 60 + 12345  # beyond float64's 53-bit mantissa: its low digits are lost there
+
+
+def floor_divisions(a, b):
+    """The spellings of floor division, with tensor and scalar divisors."""
+    return (a // 7, (a * 3) // b, torch.div(a, b, rounding_mode="floor"),
+            torch.floor_divide(a, b), a // -1, torch.div(a, -3, rounding_mode="floor"),
+            # truncation and the remainders, exact before the fix, stay exact
+            torch.div(a, b, rounding_mode="trunc"), a % b, torch.fmod(a, b))
+
+
+def big_operands():
+    a = torch.tensor([BIG, -BIG, 2 ** 55 + 3, -(2 ** 55) - 3, 2 ** 62 + 1, -(2 ** 62) + 1,
+                      -7, 7, -6, 6, 0, 1, -1, 2 ** 63 - 1], dtype=torch.int64)
+    b = torch.tensor([7, 7, -3, -3, 10, -10, 2, -2, 3, -3, 5, -1, 1, 2], dtype=torch.int64)
+    return a, b
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_int64_floor_division_beyond_float64_is_exact(path, tmp_path):
+    a, b = big_operands()
+    got = run_on_path(path, floor_divisions, a, b, tmp_dir=tmp_path)
+    expected = floor_divisions(a, b)
+    for i, (g, e) in enumerate(zip(got, expected)):
+        assert g.dtype == e.dtype, i
+        assert torch.equal(g, e), f"output {i}: {g.tolist()} != {e.tolist()}"
+
+
+def signed_table(dtype):
+    """Every sign combination, exact and inexact quotients, the extremes of ``dtype``, divisor
+    -1 (but not MIN // -1, which kills an eager CPU process for int32 and int64)."""
+    info = torch.iinfo(dtype)
+    a = [info.min, info.min + 1, info.max, info.max - 1, -7, 7, -6, 6, 0, 1, -1, 5, -5, 13]
+    b = [3, -3, 7, -7, 2, -2, 3, -3, 4, -4, 1, -1, 5, -5]
+    a, b = [x for x in a for _ in b], b * len(a)
+    keep = [i for i in range(len(a)) if not (a[i] == info.min and b[i] == -1)]
+    return (torch.tensor([a[i] for i in keep], dtype=dtype),
+            torch.tensor([b[i] for i in keep], dtype=dtype))
+
+
+def unsigned_table():
+    a = [0, 1, 6, 7, 254, 255, 128, 127]
+    b = [1, 2, 3, 7, 255, 128]
+    return (torch.tensor([x for x in a for _ in b], dtype=torch.uint8),
+            torch.tensor(b * len(a), dtype=torch.uint8))
+
+
+def floor_division_forms(a, b):
+    return (a // b, torch.div(a, b, rounding_mode="floor"), a // 3, torch.floor_divide(a, 5),
+            a // b.to(torch.int64), a % b)
+
+
+@pytest.mark.parametrize("path", ["compile", "eager", "eager_fused"])
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.int32, torch.int64,
+                                   torch.uint8])
+def test_floor_division_of_every_integer_dtype(dtype, path):
+    a, b = unsigned_table() if dtype == torch.uint8 else signed_table(dtype)
+    got = run_on_path(path, floor_division_forms, a, b)
+    for i, (g, e) in enumerate(zip(got, floor_division_forms(a, b))):
+        assert g.dtype == e.dtype, i
+        assert torch.equal(g, e), f"output {i}: {g.tolist()} != {e.tolist()}"
+
+
+def test_float_floor_division_is_unchanged():
+    # Floats keep torch-mlir's lowering; integer dividends with float divisors are floats.
+    a = torch.tensor([7.5, -7.5, 1e20, -3.0, 0.0])
+    b = torch.tensor([2.0, 2.0, 3.0, -2.0, 5.0])
+    fn = lambda a, b: (a // b, torch.div(a, b, rounding_mode="floor"),  # noqa: E731
+                       torch.arange(5) // 2.5)
+    with configured(strict=True):
+        got = compile_tpu(fn)(a, b)
+    torch.testing.assert_close(got, fn(a, b))
+
+
+def _nonzero(dtype):
+    info = torch.iinfo(dtype)
+    return st.integers(info.min, info.max).filter(lambda v: v != 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int8, torch.uint8])
+def test_floor_division_property(dtype):
+    """Random values over the whole range of ``dtype`` (one compiled program per dtype: the
+    shapes stay fixed), against eager CPU."""
+    info = torch.iinfo(dtype)
+    n = 16
+    fn = lambda a, b: (a // b, torch.div(a, b, rounding_mode="floor"), a % b)  # noqa: E731
+    with configured(strict=True):
+        compiled = compile_tpu(fn)
+
+        @settings(max_examples=60, deadline=None, derandomize=True,
+                  suppress_health_check=[HealthCheck.function_scoped_fixture])
+        @given(st.lists(st.integers(info.min, info.max), min_size=n, max_size=n),
+               st.lists(_nonzero(dtype), min_size=n, max_size=n))
+        def check(a, b):
+            # MIN // -1 overflows: eager CPU dies of SIGFPE for int32 and int64.
+            b = [1 if x == info.min and y == -1 else y for x, y in zip(a, b)]
+            a, b = torch.tensor(a, dtype=dtype), torch.tensor(b, dtype=dtype)
+            for g, e in zip(compiled(a, b), fn(a, b)):
+                assert torch.equal(g, e), (a.tolist(), b.tolist(), g.tolist(), e.tolist())
+        check()

@@ -1,0 +1,58 @@
+"""The normalization decompositions (torchtpu_compile/lower/decompositions/normalization.py)
+against eager CPU PyTorch, in strict mode: the op must run through XLA, not fall back, and give
+eager's numbers."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from decomposition_checks import check, randn
+from helpers import configured
+
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
+
+
+def test_group_norm_with_affine_parameters():
+    F = torch.nn.functional
+    check(lambda x, w, b: F.group_norm(x, 2, w, b, 0.5), randn(1, 6, 3), randn(6), randn(6))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_batch_norm_in_inference(dtype):
+    # Eval mode returns empty saved statistics, which torch-mlir's lowering failed to cast into.
+    x = randn(3, 4, 5).to(dtype)
+    w, b, mean = (randn(4, seed=i).to(dtype) for i in (1, 2, 3))
+    var = randn(4, seed=4).abs().to(dtype)
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype is torch.bfloat16 else {}
+    check(lambda *a: torch.ops.aten.native_batch_norm(*a, False, 0.1, 1e-5), x, w, b, mean, var,
+          **tol)
+    check(lambda *a: torch.ops.aten.native_batch_norm(*a, False, 0.1, 1e-5), x, None, None,
+          mean, var, **tol)
+    with configured(strict=True):  # the eager device calls the op itself: no fallback
+        out = torch.ops.aten.native_batch_norm(*(t.to("tpu") for t in (x, w, b, mean, var)),
+                                               False, 0.1, 1e-5)
+    expected = torch.ops.aten.native_batch_norm(x, w, b, mean, var, False, 0.1, 1e-5)
+    for a, e in zip(out, expected):
+        torch.testing.assert_close(a.cpu(), e, **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_batch_norm_with_update_outputs_and_running_stats(dtype):
+    x = randn(5, 5, 5).to(dtype)
+    stats = [randn(5, seed=i).to(dtype) for i in range(3)] + [randn(5, seed=3).abs().to(dtype)]
+
+    def step(x, w, b, mean, var):
+        mean, var = mean.clone(), var.clone()
+        out = torch.ops.aten._batch_norm_with_update(x, w, b, mean, var, 0.5, 0.6)
+        return out[0], out[1], out[2], mean, var
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype is torch.bfloat16 else {}
+    check(step, x, *stats, **tol)
+
+
+@pytest.mark.parametrize("dim, g_shape", [(2, (1, 1, 5)), (0, (4, 1, 1))])
+def test_weight_norm_backward(dim, g_shape):
+    def grads(v, g, x):
+        w, _ = torch._weight_norm_interface(v, g, dim)
+        return torch.autograd.grad((w * x).sum(), (v, g))
+    check(grads, randn(4, 3, 5).requires_grad_(), randn(*g_shape, seed=1).requires_grad_(),
+          randn(4, 3, 5, seed=2))

@@ -1,0 +1,90 @@
+"""The pooling decompositions (torchtpu_compile/lower/decompositions/pooling.py) against eager
+CPU PyTorch, in strict mode: the op must run through XLA, not fall back, and give eager's
+numbers (ceil mode, divisors, ties and NaN in windows)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from decomposition_checks import NAN, aten, check, check_on_both_paths, randn
+
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
+
+
+# --- max pooling -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape, kernel, stride", [((1, 2, 3, 6), 3, 2), ((1, 2, 7, 6), 3, 2),
+                                                   ((2, 3, 7), 2, 2)])
+def test_max_pool_ceil_mode_values_and_indices(shape, kernel, stride):
+    F = torch.nn.functional
+    pool = F.max_pool1d if len(shape) == 3 else F.max_pool2d
+    check(lambda x: pool(x, kernel, stride, ceil_mode=True, return_indices=True), randn(*shape))
+
+
+def test_3d_max_pool_indices_and_adaptive_pools_with_ties_and_nan():
+    F = torch.nn.functional
+    x = randn(2, 2, 5, 6, 7)
+    x[1, 1, 2, 3, :3] = NAN
+    ties = torch.randint(0, 3, x.shape, generator=torch.Generator().manual_seed(0))
+
+    def pools(x):
+        return (F.max_pool3d(x, 2, return_indices=True),
+                F.max_pool3d(x, 3, stride=2, padding=1, return_indices=True),
+                F.max_pool3d(x, 2, dilation=2, ceil_mode=True, return_indices=True),
+                F.adaptive_max_pool3d(x, (2, 4, 3), return_indices=True),
+                F.adaptive_avg_pool3d(x, (2, 4, 3)), F.adaptive_avg_pool3d(x[0], (3, 5, 2)))
+    check_on_both_paths(pools, x, rtol=1e-5, atol=1e-6)
+    check(pools, ties.float(), rtol=1e-5, atol=1e-6)  # eager's pick among equal maxima
+
+    def loss(x):
+        return (F.max_pool3d(x, 3, stride=2, padding=1).pow(2).sum()
+                + F.adaptive_max_pool3d(x, (2, 4, 3)).pow(2).sum()
+                + F.adaptive_avg_pool3d(x, (2, 4, 3)).pow(2).sum())
+    x = randn(2, 2, 5, 6, 7).requires_grad_()
+    check(lambda x: torch.autograd.grad(loss(x), x)[0], x)
+
+
+# --- average pooling -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs", [
+    dict(kernel_size=3, stride=2, padding=1, ceil_mode=True),
+    dict(kernel_size=3, stride=2, padding=1, ceil_mode=True, count_include_pad=False),
+    dict(kernel_size=2, stride=1, padding=1, count_include_pad=False),
+    dict(kernel_size=2, stride=1, padding=1, divisor_override=3),
+])
+def test_avg_pool2d_ceil_mode_and_divisors(kwargs):
+    check(lambda x: torch.nn.functional.avg_pool2d(x, **kwargs), randn(1, 2, 6, 7))
+
+
+def test_avg_pool3d_divisor_override():
+    F = torch.nn.functional
+    check(lambda x: F.avg_pool3d(x, 2, stride=1, padding=1, ceil_mode=True,
+                                 count_include_pad=False, divisor_override=2), randn(1, 2, 4, 4, 4))
+
+
+AVG_POOL_BACKWARDS = [  # (dims, kernel, stride, padding, ceil_mode, count_include_pad, divisor)
+    (2, 2, 2, 0, True, True, None),      # RT-DETR's ResNet shortcut, on an odd size
+    (2, 3, 2, 1, True, False, None), (2, 3, 2, 1, False, True, None),
+    (2, 2, 1, 1, False, False, None), (2, 3, 3, 1, True, True, 4), (2, 1, 2, 0, False, True, None),
+    (3, 2, 2, 0, True, True, None), (3, 3, 2, 1, True, False, None), (3, 2, 1, 1, False, True, 3)]
+
+
+def test_avg_pool_backward_every_divisor_rule():
+    # Unlowered: training a model with average pooling (RT-DETR's backbone) ran it in eager
+    # PyTorch, a host round trip per step. Eager's divisors: the window clipped to the padded
+    # input, or to the input (count_include_pad=False), or the override.
+    F = torch.nn.functional
+    inputs = {2: randn(2, 3, 7, 6), 3: randn(1, 2, 5, 6, 7)}
+    cases = []
+    for dims, k, s, p, ceil, include_pad, divisor in AVG_POOL_BACKWARDS:
+        pool = F.avg_pool2d if dims == 2 else F.avg_pool3d
+        out = pool(inputs[dims], k, s, p, ceil, include_pad, divisor)
+        cases.append((dims, [k] * dims, [s] * dims, [p] * dims, ceil, include_pad, divisor,
+                      randn(*out.shape, seed=len(cases))))
+
+    def backwards(x2, x3, *grads):
+        return [(aten.avg_pool2d_backward.default if dims == 2 else
+                 aten.avg_pool3d_backward.default)(g, x2 if dims == 2 else x3, *args)
+                for (dims, *args, _), g in zip(cases, grads)]
+    check_on_both_paths(backwards, inputs[2], inputs[3], *(case[-1] for case in cases),
+                        rtol=1e-5, atol=1e-6)

@@ -1,0 +1,95 @@
+"""The reduction and scan decompositions
+(torchtpu_compile/lower/decompositions/reductions_scans.py) against eager CPU PyTorch, in strict
+mode: the op must run through XLA, not fall back, and give eager's numbers (edge cases included:
+NaN, ties, -inf, 0-d inputs)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from decomposition_checks import INF, NAN, check, check_on_both_paths, randn
+
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
+
+
+# --- scans -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n", [1, 2, 7, 16])
+def test_cumsum_cumprod_logcumsumexp(n):
+    x = randn(3, n)
+    check(lambda x: torch.cumsum(x, 1), x)
+    check(lambda x: torch.cumprod(x, -1), x)
+    check(lambda x: torch.logcumsumexp(x, 1), x)
+
+
+def test_cumsum_of_integers_accumulates_in_int64():
+    x = torch.randint(0, 5, (9, 2), dtype=torch.int32)
+    check(lambda x: torch.cumsum(x, 0), x)
+    check(lambda x: torch.cumsum(x, 0, dtype=torch.float32), x)
+
+
+def test_logcumsumexp_with_minus_infinity():
+    check(lambda x: torch.logcumsumexp(x, 0), torch.tensor([-INF, -INF, 0.0, -INF, 3.0]))
+
+
+def test_cummax_cummin_ties_and_nan():
+    check(lambda x: torch.cummax(x, 1), torch.tensor([[1.0, 3, 3, NAN, 2, 5, NAN, 1]]))
+    check(lambda x: torch.cummin(x, 0), torch.randint(0, 3, (9, 3)).float())
+    check(lambda x: torch.cummax(x, 0), torch.randint(-5, 5, (6,)))
+
+
+# --- histograms (and pdist, as_strided_copy) -------------------------------------------------
+
+def test_pdist_histogram_and_as_strided_copy():
+    x = randn(7, 4)
+    x[3] = x[1]  # a zero distance
+    check_on_both_paths(lambda x: tuple(torch.nn.functional.pdist(x, p)
+                                        for p in (0.0, 0.5, 1.0, 2.0, 3.0, INF)), x,
+                        rtol=1e-5, atol=1e-6)
+    data = torch.cat([randn(200) * 3, torch.tensor([-2.0, 2.0, 0.0, 2.5, -2.5])])  # on edges
+    weights = randn(205, seed=1).abs()
+    edges = torch.tensor([-3.0, -1.0, 0.0, 0.5, 4.0])
+    check_on_both_paths(lambda d, w, e: (
+        torch.histogram(d, bins=10), torch.histogram(d, bins=8, range=(-2.0, 2.0)),
+        torch.histogram(d, bins=5, weight=w, density=True), torch.histogram(d, bins=e),
+        torch.histogram(d[:3] * 0 + 1.5, bins=4), torch.histogram(d, bins=e, weight=w)),
+        data, weights, edges, rtol=1e-5, atol=1e-6)
+    check(lambda x: torch.as_strided_copy(x, (3, 2), (1, 3), 2), randn(12))
+
+
+def test_histc_fixed_and_data_range():
+    check(lambda x: torch.histc(x, 4, 0, 3), torch.tensor([0.0, 1, 1, 3, 2, 2, 2, 3.5, -1, NAN]))
+    check(lambda x: torch.histc(x, 10), randn(100))
+    check(lambda x: torch.histc(x, 3), torch.full((4,), 2.0))
+
+
+# --- reductions of 0-d tensors (torch-mlir crashed the process on several) -------------------
+
+ZERO_DIM_REDUCTIONS = {
+    "sum_keepdim": lambda x: torch.sum(x, 0, keepdim=True),
+    "sum_dtype": lambda x: torch.sum(x, [0], dtype=torch.float64),
+    "mean_keepdim": lambda x: torch.mean(x, 0, keepdim=True),
+    "amax_keepdim": lambda x: torch.amax(x, 0, keepdim=True),
+    "amin_keepdim": lambda x: torch.amin(x, -1, keepdim=True),
+    "aminmax_keepdim": lambda x: torch.aminmax(x, dim=0, keepdim=True),
+    "logsumexp": lambda x: torch.logsumexp(x, 0),
+    "var": lambda x: torch.var(x, 0),
+    "std": lambda x: torch.std(x, 0, correction=0),
+    "var_mean": lambda x: torch.var_mean(x, 0, correction=0),
+    "softmax": lambda x: torch.softmax(x, 0),
+    "log_softmax": lambda x: torch.log_softmax(x, -1),
+    "prod": lambda x: torch.prod(x, 0),
+    "argmax": lambda x: torch.argmax(x, 0),
+    "any": lambda x: torch.any(x > 0, 0),
+    "max_dim": lambda x: torch.max(x, 0),
+    "vector_norm": lambda x: torch.linalg.vector_norm(x, 2, 0),
+}
+
+
+@pytest.mark.parametrize("name", list(ZERO_DIM_REDUCTIONS))
+def test_reduction_of_a_0d_tensor(name):
+    check(ZERO_DIM_REDUCTIONS[name], torch.tensor(1.5))
+
+
+def test_reductions_of_nd_tensors_keep_their_lowering():
+    check(lambda x: (torch.logsumexp(x, 1), torch.var(x, 0), torch.softmax(x, -1)), randn(4, 5))

@@ -1,0 +1,72 @@
+"""The resampling decompositions (torchtpu_compile/lower/decompositions/resampling.py) against
+eager CPU PyTorch, in strict mode: the op must run through XLA, not fall back, and give eager's
+numbers (borders, pixel centres, scales)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from decomposition_checks import aten, check, check_on_both_paths, randn
+from helpers import configured
+
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
+
+
+# --- upsampling ------------------------------------------------------------------------------
+
+def test_upsample_output_size_overloads():
+    # The eager tpu device meets these overloads (interpolate's .vec is resolved before
+    # dispatch); they fell back to the host there. Strict: a fallback is an error.
+    aten = torch.ops.aten
+    x, v = randn(2, 3, 4, 5), randn(1, 2, 3, 4, 5)
+    check(lambda x, v: [out for corners in (False, True) for out in (
+        aten.upsample_bilinear2d.default(x, [7, 9], corners),
+        aten.upsample_bicubic2d.default(x, [7, 9], corners, 1.5, None),
+        aten.upsample_trilinear3d.default(v, [4, 5, 7], corners))], x, v)
+    with configured(strict=True, matmul_precision="highest"):
+        actual = torch.nn.functional.interpolate(x.to("tpu"), (7, 9), mode="bicubic").cpu()
+    torch.testing.assert_close(actual, torch.nn.functional.interpolate(x, (7, 9), mode="bicubic"),
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_nearest_upsampling_backward_with_and_without_scales():
+    # Unlowered with scales: every nearest interpolation's backward on the eager device (RT-DETR's
+    # FPN) ran on the host. Eager's source positions: float32 arithmetic, 1 / the scale given
+    # (else in / out), in == out and out == 2 in as shortcuts (not for the exact variant).
+    cases = [(3, 7, 2.5), (3, 7, None), (4, 8, 2.0), (5, 3, 0.6), (7, 7, 1.3), (3, 10, 3.3)]
+    grads, calls = [], []
+    for exact in (False, True):
+        for dims in (1, 2, 3):
+            name = ("_upsample_nearest_exact%dd_backward" if exact else
+                    "upsample_nearest%dd_backward") % dims
+            for n_in, n_out, scale in cases:
+                out_size = [n_out + d for d in range(dims)]
+                in_size = [2, 3] + [n_in + d for d in range(dims)]
+                calls.append((getattr(aten, name).default, out_size, in_size, [scale] * dims))
+                grads.append(randn(2, 3, *out_size, seed=len(grads)))
+
+    def backwards(*grads):
+        return [op(g, out_size, in_size, *scales)
+                for (op, out_size, in_size, scales), g in zip(calls, grads)]
+    check_on_both_paths(backwards, *grads, rtol=1e-5, atol=1e-5)
+
+
+# --- grid sampling ---------------------------------------------------------------------------
+
+def test_grid_sampler_backward_every_mode_at_borders_and_pixel_centres():
+    # Unlowered: training deformable attention (RT-DETR, Deformable DETR: grid_sample,
+    # bilinear, zeros) ran it in eager PyTorch, a host round trip per layer and step. The
+    # grid hits borders, pixel centres and edges of both conventions, and lies outside.
+    x = randn(2, 3, 5, 7)
+    marks = torch.tensor([-1.0, 1, 0, -1.5, 1.5, -1 + 1 / 7, 1 - 1 / 7, -1 + 2 / 7, 3, -3.2, 2])
+    special = torch.stack(torch.meshgrid(marks, marks, indexing="xy"), -1)
+    grid = torch.cat([special.expand(2, -1, -1, -1), randn(2, 11, 4, 2) * 1.5], 2)
+    grad = randn(2, 3, 11, 15, seed=1)
+
+    def backwards(grad, x, grid):
+        out = [aten.grid_sampler_2d_backward.default(grad, x, grid, mode, padding, align,
+                                                     [True, True])
+               for mode in (0, 1) for padding in (0, 1, 2) for align in (False, True)]
+        return out + [aten.grid_sampler_2d_backward.default(grad, x, grid, 0, 0, False,
+                                                            [False, True])[1]]
+    check_on_both_paths(backwards, grad, x, grid, rtol=1e-5, atol=1e-5)

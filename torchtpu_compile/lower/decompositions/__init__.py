@@ -1,0 +1,124 @@
+"""Decompositions applied while aot_autograd traces: torch-mlir's table plus our own.
+
+Ours are registered one per op with ``@decomposition(op)`` and win over torch-mlir's. Checks
+registered with ``@checked_first(op)`` see an op's arguments before whichever decomposition it
+has (or none): the place for eager's argument errors and edge values. An op has at most one of
+each: a second registration raises ``DuplicateRegistration`` (registry.py).
+
+One module per family of ops, as JAX's lax files:
+
+    elementwise       remainder, floor division, fmax/fmin, clamp, hypot, angle, nextafter,
+                      frexp, dropout
+    reductions_scans  reductions of 0-d tensors, cumsum/cumprod/logcumsumexp/cummax/cummin,
+                      histc, histogram
+    sorting           stable sort, topk, kthvalue, median, nanmedian, mode, searchsorted
+    indexing_scatter  index, index_put, take, put, scatter_reduce, scatter with a reduce,
+                      index_reduce, segment_reduce
+    views             copies of views, as_strided(_scatter), diagonal(_scatter), unfold, roll
+    pooling           max and average pools (ceil mode, divisors, 3-D, adaptive), backwards
+    resampling        upsampling (output-size overloads, nearest's backward), grid sampler's
+                      backward
+    convolution       transposed convolutions, convolution_backward
+    normalization     batch norm (inference, with update), weight norm's backward
+    special           lgamma, digamma, polygamma, zeta, igamma(c), erfc, erfinv, ndtri, erfcx,
+                      log_ndtr
+    bessel            i0, i1 (scaled or not), J, Y, K (scaled or not), spherical j0
+    polynomials       Chebyshev (shifted or not), Hermite, Laguerre, Legendre
+    linalg            addmv, grouped matmuls, Cholesky/LU/QR/SVD and their solves,
+                      cdist/pdist/dist
+    fft_complex       FFTs, conj, view_as_real/view_as_complex, complex, polar
+    foreach           _foreach_* ops, one plain op per list element
+    checks            (``@checked_first``) reductions over no elements: eager's error or value
+
+Helpers shared between families: common.py (the dtypes a decomposition computes in) and
+jax_functions.py (decompositions written as JAX functions: linalg, fft_complex, special's
+incomplete gammas, polynomials).
+
+Example::
+
+    table = decomposition_table()
+    aten.topk.default in table, aten.topk.default in decomposition_table(ours=False)
+    # True, False
+"""
+from __future__ import annotations
+
+import torch
+
+from .registry import (CHECKS, OURS, DuplicateRegistration, Registry, checked_first,
+                       decomposition, torch_mlir_table)
+
+__all__ = ["CHECKS", "OURS", "DuplicateRegistration", "Registry", "checked_first",
+           "decomposition", "decomposition_table", "our_ops", "torch_mlir_table"]
+
+aten = torch.ops.aten
+
+
+def _checked(check, decompose):
+    def run(*args, **kwargs):
+        result = check(*args, **kwargs)
+        if result is not None:
+            return result
+        return NotImplemented if decompose is None else decompose(*args, **kwargs)
+    run.__name__ = f"checked_{getattr(decompose, '__name__', 'op')}"
+    return run
+
+
+def decomposition_table(ours: bool = True) -> dict:
+    """The table given to aot_autograd: torch-mlir's, ours winning.
+
+    With ``ours=False``, torch-mlir's without the ops we decompose: they stay whole, for
+    ``numerics.locate`` to check each of our decompositions against eager's op.
+
+    Example::
+
+        table = decomposition_table()
+        aten.topk.default in table, aten.topk.default in decomposition_table(ours=False)
+        # True, False
+    """
+    mine = _our_table()
+    if not ours:
+        return {op: fn for op, fn in torch_mlir_table().items() if op not in mine}
+    from ..index_checks import with_index_checks
+    table = {**torch_mlir_table(), **mine}
+    for op, check in CHECKS.items():
+        table[op] = _checked(check, table.get(op))
+    # Last: indexing ops mark their indices, then decompose as above (index_checks.py).
+    return with_index_checks(table)
+
+
+def _register_families() -> None:
+    # Each family module registers its decompositions (and checks) when imported: here, on
+    # first use, not when this package is imported (the backend and numerics import it early).
+    from . import (bessel, checks, convolution, elementwise, fft_complex,  # noqa: F401
+                   foreach, indexing_scatter, linalg, normalization, polynomials, pooling,
+                   reductions_scans, resampling, sorting, special, views)
+
+
+def _our_table() -> dict:
+    _register_families()
+    table = {}
+    for op, fn in OURS.items():
+        if isinstance(op, str):
+            op = _custom_op(op)
+            if op is None:  # its library is not loaded: nothing can call it
+                continue
+        table[op] = fn
+    return table
+
+
+def our_ops() -> frozenset:
+    """The ops we decompose (``@decomposition``), those of libraries not loaded left out.
+
+    Example::
+
+        aten.topk.default in our_ops()   # True
+    """
+    return frozenset(_our_table())
+
+
+def _custom_op(qualified_name: str):
+    namespace, name = qualified_name.split("::")
+    try:
+        return getattr(getattr(torch.ops, namespace), name).default
+    except (AttributeError, RuntimeError):
+        return None

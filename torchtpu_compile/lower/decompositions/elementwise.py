@@ -1,0 +1,203 @@
+"""Elementwise decompositions: arithmetic torch-mlir lowers wrongly (remainder's sign, integer
+floor division in float64, fmax/fmin and clamp's bounds without broadcasting), floats read bit
+by bit (nextafter, frexp), short formulas (hypot, angle) and dropout's random mask.
+
+Example::
+
+    table = decomposition_table()
+    table[torch.ops.aten.remainder.Tensor](torch.tensor([-3.0]), torch.tensor([2.0]))  # [1.]
+"""
+from __future__ import annotations
+
+import torch
+
+from .registry import decomposition
+
+aten = torch.ops.aten
+
+
+# --- arithmetic ------------------------------------------------------------------------------
+
+def _as_tensor(value, like):
+    """A Python scalar as a 0-d tensor of the promoted dtype: torch-mlir cannot legalize the
+    ``torch.constant.float`` that scalar overloads such as ``fmod.Scalar`` leave behind."""
+    if isinstance(value, torch.Tensor):
+        return value
+    return torch.scalar_tensor(value, dtype=torch.result_type(like, value))
+
+
+@decomposition(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)
+def remainder(a, b):
+    # torch-mlir's lowering gives the C remainder (sign of the dividend) for floats; Python's
+    # takes the divisor's sign. From fmod, as the CPU kernel does, to keep its rounding.
+    a, b = _as_tensor(a, b), _as_tensor(b, a)
+    mod = torch.fmod(a, b)
+    # logical_xor, not !=: torch-mlir compares booleans as signed, which XLA rejects.
+    wrong_sign = (mod != 0) & torch.logical_xor(mod < 0, b < 0)
+    return torch.where(wrong_sign, mod + b, mod)
+
+
+@decomposition(aten.fmod.Scalar)
+def fmod_scalar(a, b):
+    return torch.fmod(a, _as_tensor(b, a))
+
+
+def _is_integer(dtype: torch.dtype) -> bool:
+    return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+
+
+@decomposition(aten.div.Tensor_mode, aten.div.Scalar_mode)
+def div_mode(a, b, *, rounding_mode=None):
+    # torch-mlir floors integer quotients in float64: int64 beyond 2**53 loses its low digits
+    # (and TPUs have no float64). Integers are floored exactly here; floats stay torch-mlir's.
+    if rounding_mode != "floor" or not _is_integer(torch.result_type(a, b)):
+        return NotImplemented
+    return _floor_divide_integers(_as_tensor(a, b), _as_tensor(b, a))
+
+
+@decomposition(aten.floor_divide.default, aten.floor_divide.Scalar)
+def floor_divide(a, b):
+    return torch.div(a, b, rounding_mode="floor")
+
+
+def _floor_divide_integers(a, b):
+    """a // b in integer arithmetic, as the CPU kernel computes it: the truncated quotient,
+    one less where the remainder is nonzero and its sign differs from the divisor's
+    (tests/decompositions/test_elementwise.py).
+
+    Division by zero is not caught: XLA has no way to raise from inside a program.
+    """
+    quotient = torch.div(a, b, rounding_mode="trunc")
+    rest = a - quotient * b
+    # logical_xor, not !=: see remainder.
+    rounds_down = (rest != 0) & torch.logical_xor(rest < 0, b < 0)
+    return quotient - rounds_down.to(quotient.dtype)
+
+
+def _promoted(a, b):
+    dtype = torch.result_type(a, b)
+    return a.to(dtype), b.to(dtype)
+
+
+@decomposition(aten.fmax.default)
+def fmax(a, b):
+    # torch-mlir's lowering builds a comparison of the unbroadcast shapes and fails to verify.
+    a, b = _promoted(a, b)
+    if not a.is_floating_point():
+        return torch.maximum(a, b)
+    return torch.where(b.isnan(), a, torch.where(a.isnan(), b, torch.maximum(a, b)))
+
+
+@decomposition(aten.fmin.default)
+def fmin(a, b):
+    a, b = _promoted(a, b)
+    if not a.is_floating_point():
+        return torch.minimum(a, b)
+    return torch.where(b.isnan(), a, torch.where(a.isnan(), b, torch.minimum(a, b)))
+
+
+@decomposition(aten.clamp.Tensor)
+def clamp_tensor(x, min=None, max=None):
+    # torch-mlir's clamp.Tensor does not broadcast its bounds (a [5, 1] bound on [5, 5] fails).
+    dtype = torch.result_type(x, min if min is not None else max)
+    if min is not None and max is not None:
+        dtype = torch.promote_types(dtype, torch.result_type(x, max))
+    out = x.to(dtype)
+    if min is not None:
+        out = torch.maximum(out, min.to(dtype))
+    if max is not None:
+        out = torch.minimum(out, max.to(dtype))
+    return out
+
+
+@decomposition(aten.hypot.default)
+def hypot(a, b):
+    a, b = _promoted(a, b)
+    return torch.sqrt(a * a + b * b)
+
+
+@decomposition(aten.angle.default)
+def angle(x):
+    # Real inputs only (complex ones do not reach XLA from us): pi below zero, else 0; NaN stays.
+    if x.is_complex():
+        return NotImplemented
+    x = x if x.is_floating_point() else x.to(torch.get_default_dtype())
+    return torch.where(x < 0, torch.pi, 0.0).to(x.dtype) + x * 0
+
+
+# --- floats bit by bit -----------------------------------------------------------------------
+
+_SAME_WIDTH_INT = {torch.float32: torch.int32, torch.float64: torch.int64,
+                   torch.bfloat16: torch.int16, torch.float16: torch.int16}
+
+
+@decomposition(aten.nextafter.default)
+def nextafter(x, y):
+    # Unlowered. One step of the bit pattern read as a signed integer: +1 moves away from zero
+    # for either sign, so up when y lies beyond x on x's side of zero; from zero, the smallest
+    # subnormal toward y (made by a bitcast: XLA flushes subnormal arithmetic).
+    x, y = _promoted(x, y)
+    int_dtype = _SAME_WIDTH_INT.get(x.dtype)
+    if int_dtype is None:
+        return NotImplemented
+    bits = x.view(int_dtype)
+    step = torch.where((y > x) == (x > 0), 1, -1).to(int_dtype)
+    stepped = (bits + step).view(x.dtype)
+    smallest = torch.iinfo(int_dtype).min + 1
+    tiny = torch.where(y > 0, torch.ones_like(bits), torch.full_like(bits, smallest))
+    out = torch.where(x == 0, tiny.view(x.dtype), stepped)
+    out = torch.where(x == y, y, out)
+    return torch.where(x.isnan() | y.isnan(), float("nan"), out)
+
+
+#: (mantissa bits, exponent bias) of the float dtypes frexp reads bit by bit.
+_FLOAT_LAYOUT = {torch.float32: (23, 127), torch.float64: (52, 1023),
+                 torch.bfloat16: (7, 127), torch.float16: (10, 15)}
+
+
+@decomposition(aten.frexp.Tensor)
+def frexp(x):
+    # Unlowered. From the bit pattern: the exponent field, and the mantissa given the exponent
+    # of 1/2. A subnormal is its integer mantissa times 2^(1 - bias - mantissa bits): that
+    # integer converted to float (exact, no subnormal arithmetic, which XLA flushes) is normal.
+    layout = _FLOAT_LAYOUT.get(x.dtype)
+    if layout is None:
+        return NotImplemented
+    mantissa_bits, bias = layout
+    int_dtype = _SAME_WIDTH_INT[x.dtype]
+    exponent_mask = (2 * bias + 1) << mantissa_bits
+
+    def exponent_field(bits):  # no shifts in torch-mlir: the masked field divided exactly
+        return torch.div(torch.bitwise_and(bits, exponent_mask), 1 << mantissa_bits,
+                         rounding_mode="floor")
+    bits = x.view(int_dtype)
+    field = exponent_field(bits)
+    fraction = torch.bitwise_and(bits, (1 << mantissa_bits) - 1)
+    subnormal = (field == 0) & (fraction != 0)
+    scaled_bits = torch.where(subnormal, fraction, torch.ones_like(fraction)).to(x.dtype) \
+        .view(int_dtype)
+    exponent = torch.where(subnormal, exponent_field(scaled_bits) - 2 * bias - mantissa_bits + 2,
+                           field - bias + 1)
+    source = torch.where(subnormal, scaled_bits, bits)
+    # The exponent of 1/2 into the cleared field (an add: torch-mlir has no bitwise_or.Scalar).
+    mantissa = (torch.bitwise_and(source, ~exponent_mask) + ((bias - 1) << mantissa_bits)) \
+        .view(x.dtype)
+    # The sign from the sign bit: XLA reads a subnormal x as zero, so x < 0 is false.
+    mantissa = torch.where(subnormal & (bits < 0), -mantissa, mantissa)
+    special = (field == 2 * bias + 1) | ((field == 0) & (fraction == 0))   # inf, NaN, +-0
+    return (torch.where(special, x, mantissa),
+            torch.where(special, 0, exponent).to(torch.int32))
+
+
+# --- random masks ----------------------------------------------------------------------------
+
+@decomposition(aten.native_dropout.default)
+def native_dropout(input, p, train):
+    # torch-mlir's table keeps native_dropout, a random op fed by a graph value. Written with
+    # rand_like, the mask is drawn on the host from torch's generator (see calling_convention).
+    if not train or p == 0:
+        return input.clone(), torch.ones_like(input, dtype=torch.bool)
+    if p == 1:
+        return torch.zeros_like(input), torch.zeros_like(input, dtype=torch.bool)
+    keep = torch.rand_like(input) < (1 - p)
+    return input * keep * (1.0 / (1 - p)), keep

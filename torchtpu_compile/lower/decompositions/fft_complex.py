@@ -1,0 +1,145 @@
+"""FFTs and complex values as JAX functions (jax_functions.py): torch-mlir lowers no FFT and no
+arithmetic on complex tensors; JAX's stablehlo.fft and complex ops are spliced in.
+
+Example::
+
+    table = decomposition_table()
+    table[torch.ops.aten._fft_r2c.default](torch.ones(4), [0], 0, True)   # [4, 0, 0]
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .jax_functions import builds, jax_function
+from .registry import decomposition
+
+aten = torch.ops.aten
+
+
+# --- FFT -------------------------------------------------------------------------------------
+# ATen passes the normalization resolved: 0 none, 1 by 1/sqrt(n), 2 by 1/n, n the signal size.
+# It is applied inside the JAX function: torch-mlir lowers no arithmetic on complex tensors.
+
+
+def _scaled(out, mode: int, n: int):
+    if mode == 1:
+        return out * (1 / math.sqrt(n))
+    if mode == 2:
+        return out * (1 / n)
+    return out
+
+
+def _size(shape, dims) -> int:
+    return math.prod(shape[d] for d in dims)
+
+
+def _fft_dims(x, dim) -> tuple:
+    return tuple(d % x.dim() for d in dim)
+
+
+@builds("fft_c2c")
+def _fft_c2c_fn(dims, mode, forward):
+    import jax.numpy as jnp
+    if forward:
+        return lambda x: _scaled(jnp.fft.fftn(x, axes=dims), mode, _size(x.shape, dims))
+    return lambda x: _scaled(jnp.fft.ifftn(x, axes=dims) * _size(x.shape, dims), mode,
+                             _size(x.shape, dims))
+
+
+@builds("fft_r2c")
+def _fft_r2c_fn(dims, mode, onesided):
+    import jax.numpy as jnp
+    if onesided:
+        return lambda x: _scaled(jnp.fft.rfftn(x, axes=dims), mode, _size(x.shape, dims))
+    return lambda x: _scaled(jnp.fft.fftn(x.astype(jnp.complex64), axes=dims), mode,
+                             _size(x.shape, dims))
+
+
+@builds("fft_c2r")
+def _fft_c2r_fn(dims, mode, sizes):
+    import jax.numpy as jnp
+    return lambda x: _scaled(jnp.fft.irfftn(x, s=sizes, axes=dims) * math.prod(sizes), mode,
+                             math.prod(sizes))
+
+
+@decomposition(aten._fft_c2c.default)
+def fft_c2c(x, dim, normalization, forward):
+    if x.dtype != torch.complex64:
+        return NotImplemented
+    return jax_function("fft_c2c", _fft_dims(x, dim), normalization, bool(forward))(x)
+
+
+@decomposition(aten._fft_r2c.default)
+def fft_r2c(x, dim, normalization, onesided):
+    if x.dtype != torch.float32:
+        return NotImplemented
+    return jax_function("fft_r2c", _fft_dims(x, dim), normalization, bool(onesided))(x)
+
+
+@decomposition(aten._fft_c2r.default)
+def fft_c2r(x, dim, normalization, last_dim_size):
+    if x.dtype != torch.complex64:
+        return NotImplemented
+    dims = _fft_dims(x, dim)
+    sizes = tuple(x.shape[d] for d in dims[:-1]) + (int(last_dim_size),)
+    return jax_function("fft_c2r", dims, normalization, sizes)(x)
+
+
+# --- complex values --------------------------------------------------------------------------
+
+@builds("conj")
+def _conj_fn():
+    import jax.numpy as jnp
+    return jnp.conj
+
+
+@builds("view_as_real")
+def _view_as_real_fn():
+    import jax.numpy as jnp
+    return lambda z: jnp.stack([jnp.real(z), jnp.imag(z)], axis=-1)
+
+
+@builds("complex")
+def _complex_fn():
+    import jax
+    return jax.lax.complex
+
+
+@decomposition(aten._conj.default, aten._conj_physical.default, aten.conj_physical.default)
+def conj(x):
+    # The conjugate view of a complex tensor, as a value (a functional graph has no views).
+    if x.dtype != torch.complex64:
+        return NotImplemented if x.is_complex() else x
+    return jax_function("conj")(x)
+
+
+@decomposition(aten.view_as_real.default)
+def view_as_real(z):
+    if z.dtype != torch.complex64:
+        return NotImplemented
+    return jax_function("view_as_real")(z)
+
+
+@decomposition(aten.view_as_complex.default)
+def view_as_complex(x):
+    if x.dtype != torch.float32:
+        return NotImplemented
+    return jax_function("complex")(x[..., 0].contiguous(), x[..., 1].contiguous())
+
+
+@decomposition(aten.complex.default)
+def complex_(real, imag):
+    if real.dtype != torch.float32 or imag.dtype != torch.float32:
+        return NotImplemented
+    real, imag = torch.broadcast_tensors(real, imag)
+    return jax_function("complex")(real.contiguous(), imag.contiguous())
+
+
+@decomposition(aten.polar.default)
+def polar(magnitude, angle):
+    # torch-mlir's polar does not broadcast its operands.
+    if magnitude.dtype != torch.float32 or angle.dtype != torch.float32:
+        return NotImplemented
+    return complex_(magnitude * torch.cos(angle), magnitude * torch.sin(angle))

@@ -1,0 +1,260 @@
+"""Indexing and scatter: negative indices wrapped (torch-mlir's gather reads them as they are),
+take and put as flat index_select and index_put, index_put as one scatter of rows, and the
+scatter reductions torch-mlir leaves unlowered (scatter_reduce, scatter with a reduce,
+index_reduce, segment_reduce).
+
+Example::
+
+    table = decomposition_table()
+    table[torch.ops.aten.take.default](torch.arange(4.0), torch.tensor([-1]))   # [3.]
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from .registry import decomposition
+
+aten = torch.ops.aten
+
+
+#: Set while a decomposition that only rewrites its indices calls its own op again.
+_wrapping = threading.local()
+
+
+# --- indexing --------------------------------------------------------------------------------
+
+@decomposition(aten.index.Tensor)
+def index(x, indices):
+    # torch-mlir's gather does not wrap negative indices: x[..., [-2], :] (Falcon's fused QKV
+    # split) read the wrong elements, silently. Wrap them, then index as usual; the flag lets
+    # that inner call through to the op itself.
+    if getattr(_wrapping, "active", False):
+        return NotImplemented
+    _wrapping.active = True
+    try:
+        return aten.index.Tensor(x, _wrap_negative(x, indices))
+    finally:
+        _wrapping.active = False
+
+
+def _wrap_negative(x, indices) -> list:
+    """Integer ``indices`` (of aten.index / index_put) with negative entries counted from
+    the end of their dim; None gaps and boolean masks kept."""
+    wrapped, dim = [], 0
+    for i in indices:
+        if i is not None and i.dtype in (torch.bool, torch.uint8):
+            dim += i.dim()  # a mask spans as many dims as it has
+        else:
+            if i is not None:
+                i = torch.where(i < 0, i + x.shape[dim], i)
+            dim += 1
+        wrapped.append(i)
+    return wrapped
+
+
+@decomposition(aten.index_put.default)
+def index_put(x, indices, values, accumulate=False):
+    # torch-mlir leaves a torch.constant.int behind (x[idx] = v with a 1-d index). With integer
+    # indices on the leading dims: one linear index into the flattened leading dims, then a
+    # scatter (or scatter-add) of rows. Otherwise (None gaps, boolean masks) the op stays, its
+    # negative indices wrapped first, as for index (backward of x[..., [-2], :]).
+    if len(indices) == 1 and indices[0] is not None and indices[0].dtype == torch.bool:
+        # x[mask] = v with v the same for every selected element (it broadcasts over the dims
+        # the mask leaves): a select, no data-dependent shapes.
+        mask = indices[0]
+        rest = x.dim() - mask.dim()
+        if values.dim() <= rest:
+            mask = mask.view(list(mask.shape) + [1] * rest)
+            values = values.to(x.dtype)
+            if accumulate:
+                return x + torch.where(mask, values, torch.zeros_like(x))
+            return torch.where(mask, values, x)
+    if any(i is None for i in indices) or any(i.dtype == torch.bool for i in indices):
+        if getattr(_wrapping, "active", False):
+            return NotImplemented
+        _wrapping.active = True
+        try:
+            return aten.index_put.default(x, _wrap_negative(x, indices), values, accumulate)
+        finally:
+            _wrapping.active = False
+    k = len(indices)
+    lead, rest = list(x.shape[:k]), list(x.shape[k:])
+    index = torch.broadcast_tensors(*indices)
+    linear = torch.zeros(index[0].shape, dtype=torch.int64)
+    for i, size in zip(index, lead):
+        linear = linear * size + torch.where(i < 0, i + size, i)
+    rows = linear.reshape(-1)
+    count = 1
+    for size in lead:
+        count *= size
+    flat = x.reshape([count] + rest)
+    vals = values.to(x.dtype).expand(list(linear.shape) + rest).reshape([rows.shape[0]] + rest)
+    where = rows.view([-1] + [1] * len(rest)).expand(vals.shape)
+    if accumulate:
+        flat = flat.scatter_add(0, where, vals)
+    else:
+        flat = flat.scatter(0, where, vals)
+    return flat.reshape(x.shape)
+
+
+@decomposition(aten.take.default)
+def take(x, index):
+    # torch-mlir's take does not wrap negative indices (they count from the end in eager), and
+    # indexing with ``index`` itself made tracing a 0-dim index on the eager device ask for a
+    # data-dependent size. A flat index_select of any rank, negative indices wrapped.
+    flat = index.reshape(-1)
+    flat = torch.where(flat < 0, flat + x.numel(), flat)
+    return x.reshape(-1).index_select(0, flat).reshape(index.shape)
+
+
+@decomposition(aten.put.default)
+def put(x, index, source, accumulate=False):
+    # Unlowered; take's inverse: a flat index_put, negative indices counted from the end.
+    flat = index.reshape(-1)
+    flat = torch.where(flat < 0, flat + x.numel(), flat)
+    return x.reshape(-1).index_put((flat,), source.reshape(-1), accumulate).reshape(x.shape)
+
+
+# --- scatter reductions ----------------------------------------------------------------------
+
+#: Largest (source elements x target elements) comparison a dense scatter_reduce may build.
+_DENSE_SCATTER_LIMIT = 1 << 22
+
+
+@decomposition(aten.scatter_reduce.two)
+def scatter_reduce(self, dim, index, src, reduce, include_self=True):
+    # torch-mlir leaves it unlowered. Each source element goes to a flat position of self; sum
+    # and mean are accumulating scatters (index_put), which scale. amax, amin and prod have no
+    # accumulating scatter to lower to: every source element is compared with every target
+    # position, a dense (K x N) table bounded by _DENSE_SCATTER_LIMIT (beyond it: the host).
+    if self.dtype == torch.bool:
+        return NotImplemented
+    if self.dim() == 0:  # a 0-dim self is one slot of a 1-element dim
+        return scatter_reduce(self.reshape(1), 0, index.reshape(-1), src.reshape(-1), reduce,
+                              include_self).reshape(())
+    dim = dim % self.dim()
+    src = src[tuple(slice(0, n) for n in index.shape)]  # src may be larger than index
+    if index.numel() == 0:
+        return self.clone()
+    flat = _flat_positions(self.shape, dim, index)
+    values = src.reshape(-1)
+    n = self.numel()
+    target = self.reshape(-1)
+    count = torch.zeros(n, dtype=torch.int64).index_put((flat,), torch.ones_like(flat), True)
+    hit = count > 0
+    if reduce in ("sum", "mean"):
+        total = torch.zeros_like(target).index_put((flat,), values, True)
+        if include_self:
+            total, count = total + target, count + 1
+        if reduce == "mean":
+            divisor = count.clamp(min=1).to(total.dtype)
+            total = total / divisor if total.is_floating_point() else \
+                torch.div(total, divisor, rounding_mode="floor")
+        return torch.where(hit, total, target).reshape(self.shape)
+    if flat.numel() * n > _DENSE_SCATTER_LIMIT:
+        return NotImplemented
+    mask = flat[:, None] == torch.arange(n)[None, :]
+    column = values[:, None]
+    if reduce == "prod":
+        out = torch.where(mask, column, torch.ones_like(column)).prod(0)
+        out = out * target if include_self else out
+    else:
+        info = torch.finfo if self.is_floating_point() else torch.iinfo
+        fill = info(self.dtype).min if reduce == "amax" else info(self.dtype).max
+        if self.is_floating_point():
+            fill = float("-inf") if reduce == "amax" else float("inf")
+        filled = torch.where(mask, column, torch.full_like(column, fill))
+        out = filled.amax(0) if reduce == "amax" else filled.amin(0)
+        if include_self:
+            out = torch.maximum(out, target) if reduce == "amax" else torch.minimum(out, target)
+    return torch.where(hit, out.to(self.dtype), target).reshape(self.shape)
+
+
+_SEGMENT_SCATTER = {"sum": "sum", "mean": "sum", "max": "amax", "min": "amin", "prod": "prod"}
+
+
+@decomposition(aten.segment_reduce.default)
+def segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, axis=0,
+                   unsafe=False, initial=None):
+    # Unlowered. Each position along ``axis`` belongs to the segment whose end is the first
+    # past it; a scatter_reduce into the segments, then eager's values for empty segments
+    # (sum 0, prod 1, mean NaN, max -inf, min inf) or ``initial``, which also joins every
+    # segment's reduction.
+    if indices is not None or reduce not in _SEGMENT_SCATTER:
+        return NotImplemented
+    axis = axis % data.dim()
+    if lengths is None:
+        count = offsets.narrow(-1, 1, offsets.shape[-1] - 1) - \
+            offsets.narrow(-1, 0, offsets.shape[-1] - 1)
+    else:
+        count = lengths
+    ends = torch.cumsum(count, -1)
+    length, segments = data.shape[axis], count.shape[-1]
+    segment = (ends.unsqueeze(-1) <= torch.arange(length)).sum(-2)     # lead + [length]
+    trailing = [1] * (data.dim() - axis - 1)
+    index = segment.reshape(list(segment.shape) + trailing).expand(data.shape)
+    out_shape = list(data.shape[:axis]) + [segments] + list(data.shape[axis + 1:])
+    out = data.new_zeros(out_shape).scatter_reduce(axis, index.clamp(max=segments - 1), data,
+                                                   _SEGMENT_SCATTER[reduce], include_self=False)
+    count = count.reshape(list(count.shape) + trailing)
+    empty = count == 0
+    if initial is not None:
+        if reduce in ("sum", "mean"):
+            out = out + initial
+        elif reduce == "prod":
+            out = out * initial
+        else:
+            limit = torch.full_like(out, initial)
+            out = torch.maximum(out, limit) if reduce == "max" else torch.minimum(out, limit)
+        if reduce == "mean":
+            out = out / count.clamp(min=1)
+        return torch.where(empty, torch.full_like(out, initial), out)
+    if reduce == "mean":
+        return out / count   # 0 / 0: NaN for an empty segment, as eager
+    fill = {"sum": 0.0, "prod": 1.0, "max": float("-inf"), "min": float("inf")}[reduce]
+    return torch.where(empty, torch.full_like(out, fill), out)
+
+
+@decomposition(aten.scatter.reduce, aten.scatter.value_reduce)
+def scatter_with_reduce(self, dim, index, src, reduce):
+    # The older spelling of scatter_reduce ("add", "multiply"), also unlowered.
+    if not isinstance(src, torch.Tensor):
+        src = torch.full(index.shape, src, dtype=self.dtype)
+    mode = {"add": "sum", "multiply": "prod"}.get(reduce)
+    if mode is None:
+        return NotImplemented
+    return scatter_reduce(self, dim, index, src, mode, True)
+
+
+@decomposition(aten.index_reduce.default)
+def index_reduce(self, dim, index, source, reduce, include_self=True):
+    # Unlowered; the same as scatter_reduce with ``index`` spread over ``source``'s other dims.
+    if self.dim() == 0:  # a 0-dim self is one slot of a 1-element dim
+        return index_reduce(self.reshape(1), 0, index.reshape(-1), source.reshape(-1), reduce,
+                            include_self).reshape(())
+    dim = dim % self.dim()
+    view = [1] * source.dim()
+    view[dim] = index.numel()
+    spread = index.to(torch.int64).reshape(view).expand(source.shape)
+    return scatter_reduce(self, dim, spread, source, reduce, include_self)
+
+
+def _flat_positions(shape, dim: int, index):
+    """The flat position in a contiguous tensor of ``shape`` of each element of ``index``
+    (scatter semantics: ``index`` gives the coordinate along ``dim``, its own position the
+    others)."""
+    strides = [1] * len(shape)
+    for d in range(len(shape) - 2, -1, -1):
+        strides[d] = strides[d + 1] * shape[d + 1]
+    flat = torch.zeros(index.shape, dtype=torch.int64)
+    for d in range(len(shape)):
+        if d == dim:
+            coord = index.to(torch.int64)
+        else:
+            view = [1] * index.dim()
+            view[d] = index.shape[d]
+            coord = torch.arange(index.shape[d]).reshape(view)
+        flat = flat + coord * strides[d]
+    return flat.reshape(-1)

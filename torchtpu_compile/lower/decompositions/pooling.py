@@ -1,0 +1,331 @@
+"""Pooling: ceil_mode, divisor_override and count_include_pad as explicit padding (torch-mlir gets
+ceil mode's last window wrong and ignores the override), 3-D max pooling with indices and the
+adaptive 3-D pools as reductions over windows one spatial dim at a time, and the backwards
+torch-mlir does not lower as scatter-adds.
+
+Example::
+
+    table = decomposition_table()
+    table[torch.ops.aten.avg_pool2d.default](x, [3, 3], [2, 2], [1, 1], True)   # ceil mode
+"""
+from __future__ import annotations
+
+import torch
+
+from .common import computing_dtype
+from .registry import decomposition
+
+aten = torch.ops.aten
+
+
+# --- windows ---------------------------------------------------------------------------------
+
+def _pool_geometry(in_sizes, kernel, stride, padding, dilation, ceil_mode):
+    """Per spatial dim (output size, extra right padding so that a floor-mode pool over the
+    padded input has that output size), with PyTorch's ceil-mode rule."""
+    out = []
+    for n, k, s, p, d in zip(in_sizes, kernel, stride, padding, dilation):
+        span = n + 2 * p - d * (k - 1) - 1
+        size = (-(-span // s) if ceil_mode else span // s) + 1
+        if ceil_mode and (size - 1) * s >= n + p:  # the last window must start inside
+            size -= 1
+        extra = max((size - 1) * s + d * (k - 1) + 1 - (n + 2 * p), 0)
+        out.append((size, extra))
+    return out
+
+
+def _expand(value, dims: int) -> list:
+    value = [value] if isinstance(value, int) else list(value)
+    return value * dims if len(value) == 1 else value
+
+
+def _flat_pad(low, high) -> list:
+    """constant_pad_nd's argument: (low, high) per spatial dim, last dim first."""
+    flat = []
+    for lo, hi in reversed(list(zip(low, high))):
+        flat += [lo, hi]
+    return flat
+
+
+def _regular_windows(n: int, size: int, kernel: int, stride: int, padding: int,
+                     dilation: int):
+    """(positions, valid) of shape (size, kernel): the input positions each output's window
+    reads along one dim; padding and ceil mode's overhang are invalid."""
+    pos = torch.arange(size)[:, None] * stride - padding + torch.arange(kernel)[None, :] * dilation
+    valid = (pos >= 0) & (pos < n)
+    return pos.clamp(0, n - 1), valid
+
+
+def _adaptive_windows(n: int, size: int):
+    """Adaptive pooling's windows along one dim: output j reads [floor(j n / size),
+    ceil((j + 1) n / size)), padded to the longest window with invalid positions."""
+    # The longest window in Python (a shape); the windows themselves from arange, as traced
+    # code must build its constants.
+    length = max(-(-(j + 1) * n // size) - j * n // size for j in range(size))
+    j = torch.arange(size)
+    pos = ((j * n) // size)[:, None] + torch.arange(length)[None, :]
+    valid = pos < (-((-(j + 1) * n) // size))[:, None]
+    return pos.clamp(max=n - 1), valid
+
+
+def _gather_windows(x, axis: int, pos, valid):
+    """``x`` with dim ``axis`` replaced by (window, position in window), and ``valid`` shaped
+    to broadcast against it."""
+    gathered = x.index_select(axis, pos.reshape(-1))
+    shape = list(x.shape)
+    shape[axis:axis + 1] = list(pos.shape)
+    return gathered.reshape(shape), _window_mask(valid, len(shape), axis)
+
+
+def _window_mask(valid, rank: int, axis: int):
+    """A (window, position) mask shaped to broadcast over a rank-``rank`` tensor whose dims
+    ``axis`` and ``axis + 1`` are window and position."""
+    shape = [1] * rank
+    shape[axis:axis + 2] = list(valid.shape)
+    return valid.reshape(shape)
+
+
+# --- max pooling -----------------------------------------------------------------------------
+
+@decomposition(aten.max_pool2d_with_indices.default)
+def max_pool2d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    # torch-mlir gets the last window of ceil_mode wrong. Pad on the right with -inf to the
+    # floor-mode size; indices come back in the unpadded input's coordinates.
+    if not ceil_mode:
+        return NotImplemented
+    dims, pool = 2, aten.max_pool2d_with_indices.default
+    kernel = _expand(kernel_size, dims)
+    stride = _expand(stride, dims) if stride else kernel
+    padding, dilation = _expand(padding, dims), _expand(dilation, dims)
+    in_sizes = list(x.shape[-dims:])
+    geometry = _pool_geometry(in_sizes, kernel, stride, padding, dilation, True)
+    extra = [e for _, e in geometry]
+    if not any(extra):
+        return pool(x, kernel, stride, padding, dilation, False)
+    flat_pad = _flat_pad([0] * dims, extra)
+    low = float("-inf") if x.is_floating_point() else torch.iinfo(x.dtype).min
+    values, indices = pool(aten.constant_pad_nd(x, flat_pad, low), kernel, stride, padding,
+                           dilation, False)
+    padded = [n + e for n, e in zip(in_sizes, extra)]
+    coords, rest = [], indices
+    for size in reversed(padded):  # unflatten in padded coordinates...
+        coords.append(rest % size)
+        rest = rest // size
+    flat = torch.zeros_like(indices)
+    for coord, size in zip(reversed(coords), in_sizes):  # ...reflatten in the input's
+        flat = flat * size + coord
+    return values, flat
+
+
+@decomposition(aten.max_pool2d_with_indices_backward.default)
+def max_pool2d_with_indices_backward(grad_out, input, kernel_size, stride, padding, dilation,
+                                     ceil_mode, indices):
+    # torch-mlir fails to legalize this op (a leftover torch.constant.int). The forward saved,
+    # per output element, the flat index of its maximum inside each (H*W) plane: the gradient
+    # is a scatter-add of grad_out to those positions (overlapping windows add up).
+    plane = input.shape[-2] * input.shape[-1]
+    lead = list(input.shape[:-2])
+    grad = grad_out.new_zeros(lead + [plane])
+    grad = grad.scatter_add(-1, indices.reshape(lead + [-1]), grad_out.reshape(lead + [-1]))
+    return grad.reshape(input.shape)
+
+
+@decomposition(aten.max_pool3d_with_indices.default)
+def max_pool3d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    # torch-mlir lowers max_pool3d but not its indices: windows reduced one dim at a time.
+    kernel = _expand(kernel_size, 3)
+    stride = _expand(stride, 3) if stride else kernel
+    padding, dilation = _expand(padding, 3), _expand(dilation, 3)
+    in_sizes = list(x.shape[-3:])
+    geometry = _pool_geometry(in_sizes, kernel, stride, padding, dilation, ceil_mode)
+    windows = [_regular_windows(n, size, k, s, p, d) for n, (size, _), k, s, p, d
+               in zip(in_sizes, geometry, kernel, stride, padding, dilation)]
+    return _separable_max(x, windows)
+
+
+@decomposition(aten.adaptive_max_pool3d.default)
+def adaptive_max_pool3d(x, output_size):
+    return _separable_max(x, [_adaptive_windows(n, out) for n, out
+                              in zip(x.shape[-3:], _expand(output_size, 3))])
+
+
+@decomposition(aten.max_pool3d_with_indices_backward.default,
+               aten.adaptive_max_pool3d_backward.default)
+def max_pool3d_backward(grad, x, *args):
+    # Unlowered. Each output's gradient goes to the input position its index names,
+    # summed where windows overlap.
+    indices = args[-1]
+    flat_grad = torch.zeros(list(x.shape[:-3]) + [x.shape[-3:].numel()], dtype=grad.dtype)
+    flat_grad = flat_grad.scatter_add(-1, indices.flatten(-3), grad.flatten(-3))
+    return flat_grad.reshape(x.shape)
+
+
+def _separable_max(x, windows: list):
+    """(max, flat input index) over box windows, one spatial dim at a time.
+
+    Reducing the last dim first and keeping, per window, the first maximum keeps eager's choice
+    among equal maxima: the first in its scan order (the lexicographically smallest position)
+    and, where a window holds NaN, the last NaN (eager's test is ``val > max || isnan(val)``).
+    """
+    dims = len(windows)
+    spatial = x.shape[-dims:]
+    flat = torch.arange(spatial.numel()).reshape(spatial).expand(x.shape)
+    low = float("-inf") if x.is_floating_point() else torch.iinfo(x.dtype).min
+    values = x
+    for i in reversed(range(dims)):  # the first dim reduced last decides first
+        pos, valid = windows[i]
+        axis = x.dim() - dims + i
+        gathered, ok = _gather_windows(values, axis, pos, valid)
+        flats, _ = _gather_windows(flat, axis, pos, valid)
+        gathered = torch.where(ok, gathered, low)
+        top = gathered.amax(axis + 1, keepdim=True)
+        nan_window = torch.isnan(top)
+        chosen = ok & ((gathered == top) | (torch.isnan(gathered) & nan_window))
+        length = pos.shape[1]
+        k = torch.arange(length).reshape([length if a == axis + 1 else 1
+                                          for a in range(gathered.dim())])
+        first = torch.where(chosen, k, length).amin(axis + 1, keepdim=True)
+        last = torch.where(chosen, k, -1).amax(axis + 1, keepdim=True)
+        pick = torch.where(nan_window, last, first)
+        values = top.squeeze(axis + 1)
+        flat = flats.gather(axis + 1, pick.expand_as(top)).squeeze(axis + 1)
+    return values, flat
+
+
+# --- average pooling -------------------------------------------------------------------------
+
+@decomposition(aten._adaptive_avg_pool3d.default)
+def adaptive_avg_pool3d(x, output_size):
+    # Unlowered. A box mean is the mean along each dim in turn (in float32 for narrower
+    # floats, as eager accumulates).
+    dims = 3
+    compute = computing_dtype(x.dtype)
+    out = x.to(compute)
+    for i, (n, size) in enumerate(zip(x.shape[-dims:], _expand(output_size, dims))):
+        axis = x.dim() - dims + i
+        pos, valid = _adaptive_windows(n, size)
+        gathered, ok = _gather_windows(out, axis, pos, valid)
+        out = torch.where(ok, gathered, 0).sum(axis + 1) / ok.sum(axis + 1)
+    return out.to(x.dtype)
+
+
+@decomposition(aten._adaptive_avg_pool3d_backward.default)
+def adaptive_avg_pool3d_backward(grad, x):
+    # The forward's per-dim means, transposed: each window's gradient, over its length,
+    # added back at the positions it read.
+    dims = 3
+    windows = [_adaptive_windows(n, size) for n, size in zip(x.shape[-dims:], grad.shape[-dims:])]
+    per_dim = [valid.sum(1) for _, valid in windows]
+    return _spread_back(grad, x.shape, windows, per_dim)
+
+
+def _spread_back(grad, in_shape, windows: list, per_dim_divisors: list):
+    """The adjoint of box means: each output's gradient, divided by its window's size (per
+    spatial dim a vector over that dim's windows, or one number), added back at the input
+    positions its window read (``windows``: (positions, valid) per dim), in float32 for the
+    narrower floats as eager accumulates."""
+    dims = len(windows)
+    compute = computing_dtype(grad.dtype)
+    out = grad.to(compute)
+    for i in reversed(range(dims)):
+        axis = len(in_shape) - dims + i
+        pos, valid = windows[i]
+        divisor = per_dim_divisors[i]
+        if isinstance(divisor, torch.Tensor):
+            shape = [1] * out.dim()
+            shape[axis] = pos.shape[0]
+            divisor = divisor.reshape(shape)
+        spread = (out / divisor).unsqueeze(axis + 1).expand(
+            list(out.shape[:axis + 1]) + [pos.shape[1]] + list(out.shape[axis + 1:]))
+        spread = torch.where(_window_mask(valid, spread.dim(), axis), spread, 0)
+        target = list(out.shape)
+        target[axis] = in_shape[axis]
+        out = torch.zeros(target, dtype=compute).index_add(
+            axis, pos.reshape(-1), spread.flatten(axis, axis + 1))
+    return out.to(grad.dtype)
+
+
+def _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override,
+              dims, pool):
+    # torch-mlir ignores divisor_override and gets ceil_mode's clipped last window wrong. A
+    # sum over zero-padded windows, divided by the window sizes PyTorch uses: counted on a
+    # ones mask (the padded region included or not), or the override.
+    kernel = _expand(kernel_size, dims)
+    stride = _expand(stride, dims) if stride else kernel
+    padding = _expand(padding, dims)
+    if not ceil_mode and divisor_override is None and (count_include_pad or not any(padding)):
+        return NotImplemented
+    in_sizes = list(x.shape[-dims:])
+    extra = [e for _, e in _pool_geometry(in_sizes, kernel, stride, padding, [1] * dims,
+                                          ceil_mode)]
+    flat_pad = _flat_pad(padding, [p + e for p, e in zip(padding, extra)])
+    window = 1
+    for k in kernel:
+        window *= k
+
+    def window_sums(t):
+        return pool(aten.constant_pad_nd(t, flat_pad, 0.0), kernel, stride, [0] * dims, False,
+                    True, None) * window
+
+    sums = window_sums(x)
+    if divisor_override is not None:
+        return sums / divisor_override
+    ones = x.new_ones([1] * (x.dim() - dims) + in_sizes)
+    if count_include_pad:  # the padding counts, the ceil-mode overhang does not
+        ones = aten.constant_pad_nd(ones, _flat_pad(padding, padding), 1.0)
+        ones = aten.constant_pad_nd(ones, _flat_pad([0] * dims, extra), 0.0)
+        counts = pool(ones, kernel, stride, [0] * dims, False, True, None) * window
+    else:
+        counts = window_sums(ones)
+    return sums / counts
+
+
+@decomposition(aten.avg_pool2d.default)
+def avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    return _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                     divisor_override, 2, aten.avg_pool2d.default)
+
+
+@decomposition(aten.avg_pool3d.default)
+def avg_pool3d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    return _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                     divisor_override, 3, aten.avg_pool3d.default)
+
+
+def _avg_pool_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                       divisor_override, dims):
+    # Unlowered (torch-mlir's avg_pool2d_backward fails for ceil_mode and count_include_pad
+    # = False, its 3-D one always). Each output's gradient over the divisor eager used, added
+    # back at the input positions its window read. Eager's divisor: the override; else the
+    # window clipped to the padded input (count_include_pad) or to the input itself.
+    kernel = _expand(kernel_size, dims)
+    stride = _expand(stride, dims) if stride else kernel
+    padding = _expand(padding, dims)
+    windows, divisors = [], []
+    for n, size, k, s, p in zip(x.shape[-dims:], grad.shape[-dims:], kernel, stride, padding):
+        pos, valid = _regular_windows(n, size, k, s, p, 1)
+        windows.append((pos, valid))
+        if divisor_override:
+            divisors.append(divisor_override if not divisors else 1)
+        elif count_include_pad:
+            start = torch.arange(size) * s - p
+            divisors.append(torch.clamp(start + k, max=n + p) - start)
+        else:
+            divisors.append(valid.sum(1))
+    return _spread_back(grad, x.shape, windows, divisors)
+
+
+@decomposition(aten.avg_pool2d_backward.default)
+def avg_pool2d_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                        divisor_override):
+    return _avg_pool_backward(grad, x, kernel_size, stride, padding, ceil_mode,
+                              count_include_pad, divisor_override, 2)
+
+
+@decomposition(aten.avg_pool3d_backward.default)
+def avg_pool3d_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                        divisor_override):
+    return _avg_pool_backward(grad, x, kernel_size, stride, padding, ceil_mode,
+                              count_include_pad, divisor_override, 3)

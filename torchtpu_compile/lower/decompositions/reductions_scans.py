@@ -1,0 +1,228 @@
+"""Reductions and scans: reductions of 0-d tensors (on which torch-mlir crashes), the cumulative
+ops (which it does not lower) as log-depth prefix combines, histograms as scatter-adds.
+
+Checks of reductions over no elements run before these: checks.py.
+
+Example::
+
+    table = decomposition_table()
+    table[torch.ops.aten.cumsum.default](torch.tensor([1, 2, 3]), 0)   # [1, 3, 6], int64
+"""
+from __future__ import annotations
+
+import torch
+
+from .registry import decomposition, torch_mlir_table
+
+aten = torch.ops.aten
+
+
+# --- reductions over 0-d tensors -------------------------------------------------------------
+
+def _over_one_element(op):
+    """The decomposition of reduction ``op``: on a 0-d input, the same op over a [1] tensor.
+
+    torch-mlir crashes the process (sum, mean, amax, amin, aminmax with keepdim; logsumexp,
+    var, std, softmax) or fails
+    (prod, argmax, any, all, max.dim, vector_norm) on a 0-d input with a ``dim``. Other inputs
+    go to torch-mlir's own decomposition of the op, if it has one.
+    """
+    names = [a.name for a in op._schema.arguments]
+    dim_at = names.index("dim")
+
+    def decompose(x, *args, **kwargs):
+        if x.dim() != 0:
+            base = torch_mlir_table().get(op)
+            return base(x, *args, **kwargs) if base is not None else NotImplemented
+        args = list(args)
+        if len(args) >= dim_at:  # args exclude x, so "dim" sits at dim_at - 1
+            dim = args[dim_at - 1]
+            args[dim_at - 1] = [0] if isinstance(dim, (list, tuple)) else (None if dim is None else 0)
+        elif "dim" in kwargs and kwargs["dim"] is not None:
+            kwargs["dim"] = [0] if isinstance(kwargs["dim"], (list, tuple)) else 0
+        out = op(x.reshape(1), *args, **kwargs)
+        if isinstance(out, (tuple, list)):
+            return tuple(o.reshape(()) for o in out)
+        return out.reshape(())
+    decompose.__name__ = f"{op.__name__.replace('.', '_')}_of_0d"
+    return decompose
+
+
+for _op in (aten.sum.dim_IntList, aten.mean.dim, aten.amax.default, aten.amin.default,
+            aten.aminmax.default, aten.logsumexp.default, aten.var.correction,
+            aten.std.correction, aten.var_mean.correction, aten.std_mean.correction,
+            aten._softmax.default, aten._log_softmax.default, aten.prod.dim_int,
+            aten.argmax.default, aten.argmin.default, aten.any.dim, aten.any.dims, aten.all.dim,
+            aten.all.dims, aten.max.dim, aten.min.dim, aten.linalg_vector_norm.default):
+    decomposition(_op)(_over_one_element(_op))
+
+
+# --- scans: a log-depth prefix combine (Hillis-Steele) of shifted copies ---------------------
+
+def _scan(values: tuple, dim: int, combine) -> tuple:
+    """Inclusive prefix ``combine`` of tensors ``values`` along ``dim`` in log2(n) steps.
+
+    ``combine(earlier, later)`` takes and returns tuples like ``values``; it must be
+    associative. Positions with no element ``k`` before them keep their value at each step.
+    """
+    n = values[0].shape[dim]
+    if n <= 1:
+        return values
+    position = torch.arange(n).view([-1] + [1] * (values[0].dim() - 1 - dim))
+    k = 1
+    while k < n:
+        earlier = tuple(torch.cat([v.narrow(dim, 0, k), v.narrow(dim, 0, n - k)], dim)
+                        for v in values)
+        combined = combine(earlier, values)
+        reached = position >= k
+        values = tuple(torch.where(reached, c, v) for c, v in zip(combined, values))
+        k *= 2
+    return values
+
+
+def _static_length(fn):
+    # A scan unrolls over its length: at a symbolic (bucketed) length that would specialize
+    # it. Leave the op whole there; buckets/trace.py decomposes it again at the padded size.
+    def decompose(x, dim, *args, **kwargs):
+        if x.dim() and isinstance(x.shape[dim], torch.SymInt):
+            return NotImplemented
+        return fn(x, dim, *args, **kwargs)
+    decompose.__name__ = fn.__name__
+    return decompose
+
+
+def _scan_dtype(x, dtype):
+    # Integer and bool inputs accumulate in int64 unless a dtype is given (as eager does).
+    if dtype is not None:
+        return x.to(dtype)
+    if not (x.is_floating_point() or x.is_complex()):
+        return x.to(torch.int64)
+    return x
+
+
+@decomposition(aten.cumsum.default)
+@_static_length
+def cumsum(x, dim, *, dtype=None):
+    # torch-mlir has no lowering for cumsum (nor cumprod, cummax, cummin, logcumsumexp).
+    x = _scan_dtype(x, dtype)
+    if x.dim() == 0:
+        return x.clone()
+    return _scan((x,), dim % x.dim(), lambda a, b: (a[0] + b[0],))[0]
+
+
+@decomposition(aten.cumprod.default)
+@_static_length
+def cumprod(x, dim, *, dtype=None):
+    x = _scan_dtype(x, dtype)
+    if x.dim() == 0:
+        return x.clone()
+    return _scan((x,), dim % x.dim(), lambda a, b: (a[0] * b[0],))[0]
+
+
+@decomposition(aten.logcumsumexp.default)
+@_static_length
+def logcumsumexp(x, dim):
+    if x.dim() == 0:
+        return x.clone()
+
+    def combine(a, b):
+        hi, lo = torch.maximum(a[0], b[0]), torch.minimum(a[0], b[0])
+        # -inf with -inf stays -inf (hi - hi would be NaN).
+        safe = torch.where(hi == float("-inf"), torch.zeros_like(hi), hi)
+        return (torch.where(hi == float("-inf"), hi, safe + torch.log1p(torch.exp(lo - safe))),)
+    return _scan((x,), dim % x.dim(), combine)[0]
+
+
+def _cumulative_extreme(x, dim, later_wins):
+    if x.dim() == 0:
+        return x.clone(), torch.zeros((), dtype=torch.int64)
+    dim = dim % x.dim()
+    index = torch.arange(x.shape[dim]).view([-1] + [1] * (x.dim() - 1 - dim)).expand(x.shape)
+
+    def combine(a, b):
+        # NaN wins and stays; ties go to the later index, as in the CPU kernel.
+        take = later_wins(b[0], a[0])
+        if x.is_floating_point():
+            take = b[0].isnan() | (~a[0].isnan() & take)
+        return torch.where(take, b[0], a[0]), torch.where(take, b[1], a[1])
+    return _scan((x, index.contiguous()), dim, combine)
+
+
+@decomposition(aten.cummax.default)
+@_static_length
+def cummax(x, dim):
+    return _cumulative_extreme(x, dim, lambda later, earlier: later >= earlier)
+
+
+@decomposition(aten.cummin.default)
+@_static_length
+def cummin(x, dim):
+    return _cumulative_extreme(x, dim, lambda later, earlier: later <= earlier)
+
+
+# --- histograms ------------------------------------------------------------------------------
+
+@decomposition(aten.histc.default)
+def histc(x, bins=100, min=0, max=0):
+    # No torch-mlir lowering (Mixtral's router counts tokens per expert with it). A scatter-add
+    # of ones into the bins, with the CPU kernel's bin arithmetic and edge cases.
+    flat = x.flatten()
+    lo = torch.scalar_tensor(min, dtype=x.dtype)
+    hi = torch.scalar_tensor(max, dtype=x.dtype)
+    if min == max and flat.numel():
+        lo, hi = flat.min(), flat.max()
+    same = lo == hi
+    lo, hi = torch.where(same, lo - 1, lo), torch.where(same, hi + 1, hi)
+    position = ((flat - lo) * bins / (hi - lo)).floor().to(torch.int64)
+    position = torch.where(flat == hi, bins - 1, position)
+    inside = (flat >= lo) & (flat <= hi)
+    return x.new_zeros(bins).scatter_add(0, position.clamp(0, bins - 1), inside.to(x.dtype))
+
+
+def _linspace(start, end, steps: int):
+    """Eager's linspace between 0-d tensors: the first half counted up from ``start``, the
+    second down from ``end``, so both ends are exact (histogram's edges must be eager's)."""
+    index = torch.arange(steps, dtype=start.dtype)
+    step = (end - start) / max(steps - 1, 1)
+    return torch.where(index < steps // 2, start + step * index,
+                       end - step * (steps - 1 - index))
+
+
+def _histogram_from_edges(x, edges, weight, density):
+    values = x.reshape(-1)
+    bins = edges.numel() - 1
+    # Eager's bin: the last edge not above the value; the rightmost edge closes the last bin.
+    position = torch.bucketize(values, edges, right=True) - 1
+    inside = (values >= edges[0]) & (values <= edges[-1])
+    position = torch.where(inside, position.clamp(0, bins - 1), 0)
+    amount = torch.ones_like(values) if weight is None else weight.reshape(-1).to(x.dtype)
+    amount = torch.where(inside, amount, 0)
+    hist = torch.zeros(bins, dtype=x.dtype).scatter_add(0, position, amount)
+    if density:
+        hist = hist / (hist.sum() * (edges[1:] - edges[:-1]))
+    return hist, edges
+
+
+@decomposition(aten.histogram.bin_ct)
+def histogram_bin_ct(x, bins=100, *, range=None, weight=None, density=False):
+    # Unlowered. The edges span ``range`` or the data (widened by 1/2 each way when all values
+    # are equal, as eager). Eager refuses data with NaN or inf when no range is given; this
+    # cannot stop a compiled program, and gives NaN edges and an empty histogram instead.
+    if not x.dtype.is_floating_point:
+        return NotImplemented
+    if range is not None:
+        low, high = (torch.full((), float(v), dtype=x.dtype) for v in range)
+    elif x.numel() == 0:
+        low = high = torch.zeros((), dtype=x.dtype)
+    else:
+        low, high = x.min(), x.max()
+    equal = low == high
+    low, high = torch.where(equal, low - 0.5, low), torch.where(equal, high + 0.5, high)
+    return _histogram_from_edges(x, _linspace(low, high, bins + 1), weight, density)
+
+
+@decomposition(aten.histogram.bins_tensor)
+def histogram_bins_tensor(x, bins, *, weight=None, density=False):
+    if not x.dtype.is_floating_point:
+        return NotImplemented
+    return _histogram_from_edges(x, bins.to(x.dtype), weight, density)

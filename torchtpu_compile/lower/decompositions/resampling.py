@@ -1,0 +1,154 @@
+"""Resampling: upsampling's output-size overloads (which the eager device meets) through PyTorch's
+own decompositions, and the backwards of nearest upsampling and of the grid sampler as
+scatter-adds.
+
+Example::
+
+    table = decomposition_table()
+    table[torch.ops.aten.upsample_bilinear2d.default](x, [7, 9], False)
+"""
+from __future__ import annotations
+
+import torch
+
+from .common import computing_dtype
+from .registry import decomposition
+
+aten = torch.ops.aten
+
+
+# --- upsampling ------------------------------------------------------------------------------
+# Traced models reach these through the ``.vec`` overloads, which torch-mlir's table decomposes;
+# the eager device meets the output-size overloads (``.vec`` is CompositeImplicit, resolved
+# before dispatch), which do not lower. PyTorch's own decompositions (gathers and arithmetic) do.
+
+
+def _torch_decomposition(op):
+    from torch._decomp import decomposition_table
+    return decomposition_table[op]
+
+
+@decomposition(aten.upsample_bilinear2d.default)
+def upsample_bilinear2d(x, output_size, align_corners, *scales):
+    return _torch_decomposition(aten.upsample_bilinear2d.default)(x, output_size, align_corners,
+                                                                  *scales)
+
+
+@decomposition(aten.upsample_bicubic2d.default)
+def upsample_bicubic2d(x, output_size, align_corners, *scales):
+    return _torch_decomposition(aten.upsample_bicubic2d.default)(x, output_size, align_corners,
+                                                                 *scales)
+
+
+@decomposition(aten.upsample_trilinear3d.default)
+def upsample_trilinear3d(x, output_size, align_corners, *scales):
+    return _torch_decomposition(aten.upsample_trilinear3d.default)(x, output_size,
+                                                                   align_corners, *scales)
+
+
+def _nearest_sources(in_size: int, out_size: int, scale, exact: bool):
+    """The input position each output position of nearest upsampling reads, as eager picks it
+    (UpSample.h: float32 arithmetic; 1 / the given scale, else in / out)."""
+    out = torch.arange(out_size)
+    if out_size == in_size and not exact:  # whatever the scale says, as eager
+        return out
+    if out_size == 2 * in_size and not exact:
+        return out // 2
+    factor = 1.0 / scale if scale is not None and scale > 0 else in_size / out_size
+    position = out.to(torch.float32) + 0.5 if exact else out.to(torch.float32)
+    # A Python float multiplies a float32 tensor in float32: eager's (float)(1.0 / scale).
+    return torch.floor(position * factor).to(torch.int64).clamp(max=in_size - 1)
+
+
+def _upsample_nearest_backward(exact: bool):
+    def backward(grad, output_size, input_size, *scales):
+        # Unlowered with scales (torch-mlir leaves a torch.constant.int); the eager device
+        # meets these overloads in every nearest interpolation's backward. Each output's
+        # gradient added to the input position it copied, one spatial dim at a time.
+        dims = len(output_size)
+        compute = computing_dtype(grad.dtype)
+        out = grad.to(compute)
+        scales = list(scales) + [None] * (dims - len(scales))
+        for i in range(dims):
+            axis = grad.dim() - dims + i
+            source = _nearest_sources(input_size[axis], output_size[i], scales[i], exact)
+            target = list(out.shape)
+            target[axis] = input_size[axis]
+            out = torch.zeros(target, dtype=compute).index_add(axis, source, out)
+        return out.to(grad.dtype)
+    return backward
+
+
+for _op in (aten.upsample_nearest1d_backward.default, aten.upsample_nearest2d_backward.default,
+            aten.upsample_nearest3d_backward.default):
+    decomposition(_op)(_upsample_nearest_backward(exact=False))
+for _op in (aten._upsample_nearest_exact1d_backward.default,
+            aten._upsample_nearest_exact2d_backward.default,
+            aten._upsample_nearest_exact3d_backward.default):
+    decomposition(_op)(_upsample_nearest_backward(exact=True))
+
+
+# --- grid sampling ---------------------------------------------------------------------------
+
+def _grid_source(coord, size: int, padding_mode: int, align_corners: bool):
+    """(source coordinate, d source / d coord) of a grid coordinate in [-1, 1] along a dim of
+    ``size``, as eager's grid sampler computes them (borders count as outside for the
+    gradient of clipping)."""
+    if align_corners:
+        src, grad = (coord + 1) / 2 * (size - 1), (size - 1) / 2
+    else:
+        src, grad = ((coord + 1) * size - 1) / 2, size / 2
+    if padding_mode == 0:  # zeros
+        return src, torch.full_like(src, grad)
+    slope = torch.ones_like(src)
+    if padding_mode == 2:  # reflection about the borders (or the pixel edges), then clipped
+        low, span = (0.0, size - 1.0) if align_corners else (-0.5, float(size))
+        if span <= 0:
+            return torch.zeros_like(src), torch.zeros_like(src)
+        shifted = src - low
+        slope = torch.where(shifted < 0, -1.0, 1.0)
+        shifted = shifted.abs()
+        extra = torch.fmod(shifted, span)
+        odd = torch.remainder(torch.floor(shifted / span), 2) == 1
+        src = torch.where(odd, span - extra, extra) + low
+        slope = torch.where(odd, -slope, slope)
+    inside = (src > 0) & (src < size - 1)
+    return src.clamp(0, size - 1), torch.where(inside, slope * grad, 0.0)
+
+
+@decomposition(aten.grid_sampler_2d_backward.default)
+def grid_sampler_2d_backward(grad, x, grid, interpolation_mode, padding_mode, align_corners,
+                             output_mask):
+    # Unlowered: each sample's gradient added back at the pixels it read, weighted as it read
+    # them; the grid's, the sampled surface's slope (zero for nearest). Bicubic is not.
+    if interpolation_mode not in (0, 1):
+        return NotImplemented
+    n, c, height, width = x.shape
+    out_h, out_w = grid.shape[1:3]
+    ix, gx = _grid_source(grid[..., 0], width, padding_mode, align_corners)
+    iy, gy = _grid_source(grid[..., 1], height, padding_mode, align_corners)
+    if interpolation_mode == 1:  # nearest: round half to even, as eager
+        corners = [(torch.round(ix), torch.round(iy), torch.ones_like(ix), None, None)]
+    else:  # (x, y, weight, d weight / d ix, d weight / d iy) of the four neighbours
+        x0, y0 = ix.floor(), iy.floor()
+        wx, wy = ix - x0, iy - y0
+        corners = [(x0, y0, (1 - wx) * (1 - wy), wy - 1, wx - 1),
+                   (x0 + 1, y0, wx * (1 - wy), 1 - wy, -wx),
+                   (x0, y0 + 1, (1 - wx) * wy, -wy, 1 - wx),
+                   (x0 + 1, y0 + 1, wx * wy, wy, wx)]
+    flat_x = x.reshape(n, c, height * width)
+    grad_x = torch.zeros_like(flat_x)
+    slope_x = slope_y = torch.zeros_like(grad)
+    for cx, cy, weight, dx, dy in corners:
+        inside = (cx >= 0) & (cx < width) & (cy >= 0) & (cy < height)
+        index = torch.where(inside, cy * width + cx, 0).to(torch.int64)
+        index = index.reshape(n, 1, out_h * out_w).expand(n, c, out_h * out_w)
+        weight = torch.where(inside, weight, 0).unsqueeze(1)
+        grad_x = grad_x.scatter_add(2, index, (grad * weight).reshape(n, c, -1))
+        if dx is not None:
+            value = torch.where(inside.unsqueeze(1),
+                                flat_x.gather(2, index).reshape(n, c, out_h, out_w), 0)
+            slope_x = slope_x + value * dx.unsqueeze(1)
+            slope_y = slope_y + value * dy.unsqueeze(1)
+    grad_grid = torch.stack([(grad * slope_x).sum(1) * gx, (grad * slope_y).sum(1) * gy], -1)
+    return (grad_x.reshape(x.shape) if output_mask[0] else None), grad_grid

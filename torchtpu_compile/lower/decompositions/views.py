@@ -1,0 +1,151 @@
+"""Views and copies of views, as reshapes, slices, gathers and concatenations: torch-mlir lowers
+several through constants XLA rejects (as_strided's dense_resource index; the
+torch.constant.int that diagonal and unfold leave behind) or builds a wrong concatenate (roll).
+
+Example::
+
+    table = decomposition_table()
+    table[torch.ops.aten.roll.default](torch.arange(4), [1])   # [3, 0, 1, 2]
+"""
+from __future__ import annotations
+
+import torch
+
+from .registry import decomposition
+
+aten = torch.ops.aten
+
+
+# --- copies of views -------------------------------------------------------------------------
+
+@decomposition(aten.view_copy.default)
+def view_copy(x, size):
+    return x.reshape(size).clone()
+
+
+@decomposition(aten.unbind_copy.int)
+def unbind_copy(x, dim=0):
+    return [t.clone() for t in torch.unbind(x, dim)]
+
+
+@decomposition(aten.narrow_copy.default)
+def narrow_copy(x, dim, start, length):
+    return x.narrow(dim, start, length).clone()
+
+
+@decomposition(aten.permute_copy.default)
+def permute_copy(x, dims):
+    return x.permute(dims).clone()
+
+
+# --- strided views: a reshape, or a gather of the flat storage -------------------------------
+
+def _contiguous_strides(size) -> list:
+    strides, step = [], 1
+    for s in reversed(list(size)):
+        strides.append(step)
+        step *= max(s, 1)
+    return strides[::-1]
+
+
+@decomposition(aten.as_strided.default, aten.as_strided_copy.default)
+def as_strided(x, size, stride, storage_offset=None):
+    # torch-mlir lowers as_strided through a dense_resource index constant, which XLA rejects
+    # ("Only dense elements attr are supported"); group_norm's decomposition emits it. On a
+    # contiguous input it is a reshape, or a gather at indices computed in the graph.
+    if not x.is_contiguous() or x.storage_offset() != 0:
+        return NotImplemented
+    offset = storage_offset or 0
+    size, stride = list(size), list(stride)
+    count = 1
+    for s in size:
+        count *= s
+    if offset == 0 and count == x.numel() and all(
+            st == cs for s, st, cs in zip(size, stride, _contiguous_strides(size)) if s > 1):
+        return x.reshape(size).clone()
+    return x.reshape(-1)[_strided_index(size, stride, offset)]
+
+
+def _strided_index(size, stride, offset):
+    """Flat storage positions of the elements of an as_strided(size, stride, offset) view."""
+    index = torch.full([1] * len(size), offset, dtype=torch.int64)
+    for d, (s, st) in enumerate(zip(size, stride)):
+        shape = [1] * len(size)
+        shape[d] = s
+        index = index + torch.arange(s, dtype=torch.int64).view(shape) * st
+    return index.expand(list(size))
+
+
+@decomposition(aten.as_strided_scatter.default)
+def as_strided_scatter(x, src, size, stride, storage_offset=None):
+    # No lowering (Swin's window partition backward). On a contiguous input: a scatter of
+    # ``src`` into the flat storage at the view's positions.
+    if not x.is_contiguous() or x.storage_offset() != 0:
+        return NotImplemented
+    index = _strided_index(list(size), list(stride), storage_offset or 0)
+    flat = x.reshape(-1).scatter(0, index.reshape(-1), src.reshape(-1).to(x.dtype))
+    return flat.reshape(x.shape)
+
+
+# --- diagonals: strided slices of the flattened last two dims --------------------------------
+
+def _diagonal_slice(x, offset, dim1, dim2):
+    """(x with dim1, dim2 moved last and flattened, start, end, step, length) of the diagonal."""
+    moved = torch.movedim(x, (dim1 % x.dim(), dim2 % x.dim()), (-2, -1))
+    n, m = moved.shape[-2], moved.shape[-1]
+    if offset >= 0:
+        length, start = max(min(n, m - offset), 0), offset
+    else:
+        length, start = max(min(n + offset, m), 0), -offset * m
+    flat = moved.reshape(list(moved.shape[:-2]) + [n * m])
+    end = start + (length - 1) * (m + 1) + 1 if length else start
+    return moved, flat, start, end, m + 1, length
+
+
+@decomposition(aten.diagonal.default)
+def diagonal(x, offset=0, dim1=0, dim2=1):
+    # torch-mlir leaves a torch.constant.int behind for diagonal (and diag, diagonal_copy).
+    moved, flat, start, end, step, length = _diagonal_slice(x, offset, dim1, dim2)
+    if length == 0:
+        return flat.new_zeros(list(moved.shape[:-2]) + [0])
+    return aten.slice.Tensor(flat, -1, start, end, step)
+
+
+@decomposition(aten.diagonal_scatter.default)
+def diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
+    moved, flat, start, end, step, length = _diagonal_slice(x, offset, dim1, dim2)
+    if length == 0:
+        return x.clone()
+    flat = aten.slice_scatter.default(flat, src, -1, start, end, step)
+    return torch.movedim(flat.reshape(moved.shape), (-2, -1), (dim1 % x.dim(), dim2 % x.dim()))
+
+
+# --- windows and rolls -----------------------------------------------------------------------
+
+@decomposition(aten.unfold.default)
+def unfold(x, dimension, size, step):
+    # torch-mlir leaves a torch.constant.int behind. The windows as slices, stacked on dim
+    # ``dimension``, their elements last, as eager lays them out.
+    if x.dim() == 0:
+        return x.reshape(1)
+    dimension %= x.dim()
+    count = (x.shape[dimension] - size) // step + 1
+    windows = [x.narrow(dimension, i * step, size) for i in range(count)]
+    return torch.stack(windows, dimension).movedim(dimension + 1, -1)
+
+
+@decomposition(aten.roll.default)
+def roll(x, shifts, dims=()):
+    # torch-mlir's roll builds a concatenate of the wrong size for some shifts (|shift| > 1 on
+    # a 3-d input). Two slices and a concatenate per rolled dim.
+    shifts = [shifts] if isinstance(shifts, int) else list(shifts)
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    if not dims:
+        return roll(x.flatten(), shifts, [0]).reshape(x.shape)
+    out = x.clone()  # a roll by zero is still a new tensor
+    for shift, dim in zip(shifts, dims):
+        n = out.shape[dim]
+        shift = shift % n if n else 0
+        if shift:
+            out = torch.cat([out.narrow(dim, n - shift, shift), out.narrow(dim, 0, n - shift)], dim)
+    return out
