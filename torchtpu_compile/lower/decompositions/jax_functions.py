@@ -49,7 +49,12 @@ def builds(kind: str):
 
 @functools.lru_cache(maxsize=None)
 def jax_function(kind: str, *params):
-    """The ``jax_op`` computing ``kind`` with ``params`` bound, registered once."""
+    """The ``jax_op`` computing ``kind`` with ``params`` bound, registered once.
+
+    Example::
+
+        jax_function("fft_c2c", (1,), 0, True)(z)   # unnormalized forward FFT of z over dim 1
+    """
     from ...kernels.jax_op import jax_op
 
     name = "aten_" + kind + "".join(f"_{_name_part(p)}" for p in params)
