@@ -51,11 +51,9 @@ def _delta(before: dict) -> dict:
 
 def _staged_group():
     """A group of the same ranks whose collectives are all host-staged (the reference)."""
-    os.environ["TORCHTPU_DIST_TRANSPORT"] = "staged"
-    try:
+    from torchtpu_compile import config
+    with config.patch(dist_transport="staged"):
         return dist.new_group()
-    finally:
-        del os.environ["TORCHTPU_DIST_TRANSPORT"]
 
 
 def _collectives(rank, world, group) -> dict:

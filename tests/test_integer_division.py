@@ -8,7 +8,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import PATHS, compile_tpu, configured, run_on_path
+from helpers import PATHS, compile_tpu, run_on_path
+from torchtpu_compile import config
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
@@ -81,7 +82,7 @@ def test_float_floor_division_is_unchanged():
     b = torch.tensor([2.0, 2.0, 3.0, -2.0, 5.0])
     fn = lambda a, b: (a // b, torch.div(a, b, rounding_mode="floor"),  # noqa: E731
                        torch.arange(5) // 2.5)
-    with configured(strict=True):
+    with config.patch(strict=True):
         got = compile_tpu(fn)(a, b)
     torch.testing.assert_close(got, fn(a, b))
 
@@ -98,7 +99,7 @@ def test_floor_division_property(dtype):
     info = torch.iinfo(dtype)
     n = 16
     fn = lambda a, b: (a // b, torch.div(a, b, rounding_mode="floor"), a % b)  # noqa: E731
-    with configured(strict=True):
+    with config.patch(strict=True):
         compiled = compile_tpu(fn)
 
         @settings(max_examples=60, deadline=None, derandomize=True,
