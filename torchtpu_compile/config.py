@@ -272,7 +272,16 @@ _warned: set = set()
 
 
 def _default_cache_dir() -> str:
-    return os.path.join(os.path.expanduser("~"), ".cache", "torchtpu")
+    # Read per cache lookup: expanduser costs ~7 us, so keep the answer for the HOME it used.
+    home = _environ("HOME", _HOME_KEY)
+    if _default_cache_dir.seen[0] != home:
+        _default_cache_dir.seen = (home, os.path.join(os.path.expanduser("~"), ".cache",
+                                                      "torchtpu"))
+    return _default_cache_dir.seen[1]
+
+
+_default_cache_dir.seen = (_UNSET, None)
+_HOME_KEY = os.environ.encodekey("HOME")
 
 
 _SETTINGS = (
