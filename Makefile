@@ -3,7 +3,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test test-full test-opinfo test-zoo coverage bench clean
+.PHONY: install run test test-full test-opinfo test-zoo coverage config-docs bench clean
 
 install: $(STAMP)
 
@@ -34,6 +34,11 @@ test-zoo: install
 
 coverage: install
 	PYTHONPATH=tests $(PY) -m opinfo.report --out docs/coverage.md
+
+# docs/configuration.md is generated from the declarations in torchtpu_compile/config.py.
+config-docs: install
+	$(PY) -c "from torchtpu_compile import config; \
+	          open('docs/configuration.md', 'w').write(config.reference())"
 
 bench: install
 	$(PY) bench/run_all.py

@@ -38,9 +38,9 @@ def _worker(rank: int, port: int, quick: bool) -> None:
     torch.set_num_threads(1)  # two processes share two cores
     dist.init_process_group("cpu:gloo,tpu:tpu_dist", init_method=f"tcp://127.0.0.1:{port}",
                             rank=rank, world_size=2, timeout=datetime.timedelta(seconds=120))
-    os.environ["TORCHTPU_DIST_TRANSPORT"] = "staged"
-    staged = dist.new_group()
-    del os.environ["TORCHTPU_DIST_TRANSPORT"]
+    from torchtpu_compile import config
+    with config.patch(dist_transport="staged"):
+        staged = dist.new_group()
     rounds = 3 if quick else 7
     out = {"allreduce": {}, "ddp": {}}
     for mb in SIZES_MB:

@@ -20,26 +20,23 @@ def fresh_dynamo():
 @pytest.fixture
 def precision(request):
     """Set torchtpu_compile.config.matmul_precision (indirect parametrization) for one test."""
-    saved = torchtpu_compile.config.matmul_precision
-    torchtpu_compile.config.matmul_precision = request.param
-    yield request.param
-    torchtpu_compile.config.matmul_precision = saved
+    with torchtpu_compile.config.patch(matmul_precision=request.param):
+        yield request.param
 
 
 @pytest.fixture(scope="session", autouse=True)
 def session_compile_cache(tmp_path_factory):
     """Compile into a cache of this test session, not the user's ~/.cache/torchtpu.
 
-    Every run then starts cold, as CI does; subprocesses inherit it through the environment.
+    Every run then starts cold, as CI does. The variable serves this process (the setting
+    reads it while no code sets it) and the subprocesses, which inherit it.
     """
     import os
     directory = str(tmp_path_factory.mktemp("torchtpu-cache"))
     saved_env = os.environ.get("TORCHTPU_CACHE_DIR")
-    saved_config = torchtpu_compile.config.cache_dir
     os.environ["TORCHTPU_CACHE_DIR"] = directory
-    torchtpu_compile.config.cache_dir = directory
+    assert torchtpu_compile.config.cache_dir == directory, "a test module set cache_dir"
     yield directory
-    torchtpu_compile.config.cache_dir = saved_config
     if saved_env is None:
         os.environ.pop("TORCHTPU_CACHE_DIR", None)
     else:

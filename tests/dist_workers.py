@@ -51,11 +51,9 @@ def _delta(before: dict) -> dict:
 
 def _staged_group():
     """A group of the same ranks whose collectives are all host-staged (the reference)."""
-    os.environ["TORCHTPU_DIST_TRANSPORT"] = "staged"
-    try:
+    from torchtpu_compile import config
+    with config.patch(dist_transport="staged"):
         return dist.new_group()
-    finally:
-        del os.environ["TORCHTPU_DIST_TRANSPORT"]
 
 
 def _collectives(rank, world, group) -> dict:
@@ -386,7 +384,7 @@ def check_dead_rank(rank, group, what="dead_rank"):
     knows rank 1 is gone), each with DistBackendError naming rank 1, well within the group's
     timeout. Ends both processes (exit 0 after printing ok)."""
     import time
-    from torchtpu_eager.distributed import process_group
+    from torchtpu_compile import config
     x = torch.ones(3, device="tpu")
     dist.all_reduce(x, group=group)
     if rank == 1:
@@ -395,7 +393,7 @@ def check_dead_rank(rank, group, what="dead_rank"):
         os._exit(0)
     # Without the signature check (a gloo collective that would see the dead peer first),
     # the collective in flight is the transport's own.
-    process_group._CHECK = False
+    config.dist_check = False  # this process exits below: nothing to restore
     for attempt in ("in flight", "next"):
         launched = _dist_stats()["pjrt_collectives"]
         start = time.monotonic()
@@ -433,10 +431,10 @@ def peer_dies(rank, world, port):
     runtime aborted it) nor wait forever."""
     import signal
     import time
-    from torchtpu_eager.distributed import process_group
+    from torchtpu_compile import config
     dead, when = int(os.environ[DEAD_RANK]), os.environ[DIE_WHEN]
     if when in ("pjrt", "staged"):
-        process_group._CHECK = False  # the collective in flight is the transport's own
+        config.dist_check = False  # the collective in flight is the transport's own
     init(rank, world, port, timeout=20)
     weights = data(rank).to("tpu")  # the state a checkpoint holds (never in a collective)
     grads = data(rank, (5,), torch.complex64 if when == "staged" else torch.float32).to("tpu")

@@ -15,29 +15,6 @@ def compile_tpu(fn, **kwargs):
     return torch.compile(fn, backend="torchtpu", **kwargs)
 
 
-@contextlib.contextmanager
-def configured(**settings):
-    """Set ``torchtpu_compile.config`` attributes for a block, then restore them."""
-    saved = {name: getattr(torchtpu_compile.config, name) for name in settings}
-    for name, value in settings.items():
-        setattr(torchtpu_compile.config, name, value)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(torchtpu_compile.config, name, value)
-
-
-def precision(mode):
-    """Run with ``torchtpu_compile.config.matmul_precision = mode``."""
-    return configured(matmul_precision=mode)
-
-
-def strict(enabled=True):
-    """Run with ``torchtpu_compile.config.strict = enabled``."""
-    return configured(strict=enabled)
-
-
 #: The ways a program reaches the one lowering: torch.compile, the eager tpu device (strict,
 #: and defer-and-fuse), and AOT artifacts (export, save, load).
 PATHS = ("compile", "eager", "eager_fused", "aot")
@@ -80,7 +57,7 @@ def run_on_path(path, fn, *args, tmp_dir=None):
     def to_cpu(out):
         return pytree.tree_map(lambda t: t.cpu() if isinstance(t, torch.Tensor) else t, out)
 
-    with configured(strict=True, matmul_precision="highest"):
+    with torchtpu_compile.config.patch(strict=True, matmul_precision="highest"):
         if path == "compile":
             return to_cpu(compile_tpu(fn)(*args))
         if path in ("eager", "eager_fused"):

@@ -57,15 +57,15 @@ def test_mismatched_platform_recompiles_from_portable_stablehlo(gpt2_artifact, m
     expected = aot.load(path)(ids).logits
     monkeypatch.setattr(load_module, "_platform_tag",
                         lambda client: {"platform_version": "tpu v5e", "jaxlib": "0.99"})
-    monkeypatch.setattr(torchtpu_compile.config, "cache_dir", str(tmp_path))
-    executable.clear_cache()  # make XLA really compile the portable StableHLO
-    torchtpu_compile.reset_stats()
-    with caplog.at_level("WARNING", logger="torchtpu"):
-        run = aot.load(path)
-    assert run.recompiled and torchtpu_compile.stats()["graphs_compiled"] == 1
-    assert any("recompiling from its portable StableHLO" in r.getMessage()
-               for r in caplog.records)
-    assert torch.equal(run(ids).logits, expected)
+    with torchtpu_compile.config.patch(cache_dir=str(tmp_path)):
+        executable.clear_cache()  # make XLA really compile the portable StableHLO
+        torchtpu_compile.reset_stats()
+        with caplog.at_level("WARNING", logger="torchtpu"):
+            run = aot.load(path)
+        assert run.recompiled and torchtpu_compile.stats()["graphs_compiled"] == 1
+        assert any("recompiling from its portable StableHLO" in r.getMessage()
+                   for r in caplog.records)
+        assert torch.equal(run(ids).logits, expected)
 
 
 def test_truncated_artifact_is_a_clear_error(gpt2_artifact, tmp_path):

@@ -17,7 +17,8 @@ import torchtpu_compile
 from torchtpu_compile.buckets import bucket_size, choose
 
 from dynamic_models import Decoder
-from helpers import compile_tpu, configured
+from helpers import compile_tpu
+from torchtpu_compile import config
 
 SIZES = (3, 6, 13)  # buckets 8, 8, 16: two compiles and one bucket hit
 
@@ -34,7 +35,7 @@ def _close(actual, expected):
 # --- policy ------------------------------------------------------------------------------------
 
 def test_default_policy_is_powers_of_two_then_multiples_of_128():
-    with configured(bucket_policy="pow2-128", bucket_min=8):
+    with config.patch(bucket_policy="pow2-128", bucket_min=8):
         assert [bucket_size(s) for s in (2, 8, 9, 100, 128, 129, 300, 512, 513)] == \
             [8, 8, 16, 128, 128, 256, 384, 512, 640]
 
@@ -51,7 +52,7 @@ def test_other_policies():
 
 
 def test_max_buckets_reuses_covering_bucket_then_grows():
-    with configured(bucket_policy="pow2-128", bucket_min=8, max_buckets=3):
+    with config.patch(bucket_policy="pow2-128", bucket_min=8, max_buckets=3):
         assert choose((5,), []) == ((8,), True)
         assert choose((20,), [(8,), (32,)]) == ((32,), False)            # canonical exists
         assert choose((100,), [(8,), (32,)]) == ((128,), True)            # under the cap
@@ -89,7 +90,7 @@ CASES = {
 def test_rule_matches_eager_at_every_size(name, fresh_dynamo):
     fn = CASES[name]
     compiled = compile_tpu(fn)
-    with configured(matmul_precision="highest"):
+    with config.patch(matmul_precision="highest"):
         for i, n in enumerate(SIZES):
             x = torch.randn(3, n, 5)
             if i == 0:
@@ -124,7 +125,7 @@ def test_gather_with_real_positions(fresh_dynamo):
         return torch.gather(x, 1, index), x[:, index[0, :, 0]]
 
     compiled = compile_tpu(fn)
-    with configured(matmul_precision="highest"):
+    with config.patch(matmul_precision="highest"):
         for i, n in enumerate(SIZES):
             x = torch.randn(3, n, 5)
             index = torch.randint(0, n, (3, n, 5))
@@ -162,7 +163,7 @@ def test_causal_decoder_over_random_lengths(fresh_dynamo):
     torch.manual_seed(0)
     model = Decoder(layers=1).eval()
     compiled = compile_tpu(model)
-    with configured(matmul_precision="highest"), torch.no_grad():
+    with config.patch(matmul_precision="highest"), torch.no_grad():
         for i, length in enumerate([5] + _lengths(7, 64, seed=1)):
             ids = torch.randint(0, 64, (2, length))
             if i == 0:
@@ -188,7 +189,7 @@ def test_training_step_with_dynamic_batch_matches_eager(fresh_dynamo):
         return loss
 
     compiled = compile_tpu(step)
-    with configured(matmul_precision="highest"):
+    with config.patch(matmul_precision="highest"):
         for i, n in enumerate((5, 12, 3, 9)):
             x, y = torch.randn(n, 16), torch.randint(0, 4, (n,))
             if i == 0:
@@ -212,7 +213,7 @@ def test_training_step_with_dynamic_batch_matches_eager(fresh_dynamo):
 
 def test_buckets_off_compiles_once_per_shape(fresh_dynamo):
     compiled = compile_tpu(lambda x: x.softmax(0))
-    with configured(buckets=False):
+    with config.patch(buckets=False):
         for i, n in enumerate((3, 5, 6)):
             x = torch.randn(n)
             if i == 0:

@@ -6,14 +6,15 @@ import torch
 
 import torchtpu_compile
 import torchtpu_eager  # noqa: F401  (the tpu device)
-from helpers import compile_tpu, configured, precision
+from helpers import compile_tpu
+from torchtpu_compile import config
 
 pytestmark = pytest.mark.usefixtures("fp32")
 
 
 @pytest.fixture
 def fp32():
-    with precision("highest"):
+    with config.patch(matmul_precision="highest"):
         yield
 
 
@@ -167,7 +168,7 @@ def test_outputs_with_no_elements_are_made_outside_the_program():
     args = (x, torch.rand(3) + 0.5, torch.randn(3), torch.randn(3), torch.rand(3) + 0.5)
     expected = f(*args)
     torchtpu_compile.reset_stats()
-    with configured(strict=True):
+    with config.patch(strict=True):
         compiled = compile_tpu(f)(*args)
         on_tpu = f(*(a.to("tpu") for a in args))
     for actual in (compiled, [t.cpu() for t in on_tpu]):

@@ -46,14 +46,12 @@ def result_of(proc):
 
 @pytest.fixture
 def isolated_cache(tmp_path):
-    """This process compiles into an empty disk cache and forgets its level-1 entries."""
-    saved = (torchtpu_compile.config.cache_dir, torchtpu_compile.config.remote_cache)
-    torchtpu_compile.config.cache_dir = str(tmp_path / "cache")
-    torchtpu_compile.config.remote_cache = None
-    executable.clear_cache()
-    torchtpu_compile.reset_stats()
-    yield tmp_path / "cache"
-    torchtpu_compile.config.cache_dir, torchtpu_compile.config.remote_cache = saved
+    """This process compiles into an empty disk cache and forgets its level-1 entries (tests
+    may set the cache settings further: the patch restores them)."""
+    with torchtpu_compile.config.patch(cache_dir=str(tmp_path / "cache"), remote_cache=None):
+        executable.clear_cache()
+        torchtpu_compile.reset_stats()
+        yield tmp_path / "cache"
     executable.clear_cache()
 
 

@@ -8,7 +8,7 @@ import torch
 
 import torchtpu_compile
 import torchtpu_eager  # noqa: F401  (registers the device; autoload does too)
-from helpers import configured
+from torchtpu_compile import config
 
 TPU = torch.device("tpu", 0)
 
@@ -16,7 +16,7 @@ TPU = torch.device("tpu", 0)
 @pytest.fixture(autouse=True)
 def fp32_matmuls():
     """Compare fp32 results with CPU: no bf16 emulation of TPU's default matmul precision."""
-    with configured(matmul_precision="highest"):
+    with config.patch(matmul_precision="highest"):
         yield
 
 
@@ -235,7 +235,7 @@ def test_batch_norm_training_runs_on_the_device_and_updates_running_stats():
     dev.load_state_dict(ref.state_dict())
     dev.to("tpu")
     torchtpu_compile.reset_stats()
-    with configured(strict=True):
+    with config.patch(strict=True):
         for step in range(2):
             x = torch.randn(4, 3, 5, 5) * 2 + 1
             x_ref, x_dev = x.clone().requires_grad_(), x.to("tpu").requires_grad_()
@@ -265,7 +265,7 @@ def test_bf16_batch_statistics_are_computed_in_float32(running_stats):
     def norm(x, w, b, mean, var):
         return torch.nn.functional.instance_norm(x, mean, var, weight=w, bias=b, eps=0.6)
     exact = norm(*(t if t is None else t.float() for t in (x, w, b, *stats)))
-    with configured(strict=True):
+    with config.patch(strict=True):
         out = norm(*(t if t is None else t.to("tpu") for t in (x, w, b, *stats)))
     # Within one bf16 rounding of the float32 result.
     torch.testing.assert_close(out.cpu().float(), exact, rtol=2 ** -8, atol=1e-3)
@@ -279,7 +279,7 @@ def test_unsupported_op_falls_back_counted_and_strict_raises():
     assert out.device == TPU
     torch.testing.assert_close(out.cpu(), x_cpu.nonzero())
     assert torchtpu_compile.stats()["fallback_ops"].get("aten.nonzero.default") == 1
-    with configured(strict=True):
+    with config.patch(strict=True):
         with pytest.raises(Exception, match="aten.masked_select.*cannot run on the tpu device"):
             x.masked_select(x > 1)
 

@@ -10,7 +10,8 @@ import torch
 
 import torchtpu_compile
 import torchtpu_eager  # noqa: F401
-from helpers import compile_tpu, configured
+from helpers import compile_tpu
+from torchtpu_compile import config
 
 TPU = torch.device("tpu", 0)
 MODES = ["strict", "debug", "defer_and_fuse"]
@@ -18,7 +19,7 @@ MODES = ["strict", "debug", "defer_and_fuse"]
 
 @pytest.fixture(autouse=True)
 def fp32_matmuls():
-    with configured(matmul_precision="highest"):
+    with config.patch(matmul_precision="highest"):
         yield
 
 
@@ -68,7 +69,7 @@ def test_debug_mode_waits_for_each_op(eager_mode):
     a = torch.randn(256, 256, device="tpu")
     b = a @ a
     assert b._st.value.is_ready()  # finished when the op returned
-    with configured(strict=True):
+    with config.patch(strict=True):
         with pytest.raises(Exception, match="aten.nonzero") as info:
             b.nonzero()
     # the error is raised at the op, from this test's frame

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import torchtpu_compile
-from helpers import compile_tpu, precision, strict
+from helpers import compile_tpu
+from torchtpu_compile import config
 from torchtpu_compile.errors import UnsupportedOpError
 
 
@@ -60,7 +61,7 @@ def _(x):
 @pytest.fixture(autouse=True)
 def fresh_stats():
     torchtpu_compile.reset_stats()
-    with precision("highest"):
+    with config.patch(matmul_precision="highest"):
         yield
 
 
@@ -93,7 +94,7 @@ def test_fallback_in_training_matches_eager():
 
 
 def test_strict_mode_names_op_shapes_dtypes_and_source_line():
-    with strict(), pytest.raises(Exception) as info:
+    with config.patch(strict=True), pytest.raises(Exception) as info:
         compile_tpu(UnlowerableNet())(torch.randn(2, 6))
     error = info.value  # Dynamo wraps backend errors in BackendCompilerFailed
     error = getattr(error, "inner_exception", error)

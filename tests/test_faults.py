@@ -33,8 +33,7 @@ import aot_factories
 import torchtpu_compile
 import torchtpu_compile.aot as aot
 import torchtpu_eager  # noqa: F401  (registers the tpu device)
-from helpers import configured
-from torchtpu_compile import dynamo_cache, graph_cache
+from torchtpu_compile import config, dynamo_cache, graph_cache
 from torchtpu_compile.aot.__main__ import main as aot_cli
 from torchtpu_compile.lower import cache as lowering_cache
 from torchtpu_compile.runtime import executable, levels
@@ -75,24 +74,17 @@ class World:
 
 @pytest.fixture
 def world(tmp_path, monkeypatch):
-    settings = {name: getattr(torchtpu_compile.config, name, None) for name in
-                ("cache_dir", "remote_cache", "graph_cache", "dynamo_cache",
-                 "matmul_precision", "cache_key")}
-    torchtpu_compile.config.cache_key = None
-    torchtpu_compile.config.remote_cache = None
-    torchtpu_compile.config.graph_cache = True
-    torchtpu_compile.config.dynamo_cache = False
-    torchtpu_compile.config.matmul_precision = "highest"  # results comparable with eager's
-    monkeypatch.delenv("TORCHTPU_CACHE_KEY", raising=False)
     root = tmp_path / "world"
     root.mkdir(mode=0o700)
-    w = World(str(root), monkeypatch)
-    w.use_cache("cache")
-    forget_this_process()
-    yield w
-    monkeypatch.undo()  # faults off before the caches are touched again
-    for name, value in settings.items():
-        setattr(torchtpu_compile.config, name, value)
+    # Rows set these further (a key, a remote, another disk): the patch puts all of them back.
+    with config.patch(
+            cache_dir=str(root / "cache"), cache_key=None, remote_cache=None, graph_cache=True,
+            dynamo_cache=False, matmul_precision="highest"):  # results comparable with eager's
+        monkeypatch.delenv("TORCHTPU_CACHE_KEY", raising=False)
+        w = World(str(root), monkeypatch)
+        forget_this_process()
+        yield w
+        monkeypatch.undo()  # faults off before the caches are touched again
     forget_this_process()
 
 
@@ -493,7 +485,7 @@ def mlp_artifact(tmp_path_factory):
     """A saved artifact of a small MLP, and its model and input."""
     model, (x,) = aot_factories.mlp()
     path = str(tmp_path_factory.mktemp("faults-aot") / "mlp.tpu")
-    with configured(matmul_precision="highest"):
+    with config.patch(matmul_precision="highest"):
         aot.compile(model, (x,)).save(path)
     return path, model, x
 

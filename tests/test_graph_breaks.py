@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import torchtpu_compile
-from helpers import compile_tpu, strict
+from helpers import compile_tpu
+from torchtpu_compile import config
 from torchtpu_compile.errors import UnsupportedOpError
 
 MASKED_SELECT_REASON = "Dynamic shape operator"
@@ -45,7 +46,7 @@ def test_graph_break_is_counted_and_warned_once(caplog):
 
 def test_strict_graph_break_is_an_error_before_anything_runs():
     ran = []
-    with strict(), pytest.raises(UnsupportedOpError) as info:
+    with config.patch(strict=True), pytest.raises(UnsupportedOpError) as info:
         compile_tpu(select_positive)(torch.arange(6.0), ran)
     message = str(info.value)
     assert "TORCHTPU_STRICT=1" in message and "aten.masked_select" in message
@@ -57,13 +58,13 @@ def test_strict_graph_break_is_an_error_before_anything_runs():
 @pytest.mark.parametrize("code", ["x.sum().item()", "print('side effect') or x"])
 def test_strict_catches_other_graph_breaks(code):
     fn = eval(f"lambda x: ({code}) * 2")
-    with strict(), pytest.raises(UnsupportedOpError, match="breaks the graph"):
+    with config.patch(strict=True), pytest.raises(UnsupportedOpError, match="breaks the graph"):
         compile_tpu(fn)(torch.ones(3))
 
 
 def test_graph_breaks_of_other_backends_are_not_ours():
     torch._dynamo.reset()
-    with strict():
+    with config.patch(strict=True):
         out = torch.compile(select_positive, backend="eager")(torch.arange(6.0), [])
     torch.testing.assert_close(out, select_positive(torch.arange(6.0), []))
     assert torchtpu_compile.stats()["graph_breaks"] == {}
@@ -88,7 +89,7 @@ def test_captured_data_dependent_op_is_a_counted_fallback(capture_dynamic_shapes
 
 
 def test_captured_data_dependent_op_is_a_strict_error(capture_dynamic_shapes):
-    with strict(), pytest.raises(Exception) as info:
+    with config.patch(strict=True), pytest.raises(Exception) as info:
         compile_tpu(select_positive)(torch.arange(6.0), [])
     error = getattr(info.value, "inner_exception", info.value)  # Dynamo wraps backend errors
     assert isinstance(error, UnsupportedOpError)
@@ -97,8 +98,9 @@ def test_captured_data_dependent_op_is_a_strict_error(capture_dynamic_shapes):
 
 def test_eager_device_host_fallback_is_a_strict_error():
     x = torch.arange(6.0).to("tpu")
-    with strict(), pytest.raises(UnsupportedOpError, match="aten.masked_select.*TORCHTPU_STRICT"
-                                 "|TORCHTPU_STRICT.*aten.masked_select"):
+    with config.patch(strict=True), pytest.raises(
+            UnsupportedOpError,
+            match="aten.masked_select.*TORCHTPU_STRICT|TORCHTPU_STRICT.*aten.masked_select"):
         torch.masked_select(x, x > 2)
 
 
@@ -132,7 +134,7 @@ def test_strict_allows_autograd_breaks_whose_backward_is_compiled():
     def grad_of_square(x):
         return torch.autograd.grad((x * x).sum(), x)[0]
     x = torch.randn(5, requires_grad=True)
-    with strict():
+    with config.patch(strict=True):
         torch.testing.assert_close(compile_tpu(grad_of_square)(x), 2 * x.detach())
     [reason] = torchtpu_compile.stats()["graph_breaks"]
     assert "torch.autograd.grad" in reason

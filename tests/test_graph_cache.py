@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import torchtpu_compile
-from helpers import compile_tpu, configured, precision
+from helpers import compile_tpu
+from torchtpu_compile import config
 from torchtpu_compile import graph_cache
 from torchtpu_compile.lower import cache as lowering_cache
 from torchtpu_compile.runtime import cache as cache_store
@@ -127,15 +128,10 @@ def isolated_cache(tmp_path):
         torch._dynamo.reset()
         torchtpu_compile.reset_stats()
 
-    saved = (torchtpu_compile.config.cache_dir, torchtpu_compile.config.remote_cache,
-             torchtpu_compile.config.graph_cache)
-    torchtpu_compile.config.cache_dir = str(tmp_path / "cache")
-    torchtpu_compile.config.remote_cache = None
-    torchtpu_compile.config.graph_cache = True
-    forget()
-    yield forget
-    (torchtpu_compile.config.cache_dir, torchtpu_compile.config.remote_cache,
-     torchtpu_compile.config.graph_cache) = saved
+    with torchtpu_compile.config.patch(cache_dir=str(tmp_path / "cache"), remote_cache=None,
+                                       graph_cache=True):
+        forget()
+        yield forget
     forget()
 
 
@@ -235,10 +231,10 @@ def test_changed_tensor_attribute_gives_the_new_result(isolated_cache):
 def test_precision_reuses_aot_result_but_not_lowering(isolated_cache):
     f = lambda a, b: a @ b
     a, b = torch.randn(64, 64), torch.randn(64, 64)
-    with precision("highest"):
+    with config.patch(matmul_precision="highest"):
         exact = compile_tpu(f, dynamic=False)(a, b)
     isolated_cache()
-    with precision("medium"):
+    with config.patch(matmul_precision="medium"):
         medium = compile_tpu(f, dynamic=False)(a, b)
     # The aot_autograd graph does not depend on precision; its lowering and executable do.
     assert counts("aot_autograd")["hits"] == 1
@@ -251,7 +247,7 @@ def test_precision_reuses_aot_result_but_not_lowering(isolated_cache):
 
 
 def test_switched_off(isolated_cache):
-    with configured(graph_cache=False):
+    with config.patch(graph_cache=False):
         out = compile_tpu(lambda x: x.exp() - 1, dynamic=False)(torch.ones(3))
     torch.testing.assert_close(out, torch.ones(3).exp() - 1)
     for name in ("aot_autograd", "lowering"):

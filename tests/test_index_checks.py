@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 
 import torchtpu_compile
-from helpers import compile_tpu, configured
+from helpers import compile_tpu
+from torchtpu_compile import config
 
 X = torch.arange(8.0).reshape(4, 2)
 
@@ -191,7 +192,7 @@ def test_indexing_built_by_decompositions_is_not_checked():
 
 
 def test_checks_can_be_turned_off():
-    with configured(check_indices=False):
+    with config.patch(check_indices=False):
         compiled = compile_tpu(lambda x, i: x[i] * 1)
         out = compiled(X, torch.tensor([7]))  # clamped by XLA, as before the checks
     assert out.shape == (1, 2)

@@ -10,7 +10,8 @@ from jax.experimental import pallas as pl
 
 import torchtpu_compile
 import torchtpu_compile.aot as aot
-from helpers import compile_tpu, precision
+from helpers import compile_tpu
+from torchtpu_compile import config
 from torchtpu_compile import jax_op
 from torchtpu_compile.lower.cache import graph_key
 
@@ -71,7 +72,7 @@ def test_host_tensors_run_through_jax():
 def test_compiled_forward_and_backward_splice_the_jax_stablehlo():
     x, w = _inputs()
     torchtpu_compile.reset_stats()
-    with precision("highest"):
+    with config.patch(matmul_precision="highest"):
         got = _grads(compile_tpu(model), x, w)
     for g, want in zip(got, _grads(model_ref, x, w)):
         torch.testing.assert_close(g, want, rtol=1e-5, atol=1e-5)
@@ -124,7 +125,7 @@ def test_aot_artifact_holds_the_jax_stablehlo(tmp_path):
         def forward(self, x):
             return model(x, self.w)
 
-    with precision("highest"):
+    with config.patch(matmul_precision="highest"):
         artifact = aot.compile(Block().eval(), (x,))
     artifact.save(tmp_path / "block.tpu")
     loaded = aot.load(tmp_path / "block.tpu")

@@ -246,7 +246,7 @@ def test_maxpool_backward_lowers():
     assert torchtpu_compile.stats()["fallback_ops"] == {}
 
 
-def test_precision_modes_on_mlp(monkeypatch):
+def test_precision_modes_on_mlp():
     """"high" is fp32 on CPU; "medium" must round to bf16, visibly more than fp32 does."""
     model, inputs = mlp()
     compiled = torch.compile(model, backend="torchtpu")
@@ -254,8 +254,8 @@ def test_precision_modes_on_mlp(monkeypatch):
         expected = model(*inputs)
         errors = {}
         for mode in ("highest", "high", "medium"):
-            monkeypatch.setattr(torchtpu_compile.config, "matmul_precision", mode)
-            errors[mode] = rel_err(compiled(*inputs), expected)
+            with torchtpu_compile.config.patch(matmul_precision=mode):
+                errors[mode] = rel_err(compiled(*inputs), expected)
     assert_ran_on_torchtpu()
     assert errors["highest"] < 1e-5 and errors["high"] < 1e-5, errors
     assert 1e-4 < errors["medium"] < 3e-2, errors
@@ -288,7 +288,7 @@ def test_rt_detr_v2_deformable_attention_and_its_gradients_match_eager():
     from transformers.models.rt_detr_v2.modeling_rt_detr_v2 import \
         multi_scale_deformable_attention_v2 as attention
 
-    from helpers import configured
+    from torchtpu_compile import config
     generator = torch.Generator().manual_seed(0)
     shapes, batch, queries, heads, head_dim, points = [(8, 8), (4, 4), (2, 2)], 2, 6, 4, 8, 4
     value = torch.randn(batch, sum(h * w for h, w in shapes), heads, head_dim,
@@ -307,7 +307,7 @@ def test_rt_detr_v2_deformable_attention_and_its_gradients_match_eager():
         (out * cotangent).sum().backward()
         return out.detach(), {i: t.grad for i, t in enumerate(inputs)}
 
-    with configured(strict=True, matmul_precision="highest"):
+    with config.patch(strict=True, matmul_precision="highest"):
         actual, actual_grads = run(torch.compile(forward, backend="torchtpu"))
     assert_ran_on_torchtpu()
     expected, expected_grads = run(forward)

@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from helpers import PATHS, compile_tpu, configured, run_on_path
+from helpers import PATHS, compile_tpu, run_on_path
+from torchtpu_compile import config
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
@@ -85,7 +86,7 @@ def test_topk_with_nan_gives_eagers_values_at_their_indices(path):
 def test_integer_argmax_ties_take_the_first_index():
     x = torch.tensor([[3, 1, 3, 0], [0, 0, -1, 0], [7, 7, 7, 7]], dtype=torch.int32)
     fn = lambda x: (x.argmax(1), x.argmin(1), x.argmax(0), *torch.max(x, 1))  # noqa: E731
-    with configured(strict=True):
+    with config.patch(strict=True):
         assert_same(compile_tpu(fn)(x), fn(x))
 
 
@@ -95,7 +96,7 @@ def test_nan_reductions_property(dtype):
     compiled program per dtype, against eager CPU."""
     fn = lambda x: (x.argmax(), x.argmin(), x.argmax(0), x.argmin(1),  # noqa: E731
                     *torch.max(x, 1), *torch.min(x, 0))
-    with configured(strict=True):
+    with config.patch(strict=True):
         compiled = compile_tpu(fn)
         elements = st.sampled_from([NAN, INF, -INF, 0.0, -0.5, 1.0, 2.0])
 

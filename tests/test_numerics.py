@@ -81,10 +81,11 @@ def tanh_one_percent_high(monkeypatch):
     compile cache, keyed by StableHLO, compiles it anew)."""
     import torchtpu_compile.lower.cache as lowering_cache
     planted_lowering = scale_op_after_lowering(lowering_cache.lower_graph, aten.tanh.default, 1.01)
-    # Cached lowerings of the same graph (from earlier tests) must not answer for the plant.
-    monkeypatch.setattr(torchtpu_compile.config, "graph_cache", False)
     monkeypatch.setattr(lowering_cache, "lower_graph", planted_lowering)
     monkeypatch.setattr(torchtpu_compile.program, "lower_graph", planted_lowering)
+    # Cached lowerings of the same graph (from earlier tests) must not answer for the plant.
+    with torchtpu_compile.config.patch(graph_cache=False):
+        yield
 
 
 # --- the tolerance policy ----------------------------------------------------------------------
@@ -262,7 +263,8 @@ def tanh_decomposed_one_percent_high(monkeypatch):
         return (1 - 2 / (torch.exp(2 * x) + 1)) * 1.01
     monkeypatch.setitem(decompositions.OURS, aten.tanh.default, tanh)
     # Graphs cached by earlier tests, decomposed without the plant, must not answer for it.
-    monkeypatch.setattr(torchtpu_compile.config, "graph_cache", False)
+    with torchtpu_compile.config.patch(graph_cache=False):
+        yield
 
 
 @pytest.mark.parametrize("train", [False, True], ids=["inference", "train"])

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import configured
+from torchtpu_compile import config
 from opinfo.harness import check, entry_name
 from opinfo.verdict import assert_result
 
@@ -48,7 +48,7 @@ OPS = _op_db()
 @pytest.mark.parametrize("path", ["compile", "eager"])
 @pytest.mark.parametrize("entry", FAST)
 def test_opinfo_fp32(entry, path):
-    with configured(matmul_precision="highest"):
+    with config.patch(matmul_precision="highest"):
         result = check(OPS[entry], path, torch.float32, max_samples=2)
     assert_result(result)
 
@@ -67,7 +67,7 @@ def test_every_skip_names_an_entry_a_category_and_a_reason():
 def test_eager_path_reports_why_it_cannot_run(monkeypatch):
     from opinfo import paths
     monkeypatch.setattr(paths, "eager_available", lambda: paths.EAGER_UNAVAILABLE)
-    with configured(matmul_precision="highest"):
+    with config.patch(matmul_precision="highest"):
         result = check(OPS["add"], "eager", torch.float32)
     assert (result.status, result.category, result.detail) == \
         ("skip", "unavailable", "eager tpu device not available yet")
@@ -75,7 +75,7 @@ def test_eager_path_reports_why_it_cannot_run(monkeypatch):
 
 def test_a_fallback_is_not_a_pass():
     # nonzero's output shape depends on the data: Dynamo runs it eagerly, so it is not XLA.
-    with configured(matmul_precision="highest"):
+    with config.patch(matmul_precision="highest"):
         result = check(OPS["nonzero"], "compile", torch.float32, max_samples=1)
     assert result.status == "fallback" and result.category == "xla-unsupported", result
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import torchtpu_eager  # noqa: F401  (the tpu device)
-from helpers import compile_tpu, configured, eager_mode
+from helpers import compile_tpu, eager_mode
+from torchtpu_compile import config
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
@@ -163,7 +164,7 @@ def test_aliasing_of_outputs_matches_eager(fn, write, mode, request):
         # Function hides some of these from autograd, for every backend (Inductor too):
         # there, aot_eager is the reference.
         reference = outcome(fn, "cpu", training, "aot_eager", write)
-    with configured(strict=True, matmul_precision="highest"), \
+    with config.patch(strict=True, matmul_precision="highest"), \
             eager_mode(tpu_mode or torch.tpu.get_eager_mode()):
         if isinstance(reference, RuntimeError):
             with pytest.raises(RuntimeError):
@@ -189,7 +190,7 @@ def test_aot_artifacts_keep_output_aliasing(fn, tmp_path):
             return fn(x, w)
 
     (x, w), (x_ref, w_ref) = inputs(training=False), inputs(training=False)
-    with configured(strict=True, matmul_precision="highest"):
+    with config.patch(strict=True, matmul_precision="highest"):
         run_artifact = aot.load(aot.compile(Model(), (x, w)).save(str(tmp_path / "f.tpu")))
         outs = run_artifact(x, w)
     ref = fn(x_ref, w_ref)

@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 import torchtpu_compile
-from helpers import compile_tpu, precision
+from helpers import compile_tpu
+from torchtpu_compile import config
 from torchtpu_compile.runtime import transfer
 
 UPLOADS = ("aliased", "unaligned", "copied")
@@ -149,7 +150,7 @@ ROUTES = {
 def test_a_write_reaches_the_next_compiled_call(route, upload, monkeypatch):
     net = _net(upload, monkeypatch)
     x = torch.randn(3, 4)
-    with precision("highest"):
+    with config.patch(matmul_precision="highest"):
         compiled = compile_tpu(net)
         torch.testing.assert_close(compiled(x), net(x))
         for seed in (1, 2):  # twice: the buffer made after the first write must not stick
@@ -176,7 +177,7 @@ def test_a_compiled_training_loop_matches_eager(upload, monkeypatch):
             losses.append(loss.item())
         return losses
 
-    with precision("highest"):
+    with config.patch(matmul_precision="highest"):
         losses = train(net, compile_tpu(net))
     expected = train(reference, reference)
     torch.testing.assert_close(losses, expected)
@@ -210,7 +211,7 @@ def test_the_issue_repro_from_numpy():
     m = nn.Linear(4, 3)
     m.weight = nn.Parameter(torch.from_numpy(np.random.randn(3, 4).astype("float32")))
     x = torch.randn(2, 4)
-    with precision("highest"):
+    with config.patch(matmul_precision="highest"):
         compiled = compile_tpu(m)
         compiled(x)
         m.weight.data.add_(1.0)

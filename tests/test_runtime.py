@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import torchtpu_compile
-from helpers import compile_tpu, precision
+from helpers import compile_tpu
+from torchtpu_compile import config
 from torchtpu_compile.errors import PlatformError
 from torchtpu_compile.runtime import client as client_module
 from torchtpu_compile.runtime.transfer import to_buffer, to_torch
@@ -133,12 +134,12 @@ def test_precision_is_part_of_the_cache_key():
     a, b = torch.randn(64, 64), torch.randn(64, 64)
     f = compile_tpu(lambda x, y: x @ y)
     exact = a.double() @ b.double()
-    with precision("medium"):
+    with config.patch(matmul_precision="medium"):
         medium = f(a, b)
-    with precision("highest"):
+    with config.patch(matmul_precision="highest"):
         highest = f(a, b)
     torchtpu_compile.reset_stats()
-    with precision("medium"):
+    with config.patch(matmul_precision="medium"):
         again = f(a, b)
     assert torchtpu_compile.stats()["graphs_compiled"] == 0  # medium's program is kept
     assert torch.equal(again, medium)
@@ -150,7 +151,7 @@ def test_precision_is_part_of_the_cache_key():
 def test_medium_is_bf16_multiply_with_f32_accumulate():
     torch.manual_seed(0)
     a, b = torch.randn(128, 256), torch.randn(256, 32)
-    with precision("medium"):
+    with config.patch(matmul_precision="medium"):
         out = compile_tpu(lambda x, y: x @ y)(a, b)
     reference = a.bfloat16().double() @ b.bfloat16().double()  # exact products of bf16 values
     assert (out.double() - reference).abs().max().item() < 1e-4
@@ -165,7 +166,7 @@ def test_precision_follows_torch_when_set_explicitly():
         assert resolve_precision() == "highest"
         torch.set_float32_matmul_precision("high")
         assert resolve_precision() == "high"
-        with precision("medium"):
+        with config.patch(matmul_precision="medium"):
             assert resolve_precision() == "medium"  # our config wins
     finally:
         torch.set_float32_matmul_precision(saved)

@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import torchtpu_compile
-from helpers import compile_tpu, precision
+from helpers import compile_tpu
+from torchtpu_compile import config
 from torchtpu_compile.program import GraphRunner
 
 pytestmark = pytest.mark.usefixtures("fp32")
@@ -15,7 +16,7 @@ pytestmark = pytest.mark.usefixtures("fp32")
 
 @pytest.fixture
 def fp32():
-    with precision("highest"):
+    with config.patch(matmul_precision="highest"):
         torchtpu_compile.reset_stats()
         yield
 

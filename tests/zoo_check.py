@@ -163,18 +163,17 @@ def measure(name: str) -> dict:
     """Inference and training of zoo model ``name``, compiled against eager (see module doc)."""
     family, make = zoo_full.ZOO[name]
     tol = _tolerances(name)
-    saved = torchtpu_compile.config.matmul_precision
-    torchtpu_compile.config.matmul_precision = PRECISION
     start = time.perf_counter()
     try:
-        model, inputs = make()
-        no_dropout(model)
-        inference = _guarded(_inference, model, inputs, tol)
-        model, inputs = make()
-        no_dropout(model)
-        training = _guarded(_training, model, inputs, tol, STEPS.get(name, (TRAIN_STEPS,))[0])
+        with torchtpu_compile.config.patch(matmul_precision=PRECISION):
+            model, inputs = make()
+            no_dropout(model)
+            inference = _guarded(_inference, model, inputs, tol)
+            model, inputs = make()
+            no_dropout(model)
+            training = _guarded(_training, model, inputs, tol,
+                                STEPS.get(name, (TRAIN_STEPS,))[0])
     finally:
-        torchtpu_compile.config.matmul_precision = saved
         torch._dynamo.reset()
     return {"model": name, "family": family, "precision": PRECISION,
             "params": sum(p.numel() for p in model.parameters()),

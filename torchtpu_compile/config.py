@@ -1,93 +1,629 @@
-"""User-facing settings of the compile path.
+"""Every setting of torchtpu, declared once: its environment variable, default, accepted values
+and meaning.
 
-Each setting has an environment variable that gives its default at import time; assigning the
-attribute at run time wins over the variable.
+A setting is read as a module attribute and set by assignment or, for a block of code or a
+test, with ``patch``. Its value is, first to last: the value set in code, else its environment
+variable, else its default. The variable is read when the setting is read (each consumer reads
+a setting at a stated moment: see its doc), so a variable set in ``os.environ`` before that
+moment counts. A value the setting does not accept is an error naming the setting (or the
+variable), the value and what it accepts, raised when it is set or read: never a silent
+default.
 
 Example::
 
-    import torchtpu_compile
-    torchtpu_compile.config.matmul_precision = "highest"   # fp32 matmuls, even on TPU
-    torchtpu_compile.config.strict = True                  # an op that cannot lower is an error
+    from torchtpu_compile import config
+    config.matmul_precision = "highest"        # fp32 matmuls, even on TPU
+    with config.patch(strict=True, max_buckets=4):
+        ...                                    # restored on exit, also on an exception
+    config.max_buckets = "abc"                 # ConfigError: ... expected an integer >= 1
+
+``docs/configuration.md`` is ``reference()``'s output (``make config-docs`` writes it).
+
+Like ``torch.utils._config_module`` (declarations, attribute access, ``patch``, a hash of the
+settings that shape compiled code) but written here: that module validates nothing, parses
+only "0"/"1" from the environment and reads it once at import, keeps overrides per thread (a
+setting made on the main thread would not reach a worker thread), and lives in torch's private
+API; this module is the base layer and imports nothing heavy.
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import operator
 import os
+import sys
+import types
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .errors import ConfigError
+
+__all__ = ["ConfigError", "Setting", "settings", "patch", "reset", "compile_hash", "describe",
+           "reference"]
+
+_UNSET = object()
 
 
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+# --- value kinds: how a setting parses its variable and checks a value set in code ----------
+
+class _Kind:
+    """How one kind of setting reads its variable (``parse``) and checks a value set in code
+    (``check``); both raise ValueError with no more than what was wrong (the setting adds
+    the names). ``accepted`` describes the values, for errors and the reference."""
+
+    accepted = ""
+    in_code = None  # what code may set, where it differs from ``accepted``
+
+    def parse(self, raw: str):
+        raise NotImplementedError
+
+    def check(self, value):
+        raise NotImplementedError
 
 
-#: "tpu", "cuda" or "cpu"; None picks the best platform present. Read once, when the PJRT
-#: client is first needed (env: TORCHTPU_PLATFORM).
-platform: str | None = os.environ.get("TORCHTPU_PLATFORM") or None
+class _Flag(_Kind):
+    accepted = "1, true, yes, on or 0, false, no, off"
+    in_code = "True or False"
+    _TRUE = ("1", "true", "yes", "on")
+    _FALSE = ("0", "false", "no", "off")
 
-#: "medium", "high", "highest", or None to follow ``torch.set_float32_matmul_precision`` when the
-#: user has set it, and "medium" (the TPU default) otherwise (env: TORCHTPU_MATMUL_PRECISION).
-matmul_precision: str | None = os.environ.get("TORCHTPU_MATMUL_PRECISION") or None
+    def parse(self, raw):
+        word = raw.strip().lower()
+        if word in self._TRUE:
+            return True
+        if word in self._FALSE:
+            return False
+        raise ValueError
 
-#: Make every eager fallback an error naming the op, its shapes and the source line
-#: (env: TORCHTPU_STRICT=1).
-strict: bool = _env_flag("TORCHTPU_STRICT")
-
-
-#: Check tensor indices (x[i], embedding, gather, scatter, index_select, ...) against their
-#: dim as eager does, raising its IndexError/RuntimeError instead of letting XLA clamp them;
-#: read when a program is built (env: TORCHTPU_CHECK_INDICES=0 turns it off).
-check_indices: bool = os.environ.get("TORCHTPU_CHECK_INDICES", "1").strip().lower() not in (
-    "0", "off", "false", "no")
-
-
-def _cache_dir_default() -> str | None:
-    value = os.environ.get("TORCHTPU_CACHE_DIR")
-    if value is None or value == "":
-        return os.path.join(os.path.expanduser("~"), ".cache", "torchtpu")
-    return None if value.strip().lower() in ("0", "off", "none", "false") else value
+    def check(self, value):
+        if isinstance(value, bool):
+            return value
+        raise ValueError
 
 
-#: Level 2 of the compile cache, on host disk; None turns it off
-#: (env: TORCHTPU_CACHE_DIR, "off" to disable; default ~/.cache/torchtpu).
-cache_dir: str | None = _cache_dir_default()
+class _Choice(_Kind):
+    def __init__(self, *options: str, unset: str | None = None):
+        self.options = options
+        self.optional = unset is not None
+        self.accepted = "one of " + ", ".join(options) + (f" (unset: {unset})" if unset else "")
 
-#: Size cap of the disk cache; least-recently-used entries go first
-#: (env: TORCHTPU_CACHE_MAX_BYTES, default 4 GiB).
-cache_max_bytes: int = int(os.environ.get("TORCHTPU_CACHE_MAX_BYTES", 4 << 30))
+    def parse(self, raw):
+        return self.check(raw)
 
-#: Level 3: a shared store, ``file:///path`` or any fsspec URL such as ``gs://bucket/dir``;
-#: None turns it off (env: TORCHTPU_REMOTE_CACHE).
-remote_cache: str | None = os.environ.get("TORCHTPU_REMOTE_CACHE") or None
+    def check(self, value):
+        if value is None and self.optional:
+            return None
+        if isinstance(value, str) and value.strip().lower() in self.options:
+            return value.strip().lower()
+        raise ValueError
 
-#: A secret shared by the people who share a compile cache (a team's remote, a group-writable
-#: folder): every entry is then signed with HMAC-SHA256 under it, and entries not signed with it
-#: are refused. Without it, only a folder no other user can write is used, and a remote that is
-#: not such a ``file://`` folder is not used at all (env: TORCHTPU_CACHE_KEY).
-cache_key: str | None = os.environ.get("TORCHTPU_CACHE_KEY") or None
 
-#: Cache above the StableHLO too: aot_autograd's result per Dynamo graph (so a warm process skips
-#: AOT tracing and decomposition) and the StableHLO per FX graph (so it skips torch-mlir); both
-#: live beside the executables, at the same levels (env: TORCHTPU_GRAPH_CACHE=0 turns it off).
-graph_cache: bool = os.environ.get("TORCHTPU_GRAPH_CACHE", "1").strip().lower() not in (
-    "0", "off", "false", "no")
+class _Int(_Kind):
+    def __init__(self, minimum: int):
+        self.minimum = minimum
+        self.accepted = f"an integer >= {minimum}"
 
-#: Cache Dynamo's own output too (bytecode, guards rebuilt against live objects), so that a
-#: warm process skips tracing the model's Python code; experimental, off by default
-#: (env: TORCHTPU_DYNAMO_CACHE=1; see dynamo_cache.py for what it refuses to cache).
-dynamo_cache: bool = _env_flag("TORCHTPU_DYNAMO_CACHE")
+    def parse(self, raw):
+        return self.check(int(raw.strip()))
 
-#: Bounded dynamism: a dim that Dynamo reports dynamic is served by a few padded buckets, each
-#: compiled once; False compiles once per concrete size instead (env: TORCHTPU_BUCKETS=0).
-buckets: bool = os.environ.get("TORCHTPU_BUCKETS", "1").strip().lower() not in (
-    "0", "off", "false", "no")
+    def check(self, value):
+        if isinstance(value, bool):
+            raise ValueError
+        value = operator.index(value)  # TypeError for a float or a string
+        if value < self.minimum:
+            raise ValueError
+        return value
 
-#: How a real size maps to its bucket: "pow2-128" (powers of two up to 128, multiples of 128
-#: above), "pow2", "multiple-N", a ladder "16,64,256", or a callable size -> bucket
-#: (env: TORCHTPU_BUCKET_POLICY).
-bucket_policy = os.environ.get("TORCHTPU_BUCKET_POLICY") or "pow2-128"
 
-#: The smallest bucket of the power-of-two policies (env: TORCHTPU_BUCKET_MIN).
-bucket_min: int = int(os.environ.get("TORCHTPU_BUCKET_MIN", 8))
+class _Text(_Kind):
+    def __init__(self, what: str):
+        self.accepted = what
 
-#: Programs one graph may compile for its buckets; past it, sizes reuse a covering bucket and
-#: only a size beyond every bucket compiles a new one, with a log line
-#: (env: TORCHTPU_MAX_BUCKETS).
-max_buckets: int = int(os.environ.get("TORCHTPU_MAX_BUCKETS", 8))
+    def parse(self, raw):
+        return raw
+
+    def check(self, value):
+        if value is None or (isinstance(value, str) and value):
+            return value
+        raise ValueError
+
+
+class _Folder(_Kind):
+    _OFF = ("0", "off", "none", "false")
+    accepted = "a folder, or off (also 0, none, false) to turn it off"
+
+    def parse(self, raw):
+        return None if raw.strip().lower() in self._OFF else raw
+
+    def check(self, value):
+        if value is None:
+            return None
+        if isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        if isinstance(value, str) and value:
+            return value
+        raise ValueError
+
+
+class _BucketPolicy(_Kind):
+    accepted = ("pow2-128, pow2, multiple-N (N >= 1), a ladder of two or more sizes such as "
+                "16,64,256, or (in code) a list of sizes or a callable size -> bucket")
+
+    @staticmethod
+    def _ladder(rungs) -> bool:
+        try:
+            return len(rungs) >= 2 and all(int(r) >= 1 for r in rungs)
+        except (TypeError, ValueError):
+            return False
+
+    def parse(self, raw):
+        return self.check(raw.strip())
+
+    def check(self, value):
+        if callable(value):
+            return value
+        if isinstance(value, (list, tuple)) and self._ladder(value):
+            return value
+        if isinstance(value, str):
+            if value in ("pow2-128", "pow2") or "," in value and self._ladder(value.split(",")):
+                return value
+            step = value[len("multiple-"):] if value.startswith("multiple-") else ""
+            if step.isdigit() and int(step) >= 1:
+                return value
+        raise ValueError
+
+
+# --- the declarations -----------------------------------------------------------------------
+
+@dataclass(eq=False)
+class Setting:
+    """One setting: ``env`` gives its value when code has not set one; ``default`` (or
+    ``default_factory()``, called at each read) when neither has. ``compiled``: it changes the program a
+    graph compiles to, so it enters ``compile_hash``. ``secret``: never shown. ``old_env``:
+    deprecated variable names, still read (with a FutureWarning) when ``env`` is unset."""
+
+    name: str
+    env: str
+    default: Any
+    kind: _Kind
+    doc: str
+    group: str
+    default_text: str | None = None  # markdown, where the value alone would not say it
+    compiled: bool = False
+    secret: bool = False
+    old_env: tuple = ()
+    default_factory: Callable[[], Any] | None = None
+
+    def __post_init__(self):
+        self._seen = (_UNSET, None)  # (raw variable, its parsed value): parse once per value
+        self._key = os.environ.encodekey(self.env)  # the variable's key in os.environ._data
+
+    def _show(self, value) -> str:
+        return "<secret>" if self.secret else repr(value)
+
+    def check(self, value):
+        """``value`` as this setting holds it; ConfigError where it does not accept it."""
+        try:
+            return self.kind.check(value)
+        except (TypeError, ValueError):
+            raise ConfigError(
+                f"torchtpu_compile.config.{self.name} = {self._show(value)} is not accepted: "
+                f"expected {self.kind.in_code or self.kind.accepted} (environment variable "
+                f"{self.env})") from None
+
+    def _parse(self, variable: str, raw: str):
+        try:
+            return self.kind.parse(raw)
+        except (TypeError, ValueError):
+            raise ConfigError(
+                f"{variable}={self._show(raw)} is not accepted by torchtpu_compile.config."
+                f"{self.name}: expected {self.kind.accepted}") from None
+
+    def from_environment(self):
+        """The value from the environment now (its variable, else its default)."""
+        raw = _environ(self.env, self._key)
+        seen_raw, seen_value = self._seen
+        if raw is not None and raw == seen_raw:
+            return seen_value
+        variable = self.env
+        if not raw and self.old_env:
+            variable, raw = _old_variable(self)
+        if not raw:  # unset or empty: the default
+            return self.default_factory() if self.default_factory else self.default
+        text = raw.decode(_FS_ENCODING, "surrogateescape") if isinstance(raw, bytes) else raw
+        value = self._parse(variable, text)
+        if variable == self.env:
+            self._seen = (raw, value)
+        return value
+
+
+_FS_ENCODING = sys.getfilesystemencoding()
+
+
+#: ``os.environ`` and the dict behind it, which its writes keep current. Settings are read per
+#: compiled call; ``os.environ.get`` of an unset variable costs ~1.5 us (a KeyError raised and
+#: caught inside it), a look in this dict ~0.05 us.
+_ENVIRON = os.environ
+_ENVIRON_DATA = getattr(os.environ, "_data", None)
+
+
+def _environ(name: str, key):
+    """The variable's raw value (bytes on POSIX) or None."""
+    environ = os.environ
+    if environ is _ENVIRON and _ENVIRON_DATA is not None:
+        return _ENVIRON_DATA.get(key)
+    return environ.get(name)  # os.environ replaced by another mapping
+
+
+def _old_variable(setting: Setting) -> tuple[str, str | None]:
+    for old in setting.old_env:
+        raw = os.environ.get(old)
+        if raw:
+            if old not in _warned:
+                _warned.add(old)
+                warnings.warn(f"{old} is deprecated and will stop working in the next release; "
+                              f"set {setting.env} instead", FutureWarning, stacklevel=4)
+            return old, raw
+    return setting.env, None
+
+
+_warned: set = set()
+
+
+def _default_cache_dir() -> str:
+    # Read per cache lookup: expanduser costs ~7 us, so keep the answer for the HOME it used.
+    home = _environ("HOME", _HOME_KEY)
+    if _default_cache_dir.seen[0] != home:
+        _default_cache_dir.seen = (home, os.path.join(os.path.expanduser("~"), ".cache",
+                                                      "torchtpu"))
+    return _default_cache_dir.seen[1]
+
+
+_default_cache_dir.seen = (_UNSET, None)
+_HOME_KEY = os.environ.encodekey("HOME")
+
+
+_SETTINGS = (
+    # -- compile path --
+    Setting("platform", "TORCHTPU_PLATFORM", None,
+            _Choice("tpu", "cuda", "cpu", unset="the best platform present"),
+            "The PJRT platform, chosen once per process when the PJRT client is first needed.",
+            "compile", default_text="best present: `tpu`, then `cuda`, then `cpu`"),
+    Setting("matmul_precision", "TORCHTPU_MATMUL_PRECISION", None,
+            _Choice("medium", "high", "highest",
+                    unset="follow torch.set_float32_matmul_precision"),
+            "Precision of f32 matmuls and convolutions (medium: bf16 passes with f32 "
+            "accumulation, TPU's default; high; highest: f32). None follows "
+            "torch.set_float32_matmul_precision if it was called, else medium. Read when a "
+            "graph is compiled or an eager op runs.",
+            "compile", compiled=True),
+    Setting("strict", "TORCHTPU_STRICT", False, _Flag(),
+            "An op that cannot be lowered, or a Dynamo graph break, is an error naming the op, "
+            "its shapes and the source line, instead of running in eager PyTorch.",
+            "compile"),
+    Setting("check_indices", "TORCHTPU_CHECK_INDICES", True, _Flag(),
+            "Programs check tensor indices (x[i], gather, scatter, embedding, ...) against "
+            "their dim and raise eager's error; off: XLA clamps them. Read when a program is "
+            "built.",
+            "compile", compiled=True),
+    # -- caches --
+    Setting("cache_dir", "TORCHTPU_CACHE_DIR", None, _Folder(),
+            "Level 2 of the compile cache, on host disk; None turns it off.",
+            "cache", default_text="`~/.cache/torchtpu`", default_factory=_default_cache_dir),
+    Setting("cache_max_bytes", "TORCHTPU_CACHE_MAX_BYTES", 4 << 30, _Int(0),
+            "Size cap of the disk cache; least-recently-used entries go first.",
+            "cache", default_text="`4294967296` (4 GiB)"),
+    Setting("remote_cache", "TORCHTPU_REMOTE_CACHE", None,
+            _Text("a URL: file:///dir, or an fsspec URL such as gs://bucket/dir"),
+            "Level 3 of the compile cache, shared; an fsspec URL (gs://, s3://) needs "
+            "cache_key. None turns it off.",
+            "cache", default_text="`None` (off)"),
+    Setting("cache_key", "TORCHTPU_CACHE_KEY", None, _Text("any non-empty text"),
+            "A secret shared by the people who share a compile cache: every entry is signed "
+            "with it (HMAC-SHA256) and entries not signed with it are refused. Without it only "
+            "a folder no other user can write is used.",
+            "cache", secret=True),
+    Setting("graph_cache", "TORCHTPU_GRAPH_CACHE", True, _Flag(),
+            "Also cache aot_autograd results and lowered StableHLO, at the same levels as the "
+            "executables; torch's force_disable_caches turns it off too.",
+            "cache"),
+    Setting("dynamo_cache", "TORCHTPU_DYNAMO_CACHE", False, _Flag(),
+            "Also cache Dynamo's output per frame (bytecode, guards checked by portable "
+            "fingerprints), so that a warm process skips tracing; experimental. Its hook is "
+            "installed when the backend is imported, if this is on then.",
+            "cache"),
+    # -- dynamic shapes --
+    Setting("buckets", "TORCHTPU_BUCKETS", True, _Flag(),
+            "Serve dims Dynamo reports dynamic with a few padded buckets, each compiled once; "
+            "off: one compile per concrete size.",
+            "buckets"),
+    Setting("bucket_policy", "TORCHTPU_BUCKET_POLICY", "pow2-128", _BucketPolicy(),
+            "How a real size maps to its bucket: pow2-128 (powers of two up to 128, multiples "
+            "of 128 above), pow2, multiple-N, a ladder (sizes past its end take multiples of "
+            "its last step), or a callable.",
+            "buckets"),
+    Setting("bucket_min", "TORCHTPU_BUCKET_MIN", 8, _Int(1),
+            "The smallest bucket of the power-of-two policies.",
+            "buckets"),
+    Setting("max_buckets", "TORCHTPU_MAX_BUCKETS", 8, _Int(1),
+            "Programs one graph may compile for its buckets; past it sizes reuse a covering "
+            "bucket, and only a size beyond every bucket compiles a new one (logged).",
+            "buckets"),
+    # -- the eager tpu device --
+    Setting("launch_blocking", "TORCH_TPU_LAUNCH_BLOCKING", False, _Flag(),
+            "Start the eager tpu device in debug mode: each op waits for its result, and an "
+            "error is raised at the op that caused it. Read when the device runs its first op; "
+            "torch.tpu.set_eager_mode switches later.",
+            "eager"),
+    Setting("defer_and_fuse", "TORCH_TPU_DEFER_AND_FUSE", False, _Flag(),
+            "Start the eager tpu device in defer-and-fuse mode: ops are recorded and compiled "
+            "as one program at a materialization point. Cannot be combined with "
+            "launch_blocking. Read when the device runs its first op.",
+            "eager"),
+    Setting("fuse_max_ops", "TORCHTPU_FUSE_MAX_OPS", 5000, _Int(1),
+            "A defer-and-fuse recording runs once it holds this many ops. Read when the "
+            "defer-and-fuse mode is entered.",
+            "eager", old_env=("TORCH_TPU_FUSE_MAX_OPS",)),
+    Setting("fuse_max_inputs", "TORCHTPU_FUSE_MAX_INPUTS", 2000, _Int(1),
+            "A defer-and-fuse recording runs once it reads this many input buffers. Read when "
+            "the defer-and-fuse mode is entered.",
+            "eager", old_env=("TORCH_TPU_FUSE_MAX_INPUTS",)),
+    Setting("fuse_repeats", "TORCHTPU_FUSE_REPEATS", True, _Flag(),
+            "Cut a defer-and-fuse recording at a repeated block of ops (a loop body), so every "
+            "iteration reuses one compiled program. Read when the defer-and-fuse mode is "
+            "entered.",
+            "eager", old_env=("TORCH_TPU_FUSE_REPEATS",)),
+    # -- tpu_dist --
+    Setting("dist_coordinator_host", "TORCHTPU_DIST_COORDINATOR_HOST", None,
+            _Text("a host name or address"),
+            "Where the other ranks reach rank 0's coordinator; None: MASTER_ADDR, else the "
+            "host of the rendezvous store, else this host's name. Read when the first tpu_dist "
+            "group is made.",
+            "distributed"),
+    Setting("dist_transport", "TORCHTPU_DIST_TRANSPORT", "auto", _Choice("auto", "staged"),
+            "How a tpu_dist group runs collectives: auto (PJRT collectives where every rank "
+            "is in one joined client, else staged through the host) or staged (always through "
+            "the host, to compare the transports). Read when a group is made.",
+            "distributed"),
+    Setting("dist_check", "TORCHTPU_DIST_CHECK", True, _Flag(),
+            "Compare the ranks' shapes and dtypes before each tpu_dist collective, so a "
+            "mismatch is an error on every rank; off skips it (a mismatch is then not caught). "
+            "Read before each collective.",
+            "distributed"),
+)
+
+_BY_NAME = {s.name: s for s in _SETTINGS}
+
+#: Values set in code (assignment or ``patch``), by setting name: they win over the
+#: environment. Shared by all threads, as module attributes were.
+_overrides: dict = {}
+
+
+def settings() -> tuple[Setting, ...]:
+    """Every declared setting, in reference order.
+
+    Example::
+
+        [s.env for s in config.settings()]   # ['TORCHTPU_PLATFORM', ...]
+    """
+    return _SETTINGS
+
+
+def _setting(name: str) -> Setting:
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        import difflib
+        close = difflib.get_close_matches(name, _BY_NAME, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise AttributeError(f"torchtpu_compile.config has no setting {name!r}{hint} "
+                             f"(settings: {', '.join(_BY_NAME)})") from None
+
+
+def _set(name: str, value) -> None:
+    setting = _setting(name)
+    _overrides[name] = setting.check(value)
+
+
+def reset(*names: str) -> None:
+    """Forget values set in code for ``names`` (all settings when none are given): they follow
+    their environment variable and default again.
+
+    Example::
+
+        config.strict = True
+        config.reset("strict")   # TORCHTPU_STRICT, else False
+    """
+    for name in names or tuple(_overrides):
+        _setting(name)
+        _overrides.pop(name, None)
+
+
+class _Patch(contextlib.ContextDecorator):
+    """``patch``'s result: a context manager and decorator, reentrant."""
+
+    def __init__(self, changes: dict):
+        self._changes = changes
+        self._saved: list[dict] = []
+
+    def __enter__(self):
+        self._saved.append({name: _overrides.get(name, _UNSET) for name in self._changes})
+        _overrides.update(self._changes)
+        return sys.modules[__name__]
+
+    def __exit__(self, *exc_info):
+        for name, value in self._saved.pop().items():
+            if value is _UNSET:
+                _overrides.pop(name, None)
+            else:
+                _overrides[name] = value
+        return False
+
+
+def patch(changes: dict | None = None, /, **overrides) -> _Patch:
+    """Set settings for a block of code or a function, then put back what was there (a value
+    set in code, or the environment and default), also when it raises. Values are checked now,
+    as an assignment checks them. Like an assignment, it applies to every thread.
+
+    Example::
+
+        with config.patch(strict=True, matmul_precision="highest"):
+            y = compiled(x)
+
+        @config.patch(buckets=False)
+        def test_one_compile_per_size(): ...
+    """
+    changes = {**(changes or {}), **overrides}
+    return _Patch({name: _setting(name).check(value) for name, value in changes.items()})
+
+
+def compile_hash() -> str:
+    """A digest of the settings that change the program a graph compiles to (``compiled``:
+    matmul_precision, check_indices), for cache keys; the others (where caches live, bucket
+    choice, strictness, eager and tpu_dist behaviour) change which graphs are built or how they
+    run, and each graph is keyed by itself.
+
+    Example::
+
+        with config.patch(check_indices=False):
+            assert config.compile_hash() != unpatched
+    """
+    module = sys.modules[__name__]
+    values = "|".join(f"{s.name}={getattr(module, s.name)!r}" for s in _SETTINGS if s.compiled)
+    return hashlib.sha256(values.encode()).hexdigest()[:16]
+
+
+# --- the reference ----------------------------------------------------------------------------
+
+_GROUPS = {"compile": "Compile path", "cache": "Compile cache", "buckets": "Dynamic shapes",
+           "eager": "Eager tpu device", "distributed": "tpu_dist"}
+
+
+def _default_text(setting: Setting) -> str:
+    if setting.default_text is not None:
+        return setting.default_text
+    if isinstance(setting.default, bool):
+        return "on" if setting.default else "off"
+    return f"`{setting.default}`"
+
+
+def _accepted_text(kind: _Kind) -> str:
+    return kind.accepted + (f"; in code: {kind.in_code}" if kind.in_code else "")
+
+
+def describe() -> str:
+    """The settings as markdown tables, one per area: setting, variable, default, accepted
+    values, meaning.
+
+    Example::
+
+        print(config.describe())
+    """
+    lines = []
+    for group, title in _GROUPS.items():
+        lines += [f"### {title}", "",
+                  "| setting | environment variable | default | accepted values | meaning |",
+                  "|---|---|---|---|---|"]
+        for s in (s for s in _SETTINGS if s.group == group):
+            env = f"`{s.env}`" + "".join(f" (deprecated: `{old}`)" for old in s.old_env)
+            hashed = " In `compile_hash()`." if s.compiled else ""
+            lines.append(f"| `{s.name}` | {env} | {_default_text(s)} | {_accepted_text(s.kind)} | "
+                         f"{s.doc}{hashed} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+_REFERENCE_HEAD = """\
+# Configuration
+
+<!-- Generated from torchtpu_compile/config.py by `make config-docs`; edit the declarations
+there, not this file (tests/test_config.py checks that they agree). -->
+
+Every setting is an attribute of `torchtpu_compile.config` with an environment variable.
+Its value is, first to last: the value set in code (`config.strict = True`, or
+`config.patch(...)`), else the environment variable, else the default. The variable is read
+when the setting is read (each setting says when its consumer reads it), so setting it in
+`os.environ` before that moment counts. A value a setting does not accept is a
+`torchtpu_compile.errors.ConfigError` (a `ValueError`) naming the setting or the variable, the
+value and the accepted values, raised when the value is set or read.
+
+```python
+from torchtpu_compile import config
+
+config.matmul_precision = "highest"            # checked: "fast" would raise
+with config.patch(strict=True, max_buckets=4):  # scoped, restored on exit or exception
+    ...
+
+@config.patch(buckets=False)                   # also a decorator
+def test_one_compile_per_size(): ...
+
+config.reset("matmul_precision")               # back to the variable and the default
+```
+
+`config.patch` and assignments apply to every thread of the process. `config.compile_hash()`
+digests the settings that change the program a graph compiles to (marked below); the lowering
+cache puts it in its key.
+
+The variables of the eager device's mode keep PyTorch's device spelling
+(`TORCH_TPU_LAUNCH_BLOCKING`, `TORCH_TPU_DEFER_AND_FUSE`); every other one is `TORCHTPU_*`. The
+former `TORCH_TPU_FUSE_*` names are still read, with a `FutureWarning`, when the new name is
+unset; they stop working in the next release.
+
+The logger is configured by PyTorch's `TORCH_LOGS` (`+torchtpu` debug, `torchtpu` info,
+`-torchtpu` errors only), not here.
+
+"""
+
+
+def reference() -> str:
+    """The whole of ``docs/configuration.md``."""
+    return _REFERENCE_HEAD + describe()
+
+
+# --- module attribute access ------------------------------------------------------------------
+
+def _property(setting: Setting) -> property:
+    name, key, default = setting.name, setting._key, setting.default
+    from_environment = setting.from_environment
+    plain_default = not setting.old_env and setting.default_factory is None
+
+    def get(_module):
+        # The common cases inline (no override; variable unset, or as last parsed): a read is
+        # a few dict lookups. Everything else: from_environment.
+        value = _overrides.get(name, _UNSET)
+        if value is not _UNSET:
+            return value
+        if os.environ is _ENVIRON and _ENVIRON_DATA is not None:
+            raw = _ENVIRON_DATA.get(key)
+            if raw is None:
+                if plain_default:
+                    return default
+            elif raw == setting._seen[0]:
+                return setting._seen[1]
+        return from_environment()
+
+    def set_(_module, value):
+        _overrides[name] = setting.check(value)
+
+    return property(get, set_, doc=setting.doc)
+
+
+class _ConfigModule(types.ModuleType):
+    """This module, with each setting a property: reads resolve code > environment > default,
+    assignments are checked, and an unknown public name is an error, not a new attribute."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in _BY_NAME or name.startswith("_") or name in self.__dict__:
+            super().__setattr__(name, value)
+        else:
+            _setting(name)  # raises AttributeError naming the settings
+
+    def __dir__(self):
+        return sorted(set(super().__dir__()) | set(_BY_NAME))
+
+
+for _s in _SETTINGS:
+    setattr(_ConfigModule, _s.name, _property(_s))
+del _s
+sys.modules[__name__].__class__ = _ConfigModule

@@ -40,3 +40,8 @@ def invalid_input(kind: type, message: str) -> InvalidInputError:
         raise invalid_input(IndexError, "max(): Expected reduction dim 0 to have non-zero size.")
     """
     return (InputIndexError if issubclass(kind, IndexError) else InputRuntimeError)(message)
+
+
+class ConfigError(TorchTPUError, ValueError):
+    """A setting of ``torchtpu_compile.config`` was given a value it does not accept (set in
+    code, or in its environment variable); the message names both and the accepted values."""

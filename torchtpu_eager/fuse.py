@@ -22,12 +22,11 @@ Example::
 """
 from __future__ import annotations
 
-import os
 import weakref
 
 import torch.fx as fx
 
-from torchtpu_compile import counters
+from torchtpu_compile import config, counters
 from torchtpu_compile._logging import log
 from torchtpu_compile.index_errors import caller_location
 from torchtpu_compile.lower.index_checks import INDEX_CHECK
@@ -166,22 +165,15 @@ class _Recording:
         return OpGraph(fx.GraphModule(root, graph), f"fused[{len(self.graphs)} ops]")
 
 
-def _env_int(name: str, default: int) -> int:
-    try:
-        return int(os.environ.get(name, default))
-    except ValueError:
-        return default
-
-
 class DeferAndFuse:
     """The executor of defer-and-fuse mode."""
 
     name = "defer_and_fuse"
 
     def __init__(self):
-        self.max_ops = _env_int("TORCH_TPU_FUSE_MAX_OPS", 5000)
-        self.max_inputs = _env_int("TORCH_TPU_FUSE_MAX_INPUTS", 2000)
-        self.cut_repeats = os.environ.get("TORCH_TPU_FUSE_REPEATS", "1") != "0"
+        self.max_ops = config.fuse_max_ops
+        self.max_inputs = config.fuse_max_inputs
+        self.cut_repeats = config.fuse_repeats
         self.recording = _Recording(self)
         self._ids: list = []          # graph ids since the last cut
         self._last_seen: dict = {}    # graph id -> its last position in _ids

@@ -15,8 +15,7 @@ Example::
 """
 from __future__ import annotations
 
-import os
-
+from torchtpu_compile import config
 from torchtpu_compile.index_errors import caller_location, raise_pending
 
 MODES = ("strict", "debug", "defer_and_fuse")
@@ -68,13 +67,8 @@ class Debug(Strict):
         return outputs
 
 
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
-
-
 def _from_environment():
-    blocking = _env_flag("TORCH_TPU_LAUNCH_BLOCKING")
-    deferred = _env_flag("TORCH_TPU_DEFER_AND_FUSE")
+    blocking, deferred = config.launch_blocking, config.defer_and_fuse
     if blocking and deferred:
         raise RuntimeError("TORCH_TPU_LAUNCH_BLOCKING=1 and TORCH_TPU_DEFER_AND_FUSE=1 cannot be "
                            "combined: debug mode runs each op alone. Unset one of them.")

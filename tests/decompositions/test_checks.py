@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import torchtpu_eager  # noqa: F401
-from helpers import compile_tpu, strict
+from helpers import compile_tpu
+from torchtpu_compile import config
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*degrees of freedom is <= 0")
 
@@ -93,7 +94,7 @@ def check_eager_device(name):
 def test_eager_device_raises_eagers_error_in_strict_mode_too(name):
     """Eager's error is not an op that cannot lower: TORCHTPU_STRICT=1 does not replace it."""
     fn, x, want = _expected(name)
-    with strict():
+    with config.patch(strict=True):
         got = _outcome(fn, x.to("tpu"))
     assert isinstance(got, type(want)) and str(got) == str(want)
 

@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from decomposition_checks import INF, NAN, check, randn
-from helpers import PATHS, compile_tpu, configured, run_on_path
+from helpers import PATHS, compile_tpu, run_on_path
+from torchtpu_compile import config
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
@@ -66,7 +67,7 @@ def test_nextafter_steps_the_bit_pattern(dtype):
     x = torch.tensor([1.0, -1.0, 0.0, -0.0, 3.5, INF, -INF, 3.4e38, 1.0, NAN, 2.0, -2.5, 0.0])
     y = torch.tensor([2.0, 0.0, 1.0, -1.0, -7, 0.0, 0.0, INF, 1.0, 1.0, NAN, -3.0, -0.0])
     x, y = x.to(dtype), y.to(dtype)
-    with configured(strict=True):
+    with config.patch(strict=True):
         actual = compile_tpu(torch.nextafter)(x, y)
     assert torch.equal(actual.view(torch.int16), torch.nextafter(x, y).view(torch.int16))
 
@@ -77,7 +78,7 @@ def test_frexp_from_the_bit_pattern_subnormals_included(dtype):
                      dtype=dtype)
     if dtype is torch.float64:
         x = torch.cat([x, torch.tensor([1e-310, -4e-320], dtype=dtype)])
-    with configured(strict=True):
+    with config.patch(strict=True):
         mantissa, exponent = compile_tpu(torch.frexp)(x)
     expected = torch.frexp(x)
     assert torch.equal(exponent, expected.exponent)
@@ -198,7 +199,7 @@ def test_float_floor_division_is_unchanged():
     b = torch.tensor([2.0, 2.0, 3.0, -2.0, 5.0])
     fn = lambda a, b: (a // b, torch.div(a, b, rounding_mode="floor"),  # noqa: E731
                        torch.arange(5) // 2.5)
-    with configured(strict=True):
+    with config.patch(strict=True):
         got = compile_tpu(fn)(a, b)
     torch.testing.assert_close(got, fn(a, b))
 
@@ -215,7 +216,7 @@ def test_floor_division_property(dtype):
     info = torch.iinfo(dtype)
     n = 16
     fn = lambda a, b: (a // b, torch.div(a, b, rounding_mode="floor"), a % b)  # noqa: E731
-    with configured(strict=True):
+    with config.patch(strict=True):
         compiled = compile_tpu(fn)
 
         @settings(max_examples=60, deadline=None, derandomize=True,

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from decomposition_checks import NAN, check, randn
-from helpers import configured
+from torchtpu_compile import config
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
@@ -23,7 +23,7 @@ def test_take_of_any_rank_with_negative_indices():
     x = randn(3, 4)
     check(lambda x, i: torch.take(x, i), x, torch.tensor([[0, -1], [5, -12]]))
     check(lambda x, i: torch.take(x, i), torch.tensor(2.5), torch.tensor(0))
-    with configured(strict=True):  # the eager device: a 0-dim index no longer falls back
+    with config.patch(strict=True):  # the eager device: a 0-dim index no longer falls back
         out = torch.take(torch.tensor(2.5, device="tpu"), torch.tensor(-1, device="tpu"))
     assert out.cpu().item() == 2.5
 
@@ -89,7 +89,7 @@ def test_scatter_reduce_every_reduction():
     ints = torch.arange(20).reshape(4, 5) - 7
     check(lambda x, i, s: [x.scatter_reduce(0, i, s, r) for r in REDUCTIONS], ints, index,
           (src * 10).long())
-    with configured(strict=True):  # the eager device: no fallback either
+    with config.patch(strict=True):  # the eager device: no fallback either
         out = x.to("tpu").scatter_reduce(0, index.to("tpu"), src.to("tpu"), "amax").cpu()
     torch.testing.assert_close(out, x.scatter_reduce(0, index, src, "amax"))
 

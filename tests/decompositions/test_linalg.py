@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from decomposition_checks import INF, NAN, check, check_on_both_paths, randn
-from helpers import compile_tpu, configured
+from helpers import compile_tpu
+from torchtpu_compile import config
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
@@ -46,7 +47,7 @@ def test_transformers_grouped_mm_fallback_forward_and_backward():
 
     a = randn(8, 4).requires_grad_()
     expected = torch.autograd.grad(loss(a, w), (a, w))
-    with configured(strict=True, matmul_precision="highest"):
+    with config.patch(strict=True, matmul_precision="highest"):
         compiled = compile_tpu(loss)
         actual = torch.autograd.grad(compiled(a, w), (a, w))
     torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-5)
@@ -88,7 +89,7 @@ def test_linalg_error_checks_read_info_on_the_host_as_eager():
     # step by design (strict mode allows it), not a fallback, and names eager's minor.
     m = randn(2, 4, 4)
     a = m @ m.mT + 4 * torch.eye(4)
-    with configured(strict=True, matmul_precision="highest"):
+    with config.patch(strict=True, matmul_precision="highest"):
         compiled = compile_tpu(lambda a: torch.linalg.cholesky(a) * 2)
         torch.testing.assert_close(compiled(a), torch.linalg.cholesky(a) * 2)
         with pytest.raises(torch.linalg.LinAlgError, match="leading minor of order 3"):

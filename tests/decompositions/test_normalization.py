@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from decomposition_checks import check, randn
-from helpers import configured
+from torchtpu_compile import config
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
@@ -28,7 +28,7 @@ def test_native_batch_norm_in_inference(dtype):
           **tol)
     check(lambda *a: torch.ops.aten.native_batch_norm(*a, False, 0.1, 1e-5), x, None, None,
           mean, var, **tol)
-    with configured(strict=True):  # the eager device calls the op itself: no fallback
+    with config.patch(strict=True):  # the eager device calls the op itself: no fallback
         out = torch.ops.aten.native_batch_norm(*(t.to("tpu") for t in (x, w, b, mean, var)),
                                                False, 0.1, 1e-5)
     expected = torch.ops.aten.native_batch_norm(x, w, b, mean, var, False, 0.1, 1e-5)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from decomposition_checks import aten, check, check_on_both_paths, randn
-from helpers import configured
+from torchtpu_compile import config
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
@@ -23,7 +23,7 @@ def test_upsample_output_size_overloads():
         aten.upsample_bilinear2d.default(x, [7, 9], corners),
         aten.upsample_bicubic2d.default(x, [7, 9], corners, 1.5, None),
         aten.upsample_trilinear3d.default(v, [4, 5, 7], corners))], x, v)
-    with configured(strict=True, matmul_precision="highest"):
+    with config.patch(strict=True, matmul_precision="highest"):
         actual = torch.nn.functional.interpolate(x.to("tpu"), (7, 9), mode="bicubic").cpu()
     torch.testing.assert_close(actual, torch.nn.functional.interpolate(x, (7, 9), mode="bicubic"),
                                rtol=1e-4, atol=1e-5)

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from decomposition_checks import INF, NAN, check, check_on_both_paths, randn
-from helpers import compile_tpu, configured
+from helpers import compile_tpu
+from torchtpu_compile import config
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
@@ -58,7 +59,7 @@ def check_topk(*inputs, cases=TOPK_CASES, on_device=False):
     """torchtpu's topk (compiled, all in one graph; with ``on_device`` the eager tpu device
     too) against eager: the values of eager's topk, the indices of eager's stable sort (the
     lowest index first among equal values), each index pointing at its value."""
-    with configured(strict=True, matmul_precision="highest"):
+    with config.patch(strict=True, matmul_precision="highest"):
         ours = [compile_tpu(lambda *xs: [out for _, out in _topk_sweep(xs, cases)])(*inputs)]
         if on_device:
             ours.append([tuple(t.cpu() for t in out) for _, out in
@@ -83,7 +84,7 @@ def test_topk_of_equal_values_picks_the_lowest_indices():
     # (XLA:CPU: 52, 62, 61, ...; eager's nth_element: 56, 83, 81, ...; torch.topk's docs
     # leave it unspecified). Ours is the stable sort's first k on every platform.
     scores = torch.full((3, 84), -0.6931472)
-    with configured(strict=True, matmul_precision="highest"):
+    with config.patch(strict=True, matmul_precision="highest"):
         values, indices = compile_tpu(lambda s: torch.topk(s, 30, dim=1))(scores)
     assert torch.equal(indices, torch.arange(30).expand(3, 30))
     assert torch.equal(values, torch.topk(scores, 30, dim=1).values)
@@ -115,7 +116,7 @@ def test_topk_of_a_scalar_and_of_nothing_and_its_errors():
                          (lambda x: torch.topk(x, 5), "k")):
         with pytest.raises(RuntimeError, match=message):
             bad(torch.zeros(4))
-        with configured(strict=True), pytest.raises(RuntimeError, match=message):
+        with config.patch(strict=True), pytest.raises(RuntimeError, match=message):
             compile_tpu(bad)(torch.zeros(4))
         with pytest.raises(RuntimeError, match=message):
             bad(torch.zeros(4, device="tpu"))

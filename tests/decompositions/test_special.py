@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from decomposition_checks import INF, NAN, check, check_on_both_paths, randn
-from helpers import configured
+from torchtpu_compile import config
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
@@ -22,7 +22,7 @@ def test_lgamma_digamma_and_friends_over_poles_and_large_values():
     check(lambda x: [torch.lgamma(x), torch.digamma(x), torch.polygamma(0, x),
                      torch.mvlgamma(x.abs() + 2, 3)], x)
     check(lambda i: [torch.lgamma(i), torch.digamma(i)], torch.arange(1, 9))
-    with configured(strict=True):  # the eager device too
+    with config.patch(strict=True):  # the eager device too
         out = torch.lgamma(x.to("tpu")).cpu()
     torch.testing.assert_close(out, torch.lgamma(x), rtol=1e-4, atol=1e-5)
 
@@ -74,7 +74,7 @@ def test_modified_bessel_aliases_and_incomplete_gamma():
 
 def _on_the_eager_device(fn, *args):
     # Each op is its own program there (~0.5 s to build): a few stand for the rest.
-    with configured(strict=True, matmul_precision="highest"):
+    with config.patch(strict=True, matmul_precision="highest"):
         actual = fn(*(a.to("tpu") for a in args))
     torch.testing.assert_close([t.cpu() for t in actual], list(fn(*args)), rtol=1e-4,
                                atol=1e-5, equal_nan=True)

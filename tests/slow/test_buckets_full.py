@@ -11,7 +11,8 @@ import torch._dynamo
 import torchtpu_compile
 
 from dynamic_models import Decoder, Encoder, lm_loss
-from helpers import compile_tpu, configured
+from helpers import compile_tpu
+from torchtpu_compile import config
 
 
 def _close(actual, expected):
@@ -28,7 +29,7 @@ def test_causal_decoder_40_lengths_up_to_512(fresh_dynamo):
     model = Decoder().eval()
     compiled = compile_tpu(model)
     rng = random.Random(0)
-    with configured(matmul_precision="highest"), torch.no_grad():
+    with config.patch(matmul_precision="highest"), torch.no_grad():
         for _ in range(40):
             ids = torch.randint(0, 64, (2, rng.randint(1, 512)))
             _close(compiled(ids), model(ids))
@@ -45,7 +46,7 @@ def test_encoder_40_calls_with_dynamic_batch_and_sequence(fresh_dynamo):
     model = Encoder().eval()
     compiled = compile_tpu(model)
     rng = random.Random(2)
-    with configured(matmul_precision="highest"), torch.no_grad():
+    with config.patch(matmul_precision="highest"), torch.no_grad():
         for i in range(40):
             x = torch.randn(rng.randint(2 if i == 0 else 1, 8),
                             rng.randint(2 if i == 0 else 1, 512), 16)
@@ -71,7 +72,7 @@ def test_lm_training_step_matches_eager(fresh_dynamo):
         return loss
 
     compiled = compile_tpu(step)
-    with configured(matmul_precision="highest"):
+    with config.patch(matmul_precision="highest"):
         for i, length in enumerate((9, 30, 17)):
             ids = torch.randint(0, 64, (2, length))
             if i == 0:

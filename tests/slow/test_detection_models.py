@@ -15,7 +15,7 @@ import torch
 
 import torchtpu_compile
 import zoo_full
-from helpers import configured
+from torchtpu_compile import config
 from test_models import TOLERANCES, assert_all_close, assert_close
 from torchtpu_compile.numerics import compare
 
@@ -55,7 +55,7 @@ def test_rt_detr_v2_on_the_eager_device(train):
     model.train(train)
     reference = copy.deepcopy(model)
     torchtpu_compile.reset_stats()
-    with configured(matmul_precision="highest"), torch.set_grad_enabled(train):
+    with config.patch(matmul_precision="highest"), torch.set_grad_enabled(train):
         ours = _tensors(model.to("tpu")(images.to("tpu")))
         expected = _tensors(reference(images))
         assert ours.keys() == expected.keys()

@@ -41,7 +41,7 @@ def graph_key(gm: fx.GraphModule, platform: str, precision: str) -> str:
     digest.update(gm.code.encode())
     for node in gm.graph.nodes:
         digest.update(f"{node.name}:{_value_spec(node.meta.get('val'))};".encode())
-    context = "|".join((platform, precision, versions.stack_versions(),
+    context = "|".join((platform, precision, config.compile_hash(), versions.stack_versions(),
                         versions.source_digest("lower"), graph_fingerprint(gm)))
     return f"lower|{digest.hexdigest()}|{context}"
 

@@ -40,9 +40,6 @@ def resolve_precision(platform: str | None = None) -> str:
     mode = config.matmul_precision
     if mode is None:
         mode = torch.get_float32_matmul_precision() if _user_set_torch_precision() else "medium"
-    if mode not in MODES:
-        raise ValueError(f"torchtpu_compile.config.matmul_precision={mode!r}: "
-                         f"expected one of {', '.join(MODES)} or None")
     if platform == "tpu" and mode != "medium":
         warn_once(("precision", mode),
                   "matmul precision %r runs matmuls and convolutions in several bf16 passes on "

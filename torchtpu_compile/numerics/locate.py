@@ -106,17 +106,17 @@ def capture(model_or_fn, inputs: tuple, train: bool, cotangents: dict) -> list:
     from .. import config
 
     side = Side.build(model_or_fn, inputs, None, train)
-    saved = backend._compiler, backend._decompositions, config.graph_cache
+    saved = backend._compiler, backend._decompositions
     torch._dynamo.reset()
     backend._compiler = recording_compiler
     backend._decompositions = lambda: decomposition_table(ours=False)
     # A graph-cache hit would hand back compiled graphs without calling our compiler: the
     # capture must see every graph being built.
-    config.graph_cache = False
     try:
-        side.run(torch.compile(side.fn, backend="torchtpu"), cotangents or None)
+        with config.patch(graph_cache=False):
+            side.run(torch.compile(side.fn, backend="torchtpu"), cotangents or None)
     finally:
-        backend._compiler, backend._decompositions, config.graph_cache = saved
+        backend._compiler, backend._decompositions = saved
         torch._dynamo.reset()
     return runs
 

@@ -74,15 +74,9 @@ def full_fp32(device: torch.device):
                 _switch(path).fp32_precision = value
 
 
-@contextlib.contextmanager
 def torchtpu_precision(mode: str):
     """Set ``torchtpu_compile.config.matmul_precision`` to ``mode``, then restore it."""
-    saved = config.matmul_precision
-    config.matmul_precision = mode
-    try:
-        yield
-    finally:
-        config.matmul_precision = saved
+    return config.patch(matmul_precision=mode)
 
 
 def flatten(value, prefix: str = "output") -> dict:

@@ -31,6 +31,7 @@ import os
 import socket
 import threading
 
+from torchtpu_compile import config
 from torchtpu_compile._logging import log
 
 _PREFIX = "tpu_dist_pjrt/"
@@ -55,9 +56,9 @@ def _client_exists() -> bool:
 
 
 def _coordinator_host(store) -> str:
-    """Where the other ranks reach rank 0: TORCHTPU_DIST_COORDINATOR_HOST, MASTER_ADDR, the
-    host of the rendezvous TCPStore, else this host's name."""
-    host = os.environ.get("TORCHTPU_DIST_COORDINATOR_HOST") or os.environ.get("MASTER_ADDR")
+    """Where the other ranks reach rank 0: ``config.dist_coordinator_host``, MASTER_ADDR (as
+    torch.distributed reads it), the host of the rendezvous TCPStore, else this host's name."""
+    host = config.dist_coordinator_host or os.environ.get("MASTER_ADDR")
     while not host and store is not None:
         host = getattr(store, "host", None)
         store = getattr(store, "underlying_store", None)
@@ -189,7 +190,7 @@ def placement(store, rank: int, world_size: int, timeout):
     never joined (each client alone, each device id 0) cannot, and is host-staged.
     """
     from torchtpu_compile.runtime.client import get_client
-    if os.environ.get("TORCHTPU_DIST_TRANSPORT", "").strip().lower() == "staged":
+    if config.dist_transport == "staged":
         return None, "TORCHTPU_DIST_TRANSPORT=staged when the group was made"
     if world_size > 1:
         with _lock:

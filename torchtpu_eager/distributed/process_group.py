@@ -27,7 +27,6 @@ Example::
 """
 from __future__ import annotations
 
-import os
 import zlib
 
 import torch
@@ -36,7 +35,7 @@ from torch._C._distributed_c10d import (AllgatherOptions, AllreduceOptions, AllT
                                         BarrierOptions, PrefixStore, ProcessGroupGloo,
                                         ReduceOptions, ReduceScatterOptions)
 
-from torchtpu_compile import counters
+from torchtpu_compile import config, counters
 from torchtpu_compile._logging import log, warn_once
 from torchtpu_compile.lower import collective_graphs
 
@@ -117,7 +116,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         is given no backend, or "cpu:gloo,tpu:tpu_dist").
         """
         self._alive(name)
-        if not _CHECK or not any(is_tpu(t) for t in tensors):
+        if not config.dist_check or not any(is_tpu(t) for t in tensors):
             return
         described = ",".join(f"{str(t.dtype)[6:]}{list(t.shape) if shapes else ''}"
                              for t in tensors)
@@ -397,9 +396,6 @@ class TpuProcessGroup(dist.ProcessGroup):
 #: collective_permute (a key-value rendezvous that never completes), and a program that both
 #: ranks must launch would also make a blocking send wait for its receiver.
 _POINT_TO_POINT = "point-to-point is host-staged (no collective_permute on gloo)"
-
-_CHECK = os.environ.get("TORCHTPU_DIST_CHECK", "1").strip().lower() not in ("0", "false", "off")
-
 
 TpuProcessGroup = eager_only(TpuProcessGroup)
 
