@@ -16,7 +16,6 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 
 from jaxlib import _jax
@@ -136,12 +135,7 @@ class ExecutableCodec:
         return Executable(loaded, serialized=payload, compiled_here=False)
 
 
-@functools.lru_cache(maxsize=None)
-def _codec(replicas: tuple) -> ExecutableCodec:
-    return ExecutableCodec(replicas)
-
-
-_levels = Levels("executable", _codec(()))
+_levels = Levels("executable", ExecutableCodec())
 
 
 def compile_stablehlo(bytecode: bytes, fingerprint: str, precision: str,
@@ -153,7 +147,7 @@ def compile_stablehlo(bytecode: bytes, fingerprint: str, precision: str,
     on those devices, one replica each (module doc).
     """
     key = cache_key(fingerprint, precision, replicas)
-    codec = _codec(tuple(replicas)) if replicas else None  # None: the cache's, one device
+    codec = ExecutableCodec(tuple(replicas)) if replicas else None  # None: one device
     exe = _levels.get(key, codec)
     if exe is None:
         exe, seconds = _compile(bytecode, what, key, replicas)

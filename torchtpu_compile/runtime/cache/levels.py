@@ -37,7 +37,7 @@ from ... import counters
 from ..._logging import log
 from .codecs import Codec
 from .frame import pack
-from .stores import configured_stores, fetch, reject, store_entry
+from .stores import configured_stores, discard_corrupt, fetch, store_entry
 
 #: The folder (in ``config.cache_dir`` and in the remote) of the caches above the executables.
 GRAPH_FOLDER = "graphs"
@@ -121,8 +121,8 @@ class Levels:
             try:
                 value = (codec or self.codec).decode(payload)
             except Exception as exc:  # whatever the codec trips on, the entry is unusable
-                reject(store, key, self.name,
-                       f"its payload does not decode: {type(exc).__name__}: {exc}")
+                discard_corrupt(store, key, self.name,
+                                f"its payload does not decode: {type(exc).__name__}: {exc}")
                 self._add(store.level, corrupt=1)
                 continue
             for upper in stores[:depth]:

@@ -203,12 +203,12 @@ def fetch(store, key: str, what: str):
                     "computing it again (warned once)", store.level, what, store.root, exc)
         return "untrusted"
     except CorruptEntry as exc:
-        reject(store, key, what, exc)
+        discard_corrupt(store, key, what, exc)
         return "corrupt"
     return blob, payload, meta
 
 
-def reject(store, key: str, what: str, reason) -> None:
+def discard_corrupt(store, key: str, what: str, reason) -> None:
     """Discard the entry under ``key`` in ``store``, which is damaged: its frame, or its
     payload, does not decode (``reason``). Warns once per store."""
     _warn_store(store, ("corrupt", what), "torchtpu: discarding corrupt %s cache entry (%s) at "
