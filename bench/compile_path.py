@@ -295,10 +295,10 @@ def bench_warm_compile(quick: bool) -> list[dict]:
     # What a cache of Dynamo's own output could at best leave: the warm call without Dynamo's
     # bytecode tracing (guards are still built, the backend still loads from our caches).
     untraced = median([w["first_call_s"] - phase(w, "bytecode_tracing") for w in warm_runs])
-    hits = {name: (warm_runs[0]["stats"]["graph_cache"][name]["hits"],
-                   warm_runs[0]["stats"]["graph_cache"][name]["misses"])
+    hits = {name: (warm_runs[0]["stats"]["caches"][name]["all"]["hits"],
+                   warm_runs[0]["stats"]["caches"][name]["all"]["misses"])
             for name in ("aot_autograd", "lowering")}
-    frames = {name: median([d["stats"]["graph_cache"]["dynamo"][name] for d in cached_runs])
+    frames = {name: median([d["stats"]["caches"]["dynamo"]["all"][name] for d in cached_runs])
               for name in ("frames_loaded", "entries_rejected", "bypasses")}
     ratio = cached / cold
     row = result("gpt2 forward warm-cache first call", {"torchtpu": cached}, notes=[

@@ -10,8 +10,8 @@ import torch
 
 import torchtpu_compile
 from helpers import compile_tpu
-from torchtpu_compile.runtime import cache as cache_store
 from torchtpu_compile.runtime import executable
+from torchtpu_compile.runtime.cache import frame, stores
 
 # A small training step in a fresh process; prints the compile counters as JSON.
 SCRIPT = textwrap.dedent("""\
@@ -23,7 +23,7 @@ SCRIPT = textwrap.dedent("""\
     loss.backward()
     stats = torchtpu_compile.stats()
     print(json.dumps({"compiled": stats["graphs_compiled"], "hits": stats["cache_hits"],
-                      "misses": stats["cache_misses"], "levels": stats["cache_levels"],
+                      "misses": stats["cache_misses"], "levels": stats["caches"]["executable"],
                       "loss": loss.item()}))
 """)
 
@@ -77,7 +77,7 @@ def test_two_processes_compiling_at_once_leave_valid_entries(tmp_path):
     assert len(names) == max(r["compiled"] for r in results)  # one entry per graph
     for name in names:
         with open(tmp_path / "c" / name, "rb") as f:
-            cache_store.unpack(f.read())  # raises if any entry is torn
+            frame.unpack(f.read())  # raises if any entry is torn
     assert not [p for p in os.listdir(tmp_path / "c") if p.startswith(".tmp-")]
 
 
@@ -96,29 +96,30 @@ def test_corrupt_disk_entry_is_discarded_and_recompiled(isolated_cache, caplog):
         again = compile_tpu(f)(x)
     assert torch.equal(again, expected)
     stats = torchtpu_compile.stats()
-    assert stats["cache_levels"]["disk"]["corrupt"] == 1 and stats["graphs_compiled"] == 1
+    assert stats["caches"]["executable"]["disk"]["corrupt"] == 1
+    assert stats["graphs_compiled"] == 1
     assert any("corrupt disk cache entry" in r.getMessage() for r in caplog.records)
-    cache_store.unpack(path.read_bytes())  # replaced by a good entry
+    frame.unpack(path.read_bytes())  # replaced by a good entry
 
 
 def test_truncated_entry_is_rejected():
-    blob = cache_store.pack(b"x" * 100, "key", compile_seconds=1.0)
-    with pytest.raises(cache_store.CorruptEntry):
-        cache_store.unpack(blob[:-1])
-    with pytest.raises(cache_store.CorruptEntry):
-        cache_store.unpack(b"garbage")
-    assert cache_store.unpack(blob)[0] == b"x" * 100
+    blob = frame.pack(b"x" * 100, "key", compile_seconds=1.0)
+    with pytest.raises(frame.CorruptEntry):
+        frame.unpack(blob[:-1])
+    with pytest.raises(frame.CorruptEntry):
+        frame.unpack(b"garbage")
+    assert frame.unpack(blob)[0] == b"x" * 100
 
 
 def test_disk_cache_evicts_least_recently_used(tmp_path):
-    store = cache_store.DiskStore(str(tmp_path), max_bytes=2500)
+    store = stores.DiskStore(str(tmp_path), max_bytes=2500)
     for i, key in enumerate(("a", "b", "c")):
         store.put(key, b"0" * 1000)
-        os.utime(tmp_path / cache_store.entry_name(key), (1000 + i, 1000 + i))
+        os.utime(tmp_path / frame.entry_name(key), (1000 + i, 1000 + i))
     # Writing "c" went over the cap: "a", the oldest, was evicted.
     assert store.get("a") is None and store.get("b") is not None and store.get("c") is not None
-    os.utime(tmp_path / cache_store.entry_name("c"), (5000, 5000))
-    os.utime(tmp_path / cache_store.entry_name("b"), (4000, 4000))
+    os.utime(tmp_path / frame.entry_name("c"), (5000, 5000))
+    os.utime(tmp_path / frame.entry_name("b"), (4000, 4000))
     store.put("d", b"0" * 1000)
     assert store.get("b") is None and store.get("c") is not None
 
@@ -129,7 +130,7 @@ def test_remote_file_cache_fills_disk_of_a_new_machine(tmp_path, isolated_cache)
     f = lambda x: torch.tanh(x) * 5
     x = torch.randn(8)
     expected = compile_tpu(f)(x)
-    executable._stores()[-1].flush()  # writes are behind: wait for them
+    stores.flush_writes()  # writes are behind: wait for them
     assert entries(remote)
     # A "new machine": empty disk and process caches, same remote.
     torchtpu_compile.config.cache_dir = str(tmp_path / "other-disk")
@@ -137,7 +138,8 @@ def test_remote_file_cache_fills_disk_of_a_new_machine(tmp_path, isolated_cache)
     torchtpu_compile.reset_stats()
     assert torch.equal(compile_tpu(f)(x), expected)
     stats = torchtpu_compile.stats()
-    assert stats["graphs_compiled"] == 0 and stats["cache_levels"]["remote"]["hits"] == 1
+    assert stats["graphs_compiled"] == 0
+    assert stats["caches"]["executable"]["remote"]["hits"] == 1
     assert entries(tmp_path / "other-disk")  # read through to level 2
 
 
@@ -146,13 +148,13 @@ def test_remote_writes_queued_at_exit_are_written(tmp_path):
     entries still writes every one of them."""
     remote = tmp_path / "remote"
     code = textwrap.dedent(f"""\
-        from torchtpu_compile.runtime.cache import RemoteStore
+        from torchtpu_compile.runtime.cache.stores import RemoteStore
         store = RemoteStore("file://{remote}")
         for i in range(64):
             store.put(f"key-{{i}}", bytes([i]) * (2 << 20))
     """)
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
-    store = cache_store.RemoteStore(f"file://{remote}")
+    store = stores.RemoteStore(f"file://{remote}")
     assert len(entries(remote)) == 64
     assert all(store.get(f"key-{i}") == bytes([i]) * (2 << 20) for i in range(64))
 

@@ -1,5 +1,7 @@
 """The Dynamo-level cache (TORCHTPU_DYNAMO_CACHE=1): a second process skips Dynamo's tracing,
 and never runs a stale trace."""
+import ast
+import inspect
 import json
 import os
 import shutil
@@ -35,10 +37,10 @@ SCRIPT = textwrap.dedent("""\
     sys.path.insert(0, {model_dir!r})
     import tiny_model
     from torchtpu_compile import dynamo_cache, versions
-    from torchtpu_compile.runtime import cache as cache_store
+    from torchtpu_compile.runtime.cache import frame
     if {corrupt!r}:
         key = dynamo_cache.frame_key(tiny_model.Tiny.forward.__code__)
-        path = os.path.join({cache_dir!r}, "graphs", cache_store.entry_name(key))
+        path = os.path.join({cache_dir!r}, "graphs", frame.entry_name(key))
         blob = bytearray(open(path, "rb").read())
         blob[len(blob) // 2] ^= 0xFF
         open(path, "wb").write(bytes(blob))
@@ -51,14 +53,14 @@ SCRIPT = textwrap.dedent("""\
     with torch.no_grad():
         out, ref = compiled(x), model(x)
         traced = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-        first = dict(torchtpu_compile.stats()["graph_cache"]["dynamo"])
+        first = dict(torchtpu_compile.stats()["caches"]["dynamo"]["all"])
         x5 = torch.randn(5, 8, dtype=dtype)
         reshaped = (compiled(x5) - model(x5)).abs().max().item()
     print(json.dumps({{
         "digest": versions.source_digest(*dynamo_cache._KEYED_SOURCES),
         "out": out.flatten().tolist(), "diff": (out - ref).abs().max().item(),
         "traced": traced, "reshaped_diff": reshaped, "dynamo": first,
-        "dynamo_after": torchtpu_compile.stats()["graph_cache"]["dynamo"]}}))
+        "dynamo_after": torchtpu_compile.stats()["caches"]["dynamo"]["all"]}}))
 """)
 
 
@@ -159,3 +161,29 @@ def test_fingerprints_name_what_a_guard_read():
         dynamo_cache._identity(torch.nn.Linear(2, 2))  # an instance: only its id names it
     with pytest.raises(dynamo_cache.Unportable):
         dynamo_cache._identity([].append)  # a builtin bound to an instance
+
+
+def _imported_modules(module) -> set:
+    """Every torchtpu_compile module ``module`` imports, at import time or inside a function."""
+    package = module.__name__.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(inspect.getsource(module))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.rsplit(".", node.level - 1)[0]
+                base = f"{parent}.{base}" if base else parent
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return found
+
+
+def test_the_backend_hooks_in_what_never_imports_it_back():
+    """backend.py installs the Dynamo-level cache and the graph-break report for its function;
+    neither imports backend.py (both did, inside a function: an import cycle)."""
+    from torchtpu_compile import backend, graph_breaks
+    assert "torchtpu_compile.dynamo_cache" in _imported_modules(backend)
+    for module in (dynamo_cache, graph_breaks):
+        assert "torchtpu_compile.backend" not in _imported_modules(module), module.__name__

@@ -35,8 +35,10 @@ import torchtpu_compile.aot as aot
 import torchtpu_eager  # noqa: F401  (registers the tpu device)
 from torchtpu_compile import config, dynamo_cache, graph_cache
 from torchtpu_compile.aot.__main__ import main as aot_cli
+from torchtpu_compile.backend import torchtpu_backend
 from torchtpu_compile.lower import cache as lowering_cache
-from torchtpu_compile.runtime import executable, levels
+from torchtpu_compile.runtime import executable
+from torchtpu_compile.runtime.cache import GRAPH_FOLDER, stores
 
 # --- the world a cache row runs in ---------------------------------------------------------
 
@@ -113,16 +115,15 @@ def eager_op(world: World):
 
 def dynamo_frame(world: World):
     torchtpu_compile.config.dynamo_cache = True
-    dynamo_cache.install()  # the backend installs it at import only if the cache was on then
+    # The backend installs it at import only if the cache was on then.
+    dynamo_cache.install(torchtpu_backend)
     return compiled_fn(world)
 
 
 def warm(world: World, workload=compiled_fn) -> None:
     """Run ``workload`` once into the row's cache, then forget everything level 1 holds."""
     workload(world)
-    for store in levels._stores() + executable._stores():
-        if hasattr(store, "flush"):
-            store.flush()
+    stores.flush_writes()
     forget_this_process()
 
 
@@ -154,7 +155,7 @@ def entry_files(directory: str) -> list[str]:
 
 def graph_entry(world: World, what: str) -> str:
     """The path of the one ``what`` ("lowering", "aot_autograd", "dynamo") entry in graphs/."""
-    found = [p for p in entry_files(os.path.join(world.cache_dir, levels.SUBDIR))
+    found = [p for p in entry_files(os.path.join(world.cache_dir, GRAPH_FOLDER))
              if read_frame(open(p, "rb").read())[1].get("what") == what]
     assert len(found) == 1, found
     return found[0]
@@ -204,7 +205,7 @@ def directories_for_entries(world: World) -> None:
     IsADirectoryError."""
     warm(world)
     for path in executable_entries(world) + entry_files(os.path.join(world.cache_dir,
-                                                                     levels.SUBDIR)):
+                                                                     GRAPH_FOLDER)):
         os.unlink(path)
         os.mkdir(path)
         world.fire()
@@ -251,7 +252,7 @@ def older_format(world: World) -> None:
     """Every entry as the torchtpu before the key-bound, signable frame wrote it (TTPUX1)."""
     warm(world)
     for path in executable_entries(world) + entry_files(os.path.join(world.cache_dir,
-                                                                     levels.SUBDIR)):
+                                                                     GRAPH_FOLDER)):
         _, header, payload, _ = read_frame(open(path, "rb").read())
         head = json.dumps({k: v for k, v in header.items() if k not in ("key", "signed")})
         with open(path, "wb") as f:
@@ -322,7 +323,7 @@ def keyed_remote(plant_unsigned: bool) -> Callable:
         torchtpu_compile.config.remote_cache = f"file://{remote}"
         warm(world)
         if plant_unsigned:
-            for path in entry_files(remote) + entry_files(os.path.join(remote, levels.SUBDIR)):
+            for path in entry_files(remote) + entry_files(os.path.join(remote, GRAPH_FOLDER)):
                 magic, header, payload, _ = read_frame(open(path, "rb").read())
                 reframe(path, payload)  # the same content, without the signature
                 world.fire()
@@ -352,11 +353,10 @@ def swapped_signed_entries(world: World) -> None:
 # --- what a cache row expects --------------------------------------------------------------
 
 def count(cache: str, counter: str):
-    """A counter of ``stats()``: ``cache`` is a graph cache ("lowering", "aot_autograd",
-    "dynamo") or a compile-cache level ("disk", "remote")."""
-    stats = torchtpu_compile.stats()
-    group = stats["graph_cache"] if cache in stats["graph_cache"] else stats["cache_levels"]
-    return group[cache].get(counter, 0)
+    """A counter of ``stats()["caches"]``: ``cache`` is a cache ("lowering", "aot_autograd",
+    "dynamo", "executable": all its levels together) or one level of one ("executable/disk")."""
+    name, _, level = cache.partition("/")
+    return torchtpu_compile.stats()["caches"][name][level or "all"][counter]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -404,11 +404,13 @@ CACHE_ROWS = [
     CacheRow("default cache dir cannot be created, eager op", unwritable_home,
              Recovers(r"cannot be used.*Permission denied"), workload=eager_op),
     CacheRow("entries unreadable (PermissionError)", deny_reads,
-             Recovers(r"Permission denied", {("disk", "hits"): 0, ("lowering", "hits"): 0})),
+             Recovers(r"Permission denied", {("executable/disk", "hits"): 0,
+                                             ("lowering", "hits"): 0})),
     CacheRow("entries replaced by directories", directories_for_entries,
-             Recovers(r"Is a directory", {("disk", "hits"): 0})),
+             Recovers(r"Is a directory", {("executable/disk", "hits"): 0})),
     CacheRow("remote hit, disk not writable", remote_hit_unwritable_disk,
-             Recovers(r"Permission denied", {("remote", "hits"): 1, ("disk", "hits"): 0,
+             Recovers(r"Permission denied", {("executable/remote", "hits"): 1,
+                                             ("executable/disk", "hits"): 0,
                                              ("lowering", "hits"): 1})),
     # Item 11: a payload that does not decode, inside a frame that checks out.
     CacheRow("lowering entry header not JSON",
@@ -437,8 +439,9 @@ CACHE_ROWS = [
                                         ("aot_autograd", "misses"): 1,
                                         ("aot_autograd", "hits"): 0})),
     CacheRow("executable entry not an executable", damaged_executable,
-             Recovers(CORRUPT_ONCE, {("disk", "corrupt"): 1, ("disk", "misses"): 1,
-                                     ("disk", "hits"): 0}),
+             Recovers(CORRUPT_ONCE, {("executable/disk", "corrupt"): 1,
+                                     ("executable/disk", "misses"): 1,
+                                     ("executable/disk", "hits"): 0}),
              note="already correct: a PJRT deserialization failure was counted corrupt"),
     CacheRow("Dynamo entry not a pickle",
              damaged_payload("dynamo", b"\x80\x05garbage", workload=dynamo_frame),
@@ -451,7 +454,8 @@ CACHE_ROWS = [
                                      ("dynamo", "frames_loaded"): 0}),
              workload=dynamo_frame),
     CacheRow("entries in the older frame format", older_format,
-             Recovers(None, {("disk", "hits"): 0, ("disk", "corrupt"): 0,
+             Recovers(None, {("executable/disk", "hits"): 0,
+                             ("executable/disk", "corrupt"): 0,
                              ("lowering", "corrupt"): 0, ("lowering", "misses"): 1})),
     # Item 17: a cache others can write is not read.
     CacheRow("world-writable cache dir holding another function's StableHLO", world_writable,
@@ -460,11 +464,12 @@ CACHE_ROWS = [
     CacheRow("cache dir owned by another user", owned_by_another_user,
              Recovers(r"owned by uid", {("lowering", "hits"): 0, ("aot_autograd", "hits"): 0})),
     CacheRow("keyed shared remote, entries signed", keyed_remote(plant_unsigned=False),
-             Recovers(None, {("remote", "hits"): 1, ("lowering", "hits"): 1,
+             Recovers(None, {("executable/remote", "hits"): 1, ("lowering", "hits"): 1,
                              ("aot_autograd", "hits"): 1}),
              note="already correct (the remote was read unchecked): with a key it still is"),
     CacheRow("keyed shared remote, unsigned entries planted", keyed_remote(plant_unsigned=True),
-             Recovers(r"not signed", {("remote", "hits"): 0, ("remote", "untrusted"): 1,
+             Recovers(r"not signed", {("executable/remote", "hits"): 0,
+                                      ("executable/remote", "untrusted"): 1,
                                       ("lowering", "hits"): 0, ("aot_autograd", "hits"): 0})),
     CacheRow("signed entry of another function under this one's name", swapped_signed_entries,
              Recovers(CORRUPT_ONCE + "|another key", {("lowering", "hits"): 0})),

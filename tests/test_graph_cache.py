@@ -13,8 +13,8 @@ from helpers import compile_tpu
 from torchtpu_compile import config
 from torchtpu_compile import graph_cache
 from torchtpu_compile.lower import cache as lowering_cache
-from torchtpu_compile.runtime import cache as cache_store
-from torchtpu_compile.runtime import executable, levels
+from torchtpu_compile.runtime import executable
+from torchtpu_compile.runtime.cache import GRAPH_FOLDER, frame
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -44,7 +44,8 @@ SCRIPT = textwrap.dedent("""\
         "grads": [p.grad.flatten().tolist() for p in model.parameters() if p.grad is not None],
         "after": after.flatten().tolist(),
         "buffers": [b.flatten().tolist() for b in model.buffers()],
-        "graph_cache": stats["graph_cache"], "compiled": stats["graphs_compiled"],
+        "caches": {{name: counts["all"] for name, counts in stats["caches"].items()}},
+        "compiled": stats["graphs_compiled"],
         "lowering_seconds": stats["lowering_seconds"]}}))
 """)
 
@@ -100,12 +101,12 @@ def cold_then_warm(cache_dir, model: str = BLOCK, attempts: int = 3):
 
 def check_warm_hits_everything(cold: dict, warm: dict) -> None:
     """Every graph of the warm run came from the graph cache, and every number is the same."""
-    aot, lowering = cold["graph_cache"]["aot_autograd"], cold["graph_cache"]["lowering"]
+    aot, lowering = cold["caches"]["aot_autograd"], cold["caches"]["lowering"]
     # Dynamo graphs: inference (no_grad) and training; the training entry holds forward and
     # backward together.
     assert aot["misses"] >= 2 and aot["hits"] == 0 and aot["bytes_written"] > 0
     assert lowering["misses"] >= 3 and cold["compiled"] >= 3
-    warm_aot, warm_lowering = warm["graph_cache"]["aot_autograd"], warm["graph_cache"]["lowering"]
+    warm_aot, warm_lowering = warm["caches"]["aot_autograd"], warm["caches"]["lowering"]
     assert warm_aot["hits"] == aot["misses"] and warm_aot["misses"] == 0
     assert warm_aot["seconds_saved"] > 0
     assert warm_lowering["hits"] == lowering["misses"] and warm_lowering["misses"] == 0
@@ -136,13 +137,14 @@ def isolated_cache(tmp_path):
 
 
 def graph_entries(cache_dir) -> list:
-    directory = os.path.join(cache_dir, levels.SUBDIR)
+    directory = os.path.join(cache_dir, GRAPH_FOLDER)
     return sorted(os.path.join(directory, name) for name in os.listdir(directory)
                   if name.endswith(".xla"))
 
 
 def counts(name: str) -> dict:
-    return torchtpu_compile.stats()["graph_cache"][name]
+    """The counters of the cache ``name``, all levels together."""
+    return torchtpu_compile.stats()["caches"][name]["all"]
 
 
 def test_corrupt_entries_are_discarded_and_recomputed(isolated_cache, caplog):
@@ -163,7 +165,7 @@ def test_corrupt_entries_are_discarded_and_recomputed(isolated_cache, caplog):
     assert counts("lowering")["corrupt"] == 1 and counts("lowering")["hits"] == 0
     assert sum("corrupt" in r.getMessage() for r in caplog.records) == 2
     for path in graph_entries(torchtpu_compile.config.cache_dir):
-        cache_store.unpack(open(path, "rb").read())  # rewritten whole
+        frame.unpack(open(path, "rb").read())  # rewritten whole
 
 
 def first_compile_then_variant(isolated_cache, base, variant):
@@ -252,7 +254,7 @@ def test_switched_off(isolated_cache):
     torch.testing.assert_close(out, torch.ones(3).exp() - 1)
     for name in ("aot_autograd", "lowering"):
         assert counts(name)["hits"] == counts(name)["misses"] == 0
-    assert not os.path.exists(os.path.join(torchtpu_compile.config.cache_dir, levels.SUBDIR))
+    assert not os.path.exists(os.path.join(torchtpu_compile.config.cache_dir, GRAPH_FOLDER))
 
 
 def test_dynamic_graph_from_the_cache_serves_other_sizes(isolated_cache):
@@ -265,3 +267,26 @@ def test_dynamic_graph_from_the_cache_serves_other_sizes(isolated_cache):
         x = torch.randn(rows, cols)
         torch.testing.assert_close(compiled(x), f(x))
     assert counts("aot_autograd")["hits"] == 1
+
+
+def test_a_given_collective_plan_is_passed_down_not_planned_again(isolated_cache, monkeypatch):
+    """``lower_graph_cached(..., collectives=plan)`` hands the caller's plan to ``lower_graph``
+    (a program with collectives is not cached) instead of planning the graph once more."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torchtpu_compile.lower import collective_graphs
+    gm = make_fx(lambda x: torch.sin(x) * 2)(torch.randn(4))
+    plan, lowered, calls = object(), object(), []
+
+    def lower_graph(graph, **kwargs):
+        calls.append((graph, kwargs))
+        return lowered
+
+    def plan_again(graph):
+        raise AssertionError("planned again")
+
+    monkeypatch.setattr(lowering_cache, "lower_graph", lower_graph)
+    monkeypatch.setattr(collective_graphs, "plan_collectives", plan_again)
+    assert lowering_cache.lower_graph_cached(gm, "cpu", "highest", collectives=plan) is lowered
+    assert calls == [(gm, {"platform": "cpu", "precision": "highest", "collectives": plan})]
+    assert counts("lowering")["hits"] == counts("lowering")["misses"] == 0

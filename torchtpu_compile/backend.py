@@ -22,15 +22,6 @@ if "torchtpu_eager" in sys.modules:
     import torchtpu_eager.compile_support
     torchtpu_eager.compile_support.teach_dynamo()
 
-# Likewise, the Dynamo-level cache must be hooked in before the first frame is converted, and
-# graph breaks reported (graph_breaks.py: counted, or strict errors) before the first is traced.
-from . import config as _config  # noqa: E402
-from . import graph_breaks as _graph_breaks  # noqa: E402
-if _config.dynamo_cache:
-    from . import dynamo_cache
-    dynamo_cache.install()
-_graph_breaks.install()
-
 
 def _static_inputs(kind: str) -> frozenset:
     """Forward inputs that are parameters or buffers: they stay resident on the device."""
@@ -97,3 +88,14 @@ def torchtpu_backend(gm: torch.fx.GraphModule, example_inputs, **options):
     from torch._dynamo.eval_frame import innermost_fn
     innermost_fn(compiled)._torchtpu_aot_key = graph_cache.last_entry_key()
     return compiled
+
+
+# Likewise, graph breaks must be reported (graph_breaks.py: counted, or strict errors) before
+# the first is traced, and the Dynamo-level cache hooked in before the first frame is converted.
+# Both are told which backend is ours; neither imports this module.
+from . import config as _config  # noqa: E402
+from . import graph_breaks as _graph_breaks  # noqa: E402
+_graph_breaks.install(torchtpu_backend)
+if _config.dynamo_cache:
+    from . import dynamo_cache
+    dynamo_cache.install(torchtpu_backend)

@@ -13,8 +13,6 @@ def _fresh() -> dict:
         "graphs_compiled": 0,        # XLA compilations (cache misses that reached PJRT compile)
         "xla_compile_seconds": 0.0,  # time spent in PJRT compile
         "lowering_seconds": 0.0,     # time spent in torch-mlir import and StableHLO passes
-        "cache_hits": 0,
-        "cache_misses": 0,
         "fallback_ops": collections.Counter(),   # op name -> nodes sent to eager PyTorch
         "graphs_with_fallback": 0,
         # Dynamo graph breaks in frames compiled for torchtpu: reason -> breaks traced (the code
@@ -31,16 +29,12 @@ def _fresh() -> dict:
         "graphs": {},
         "buckets": {"compiles": 0, "hits": 0, "exact_shape_compiles": 0,
                     "padded_elements": 0, "real_elements": 0},
-        "cache_levels": {level: {"hits": 0, "misses": 0, "bytes_read": 0, "bytes_written": 0,
-                                 "seconds_saved": 0.0, "corrupt": 0, "untrusted": 0}
-                         for level in ("process", "disk", "remote")},
-        # The caches above the executables (graph_cache.py, lower/cache.py): hits at any level.
-        # corrupt: damaged entries discarded; untrusted: entries refused for their signature or
-        # owner (runtime/cache.py), both also counted as misses.
-        "graph_cache": {name: {"hits": 0, "misses": 0, "bypasses": 0, "corrupt": 0,
-                               "untrusted": 0, "bytes_read": 0, "bytes_written": 0,
-                               "seconds_saved": 0.0}
-                        for name in ("aot_autograd", "lowering", "dynamo")},
+        # Every cache (runtime/cache/levels.py), by name, then by level ("process", "disk",
+        # "remote", and "all" for the cache as a whole): hits, misses, corrupt (damaged
+        # entries discarded), untrusted (entries refused for their signature or owner), bytes
+        # read and written, seconds saved. "all" holds the sums over the levels (``stats``
+        # adds them), but for misses (lookups no level answered) and the cache's own events.
+        "caches": {name: _cache_counters(events) for name, events in _cache_events.items()},
         # tpu_dist (torchtpu_eager.distributed): collectives and how they travelled.
         # pjrt_*: run as StableHLO collectives by the multi-process PJRT client;
         # host_staged_*: through host memory and gloo; host_staged_groups: groups whose client
@@ -52,10 +46,29 @@ def _fresh() -> dict:
                      "host_staged_groups": 0, "functional_collectives": 0,
                      "compiled_graph_collectives": 0, "lowered_collectives": 0},
     }
-    # dynamo (dynamo_cache.py) also counts frames run from the cache without tracing, and
-    # entries found but not used (a guarded value or an inlined source differs).
-    stats["graph_cache"]["dynamo"].update(frames_loaded=0, entries_rejected=0)
     return stats
+
+
+#: The levels of every cache, and what each counts there.
+CACHE_LEVELS = ("process", "disk", "remote")
+CACHE_COUNTERS = ("hits", "misses", "corrupt", "untrusted", "bytes_read", "bytes_written",
+                  "seconds_saved")
+_cache_events: dict = {}  # cache name -> its own counters (kept under "all")
+
+
+def _cache_counters(events: tuple) -> dict:
+    zero = {name: 0.0 if name == "seconds_saved" else 0 for name in CACHE_COUNTERS}
+    counts = {level: dict(zero) for level in CACHE_LEVELS}
+    counts["all"] = {"misses": 0, **{event: 0 for event in events}}
+    return counts
+
+
+def _with_sums(counts: dict) -> dict:
+    """``counts`` of one cache with "all" complete: its counters summed over the levels."""
+    events = dict(counts["all"])  # misses, and the cache's own counters
+    summed = {name: events.pop(name) if name == "misses" else
+              sum(counts[level][name] for level in CACHE_LEVELS) for name in CACHE_COUNTERS}
+    return {**counts, "all": {**summed, **events}}
 
 
 _stats = _fresh()
@@ -66,27 +79,39 @@ def add(name: str, value=1) -> None:
 
     Example::
 
-        add("cache_hits")
+        add("graphs_compiled")
     """
     with _lock:
         _stats[name] += value
 
 
-def add_level(level: str, name: str, value=1) -> None:
-    """Add to the counter ``name`` of one compile-cache level ("process", "disk", "remote")."""
-    with _lock:
-        _stats["cache_levels"][level][name] += value
-
-
-def add_graph_cache(name: str, counter: str, value=1) -> None:
-    """Add to ``counter`` of one graph cache ("aot_autograd" or "lowering").
+def declare_cache(name: str, events: tuple = ()) -> None:
+    """Give the cache ``name`` its counters in ``stats()["caches"]`` (``events``: counters of
+    its own, under "all"). Each ``Levels`` cache declares itself when it is made.
 
     Example::
 
-        add_graph_cache("lowering", "hits")
+        declare_cache("dynamo", events=("bypasses",))
     """
     with _lock:
-        _stats["graph_cache"][name][counter] += value
+        _cache_events[name] = tuple(events)
+        _stats["caches"].setdefault(name, _cache_counters(tuple(events)))
+
+
+def add_cache(name: str, changes: dict) -> None:
+    """Add to counters of the cache ``name``: ``changes`` maps a level ("process", "disk",
+    "remote"; "all" only for misses and the cache's events) to {counter: value}.
+
+    Example::
+
+        add_cache("lowering", {"process": {"misses": 1}, "disk": {"hits": 1}})
+    """
+    with _lock:
+        counts = _stats["caches"][name]
+        for level, values in changes.items():
+            where = counts[level]
+            for counter, value in values.items():
+                where[counter] += value
 
 
 def add_dist(name: str, value=1) -> None:
@@ -172,6 +197,11 @@ def stats() -> dict:
         snap = copy.deepcopy(_stats)
     snap["fallback_ops"] = dict(snap["fallback_ops"])
     snap["graph_breaks"] = dict(snap["graph_breaks"])
+    snap["caches"] = {name: _with_sums(counts) for name, counts in snap["caches"].items()}
+    # The executable cache's totals, under the names they had before there were other caches.
+    executables = snap["caches"].get("executable", {}).get("all", {})
+    snap["cache_hits"] = executables.get("hits", 0)
+    snap["cache_misses"] = executables.get("misses", 0)
     # padding waste: % of the elements fed to bucketed programs that are padding
     for entry in list(snap["graphs"].values()) + [snap["buckets"]]:
         entry["padding_waste_pct"] = _waste_pct(entry)

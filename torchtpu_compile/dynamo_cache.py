@@ -16,7 +16,7 @@ by construction. So, at save, each such guard gets a portable fingerprint of the
 constants; dtype, shape, strides and so on for tensors), and at load the same source is
 evaluated on the live frame and must give the same fingerprint, or the entry is a miss and the
 frame is traced as usual. A guard kind we cannot fingerprint makes the frame uncacheable (counted
-in ``stats()["graph_cache"]["dynamo"]["bypasses"]``), never a looser guard. On top of that the
+in ``stats()["caches"]["dynamo"]["all"]["bypasses"]``), never a looser guard. On top of that the
 key holds the frame's bytecode, the torch and transformers versions, Dynamo's config and our own
 source; each entry holds a checksum of the source lines of every function Dynamo inlined; and
 the rebuilt guards must pass on the frame before the entry is used.
@@ -27,6 +27,9 @@ break (resume functions), and frames whose guards read an object only identifiab
 Off by default (``TORCHTPU_DYNAMO_CACHE=1`` or ``config.dynamo_cache = True``): it works on
 Dynamo internals of torch 2.13 (``ConvertFrameAssert``, ``CheckFunctionManager``) that may move.
 
+It serves the backends that ``install`` it (``backend.py`` installs it for "torchtpu"); it knows
+nothing of them but their function.
+
 Example::
 
     torchtpu_compile.config.dynamo_cache = True
@@ -36,7 +39,6 @@ Example::
 from __future__ import annotations
 
 import builtins
-import contextlib
 import dataclasses
 import enum
 import functools
@@ -55,13 +57,13 @@ from typing import Any
 
 import torch
 
-from . import config, counters, versions
+from . import config, versions
 from ._logging import log
-from .runtime.levels import Levels
+from .runtime.cache import GRAPH_FOLDER, Levels, PickleCodec
 
-_levels = Levels("dynamo")
 _install_lock = threading.Lock()
 _installed = False
+_backends: list = []  # the compiler functions whose frames this cache serves
 _FORMAT = 1
 #: Our sources whose code shapes a Dynamo-level entry or what it points to.
 _KEYED_SOURCES = ("dynamo_cache.py", "backend.py", "graph_cache.py", "program.py", "lower")
@@ -438,44 +440,25 @@ def frame_key(code: types.CodeType) -> str:
     return "dynamo|" + hashlib.sha256("|".join(parts).encode()).hexdigest()
 
 
-def _decode_entries(payload: bytes) -> list[_Entry]:
-    """The frame's entries pickled in ``payload``; raises where they are not, or where the
+def _require_entries(value) -> None:
+    """Raise where ``value`` (an unpickled entry) is not a frame's list of entries, or where the
     guards inside one do not unpickle (the levels then discard it as corrupt)."""
-    entries = pickle.loads(payload)
-    if not isinstance(entries, list) or not all(isinstance(e, _Entry) for e in entries):
+    if not isinstance(value, list) or not all(isinstance(e, _Entry) for e in value):
         raise TypeError("not a list of Dynamo cache entries")
-    for entry in entries:
+    for entry in value:
         pickle.loads(entry.guards_state)
-    return entries
 
 
-def _read_entries(key: str) -> list[_Entry]:
-    return _levels.get(key, decode=_decode_entries) or []
+#: A frame's entries (its latest traced versions), pickled.
+_levels = Levels("dynamo", PickleCodec(check=_require_entries), folder=GRAPH_FOLDER,
+                 events=("bypasses", "frames_loaded", "entries_rejected"))
 
 
 def _save(code: types.CodeType, entry: _Entry, seconds: float) -> None:
     key = frame_key(code)
-    entries = [e for e in _levels_peek(key)][-7:]  # a frame keeps its 8 latest versions
-    _levels.put(key, pickle.dumps(entries + [entry]), compute_seconds=seconds)
-
-
-def _levels_peek(key: str) -> list[_Entry]:
-    with _quiet_counters():
-        return _read_entries(key)
-
-
-@contextlib.contextmanager
-def _quiet_counters():
-    """Keep a read out of hits and misses (reads made to append to an entry are not lookups);
-    yields a dict that then holds the hit counts the read would have added."""
-    before = counters.stats()["graph_cache"]["dynamo"]
-    taken: dict = {}
-    yield taken
-    after = counters.stats()["graph_cache"]["dynamo"]
-    for name in ("hits", "bytes_read", "seconds_saved"):
-        taken[name] = after[name] - before[name]
-    for name in ("hits", "misses", "bytes_read", "seconds_saved"):
-        counters.add_graph_cache("dynamo", name, before[name] - after[name])
+    # Not a lookup (nothing is loaded): uncounted. A frame keeps its 8 latest versions.
+    entries = (_levels.lookup(key).value or [])[-7:]
+    _levels.put(key, entries + [entry], compute_seconds=seconds)
 
 
 # --- load ---------------------------------------------------------------------------------
@@ -601,7 +584,10 @@ def _load(frame, frame_state):
     from torch._guards import CompileContext, compile_context
 
     code = frame.f_code
-    entries, lookup = _read_uncounted(frame_key(code))
+    # Counted once we know: a stored entry whose guards fail this frame is a miss, not a hit
+    # that saved seconds.
+    lookup = _levels.lookup(frame_key(code))
+    entries = lookup.value or []
     compile_id = get_compile_id(frame_state)
     for entry in reversed(entries):
         try:
@@ -612,38 +598,29 @@ def _load(frame, frame_state):
                                          log_pt2_compile_event=True):
                 guarded = _try_entry(code, entry, frame, compile_id)
         except Unportable as exc:
-            counters.add_graph_cache("dynamo", "entries_rejected")
+            _levels.count_event("entries_rejected")
             log.info("torchtpu: Dynamo cache entry for %s not used: %s", code.co_qualname, exc)
             continue
         except Exception as exc:  # a stale or damaged entry: trace instead
-            counters.add_graph_cache("dynamo", "entries_rejected")
+            _levels.count_event("entries_rejected")
             log.warning("torchtpu: Dynamo cache entry for %s not used (%s: %s)",
                         code.co_qualname, type(exc).__name__, exc)
             continue
         if guarded is not None:
-            counters.add_graph_cache("dynamo", "frames_loaded")
-            for name, value in lookup.items():
-                counters.add_graph_cache("dynamo", name, value)
+            _levels.count_event("frames_loaded")
+            _levels.count(lookup)
             return wrap_guarded_code(guarded)
-    counters.add_graph_cache("dynamo", "misses")  # nothing stored, or nothing that fits
+    _levels.count(lookup, used=False)  # nothing stored, or nothing that fits
     return None
-
-
-def _read_uncounted(key: str) -> tuple[list[_Entry], dict]:
-    """The frame's entries, and the counts their read would add, not added yet: a stored
-    entry whose guards fail this frame is a miss, not a hit that saved seconds."""
-    with _quiet_counters() as read:
-        entries = _read_entries(key)
-    return entries, read
 
 
 # --- the hook into Dynamo -----------------------------------------------------------------
 
-def _is_torchtpu(compiler_fn) -> bool:
-    from .backend import torchtpu_backend
+def _served(compiler_fn) -> bool:
+    """Whether ``compiler_fn`` (Dynamo's, maybe wrapped) is a backend this cache serves."""
     seen = 0
     while compiler_fn is not None and seen < 8:
-        if compiler_fn is torchtpu_backend:
+        if any(compiler_fn is ours for ours in _backends):
             return True
         compiler_fn = (getattr(compiler_fn, "_torchdynamo_orig_backend", None)
                        or getattr(compiler_fn, "compiler_fn", None))
@@ -668,10 +645,10 @@ class _TraceCapture:
                 raise Unportable("Dynamo's compile no longer looks as this cache expects")
             self.entry = _entry_from_trace(output, out_code)
         except Unportable as exc:
-            counters.add_graph_cache("dynamo", "bypasses")
+            _levels.count_event("bypasses")
             log.info("torchtpu: frame not cached by the Dynamo cache: %s", exc)
         except Exception as exc:  # never let the cache break a compile that worked
-            counters.add_graph_cache("dynamo", "bypasses")
+            _levels.count_event("bypasses")
             log.warning("torchtpu: frame not cached by the Dynamo cache (%s: %s)",
                         type(exc).__name__, exc)
         if self.chained is not None:
@@ -680,7 +657,7 @@ class _TraceCapture:
 
 def _patched_call(original):
     def __call__(self, frame, cache_entry, hooks, frame_state, *, skip: int = 0):
-        if not enabled() or not _is_torchtpu(self._torchdynamo_orig_backend):
+        if not enabled() or not _served(self._torchdynamo_orig_backend):
             return original(self, frame, cache_entry, hooks, frame_state, skip=skip + 1)
         loaded = _load(frame, frame_state)
         if loaded is not None:
@@ -698,17 +675,20 @@ def _patched_call(original):
     return __call__
 
 
-def install() -> None:
-    """Hook the cache into Dynamo's frame conversion, once per process. A no-op for other
-    backends and while ``config.dynamo_cache`` is off.
+def install(backend) -> None:
+    """Serve the frames Dynamo compiles with ``backend`` (a compiler function), hooking the
+    cache into Dynamo's frame conversion once per process. A no-op for other backends, and
+    while ``config.dynamo_cache`` is off.
 
     Example::
 
-        dynamo_cache.install()   # torchtpu_compile.backend does this when the cache is on
+        dynamo_cache.install(torchtpu_backend)   # backend.py does this when the cache is on
     """
     global _installed
     from torch._dynamo.convert_frame import ConvertFrameAssert
     with _install_lock:
+        if not any(backend is ours for ours in _backends):
+            _backends.append(backend)
         if _installed or getattr(ConvertFrameAssert.__call__, "_torchtpu_dynamo_cache", False):
             _installed = True
             return

@@ -84,20 +84,30 @@ def on_graph_break(reason: str, exc) -> None:
               "in eager PyTorch, not XLA", where, what)
 
 
+_backends: list = []  # the compiler functions whose graph breaks are ours to report
+
+
 def _is_ours(compiler_fn) -> bool:
-    from .backend import torchtpu_backend
     for _ in range(8):  # Dynamo's wrappers: WrapBackendDebug -> _TorchCompileWrapper -> ours
         if compiler_fn is None:
             return False
-        if compiler_fn is torchtpu_backend:
+        if any(compiler_fn is ours for ours in _backends):
             return True
         compiler_fn = getattr(compiler_fn, "_torchdynamo_orig_backend", None) or \
             getattr(compiler_fn, "compiler_fn", None) or getattr(compiler_fn, "__wrapped__", None)
     return False
 
 
-def install() -> None:
-    """Wrap Dynamo's graph break report (once per process; the backend module calls it)."""
+def install(backend) -> None:
+    """Report the graph breaks of frames compiled with ``backend`` (a compiler function),
+    wrapping Dynamo's graph break report once per process; the backend module calls it.
+
+    Example::
+
+        graph_breaks.install(torchtpu_backend)
+    """
+    if not any(backend is ours for ours in _backends):
+        _backends.append(backend)
     from torch._dynamo import symbolic_convert
     translator = symbolic_convert.InstructionTranslatorBase
     original = getattr(translator, "log_graph_break", None)

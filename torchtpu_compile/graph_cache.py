@@ -43,12 +43,11 @@ from typing import Any, Callable
 import torch
 from torch._inductor.output_code import OutputCode
 
-from . import config, counters, versions
+from . import config, versions
 from ._logging import log
 from .kernels.jax_op import graph_fingerprint
-from .runtime.levels import Levels
+from .runtime.cache import GRAPH_FOLDER, Levels, PickledBytesCodec
 
-_levels = Levels("aot_autograd")
 _scope_lock = threading.RLock()
 _build_lock = threading.RLock()
 _last_entry = threading.local()
@@ -176,21 +175,18 @@ def _held_tensors_digest(gm: torch.fx.GraphModule) -> str | None:
     return digest.hexdigest()
 
 
-def _decode_entry(payload: bytes):
-    """The aot_autograd entry pickled in ``payload``; raises where it is not one."""
+def _require_aot_entry(value) -> None:
+    """Raise where ``value`` (an unpickled entry) is not an aot_autograd entry: torch unpickles
+    an entry itself, but one that does not unpickle must be counted and discarded by our levels,
+    not met by torch (which logs a traceback and recomputes it as a hit of ours)."""
     from torch._functorch._aot_autograd.aot_autograd_result import BundledAOTAutogradResult
-    entry = pickle.loads(payload)
-    if not isinstance(entry, BundledAOTAutogradResult):
-        raise TypeError(f"a pickled {type(entry).__name__}, not an aot_autograd entry")
-    return entry
+    if not isinstance(value, BundledAOTAutogradResult):
+        raise TypeError(f"a pickled {type(value).__name__}, not an aot_autograd entry")
 
 
-def _checked_payload(payload: bytes) -> bytes:
-    """``payload``, once it is known to unpickle to an aot_autograd entry: torch unpickles it
-    again itself, but one that does not unpickle must be counted and discarded here, not met
-    by torch (which logs a traceback and recomputes it as a hit of ours)."""
-    _decode_entry(payload)
-    return payload
+# Values are torch's own pickles of its entries, kept as the bytes torch wrote.
+_levels = Levels("aot_autograd", PickledBytesCodec(check=_require_aot_entry),
+                 folder=GRAPH_FOLDER, events=("bypasses",))
 
 
 class _StoreAdapter:
@@ -206,7 +202,7 @@ class _StoreAdapter:
         return f"aot|{key}|{self.salt}"
 
     def get(self, key: str):
-        payload = _levels.get(self._key(key), decode=_checked_payload)
+        payload = _levels.get(self._key(key))
         if payload is None:
             return None
         log.debug("aot_autograd cache hit (%s)", key[:16])
@@ -268,7 +264,7 @@ def scope(gm: torch.fx.GraphModule):
         if not adapter.saved:
             _last_entry.key = None
     if torch_counters["aot_autograd"]["autograd_cache_bypass"] > bypasses:
-        counters.add_graph_cache("aot_autograd", "bypasses")
+        _levels.count_event("bypasses")
         log.debug("aot_autograd cache bypassed for a graph (TORCH_LOGS=+torch._functorch "
                   "says why)")
 
@@ -302,7 +298,8 @@ def level_entry(key: str):
 
         fn = deserialize_bundled_cache_entry(level_entry(key))
     """
-    return _levels.get(key, decode=_decode_entry)
+    payload = _levels.get(key)
+    return None if payload is None else pickle.loads(payload)  # a fresh one: torch alters it
 
 
 def clear_memory() -> None:

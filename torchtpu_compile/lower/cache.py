@@ -21,10 +21,8 @@ import torch.fx as fx
 
 from .. import config, versions
 from ..kernels.jax_op import graph_fingerprint
-from ..runtime.levels import Levels
+from ..runtime.cache import GRAPH_FOLDER, Levels
 from .importer import LoweredModule, lower_graph
-
-_levels = Levels("lowering")
 
 
 def _value_spec(value) -> str:
@@ -46,23 +44,33 @@ def graph_key(gm: fx.GraphModule, platform: str, precision: str) -> str:
     return f"lower|{digest.hexdigest()}|{context}"
 
 
-def lower_graph_cached(gm: fx.GraphModule, platform: str, precision: str) -> LoweredModule:
+def lower_graph_cached(gm: fx.GraphModule, platform: str, precision: str,
+                       collectives=None) -> LoweredModule:
     """``lower_graph``, answered from the lowering cache when this graph was lowered before.
 
-    Off with ``config.graph_cache = False``. Failures are not cached: a graph that does not lower
-    raises ``LoweringError`` each time, as ``lower_graph`` does.
+    ``collectives``: the graph's collective plan where the caller has it (``plan_collectives``),
+    else it is planned here. A program with collectives is not cached: it depends on its
+    group's size, which the key does not see. Off with ``config.graph_cache = False``.
+    Failures are not cached: a graph that does not lower raises ``LoweringError`` each time, as
+    ``lower_graph`` does.
+
+    Example::
+
+        lowered = lower_graph_cached(gm, platform="cpu", precision="highest")
     """
+    if collectives is not None:
+        return lower_graph(gm, platform=platform, precision=precision, collectives=collectives)
     from .collective_graphs import plan_collectives
     if not config.graph_cache or plan_collectives(gm) is not None:
-        # A program with collectives depends on its group's size, which the key does not see.
+        # lower_graph plans the collectives itself when it is given no plan.
         return lower_graph(gm, platform=platform, precision=precision)
     key = graph_key(gm, platform, precision)
-    cached = _levels.get(key, decode=_decode)
+    cached = _levels.get(key)
     if cached is not None:
         return cached
     start = time.perf_counter()
     lowered = lower_graph(gm, platform=platform, precision=precision)
-    _levels.put(key, _encode(lowered), compute_seconds=time.perf_counter() - start)
+    _levels.put(key, lowered, compute_seconds=time.perf_counter() - start)
     return lowered
 
 
@@ -70,27 +78,37 @@ def lower_graph_cached(gm: fx.GraphModule, platform: str, precision: str) -> Low
 _BYTECODE_MAGIC = b"ML\xefR"
 
 
-def _encode(lowered: LoweredModule) -> bytes:
-    header = json.dumps({"fingerprint": lowered.fingerprint, "text": lowered.text}).encode()
-    return len(header).to_bytes(4, "little") + header + lowered.bytecode
+class LoweringCodec:
+    """A lowered module as a little-endian header size, a JSON header (fingerprint, text) and
+    the MLIR bytecode. ``decode`` raises where a payload is not one, or where its fingerprint
+    is not its text's (the executable cache keys on the fingerprint).
+
+    Example::
+
+        codec = LoweringCodec()
+        assert codec.decode(codec.encode(lowered)).fingerprint == lowered.fingerprint
+    """
+
+    def encode(self, lowered: LoweredModule) -> bytes:
+        header = json.dumps({"fingerprint": lowered.fingerprint, "text": lowered.text}).encode()
+        return len(header).to_bytes(4, "little") + header + lowered.bytecode
+
+    def decode(self, payload: bytes) -> LoweredModule:
+        header_size = int.from_bytes(payload[:4], "little")
+        header = json.loads(payload[4:4 + header_size].decode("utf-8"))
+        bytecode = payload[4 + header_size:]
+        if not (isinstance(header, dict) and isinstance(header.get("text"), str)
+                and isinstance(header.get("fingerprint"), str)):
+            raise ValueError("header is not {fingerprint, text}")
+        if hashlib.sha256(header["text"].encode()).hexdigest() != header["fingerprint"]:
+            raise ValueError("fingerprint is not the StableHLO's")
+        if not bytecode.startswith(_BYTECODE_MAGIC):
+            raise ValueError("not MLIR bytecode")
+        return LoweredModule(bytecode=bytecode, fingerprint=header["fingerprint"],
+                             text=header["text"])
 
 
-def _decode(payload: bytes) -> LoweredModule:
-    """The entry ``_encode`` wrote; ValueError where it is not one (the cache then discards
-    it and lowers again)."""
-    header_size = int.from_bytes(payload[:4], "little")
-    header = json.loads(payload[4:4 + header_size].decode("utf-8"))
-    bytecode = payload[4 + header_size:]
-    if not (isinstance(header, dict) and isinstance(header.get("text"), str)
-            and isinstance(header.get("fingerprint"), str)):
-        raise ValueError("header is not {fingerprint, text}")
-    # The executable cache keys on the fingerprint: it must be the text's, as lowering makes it.
-    if hashlib.sha256(header["text"].encode()).hexdigest() != header["fingerprint"]:
-        raise ValueError("fingerprint is not the StableHLO's")
-    if not bytecode.startswith(_BYTECODE_MAGIC):
-        raise ValueError("not MLIR bytecode")
-    return LoweredModule(bytecode=bytecode, fingerprint=header["fingerprint"],
-                         text=header["text"])
+_levels = Levels("lowering", LoweringCodec(), folder=GRAPH_FOLDER)
 
 
 def clear_memory() -> None:

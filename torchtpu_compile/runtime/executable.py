@@ -1,7 +1,9 @@
-"""Compiling StableHLO with PJRT, behind the three-level compile cache.
+"""Compiling StableHLO with PJRT, behind the executable cache.
 
-Level 1 is this process (a dict); level 2 the host disk (``config.cache_dir``); level 3 an
-optional remote (``config.remote_cache``). A hit at a lower level fills the levels above it.
+The executable cache is a ``Levels`` cache (``runtime/cache``: this process, the host disk
+``config.cache_dir``, an optional remote ``config.remote_cache``) whose codec is PJRT's own
+serialization: an entry is the executable's bytes, loaded back onto the devices the program runs
+on (``ExecutableCodec``).
 
 A program with collectives runs on several devices, one replica each (``replicas``: their
 ids, in replica order); this process passes and gets the buffers of its own device only.
@@ -13,7 +15,7 @@ Example::
 """
 from __future__ import annotations
 
-import threading
+import dataclasses
 import time
 
 from jaxlib import _jax
@@ -21,11 +23,8 @@ from jaxlib import _jax
 from .. import counters
 from .._logging import log
 from ..errors import LoweringError
-from . import cache as cache_store
+from .cache import Levels
 from .client import get_client
-
-_cache: dict = {}
-_lock = threading.Lock()
 
 #: Bump when what we hand to XLA changes meaning for the same StableHLO.
 COMPILE_OPTIONS_VERSION = "1"
@@ -34,7 +33,8 @@ COMPILE_OPTIONS_VERSION = "1"
 class Executable:
     """A loaded PJRT executable taking and returning flat lists of buffers."""
 
-    def __init__(self, loaded, key: str, serialized: bytes | None = None, compiled_here=True):
+    def __init__(self, loaded, key: str = "", serialized: bytes | None = None,
+                 compiled_here=True):
         self.loaded = loaded
         self.key = key
         self._serialized = serialized
@@ -50,7 +50,8 @@ class Executable:
         """
         if self._serialized is None:
             if not self._compiled_here:
-                raise RuntimeError(f"executable {self.key[:16]} has no stored bytes")
+                raise RuntimeError(f"executable {self.key[:16] or '(loaded)'} has no stored "
+                                   f"bytes")
             self._serialized = self.loaded.serialize()
         return self._serialized
 
@@ -112,33 +113,29 @@ def _placement(client, replicas: tuple):
     return _jax.DeviceList(tuple(by_id[i] for i in replicas)), options
 
 
-def _stores() -> list:
-    """The persistent levels configured now (built once per configuration)."""
-    return cache_store.configured_stores()
+@dataclasses.dataclass(frozen=True)
+class ExecutableCodec:
+    """PJRT's serialization: an executable to its bytes, and bytes to an executable loaded on
+    the devices it runs on (``replicas``: device ids, one replica each; empty: the one device
+    of the usual program). Bytes that do not deserialize raise (the levels discard them).
+
+    Example::
+
+        exe = ExecutableCodec(replicas=(0, 1)).decode(payload)
+    """
+
+    replicas: tuple = ()
+
+    def encode(self, exe: Executable) -> bytes:
+        return exe.serialize()
+
+    def decode(self, payload: bytes) -> Executable:
+        client = get_client()
+        loaded = client.pjrt.deserialize_executable(payload, *_placement(client, self.replicas))
+        return Executable(loaded, serialized=payload, compiled_here=False)
 
 
-def _load_from(store, key: str, client, placement):
-    """(loaded executable, its serialized payload, the framed entry) or Nones. An entry that
-    cannot be read, is damaged or is not to be trusted is a miss at this level (counted, with
-    one warning per store: ``cache.fetch``); a damaged one is discarded."""
-    found = cache_store.fetch(store, key, "executable")
-    if not isinstance(found, tuple):
-        if found in ("corrupt", "untrusted"):
-            counters.add_level(store.level, found)
-        counters.add_level(store.level, "misses")
-        return None, None, None
-    blob, payload, meta = found
-    try:
-        loaded = client.pjrt.deserialize_executable(payload, *placement)
-    except Exception as exc:
-        cache_store.reject(store, key, "executable", f"it does not deserialize: {exc}")
-        counters.add_level(store.level, "corrupt")
-        counters.add_level(store.level, "misses")
-        return None, None, None
-    counters.add_level(store.level, "hits")
-    counters.add_level(store.level, "bytes_read", len(blob))
-    counters.add_level(store.level, "seconds_saved", float(meta.get("compile_seconds", 0.0)))
-    return loaded, payload, blob
+_levels = Levels("executable", ExecutableCodec())
 
 
 def compile_stablehlo(bytecode: bytes, fingerprint: str, precision: str,
@@ -150,37 +147,19 @@ def compile_stablehlo(bytecode: bytes, fingerprint: str, precision: str,
     on those devices, one replica each (module doc).
     """
     key = cache_key(fingerprint, precision, replicas)
-    with _lock:
-        hit = _cache.get(key)
-    if hit is not None:
-        counters.add("cache_hits")
-        counters.add_level("process", "hits")
-        return hit
-    counters.add_level("process", "misses")
-    client = get_client()
-    placement = _placement(client, replicas)
-    stores = _stores()
-    exe = None
-    for depth, store in enumerate(stores):
-        loaded, payload, blob = _load_from(store, key, client, placement)
-        if loaded is not None:
-            for upper in stores[:depth]:  # fill the faster levels
-                if cache_store.store_entry(upper, key, blob, "executable"):
-                    counters.add_level(upper.level, "bytes_written", len(blob))
-            exe = Executable(loaded, key, serialized=payload, compiled_here=False)
-            counters.add("cache_hits")
-            break
+    codec = ExecutableCodec(tuple(replicas)) if replicas else None  # None: one device
+    exe = _levels.get(key, codec)
     if exe is None:
-        counters.add("cache_misses")
-        exe = _compile(bytecode, what, client, key, stores, placement)
-    with _lock:
-        return _cache.setdefault(key, exe)
+        exe, seconds = _compile(bytecode, what, key, replicas)
+        _levels.put(key, exe, compute_seconds=seconds, codec=codec)
+    return exe
 
 
-def _compile(bytecode: bytes, what: str, client, key: str, stores: list, placement):
+def _compile(bytecode: bytes, what: str, key: str, replicas: tuple) -> tuple[Executable, float]:
+    client = get_client()
     start = time.perf_counter()
     try:
-        loaded = client.pjrt.compile_and_load(bytecode, *placement)
+        loaded = client.pjrt.compile_and_load(bytecode, *_placement(client, replicas))
     except Exception as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise LoweringError(f"XLA could not compile {what}: {first_line}") from exc
@@ -188,20 +167,9 @@ def _compile(bytecode: bytes, what: str, client, key: str, stores: list, placeme
     counters.add("graphs_compiled")
     counters.add("xla_compile_seconds", seconds)
     log.debug("compiled %s in %.3fs (key %s)", what, seconds, key[:16])
-    exe = Executable(loaded, key)
-    if stores:
-        try:
-            blob = cache_store.pack(exe.serialize(), key, compile_seconds=seconds, what=what)
-        except Exception as exc:  # some plugins cannot serialize: the cache is an optimization
-            log.debug("executable of %s not serializable: %s", what, exc)
-            return exe
-        for store in stores:
-            if cache_store.store_entry(store, key, blob, "executable"):
-                counters.add_level(store.level, "bytes_written", len(blob))
-    return exe
+    return Executable(loaded, key), seconds
 
 
 def clear_cache() -> None:
     """Forget every compiled executable of this process (level 1 only)."""
-    with _lock:
-        _cache.clear()
+    _levels.clear_memory()

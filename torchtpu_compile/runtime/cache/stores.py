@@ -1,120 +1,35 @@
-"""Levels 2 and 3 of the compile cache: compiled executables on host disk and on a remote store.
+"""Where cache entries live: a folder on the host disk and an optional remote store, and
+whether this process may trust what it finds there.
 
-Level 1 (this process) lives in ``executable.py``. An entry is a serialized PJRT executable (or,
-for the graph caches of ``levels.py``, graph bytes) framed with its SHA-256 and the digest of the
-key it was stored under, so a truncated, tampered or misplaced entry is detected, discarded and
-computed again; it is never loaded.
-
-Trust. Entries are code: a PJRT executable is machine code on CPU and GPU, an aot_autograd or
-Dynamo entry is a pickle, and a StableHLO entry decides what a graph computes. So a store is
-used only if nobody else can put entries in it: a folder owned by this user (or root) that no
-other user can write, nor any folder above it (``writable_by_others``); or any store when
-``config.cache_key`` (``TORCHTPU_CACHE_KEY``, a secret shared by the people who share a cache)
-is set, in which case every entry is signed with HMAC-SHA256 under that key and an entry
-without a valid signature is refused. A store that fails both is left out with one warning,
-and work goes on without it. So does a store that cannot be created, read or written.
+A store holds framed entries (``frame.py``) by key. Trust: entries are code (a PJRT executable
+is machine code on CPU and GPU, an aot_autograd or Dynamo entry is a pickle, a StableHLO entry
+decides what a graph computes), so a store is used only if nobody else can put entries in it: a
+folder owned by this user (or root) that no other user can write, nor any folder above it
+(``writable_by_others``); or any store when ``config.cache_key`` (``TORCHTPU_CACHE_KEY``, a
+secret shared by the people who share a cache) is set, in which case every entry is signed with
+HMAC-SHA256 under that key and an entry without a valid signature is refused (``frame.py``). A
+store that fails both is left out with one warning, and work goes on without it. So does a store
+that cannot be created, read or written: ``fetch`` and ``store_entry`` turn every such failure
+into a miss and one warning per store.
 
 Example::
 
     store = DiskStore("/tmp/torchtpu-cache", max_bytes=1 << 30)
-    store.put("key", pack(b"...", "key", compile_seconds=1.2))
-    payload, meta = unpack(store.get("key"), "key")
+    store.put("key", pack(b"...", "key", compute_seconds=1.2))
+    found = fetch(store, "key", "lowering")   # (blob, payload, header), or why not
 """
 from __future__ import annotations
 
 import atexit
 import hashlib
-import hmac
-import json
 import os
 import queue
 import stat
-import struct
 import tempfile
 import threading
 
-from .._logging import log, warn_once
-
-_MAGIC = b"TTPUX2\n"
-_OLD_MAGICS = (b"TTPUX1\n",)
-_MAC_SIZE = 32
-
-
-class CorruptEntry(ValueError):
-    """A cache entry whose frame or checksum is wrong, or that was stored under another key."""
-
-
-class StaleEntry(CorruptEntry):
-    """An entry an older torchtpu wrote, in another format: replaced, not reported."""
-
-
-class UntrustedEntry(ValueError):
-    """An intact cache entry we may not load: unsigned or signed with another key while
-    ``config.cache_key`` is set, or a file another user put in our cache folder."""
-
-
-def signing_key() -> bytes | None:
-    """The HMAC key derived from ``config.cache_key``, or None when no key is set."""
-    from .. import config
-    secret = config.cache_key
-    if not secret:
-        return None
-    return hashlib.sha256(b"torchtpu cache key\0" + secret.encode()).digest()
-
-
-def key_digest(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
-
-
-def pack(payload: bytes, key: str, **meta) -> bytes:
-    """Frame ``payload``, stored under ``key``, with its checksum and a small JSON header;
-    signed when ``config.cache_key`` is set."""
-    mac_key = signing_key()
-    header = json.dumps({**meta, "key": key_digest(key), "size": len(payload),
-                         "sha256": hashlib.sha256(payload).hexdigest(),
-                         "signed": mac_key is not None}).encode()
-    body = _MAGIC + struct.pack("<I", len(header)) + header + payload
-    if mac_key is not None:
-        body += hmac.new(mac_key, body, hashlib.sha256).digest()
-    return body
-
-
-def unpack(blob: bytes, key: str | None = None) -> tuple[bytes, dict]:
-    """The payload and header of a framed entry; CorruptEntry if anything does not check out
-    (with ``key``: also if it was stored under another key), UntrustedEntry if
-    ``config.cache_key`` is set and the entry is not signed with it."""
-    if blob.startswith(_OLD_MAGICS):
-        raise StaleEntry("written by an older torchtpu (another entry format)")
-    start = len(_MAGIC) + 4
-    if not blob.startswith(_MAGIC) or len(blob) < start:
-        raise CorruptEntry("not a torchtpu cache entry")
-    (length,) = struct.unpack_from("<I", blob, len(_MAGIC))
-    try:
-        meta = json.loads(blob[start:start + length])
-    except ValueError as exc:
-        raise CorruptEntry("unreadable header") from exc
-    if not isinstance(meta, dict) or not isinstance(meta.get("size"), int):
-        raise CorruptEntry("unreadable header")
-    end = start + length + meta["size"]
-    payload = blob[start + length:end]
-    trailer = blob[end:]
-    if len(payload) != meta["size"] or hashlib.sha256(payload).hexdigest() != meta.get("sha256") \
-            or len(trailer) != (_MAC_SIZE if meta.get("signed") is True else 0):
-        raise CorruptEntry("checksum mismatch (truncated or modified)")
-    if key is not None and meta.get("key") != key_digest(key):
-        raise CorruptEntry("stored under another key (misplaced or planted)")
-    mac_key = signing_key()
-    if mac_key is not None:
-        if not trailer:
-            raise UntrustedEntry("not signed with TORCHTPU_CACHE_KEY")
-        if not hmac.compare_digest(hmac.new(mac_key, blob[:end], hashlib.sha256).digest(),
-                                   trailer):
-            raise UntrustedEntry("signed with another key than TORCHTPU_CACHE_KEY")
-    return payload, meta
-
-
-def entry_name(key: str) -> str:
-    return key_digest(key) + ".xla"
+from ..._logging import log, warn_once
+from .frame import CorruptEntry, StaleEntry, UntrustedEntry, entry_name, signing_key, unpack
 
 
 # --- who may write a folder ----------------------------------------------------------------
@@ -288,12 +203,12 @@ def fetch(store, key: str, what: str):
                     "computing it again (warned once)", store.level, what, store.root, exc)
         return "untrusted"
     except CorruptEntry as exc:
-        reject(store, key, what, exc)
+        discard_corrupt(store, key, what, exc)
         return "corrupt"
     return blob, payload, meta
 
 
-def reject(store, key: str, what: str, reason) -> None:
+def discard_corrupt(store, key: str, what: str, reason) -> None:
     """Discard the entry under ``key`` in ``store``, which is damaged: its frame, or its
     payload, does not decode (``reason``). Warns once per store."""
     _warn_store(store, ("corrupt", what), "torchtpu: discarding corrupt %s cache entry (%s) at "
@@ -462,17 +377,17 @@ def _open_store(make, level: str, root: str, folder: str | None):
 def configured_stores(subdir: str | None = None) -> list:
     """The disk and remote stores ``config`` asks for now, under ``subdir`` of each root.
 
-    Built once per configuration and subdir, and shared: the executable cache uses the roots,
-    the graph caches (``levels.py``) a ``graphs/`` folder in them. A store that cannot be
-    created, or whose entries cannot be trusted (module docstring), is left out with one
-    warning, never fatal.
+    Built once per configuration and subdir, and shared by the caches that use that subdir
+    (``levels.py``: executables at the roots, the caches above them in ``graphs/``). A store
+    that cannot be created, or whose entries cannot be trusted (module docstring), is left out
+    with one warning, never fatal.
 
     Example::
 
         for store in configured_stores("graphs"):
             blob = store.get(key)
     """
-    from .. import config
+    from ... import config
     key = signing_key()
     wanted = (subdir, config.cache_dir, config.cache_max_bytes, config.remote_cache,
               None if key is None else hashlib.sha256(key).hexdigest())
@@ -499,3 +414,16 @@ def configured_stores(subdir: str | None = None) -> list:
             del _configured[old]  # one configuration per subdir at a time, as before
         _configured[wanted] = stores
         return stores
+
+
+def flush_writes(timeout: float | None = None) -> bool:
+    """Wait until every remote store built so far has written its queued entries (tests, and
+    processes that hand their cache to another right away); False if ``timeout`` passed first.
+
+    Example::
+
+        flush_writes()   # every entry this process stored is on the remote now
+    """
+    with _configured_lock:
+        stores = [store for group in _configured.values() for store in group]
+    return all(store.flush(timeout) for store in stores if hasattr(store, "flush"))
