@@ -8,8 +8,7 @@ import torch
 
 import torchtpu_compile
 from helpers import compile_tpu
-from torchtpu_compile import config
-from torchtpu_compile import counters, graph_cache
+from torchtpu_compile import config, counters, graph_cache
 from torchtpu_compile.lower import cache as lowering_cache
 from torchtpu_compile.runtime import executable
 from torchtpu_compile.runtime.cache import Levels, frame, stores
