@@ -64,7 +64,7 @@ _install_lock = threading.Lock()
 _installed = False
 _FORMAT = 1
 #: Our sources whose code shapes a Dynamo-level entry or what it points to.
-_KEYED_SOURCES = ("dynamo_cache.py", "backend.py", "graph_cache.py", "program.py", "lower")
+_KEYED_SOURCES = ("dynamo_cache.py", "backend.py", "graph_cache.py", "program", "lower")
 
 
 class Unportable(Exception):

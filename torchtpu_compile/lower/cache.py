@@ -46,16 +46,17 @@ def graph_key(gm: fx.GraphModule, platform: str, precision: str) -> str:
     return f"lower|{digest.hexdigest()}|{context}"
 
 
-def lower_graph_cached(gm: fx.GraphModule, platform: str, precision: str) -> LoweredModule:
+def lower_graph_cached(gm: fx.GraphModule, platform: str, precision: str,
+                       collectives=None) -> LoweredModule:
     """``lower_graph``, answered from the lowering cache when this graph was lowered before.
 
     Off with ``config.graph_cache = False``. Failures are not cached: a graph that does not lower
-    raises ``LoweringError`` each time, as ``lower_graph`` does.
+    raises ``LoweringError`` each time, as ``lower_graph`` does. ``collectives``: the graph's
+    collective plan (``lower_graph``), made by the program builder.
     """
-    from .collective_graphs import plan_collectives
-    if not config.graph_cache or plan_collectives(gm) is not None:
+    if not config.graph_cache or collectives is not None:
         # A program with collectives depends on its group's size, which the key does not see.
-        return lower_graph(gm, platform=platform, precision=precision)
+        return lower_graph(gm, platform=platform, precision=precision, collectives=collectives)
     key = graph_key(gm, platform, precision)
     cached = _levels.get(key, decode=_decode)
     if cached is not None:
