@@ -84,17 +84,12 @@ def on_graph_break(reason: str, exc) -> None:
               "in eager PyTorch, not XLA", where, what)
 
 
-#: Our backend function, known by name: importing backend.py from here would close an import
-#: cycle (backend.py installs this module's hook).
-_BACKEND = ("torchtpu_compile.backend", "torchtpu_backend")
-
-
 def _is_ours(compiler_fn) -> bool:
+    from .backend import torchtpu_backend
     for _ in range(8):  # Dynamo's wrappers: WrapBackendDebug -> _TorchCompileWrapper -> ours
         if compiler_fn is None:
             return False
-        if (getattr(compiler_fn, "__module__", None),
-                getattr(compiler_fn, "__qualname__", None)) == _BACKEND:
+        if compiler_fn is torchtpu_backend:
             return True
         compiler_fn = getattr(compiler_fn, "_torchdynamo_orig_backend", None) or \
             getattr(compiler_fn, "compiler_fn", None) or getattr(compiler_fn, "__wrapped__", None)
