@@ -72,6 +72,9 @@ class Program:
         # The identity convention (StableHLO from elsewhere): buffers straight to the executable.
         self._plain = arg_indices is None and slots is None and not constants and \
             not random_inputs
+        # Inputs beyond the caller's (constants, host draws): most programs have none, and a
+        # call less per run counts on the eager device's per-op path.
+        self._extra = bool(self.constants or self.random_inputs)
         self._direct = slots is None or results_are_outputs(slots)
         self._check = None if slots is None else check_index(slots)
         self._on_device: dict = {}   # device type -> (result wrappers, defer checks)
@@ -115,8 +118,8 @@ class Program:
             return executable.run(buffers)
         results = ()
         if executable is not None:
-            results = executable.run(self._inputs([buffers[i] for i in self.arg_indices],
-                                                  buffers))
+            inputs = [buffers[i] for i in self.arg_indices]
+            results = executable.run(self._inputs(inputs, buffers) if self._extra else inputs)
         if self._direct:  # most eager ops: the results are the outputs, as they come
             return results
         return collect_outputs(self.slots, results, buffers, defer_checks=True,
@@ -134,7 +137,7 @@ class Program:
             # type() is, not isinstance(): Parameter's metaclass makes isinstance ~1 us an arg.
             values = [to_buffer(args[i], i in resident or type(args[i]) is _Parameter, client)
                       for i in indices]
-            out = executable.run(self._inputs(values, args))
+            out = executable.run(self._inputs(values, args) if self._extra else values)
             if device is None and self._wrap is not None:
                 wrap, defer = self._wrap, self._defer_checks
             else:
