@@ -12,7 +12,8 @@ eager device then runs the op on the host). The reasons come from
   (``COLLECTIVE``), linalg's error checks (``ERROR_CHECK``);
 - probes (with ``lower_one``): each op lowered alone, the answer cached per op and signature.
 
-``written_arguments`` (which arguments an op writes) serves the rule here and the eager device.
+``is_written`` and ``written_arguments`` (which arguments an op writes) serve the rule here and
+the eager device.
 
 Example::
 
@@ -85,7 +86,9 @@ def written_arguments(op, args, kwargs) -> list:
 def writes_its_arguments(node):
     # out= and in-place overloads: the FX importer segfaults on some (aten.arange.start_out),
     # and after functionalization they only remain in hand-built graphs.
-    if written_arguments(node.target, node.args, node.kwargs):
+    # By schema, not by call: an overload that may write is refused even where this call
+    # leaves the written argument out.
+    if any(is_written(argument) for argument in node.target._schema.arguments):
         return "writes to its arguments (out= or in-place)"
     return None
 
