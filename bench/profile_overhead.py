@@ -4,7 +4,7 @@ A second graph, ``Linear(64, 64)``, shows the cost of its parameters: resident (
 aliases the weight's memory, reused) and, for a weight whose memory PJRT cannot alias (not
 64-byte aligned, as on every non-CPU platform), uploaded at each call.
 
-Not part of run_all: a diagnostic for work on the runtime path (program.py, runtime/). It prints
+Not part of run_all: a diagnostic for work on the runtime path (program/run.py, runtime/). It prints
 
 1. the median time of each stage of one call, timed alone and interleaved (see common.py),
    from the whole compiled call down to the single PJRT pieces, with references: Inductor's

@@ -10,7 +10,7 @@ from jax.experimental import pallas as pl
 
 import torchtpu_compile
 import torchtpu_compile.aot as aot
-from helpers import compile_tpu
+from helpers import compile_tpu, eager_mode
 from torchtpu_compile import config
 from torchtpu_compile import jax_op
 from torchtpu_compile.lower.cache import graph_key
@@ -139,6 +139,37 @@ def test_dynamic_batch_compiles_the_exact_shape():
     for rows in (3, 5, 6):
         xs = torch.randn(rows, 8)
         torch.testing.assert_close(compiled(xs, w), rms_norm_ref(xs, w) * 2)
+
+
+@jax_op
+def matmul_as_the_mxu(x, w):
+    # What a TPU's matrix unit multiplies at the precision JAX lowers this under: bf16-rounded
+    # operands at "default" (torchtpu's "medium"), f32 ones at "highest". XLA's CPU compiler
+    # ignores precision_config, so the kernel spells the rounding out.
+    if jax.config.jax_default_matmul_precision in (None, "default", "bfloat16", "fastest"):
+        x, w = x.astype(jnp.bfloat16).astype(jnp.float32), w.astype(jnp.bfloat16).astype(
+            jnp.float32)
+    return jnp.dot(x, w, preferred_element_type=jnp.float32)
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_eager_program_of_a_jax_op_follows_a_precision_change(mode):
+    # The eager device kept a program holding a jax_op call at the first precision it saw
+    # (its list of precision-dependent ops knew only ATen's): run at "highest", then at
+    # "medium", it kept computing f32 products.
+    torch.manual_seed(0)
+    x, w = torch.randn(8, 64), torch.randn(64, 8)
+    f32 = x @ w
+    bf16_operands = x.bfloat16().float() @ w.bfloat16().float()
+    assert (f32 - bf16_operands).abs().max() > 1e-2  # the two precisions are told apart
+    with eager_mode(mode):
+        xt, wt = x.to("tpu"), w.to("tpu")
+        for wanted, reference in (("highest", f32), ("medium", bf16_operands),
+                                  ("highest", f32)):
+            with config.patch(matmul_precision=wanted):
+                got = matmul_as_the_mxu(xt, wt).cpu()
+            torch.testing.assert_close(got, reference, rtol=1e-5, atol=1e-5,
+                                       msg=lambda m: f"at {wanted}: {m}")
 
 
 def test_lowering_cache_key_follows_the_function_behind_the_name():

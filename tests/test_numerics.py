@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 
 import torchtpu_compile
-import torchtpu_compile.program
+import torchtpu_compile.program.build
 import zoo
 from torchtpu_compile.numerics import Tolerance, compare, tolerance
 from torchtpu_compile.numerics.pytest_plugin import assert_numerics  # noqa: F401 (fixture)
@@ -82,7 +82,7 @@ def tanh_one_percent_high(monkeypatch):
     import torchtpu_compile.lower.cache as lowering_cache
     planted_lowering = scale_op_after_lowering(lowering_cache.lower_graph, aten.tanh.default, 1.01)
     monkeypatch.setattr(lowering_cache, "lower_graph", planted_lowering)
-    monkeypatch.setattr(torchtpu_compile.program, "lower_graph", planted_lowering)
+    monkeypatch.setattr(torchtpu_compile.program.build, "lower_graph", planted_lowering)
     # Cached lowerings of the same graph (from earlier tests) must not answer for the plant.
     with torchtpu_compile.config.patch(graph_cache=False):
         yield

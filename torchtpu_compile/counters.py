@@ -1,12 +1,113 @@
-"""Process-wide counters behind ``torchtpu_compile.stats()``."""
+"""The counters behind ``torchtpu_compile.stats()``: a registry of groups, one per subsystem.
+
+Each subsystem registers its own group of counters when it loads (``register``): the compile
+path's are below; the eager device's (``torchtpu_eager/stats.py``) and tpu_dist's
+(``torchtpu_eager/distributed/stats.py``) live in their packages. ``stats()`` merges every
+registered group into one snapshot; a group sits at the top level or under a key of its own
+(``under="tpu_dist"``). This module imports nothing heavy: the eager device registers its group
+at ``import torch``.
+
+Example::
+
+    COUNTERS = register("my_subsystem", lambda: {"things_done": 0}, under="mine")
+    COUNTERS.add("things_done")
+    stats()["mine"]["things_done"]           # 1
+"""
 from __future__ import annotations
 
 import collections
 import copy
 import threading
+from typing import Callable
 
 _lock = threading.Lock()
+_groups: dict = {}   # name -> Group, in registration order
 
+
+class Group:
+    """One subsystem's counters (see ``register``)."""
+
+    def __init__(self, name: str, fresh: Callable[[], dict], under: str | None,
+                 report: Callable[[dict], None] | None, values: dict | None):
+        self.name, self.under = name, under
+        self._fresh, self._report = fresh, report
+        # Counted in place: a reset refills the same dict, so code holding it keeps counting.
+        self.values = fresh() if values is None else values
+
+    def add(self, name: str, value=1) -> None:
+        """Add ``value`` to the counter ``name`` of this group.
+
+        Example::
+
+            COUNTERS.add("eager_fallbacks")
+        """
+        with _lock:
+            self.values[name] += value
+
+    def reset(self) -> None:
+        fresh = self._fresh()
+        with _lock:
+            self.values.clear()
+            self.values.update(fresh)
+
+    def snapshot(self) -> dict:
+        with _lock:
+            snap = copy.deepcopy(self.values)
+        if self._report is not None:
+            self._report(snap)
+        return snap
+
+
+def register(name: str, fresh: Callable[[], dict], *, under: str | None = None,
+             report: Callable[[dict], None] | None = None, values: dict | None = None) -> Group:
+    """Register (once; again: the same group) a group of counters that ``stats()`` reports.
+
+    ``fresh()`` gives the counters at zero, ``under`` the ``stats()`` key they sit under (None:
+    the top level), ``report(snapshot)`` finishes a snapshot in place (derived values), and
+    ``values`` is the dict to count in (default: a new one). A counter name another group
+    already reports at the same place is an error: two subsystems would count into one key.
+
+    Example::
+
+        COUNTERS = register("eager", lambda: {"eager_fallbacks": 0})
+    """
+    with _lock:
+        known = _groups.get(name)
+        if known is not None:
+            return known
+        taken = {key for group in _groups.values() if group.under == under
+                 for key in group.values}
+        clash = taken & set(fresh())
+        if clash:
+            raise ValueError(f"counter group {name!r}: {', '.join(sorted(clash))} already "
+                             f"reported by another group")
+        group = _groups[name] = Group(name, fresh, under, report, values)
+    return group
+
+
+def stats() -> dict:
+    """A snapshot of every registered group's counters (the compile path's at the top level).
+
+    Example::
+
+        >>> import torchtpu_compile
+        >>> torchtpu_compile.stats()["graphs_compiled"]
+        0
+    """
+    snap: dict = {}
+    for group in list(_groups.values()):
+        values = group.snapshot()
+        (snap if group.under is None else snap.setdefault(group.under, {})).update(values)
+    return snap
+
+
+def reset_stats() -> None:
+    """Zero every counter of every group (the compile cache itself is kept)."""
+    for group in list(_groups.values()):
+        group.reset()
+
+
+# --- the compile path's counters (runtime, lowering, programs, buckets, caches) ------------------
 
 def _fresh() -> dict:
     stats = {
@@ -20,11 +121,6 @@ def _fresh() -> dict:
         "graph_breaks": collections.Counter(),
         "resident_uploads": 0,       # parameters/buffers/constants uploaded (kept if aliased)
         "resident_copies": 0,        # ... of which were copies, made again at every call
-        # The eager tpu device (torchtpu_eager).
-        "eager_programs_compiled": 0,    # single-op and fused programs built
-        "eager_fallbacks": 0,            # ops run on the host because they do not lower
-        "fused_graphs_run": 0,           # defer-and-fuse: deferred graphs executed
-        "fused_graph_cache_hits": 0,     # ... of which had been compiled before
         # Programs built per graph (static, per bucket, or per exact shape) and bucket use.
         "graphs": {},
         "buckets": {"compiles": 0, "hits": 0, "exact_shape_compiles": 0,
@@ -35,16 +131,6 @@ def _fresh() -> dict:
         # read and written, seconds saved. "all" holds the sums over the levels (``stats``
         # adds them), but for misses (lookups no level answered) and the cache's own events.
         "caches": {name: _cache_counters(events) for name, events in _cache_events.items()},
-        # tpu_dist (torchtpu_eager.distributed): collectives and how they travelled.
-        # pjrt_*: run as StableHLO collectives by the multi-process PJRT client;
-        # host_staged_*: through host memory and gloo; host_staged_groups: groups whose client
-        # could not be joined (every collective of theirs is staged);
-        # compiled_graph_collectives: collectives a compiled graph is cut at (run through the
-        # process group); lowered_collectives: collectives lowered inside compiled programs.
-        "tpu_dist": {"collectives": 0, "pjrt_collectives": 0, "pjrt_bytes": 0,
-                     "host_staged_collectives": 0, "host_staged_bytes": 0,
-                     "host_staged_groups": 0, "functional_collectives": 0,
-                     "compiled_graph_collectives": 0, "lowered_collectives": 0},
     }
     return stats
 
@@ -71,7 +157,7 @@ def _with_sums(counts: dict) -> dict:
     return {**counts, "all": {**summed, **events}}
 
 
-_stats = _fresh()
+_stats = _fresh()  # the compile path's group (registered at the end) counts here
 
 
 def add(name: str, value=1) -> None:
@@ -112,17 +198,6 @@ def add_cache(name: str, changes: dict) -> None:
             where = counts[level]
             for counter, value in values.items():
                 where[counter] += value
-
-
-def add_dist(name: str, value=1) -> None:
-    """Add to the tpu_dist counter ``name``.
-
-    Example::
-
-        add_dist("host_staged_collectives")
-    """
-    with _lock:
-        _stats["tpu_dist"][name] += value
 
 
 def count_fallback(op_name: str) -> None:
@@ -184,17 +259,7 @@ def _waste_pct(entry: dict) -> float:
     return round(100.0 * (padded - entry["real_elements"]) / padded, 2) if padded else 0.0
 
 
-def stats() -> dict:
-    """A snapshot of the compile path's counters.
-
-    Example::
-
-        >>> import torchtpu_compile
-        >>> torchtpu_compile.stats()["graphs_compiled"]
-        0
-    """
-    with _lock:
-        snap = copy.deepcopy(_stats)
+def _report(snap: dict) -> None:
     snap["fallback_ops"] = dict(snap["fallback_ops"])
     snap["graph_breaks"] = dict(snap["graph_breaks"])
     snap["caches"] = {name: _with_sums(counts) for name, counts in snap["caches"].items()}
@@ -205,11 +270,11 @@ def stats() -> dict:
     # padding waste: % of the elements fed to bucketed programs that are padding
     for entry in list(snap["graphs"].values()) + [snap["buckets"]]:
         entry["padding_waste_pct"] = _waste_pct(entry)
-    return snap
 
 
-def reset_stats() -> None:
-    """Zero every counter (the compile cache itself is kept)."""
-    global _stats
-    with _lock:
-        _stats = _fresh()
+register("compile", _fresh, report=_report, values=_stats)
+# Functional collectives in compiled graphs, reported with tpu_dist's: graphs cut at a
+# collective (which then runs through the process group) and collectives lowered into programs.
+COLLECTIVES = register("compiled collectives", lambda: {"compiled_graph_collectives": 0,
+                                                        "lowered_collectives": 0},
+                       under="tpu_dist")

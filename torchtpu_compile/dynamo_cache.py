@@ -66,7 +66,7 @@ _installed = False
 _backends: list = []  # the compiler functions whose frames this cache serves
 _FORMAT = 1
 #: Our sources whose code shapes a Dynamo-level entry or what it points to.
-_KEYED_SOURCES = ("dynamo_cache.py", "backend.py", "graph_cache.py", "program.py", "lower")
+_KEYED_SOURCES = ("dynamo_cache.py", "backend.py", "graph_cache.py", "program", "lower")
 
 
 class Unportable(Exception):

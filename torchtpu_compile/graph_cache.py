@@ -53,7 +53,7 @@ _build_lock = threading.RLock()
 _last_entry = threading.local()
 
 #: Our modules whose code shapes an aot_autograd result or rebuilds one from the cache.
-_KEYED_SOURCES = ("backend.py", "program.py", "graph_cache.py", "lower")
+_KEYED_SOURCES = ("backend.py", "program", "graph_cache.py", "lower")
 
 
 @dataclasses.dataclass

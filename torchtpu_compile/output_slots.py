@@ -2,10 +2,10 @@
 
 ``lower/calling_convention.py`` drops from a program the outputs XLA need not compute (None,
 inputs returned as they are, constants, duplicates, tensors with no elements, views of inputs
-or of other outputs) and records an ``OutputSlot`` for each;
-compiled programs (``program.py``) and loaded AOT artifacts (``aot/loader.py``) put them back
-with ``collect_outputs``. This module imports nothing heavy: the AOT loader must not pull in
-torch-mlir.
+or of other outputs) and records an ``OutputSlot`` for each; the one run path
+(``program/run.py``: compiled graphs, the eager device's programs, loaded AOT artifacts) puts
+them back with ``collect_outputs``. This module imports nothing heavy: the AOT loader must not
+pull in torch-mlir.
 
 Example::
 
@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
+
+from . import index_errors
 
 
 @dataclass
@@ -40,15 +42,18 @@ class OutputSlot:
 
 
 def collect_outputs(slots: list, results: list, args: list, device: str | None = None,
-                    defer_checks: bool = False) -> list:
+                    defer_checks: bool = False, locations=None, empty=None) -> list:
     """The original graph's outputs from the program's ``results`` and the call's ``args``.
 
-    The one reading of ``OutputSlot``s: compiled programs and loaded AOT artifacts both use it,
-    so an output that is an input, a constant or None comes back the same way on each path.
-    Tensors with no elements are made here, on ``device`` (default: the traced one). The
-    "check" slot's result (a PJRT buffer, not wrapped) is read now, raising for an index out
-    of range, or, with ``defer_checks`` (results that stay on the device), at the next
-    synchronization point (``index_errors.py``).
+    The one reading of ``OutputSlot``s, for every program (compiled graphs, the eager device's,
+    loaded AOT artifacts), so an output that is an input, a constant or None comes back the same
+    way on each path. It reads tensors (``results`` and ``args`` are tensors) or PJRT buffers
+    (the eager device: ``empty(spec)`` then makes the buffer of a tensor with no elements).
+    Tensors with no elements are made by ``empty``, by default here on ``device`` (default: the
+    traced one). The "check" slot's result (a PJRT buffer, not wrapped) is read now, raising
+    for an index out of range, or, with ``defer_checks`` (results that stay on the device), at
+    the next synchronization point (``index_errors.py``); ``locations`` says where the op was
+    called when the checks do not know it (eager ops).
 
     Example::
 
@@ -65,21 +70,27 @@ def collect_outputs(slots: list, results: list, args: list, device: str | None =
         elif kind == "constant":
             outputs.append(slot.value)
         elif kind == "empty":
-            outputs.append(empty_tensor(slot.value, device))
+            outputs.append(empty_tensor(slot.value, device) if empty is None else
+                           empty(slot.value))
         elif kind == "view":
             base = results[slot.index] if slot.value["of"] == "program" else args[slot.index]
             outputs.append(_rebuilt_view(slot, base))
         elif kind == "check":
-            from . import index_errors
             if defer_checks:
-                index_errors.defer(results[slot.index], slot.value)
+                index_errors.defer(results[slot.index], slot.value, locations)
             else:
-                index_errors.check_now(results[slot.index], slot.value)
+                index_errors.check_now(results[slot.index], slot.value, locations)
         elif kind == "none":
             outputs.append(None)
         else:  # an artifact from a newer torchtpu, say: never a silent None
             raise ValueError(f"output slot of unknown kind {kind!r}")
     return outputs
+
+
+def results_are_outputs(slots: list) -> bool:
+    """Whether the outputs are the program's results as they come (every slot "program", in
+    order): the run path then skips ``collect_outputs`` (the common eager op)."""
+    return all(slot.kind == "program" and slot.index == i for i, slot in enumerate(slots))
 
 
 def check_index(slots: list):

@@ -42,6 +42,9 @@ def source_digest(*parts: str) -> str:
         path = os.path.join(_PACKAGE_DIR, part)
         if os.path.isfile(path):
             files = [path]
+        elif not os.path.isdir(path):
+            # A renamed module must not silently drop out of the cache keys.
+            raise FileNotFoundError(f"source_digest: {part!r} is not in {_PACKAGE_DIR}")
         else:
             files = sorted(os.path.join(root, name)
                            for root, _, names in os.walk(path) for name in names

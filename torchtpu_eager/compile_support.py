@@ -41,7 +41,9 @@ def _dtype_of(buffer):
 
 
 def register_with_runtime() -> None:
-    from torchtpu_compile.runtime.transfer import register_device_tensor
+    """Tell the runtime how to read a tpu tensor's buffer and wrap a result (idempotent; the
+    device calls it when it registers itself: light, no jax)."""
+    from torchtpu_compile.runtime.device_tensors import register_device_tensor
     register_device_tensor(TpuTensor, _read_buffer, DEVICE.type, _wrap_buffer)
 
 
@@ -55,7 +57,6 @@ def teach_dynamo() -> None:
     VariableBuilder._type_dispatch()[TpuTensor] = VariableBuilder.wrap_tensor
     # Our dispatch code runs below the graph (as ATen kernels do); Dynamo must never trace it.
     trace_rules.add("torchtpu_eager")
-    register_with_runtime()
     from .rng import register_replay_ops
     register_replay_ops(TpuTensor)
     _taught = True

@@ -66,6 +66,8 @@ def register() -> None:
         torch._C._acc.register_python_privateuseone_device_guard(_Guard())
         kernels.register()
         serialization.register()
+        from . import compile_support, stats  # noqa: F401  (stats: the device's counters)
+        compile_support.register_with_runtime()  # compiled programs take and give tpu tensors
         _registered = True
     from . import compile_support
     compile_support.teach_dynamo_if_loaded()

@@ -21,6 +21,8 @@ from __future__ import annotations
 import torch
 
 from torchtpu_compile.errors import InvalidInputError, LoweringError
+from torchtpu_compile.kernels.jax_op import kernel_of
+from torchtpu_compile.lower.support import is_written, written_arguments
 
 from . import fallback, modes, rng, scalars, views
 from .programs import OpGraph, example, trace
@@ -61,8 +63,7 @@ def _classify(func):
     schema = func._schema
     if torch.Tag.inplace_view in func.tags:  # t_, unsqueeze_, as_strided_: new geometry only
         return run_inplace_view
-    if func.is_view and not any(a.alias_info is not None and a.alias_info.is_write
-                                for a in schema.arguments):
+    if func.is_view and not any(is_written(a) for a in schema.arguments):
         return run_view
     if torch.Tag.nondeterministic_seeded in func.tags:
         return run_random
@@ -70,6 +71,10 @@ def _classify(func):
         return run_index
     if torch.Tag.dynamic_output_shape in func.tags:
         return run_data_dependent
+    if kernel_of(func) is not None:
+        # A jax_op returns a list of tensors, which the test below takes for host values: its
+        # JAX lowering is what the device runs, as in compiled graphs.
+        return run_op
     if schema.returns and not all(_is_tensor_type(r.type) for r in schema.returns):
         return run_host_value
     return run_op
@@ -171,8 +176,7 @@ class _Fallback:
 
 def _written_leaves(func, args, kwargs) -> list:
     """Indices (in signature order) of tensor leaves the op writes (in-place and out= args)."""
-    schema_args = func._schema.arguments
-    by_name = {a.name: a for a in schema_args}
+    positions = {position for position, _ in written_arguments(func, args, kwargs)}
     written, counter = [], [0]
 
     def leaves(value, write):
@@ -185,11 +189,9 @@ def _written_leaves(func, args, kwargs) -> list:
                 leaves(v, write)
 
     for i, value in enumerate(args):
-        info = schema_args[i].alias_info if i < len(schema_args) else None
-        leaves(value, info is not None and info.is_write)
+        leaves(value, i in positions)
     for name, value in kwargs.items():
-        info = by_name[name].alias_info if name in by_name else None
-        leaves(value, info is not None and info.is_write)
+        leaves(value, name in positions)
     return written
 
 
@@ -198,7 +200,7 @@ def _return_plan(func, args, kwargs):
     schema = func._schema
     by_set = {}
     for i, a in enumerate(schema.arguments):
-        if a.alias_info is not None and a.alias_info.is_write:
+        if is_written(a):
             by_set[frozenset(a.alias_info.before_set)] = ("arg", i) if i < len(args) else \
                 ("kwarg", a.name)
     plan = []

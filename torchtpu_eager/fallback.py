@@ -1,8 +1,9 @@
 """Running an op on the host: for ops that do not lower, random ops and host values.
 
 Inputs are copied to the host, the op runs in eager CPU PyTorch, written arguments and results
-are copied back. An op that does not lower is counted in ``torchtpu_compile.stats()`` and
-warned about once; with ``TORCHTPU_STRICT=1`` it is an error instead.
+are copied back. An op that does not lower goes through the one fallback policy
+(``torchtpu_compile.fallback_policy``): counted in ``torchtpu_compile.stats()`` and warned about
+once; with ``TORCHTPU_STRICT=1`` it is an error instead.
 
 Example::
 
@@ -12,11 +13,11 @@ from __future__ import annotations
 
 import torch
 
-from torchtpu_compile import config, counters
-from torchtpu_compile._logging import warn_once
-from torchtpu_compile.errors import UnsupportedOpError
+from torchtpu_compile.fallback_policy import fall_back
+from torchtpu_compile.lower.support import written_arguments
 
 from . import views
+from .stats import COUNTERS
 from .tensor import TpuTensor
 from .transfer import from_cpu, to_cpu, upload
 
@@ -69,18 +70,11 @@ def _to_device(value, originals: dict):
 
 
 def run_on_host(func, args, kwargs, reason: str | None):
-    """Run ``func`` on host copies; ``reason`` set means "does not lower" (counted, warned)."""
+    """Run ``func`` on host copies; ``reason`` set means "does not lower": the fallback policy
+    applies (``torchtpu_compile.fallback_policy``: strict error, else counted and warned)."""
     if reason is not None:
-        name = str(func)
-        if config.strict:
-            raise UnsupportedOpError(
-                f"TORCHTPU_STRICT=1: {_describe(func, args, kwargs)} cannot run on the tpu "
-                f"device ({reason}). Unset TORCHTPU_STRICT to let it run on the host.")
-        counters.count_fallback(name)
-        counters.add("eager_fallbacks")
-        warn_once(("eager-fallback", name),
-                  "torchtpu: %s runs on the host, not the tpu device: %s",
-                  _describe(func, args, kwargs), reason)
+        fall_back(str(func), _describe(func, args, kwargs), reason, path="eager")
+        COUNTERS.add("eager_fallbacks")
     originals: dict = {}
     overwrites = func._schema.name in _OVERWRITES and not (
         len(args) > 1 and isinstance(args[1], torch.Tensor))  # bernoulli_(p=tensor) reads p
@@ -93,23 +87,9 @@ def run_on_host(func, args, kwargs, reason: str | None):
     out = func(*host_args, **host_kwargs)
     # Written arguments (in-place, out=) get their new values back. The schema says which:
     # version counters do not move here, below the ADInplaceOrView key.
-    for value in _written(func, host_args, host_kwargs):
-        known = originals.get(id(value))
-        if known is not None:
-            views.write(known[0], upload(value))
+    for _, value in written_arguments(func, host_args, host_kwargs):
+        for tensor in (value if isinstance(value, (list, tuple)) else (value,)):
+            known = originals.get(id(tensor)) if isinstance(tensor, torch.Tensor) else None
+            if known is not None:
+                views.write(known[0], upload(tensor))
     return _to_device(out, originals)
-
-
-def _written(func, args, kwargs):
-    schema_args = func._schema.arguments
-    by_name = {a.name: a for a in schema_args}
-    chosen = [value for a, value in zip(schema_args, args)
-              if a.alias_info is not None and a.alias_info.is_write]
-    chosen += [value for name, value in kwargs.items()
-               if name in by_name and by_name[name].alias_info is not None
-               and by_name[name].alias_info.is_write]
-    for value in chosen:
-        if isinstance(value, (list, tuple)):
-            yield from (v for v in value if isinstance(v, torch.Tensor))
-        elif isinstance(value, torch.Tensor):
-            yield value

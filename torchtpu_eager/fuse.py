@@ -26,12 +26,13 @@ import weakref
 
 import torch.fx as fx
 
-from torchtpu_compile import config, counters
+from torchtpu_compile import config
 from torchtpu_compile._logging import log
 from torchtpu_compile.index_errors import caller_location
 from torchtpu_compile.lower.index_checks import INDEX_CHECK
 
 from .programs import OpGraph
+from .stats import COUNTERS
 
 #: Shortest block the repeated-ops heuristic cuts at: shorter repeats are elementwise runs.
 MIN_BLOCK = 8
@@ -117,8 +118,8 @@ class _Recording:
                 program = _fused[signature] = self._splice(wanted)
                 log.debug("defer-and-fuse: compiling a graph of %d ops", len(self.graphs))
             else:
-                counters.add("fused_graph_cache_hits")
-            counters.add("fused_graphs_run")
+                COUNTERS.add("fused_graph_cache_hits")
+            COUNTERS.add("fused_graphs_run")
             results = program.run(self.inputs, self.locations)
             for (entry, index), buffer in zip(wanted, results):
                 self.outputs[entry][index].buffer = buffer

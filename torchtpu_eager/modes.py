@@ -39,7 +39,7 @@ class Strict:
 
     def check(self, graph) -> None:
         """Compile a newly traced op now, so an op that does not lower falls back at once."""
-        graph.compiled()
+        graph.program()
 
     def note_write(self, storage) -> None:
         pass

@@ -1,9 +1,14 @@
-"""Functional ATen graphs the eager device runs, each compiled once through the one lowering.
+"""Functional ATen graphs the eager device runs, each built once by the one program builder.
 
 An ``OpGraph`` is what one op (or one view read or write, or a fused group of ops) becomes:
-a functional FX graph traced with fake tensors and the compile path's decompositions, lowered
-by ``torchtpu_compile.lower`` and compiled behind its cache. The graph is kept so that
-defer-and-fuse mode can splice many of them into one program.
+a functional FX graph traced with fake tensors and the compile path's decompositions. Its
+program comes from ``torchtpu_compile.program.build_program`` (through the lowering and
+executable caches every path shares) and runs on PJRT buffers (``Program.run``). The graph is
+kept so that defer-and-fuse mode can splice many of them into one program.
+
+A program whose lowering the matmul precision cannot change is kept for every precision; one
+that holds dots, convolutions or a ``jax_op``'s kernel (``LoweredModule.precision_sensitive``)
+is built again when the precision changes.
 
 Example::
 
@@ -18,27 +23,15 @@ import itertools
 import torch
 import torch.fx as fx
 
-from torchtpu_compile import counters, index_errors
-from torchtpu_compile.lower import lower_graph
-from torchtpu_compile.lower.calling_convention import prepare
 from torchtpu_compile.lower.fx_passes import normalize
 from torchtpu_compile.lower.index_checks import INDEX_CHECK, one_op_at_a_time
 from torchtpu_compile.lower.precision import resolve_precision
-from torchtpu_compile.output_slots import empty_tensor
+from torchtpu_compile.program import build_program, lower_program
 from torchtpu_compile.runtime.client import get_client
-from torchtpu_compile.runtime.executable import compile_stablehlo
-from torchtpu_compile.runtime.transfer import to_buffer
+
+from .stats import COUNTERS
 
 _ids = itertools.count()
-aten = torch.ops.aten
-
-#: Ops whose lowering depends on the matmul precision mode.
-_PRECISION_OPS = {
-    aten.mm.default, aten.bmm.default, aten.addmm.default, aten.baddbmm.default,
-    aten.addbmm.default, aten.dot.default, aten.mv.default, aten.addmv.default,
-    aten.convolution.default, aten._convolution.default, aten.matmul.default,
-    aten.linear.default, aten.vdot.default, aten.tensordot.default,
-}
 
 
 @functools.lru_cache(maxsize=None)
@@ -62,49 +55,40 @@ class OpGraph:
         out = gm.graph.output_node().args[0]
         self.out_meta = [(tuple(n.meta["val"].shape), n.meta["val"].dtype) for n in out]
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        self._compiled: dict = {}
-        # Only dots and convolutions depend on the matmul precision: other programs skip
-        # resolving it on every run.
-        self._precision_free = not any(n.op == "call_function" and n.target in _PRECISION_OPS
-                                       for n in gm.graph.nodes)
+        self._any_precision = None   # the program, once it is known to fit every precision
+        self._by_precision: dict = {}
+        self._lowers = False
         # Indexing with tensor data: its runs report where they were called (index_errors).
         self.checked = any(n.op == "call_function" and n.target is INDEX_CHECK
                            for n in gm.graph.nodes)
 
-    def _build(self, precision: str):
-        prepared = prepare(self.gm, rebuild_views=False)
-        executable = None
-        if prepared.num_program_outputs:
-            client = get_client()
-            lowered = lower_graph(prepared.gm, platform=client.platform, precision=precision)
-            executable = compile_stablehlo(lowered.bytecode, lowered.fingerprint, precision,
-                                           what=self.label)
-            counters.add("eager_programs_compiled")
-        return prepared, executable
+    def program(self):
+        """The ``Program`` at the current matmul precision (built on first use: module doc).
+
+        Raises ``LoweringError`` for a graph that cannot be lowered (the op then runs on the
+        host: ``dispatch.py``).
+        """
+        program = self._any_precision
+        if program is not None:  # most ops: no precision to resolve per run
+            return program
+        precision = resolve_precision(_platform())
+        program = self._by_precision.get(precision)
+        if program is None:
+            program = self._by_precision[precision] = build_program(
+                self.gm, precision=precision, name=self.label, platform=_platform(),
+                rebuild_views=False, allow_fallback=False)
+            if program.executable is not None:
+                COUNTERS.add("eager_programs_compiled")
+            if not program.precision_sensitive:
+                self._any_precision = program
+        return program
 
     def check_lowers(self) -> None:
         """Raise ``LoweringError`` if this graph cannot be lowered (no XLA compile)."""
-        if getattr(self, "_lowers", False):
-            return
-        prepared = prepare(self.gm, rebuild_views=False)
-        if prepared.num_program_outputs:
-            client = get_client()
-            lower_graph(prepared.gm, platform=client.platform,
-                        precision=resolve_precision(client.platform))
-        self._lowers = True
-
-    def compiled(self):
-        """(prepared graph, executable) at the current matmul precision."""
-        if self._precision_free:
-            entry = self._compiled.get(None)
-            if entry is None:
-                entry = self._compiled[None] = self._build(resolve_precision(_platform()))
-            return entry
-        precision = resolve_precision(_platform())
-        entry = self._compiled.get(precision)
-        if entry is None:
-            entry = self._compiled[precision] = self._build(precision)
-        return entry
+        if not self._lowers:
+            lower_program(self.gm, precision=resolve_precision(_platform()),
+                          platform=_platform(), rebuild_views=False)
+            self._lowers = True
 
     def run(self, buffers: list, locations=None) -> list:
         """Run on concrete PJRT buffers; one buffer per graph output.
@@ -113,29 +97,7 @@ class OpGraph:
         with ``locations``: where the op was called (``caller_location()``), or per entry of
         a fused graph.
         """
-        prepared, executable = self.compiled()
-        results = ()
-        if executable is not None:
-            inputs = [buffers[i] for i in prepared.arg_indices]
-            if prepared.constants:  # resident by the one rule of runtime.transfer.to_buffer
-                inputs += [to_buffer(c, True) for c in prepared.constants]
-            if prepared.random_inputs:
-                inputs += [to_buffer(draw()) for draw in prepared.random_inputs]
-            results = executable.run(inputs)
-        outputs = []
-        for slot in prepared.outputs:
-            kind = slot.kind
-            if kind == "program":
-                outputs.append(results[slot.index])
-            elif kind == "input":
-                outputs.append(buffers[slot.index])
-            elif kind == "empty":
-                outputs.append(to_buffer(empty_tensor(slot.value, "cpu")))
-            elif kind == "check":
-                index_errors.defer(results[slot.index], slot.value, locations)
-            else:
-                raise RuntimeError(f"{self.label}: graph output of kind {kind!r} is not a tensor")
-        return outputs
+        return self.program().run(buffers, locations)
 
 
 def trace(fn, examples: list, label: str) -> OpGraph:

@@ -1,6 +1,9 @@
 """Ahead-of-time compilation: model or ExportedProgram -> Artifact (in memory, then saved).
 
-This side needs torch.export and torch-mlir; the loader (``loader.py``) needs neither.
+Each graph (one, or one per bucket) goes through the one program builder
+(``program/build.py``, no fallback) and is serialized: its calling convention into the
+manifest, its StableHLO as a portable artifact, its executable as PJRT's bytes. This side needs
+torch.export and torch-mlir; the loader (``loader.py``) needs neither.
 """
 from __future__ import annotations
 
@@ -144,25 +147,21 @@ class _Built:
 
 
 def _build_program(name: str, gm, graph_arguments: list, precision: str, client) -> _Built:
-    """Lower and compile one static graph; ``graph_arguments`` says what feeds each of its
-    placeholders (a user input, a state tensor, or a size)."""
+    """Build one static graph through the one builder and serialize it; ``graph_arguments``
+    says what feeds each of its placeholders (a user input, a state tensor, or a size)."""
     from jaxlib.mlir.dialects import stablehlo
 
-    from ..lower import lower_graph
-    from ..lower.calling_convention import prepare
-    from ..lower.fx_passes import normalize
-    from ..runtime.executable import compile_stablehlo
+    from ..program import build_program
 
-    normalize(gm)
-    prepared = prepare(gm)
+    # No fallback: an artifact runs whole on the device or is refused, naming the op.
+    program = build_program(gm, precision=precision, name=f"AOT artifact program {name}",
+                            platform=client.platform, allow_fallback=False, skip_empty=False)
+    prepared, lowered = program.prepared, program.lowered
     if prepared.random_inputs:
         raise LoweringError("the exported program draws random numbers (dropout in train "
                             "mode?); call model.eval() before exporting")
     constants = {f"__lifted_constant_{name}_{i}": value
                  for i, value in enumerate(prepared.constants)}
-    lowered = lower_graph(prepared.gm, platform=client.platform, precision=precision)
-    executable = compile_stablehlo(lowered.bytecode, lowered.fingerprint, precision,
-                                   what=f"AOT artifact program {name}")
     target = stablehlo.get_current_version()
     out_values = [n.meta["val"] for n in prepared.gm.graph.output_node().args[0]]
     entry = {
@@ -177,7 +176,7 @@ def _build_program(name: str, gm, graph_arguments: list, precision: str, client)
         "stablehlo_op_counts": _op_counts(lowered.text),
     }
     return _Built(entry, stablehlo.serialize_portable_artifact_str(lowered.text, target),
-                  executable.serialize(), constants)
+                  program.executable.serialize(), constants)
 
 
 def _dynamic_programs(exported, gm, graph_arguments: list, user_names: list):

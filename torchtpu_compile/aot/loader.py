@@ -1,4 +1,8 @@
-"""Loading an artifact: a PJRT load and nothing else (no Dynamo, no tracing, no torch-mlir)."""
+"""Loading an artifact: a PJRT load and nothing else (no Dynamo, no tracing, no torch-mlir).
+
+Each program of the manifest becomes the one run path's ``Program`` (``program/run.py``): its
+stored (or recompiled) executable with the calling convention the manifest records.
+"""
 from __future__ import annotations
 
 import json
@@ -18,10 +22,11 @@ def _platform_tag(client) -> dict:
 
 
 class _Program:
-    """One executable of an artifact with its calling convention (from the manifest)."""
+    """One executable of an artifact with its calling convention (from the manifest); once
+    ``bind`` gave it its state, ``program``: the ``Program`` that runs it."""
 
     def __init__(self, entry: dict, executable, symbols: dict):
-        from ..output_slots import OutputSlot, check_index
+        from ..output_slots import OutputSlot
         self.name = entry["name"]
         self.executable = executable
         self.bucket = entry.get("bucket")
@@ -29,7 +34,7 @@ class _Program:
         self.arg_indices = entry["arg_indices"]
         self.constants = entry["constants"]
         self.slots = [OutputSlot.from_json(slot) for slot in entry["output_slots"]]
-        self.check = check_index(self.slots)
+        self.program = None
         self.plan_outputs = None
         if entry.get("outputs") is not None:  # a bucket: padded outputs, cut back per layout
             from .dynamic import load_layout, parse_expr
@@ -37,6 +42,15 @@ class _Program:
                 (kind, rest[0], load_layout(rest[1], symbols)) if kind == "tensor" else
                 (kind, parse_expr(rest[0], symbols)) if kind == "size" else (kind, rest[0])
                 for kind, *rest in entry["outputs"]]
+
+    def bind(self, state: dict) -> None:
+        """Make ``program`` with the artifact's ``state`` (its types checked first: ``load``)."""
+        from ..program.run import Program
+        resident = frozenset(i for i, argument in enumerate(self.graph_arguments)
+                             if argument["kind"] == "state")
+        self.program = Program(self.executable, arg_indices=self.arg_indices, slots=self.slots,
+                           constants=[state[name] for name in self.constants],
+                           name=f"artifact program {self.name}", resident_inputs=resident)
 
 
 class LoadedArtifact:
@@ -112,9 +126,6 @@ class LoadedArtifact:
         return self._by_bucket[key], real_env, pad_env, padded
 
     def __call__(self, *args, **kwargs):
-        from ..output_slots import collect_outputs
-        from ..runtime.transfer import to_buffer, wrapper_for
-
         flat = pytree.tree_leaves((args, kwargs))  # matched to the recorded inputs by position
         self._check_inputs(flat)
         program, real_env, pad_env, inputs = self._choose(flat)
@@ -128,17 +139,9 @@ class LoadedArtifact:
             else:  # a size symbol's real value, as the bucket's program takes it
                 symbol = self._buckets.symbols[argument["symbol"]]
                 graph_args.append(torch.tensor(real_env[symbol], dtype=torch.int64))
-        buffers = [to_buffer(graph_args[i], resident=program.graph_arguments[i]["kind"] == "state")
-                   for i in program.arg_indices]
-        buffers += [to_buffer(self.state[name], resident=True) for name in program.constants]
         # Results come back on the inputs' device: tpu tensors in, tpu tensors out.
         device = next((t.device.type for t in flat if t.device.type != "cpu"), "cpu")
-        wrap = wrapper_for(device)
-        # The index checks' output stays a buffer: collect_outputs reads it (index_errors.py).
-        results = [b if i == program.check else wrap(b)
-                   for i, b in enumerate(program.executable.run(buffers))]
-        outputs = collect_outputs(program.slots, results, graph_args, device,
-                                  defer_checks=device != "cpu")
+        outputs = program.program(graph_args, device)
         if program.plan_outputs is not None:
             from ..buckets.layout import unpad_outputs
             outputs = unpad_outputs(outputs, program.plan_outputs, real_env, pad_env)
@@ -313,6 +316,7 @@ def load(path: str) -> LoadedArtifact:
         with artifact_file.decoding(path, "manifest.json"):
             program = _Program(entry, executable, buckets.symbols)
         _check_parameter_types(path, manifest, program, state, buckets)
+        program.bind(state)
         programs[entry["name"]] = program
     if example:  # after the programs: an input spec at odds with them is the manifest's fault
         _check_examples(path, manifest["inputs"], example)

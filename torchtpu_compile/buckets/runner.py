@@ -6,7 +6,11 @@ outputs back to their real sizes.
 
 Example::
 
-    graph = BucketedGraph(gm, "graph_0/forward", build=build_static)
+    def build(static_gm, precision, label, resident):
+        return build_program(static_gm, precision=precision, name=label,
+                             resident_inputs=resident)
+
+    graph = BucketedGraph(gm, "graph_0/forward", build=build)
     outputs = graph(args, precision="highest")
 """
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 The traced graph takes the padded tensors, then one 0-d int64 tensor per size symbol holding
 its real value, and runs each node through its padding rule (rules.py). What comes out is an
-ordinary static graph for ``build_static``, plus the plan to turn its padded outputs back into
-real ones.
+ordinary static graph for the program builder (``program/build.py``), plus the plan to turn its
+padded outputs back into real ones.
 
 Example::
 

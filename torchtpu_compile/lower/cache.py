@@ -48,22 +48,18 @@ def lower_graph_cached(gm: fx.GraphModule, platform: str, precision: str,
                        collectives=None) -> LoweredModule:
     """``lower_graph``, answered from the lowering cache when this graph was lowered before.
 
-    ``collectives``: the graph's collective plan where the caller has it (``plan_collectives``),
-    else it is planned here. A program with collectives is not cached: it depends on its
-    group's size, which the key does not see. Off with ``config.graph_cache = False``.
-    Failures are not cached: a graph that does not lower raises ``LoweringError`` each time, as
-    ``lower_graph`` does.
+    ``collectives``: the graph's collective plan (``collective_graphs.plan_collectives``), made
+    once by the program builder; None for a graph without collectives. A program with
+    collectives is not cached: it depends on its group's size, which the key does not see. Off
+    with ``config.graph_cache = False``. Failures are not cached: a graph that does not lower
+    raises ``LoweringError`` each time, as ``lower_graph`` does.
 
     Example::
 
         lowered = lower_graph_cached(gm, platform="cpu", precision="highest")
     """
-    if collectives is not None:
+    if not config.graph_cache or collectives is not None:
         return lower_graph(gm, platform=platform, precision=precision, collectives=collectives)
-    from .collective_graphs import plan_collectives
-    if not config.graph_cache or plan_collectives(gm) is not None:
-        # lower_graph plans the collectives itself when it is given no plan.
-        return lower_graph(gm, platform=platform, precision=precision)
     key = graph_key(gm, platform, precision)
     cached = _levels.get(key)
     if cached is not None:

@@ -11,10 +11,15 @@ names a group whose devices are known (a tpu_dist group on the PJRT transport: i
 is registered with ``set_group_resolver``); otherwise the graph is cut at its collectives
 and they run through the process group.
 
+The plan is made once per graph, by the program builder (``program/build.py``), which decides
+with it whether to cut the graph and hands it to the lowering (``lower_graph(...,
+collectives=plan)``); the lowering only rebinds it to the copy of the graph it lowers.
+
 Example::
 
     plan = plan_collectives(gm)          # None: no collectives, or cut the graph at them
-    callees = collective_callees(plan_collectives(without_waits(gm)))
+    gm, plan = without_waits(gm, plan)   # the waits gone, the plan on the new graph's nodes
+    callees = collective_callees(plan)
     plan.devices                         # (0, 2048): compile for these devices
 """
 from __future__ import annotations
@@ -30,6 +35,7 @@ from . import collectives
 from .splice import Callee, value_type
 
 _c10d = torch.ops._c10d_functional
+_NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd")
 RULES: dict = {}
 _group_resolver = None
 
@@ -107,6 +113,11 @@ class CollectivePlan:
     waits: list         # wait_tensor nodes (identities once lowered)
 
 
+def is_collective(node: fx.Node) -> bool:
+    """A functional collective (or its ``wait_tensor``): a ``_c10d_functional`` op."""
+    return node.op == "call_function" and getattr(node.target, "namespace", None) in _NAMESPACES
+
+
 def _group_name(node):
     for argument, value in zip(node.target._schema.arguments, node.args):
         if argument.name == "group_name":
@@ -118,8 +129,7 @@ def plan_collectives(gm: fx.GraphModule) -> CollectivePlan | None:
     """How to lower ``gm``'s functional collectives into its program, or None (module doc)."""
     found, waits, devices = [], [], set()
     for node in gm.graph.nodes:
-        if node.op != "call_function" or getattr(node.target, "namespace", None) not in \
-                ("_c10d_functional", "_c10d_functional_autograd"):
+        if not is_collective(node):
             continue
         if node.target is _c10d.wait_tensor.default:
             waits.append(node)
@@ -141,16 +151,23 @@ def plan_collectives(gm: fx.GraphModule) -> CollectivePlan | None:
     return CollectivePlan(devices.pop(), found, waits)
 
 
-def without_waits(gm: fx.GraphModule) -> fx.GraphModule:
-    """A copy of ``gm`` in which each ``wait_tensor`` is replaced by the value it waits on:
-    in one program a collective's result is ready when the next op reads it."""
+def without_waits(gm: fx.GraphModule, plan: CollectivePlan) -> tuple:
+    """(a copy of ``gm`` in which each ``wait_tensor`` is replaced by the value it waits on,
+    ``plan`` on that copy's nodes): in one program a collective's result is ready when the next
+    op reads it. ``plan`` was made for ``gm`` or a copy of it (nodes are matched by name)."""
     copy = fx.GraphModule(gm, copy_module.deepcopy(gm.graph))
     for node in list(copy.graph.nodes):
         if node.op == "call_function" and node.target is _c10d.wait_tensor.default:
             node.replace_all_uses_with(node.args[0])
             copy.graph.erase_node(node)
     copy.recompile()
-    return copy
+    by_name = {node.name: node for node in copy.graph.nodes}
+    try:
+        planned = [dataclasses.replace(p, node=by_name[p.node.name]) for p in plan.collectives]
+    except KeyError as missing:
+        raise ValueError(f"the collective plan names node {missing}, which the graph being "
+                         f"lowered lacks: plan the graph that is lowered") from None
+    return copy, CollectivePlan(plan.devices, planned, [])
 
 
 def collective_callees(plan: CollectivePlan) -> dict:
@@ -164,5 +181,5 @@ def collective_callees(plan: CollectivePlan) -> dict:
         text = collectives.module_text(p.builder, n, ((_shape(val), val.dtype),), **p.params)
         callees[p.node] = Callee(text=text, inputs=[operand], outputs=[p.node],
                                  result_types=[value_type(p.node)])
-    counters.add_dist("lowered_collectives", len(plan.collectives))
+    counters.COLLECTIVES.add("lowered_collectives", len(plan.collectives))
     return callees

@@ -27,6 +27,12 @@ from .splice import import_with_callees
 from .stablehlo_passes import PassContext, run_passes
 
 
+# The ops whose lowering the matmul precision changes (precision_config on TPU, operands rounded
+# to bf16 off TPU at "medium"), and custom calls (a jax_op's Pallas kernel, lowered by JAX under
+# the precision in force). A jax_op's own dots are in the module's text like any other.
+_PRECISION_DEPENDENT = re.compile(r"\bstablehlo\.(?:dot_general|dot|convolution|custom_call)\b")
+
+
 @dataclass
 class LoweredModule:
     """A StableHLO program ready for PJRT: bytecode plus a location-free fingerprint."""
@@ -36,6 +42,19 @@ class LoweredModule:
     # Devices to compile for, one replica each, when collectives cross processes inside the
     # program (collective_graphs.py); empty: the usual one-device program.
     replicas: tuple = ()
+
+    @property
+    def precision_sensitive(self) -> bool:
+        """Whether lowering the graph at another matmul precision could give another program:
+        it holds dots, convolutions or custom calls. A program that does not is kept for every
+        precision (the eager device's programs); one that does is rebuilt when it changes.
+
+        Example::
+
+            lower_graph(mm_graph, "cpu", "medium").precision_sensitive      # True
+            lower_graph(sin_graph, "cpu", "medium").precision_sensitive     # False
+        """
+        return _PRECISION_DEPENDENT.search(self.text) is not None
 
 
 _ERROR_LINE = re.compile(r"error:\s*(.*)")
@@ -97,17 +116,21 @@ def import_stablehlo(gm: torch.fx.GraphModule):
     return module
 
 
-def lower_graph(gm: torch.fx.GraphModule, platform: str, precision: str) -> LoweredModule:
-    """Lower a functional, static-shape ATen graph whose inputs are all tensors (and whose
-    functional collectives, if any, name one tpu_dist group on the PJRT transport)."""
-    from .collective_graphs import collective_callees, plan_collectives, without_waits
+def lower_graph(gm: torch.fx.GraphModule, platform: str, precision: str,
+                collectives=None) -> LoweredModule:
+    """Lower a functional, static-shape ATen graph whose inputs are all tensors.
+
+    ``collectives``: the graph's plan (``collective_graphs.plan_collectives``, made once by the
+    program builder) when its functional collectives go into the program; None for a graph
+    without them.
+    """
+    from .collective_graphs import collective_callees, without_waits
     start = time.perf_counter()
     passes = PassContext(platform=platform, precision=precision)
+    plan = collectives
     try:
-        plan = plan_collectives(gm)
         if plan is not None:
-            gm = without_waits(gm)
-            plan = plan_collectives(gm)
+            gm, plan = without_waits(gm, plan)
         callees = jax_callees(gm, platform, precision)
         if plan is not None:
             callees.update(collective_callees(plan))

@@ -1,7 +1,24 @@
-"""Which nodes of a graph can go through the lowering, and how to name the ones that cannot.
+"""Which nodes of a graph can go through the lowering, and why the others cannot: one analysis.
 
-Two sources of truth: rules for ops that must never reach the importer (it would crash the
-process or cannot express them), and probing, which imports a one-op graph and caches the answer.
+``analyze`` returns, for every node that must not be lowered, the reason. The builder
+(``program/build.py``) uses it for every front end: a compiled graph is cut at those nodes (they
+run in eager PyTorch between XLA regions); the eager device and AOT export refuse the graph (the
+eager device then runs the op on the host). The reasons come from
+
+- rules (``never_lower``): ops the importer must never see (it would crash the process, or
+  cannot express them);
+- nodes that run next to the program by design, not as fallbacks (``is_fallback`` is False):
+  host scalar arithmetic (``HOST_SCALAR``), functional collectives the program cannot hold
+  (``COLLECTIVE``), linalg's error checks (``ERROR_CHECK``);
+- probes (with ``lower_one``): each op lowered alone, the answer cached per op and signature.
+
+``is_written`` and ``written_arguments`` (which arguments an op writes) serve the rule here and
+the eager device.
+
+Example::
+
+    reasons = analyze(gm, collectives_lowered=False)
+    {op_name(node): reason for node, reason in reasons.items() if is_fallback(reason)}
 """
 from __future__ import annotations
 
@@ -12,8 +29,20 @@ import torch
 import torch.fx as fx
 
 from ..errors import LoweringError
+from .collective_graphs import is_collective
 
 _RULES: list = []
+
+#: The reason of nodes that compute host scalars (sizes, asserts) rather than tensors.
+HOST_SCALAR = "host scalar arithmetic"
+#: The reason of functional collectives a program cannot hold: the graph is cut there and the
+#: collective runs through its process group (tpu_dist), by design rather than as a fallback.
+COLLECTIVE = "collective through the process group"
+#: The reason of linalg's error checks (torch.linalg.cholesky raising for a matrix that is not
+#: positive definite): they read the op's info on the host and raise, as eager does.
+ERROR_CHECK = "error check on the host"
+_BY_DESIGN = (HOST_SCALAR, COLLECTIVE, ERROR_CHECK)
+_ERROR_CHECKS = (torch.ops.aten._linalg_check_errors.default,)
 
 
 def never_lower(fn):
@@ -29,12 +58,37 @@ def never_lower(fn):
     return fn
 
 
+def is_written(argument) -> bool:
+    """Whether a schema argument (``torch.Argument``) is written by its op (in-place, out=)."""
+    return argument.alias_info is not None and argument.alias_info.is_write
+
+
+def written_arguments(op, args, kwargs) -> list:
+    """``[(position, value)]`` of the arguments ``op`` writes in this call (in-place and out=
+    arguments, by its schema); position is an index into ``args`` or a keyword name.
+
+    Example::
+
+        written_arguments(torch.ops.aten.add_.Tensor, (x, y), {})     # [(0, x)]
+        written_arguments(torch.ops.aten.add.out, (x, y), {"out": z})  # [("out", z)]
+    """
+    schema_args = op._schema.arguments
+    written = [(i, value) for i, (argument, value) in enumerate(zip(schema_args, args))
+               if is_written(argument)]
+    if kwargs:
+        by_name = {a.name: a for a in schema_args}
+        written += [(name, value) for name, value in kwargs.items()
+                    if name in by_name and is_written(by_name[name])]
+    return written
+
+
 @never_lower
 def writes_its_arguments(node):
     # out= and in-place overloads: the FX importer segfaults on some (aten.arange.start_out),
     # and after functionalization they only remain in hand-built graphs.
-    schema = node.target._schema
-    if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
+    # By schema, not by call: an overload that may write is refused even where this call
+    # leaves the written argument out.
+    if any(is_written(argument) for argument in node.target._schema.arguments):
         return "writes to its arguments (out= or in-place)"
     return None
 
@@ -113,6 +167,48 @@ def rule_violation(node: fx.Node) -> str | None:
         if reason:
             return reason
     return None
+
+
+def _is_error_check(node: fx.Node) -> bool:
+    return (node.op == "call_function" and node.target is torch.ops.higher_order.with_effects
+            and len(node.args) > 1 and node.args[1] in _ERROR_CHECKS)
+
+
+def is_fallback(reason: str) -> bool:
+    """Whether a node with this reason is an op that falls back (not host work by design)."""
+    return reason not in _BY_DESIGN
+
+
+def analyze(gm: fx.GraphModule, *, collectives_lowered: bool, lower_one=None) -> dict:
+    """``{node: why it cannot go through XLA}`` for the nodes of ``gm`` that cannot (module doc).
+
+    ``collectives_lowered``: the graph's functional collectives go into its program (a plan
+    exists, ``collective_graphs.plan_collectives``), else each is cut (``COLLECTIVE``).
+    ``lower_one(single-op graph)``, when given, lowers each remaining op alone (``probe``): for
+    a graph that failed to lower as a whole, it names the ops at fault.
+
+    Example::
+
+        analyze(gm, collectives_lowered=False)            # rules only: {} when all may lower
+        analyze(gm, collectives_lowered=False, lower_one=lambda g: lower_graph(g, ...))
+    """
+    reasons = {}
+    for node in gm.graph.nodes:
+        if is_collective(node):
+            if not collectives_lowered:
+                reasons[node] = COLLECTIVE
+            continue  # lowered through the plan's builders, never the importer: no probe
+        if is_host_scalar(node):
+            reason = HOST_SCALAR
+        elif _is_error_check(node):
+            reason = ERROR_CHECK
+        else:
+            reason = rule_violation(node)
+            if reason is None and lower_one is not None:
+                reason = probe(node, lower_one)
+        if reason:
+            reasons[node] = reason
+    return reasons
 
 
 def _meta_signature(value):

@@ -37,7 +37,6 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from .._logging import log
 from ..lower.calling_convention import is_random
 from ..lower.decompositions import decomposition_table, our_ops
-from ..lower.fx_passes import normalize
 from ..lower.support import op_name, rule_violation, single_op_graph, source_line
 from .policy import compare_tensors, tolerance
 from .report import Divergence
@@ -205,7 +204,7 @@ class NodeChecker(fx.Interpreter):
         return value
 
     def _program(self, node: fx.Node, args: list):
-        from ..program import Program
+        from ..program import build_program
 
         key = _signature(node)
         if key not in self.programs:
@@ -214,8 +213,9 @@ class NodeChecker(fx.Interpreter):
                 if node.target in self.ours:  # as the compiled graphs have it
                     gm = make_fx(gm, decomposition_table=decomposition_table(),
                                  tracing_mode="fake")(*args)
-                normalize(gm)
-                self.programs[key] = Program(gm, self.precision, name=f"locate/{op_name(node)}")
+                self.programs[key] = build_program(gm, precision=self.precision,
+                                                   name=f"locate/{op_name(node)}",
+                                                   allow_fallback=False)
             except Exception as exc:  # does not lower: it would run in eager PyTorch anyway
                 log.debug("locate: skipping %s: %s", op_name(node), exc)
                 self.programs[key] = None

@@ -12,7 +12,8 @@ tensor is reused across calls only when it *is* the tensor's memory (a zero-copy
 CPU client, see ``aliases``), so every write to the tensor, whatever route it takes (in place,
 ``.data``, numpy, ``set_``, an optimizer step), is what the next call reads. A copy (memory
 PJRT cannot alias: not 64-byte aligned, or any non-CPU platform) is made again at every call;
-tensors of the eager tpu device are their own device buffers and need neither.
+tensors of the eager tpu device are their own device buffers and need neither (the device
+registers them in ``device_tensors.py``).
 """
 from __future__ import annotations
 
@@ -24,41 +25,16 @@ from jaxlib import _jax
 from .. import counters
 from .._logging import info_once, warn_once
 from .client import get_client
+from .device_tensors import READERS, WRAPPERS
 
 # id(tensor) -> (weakref, layout, buffer) for buffers that alias their tensor's memory; layout
 # is (data_ptr, shape, strides, dtype) at upload. Cleared when the tensor dies.
 _resident: dict = {}
 
-# Tensor types whose data already lives in PJRT buffers (the eager "tpu" device's tensors):
-# type -> (tensor -> buffer, device type). Registered by torchtpu_eager.
-_device_tensors: dict = {}
-# device type -> (buffer -> tensor); "cpu" is to_torch.
-_wrappers: dict = {}
-
-
-def register_device_tensor(cls, read, device_type: str, wrap) -> None:
-    """Let compiled programs take ``cls`` tensors and return tensors of ``device_type``.
-
-    ``read(t)`` gives the PJRT buffer holding ``t``; ``wrap(buffer)`` a new tensor on it.
-
-    Example::
-
-        register_device_tensor(TpuTensor, read_buffer, "tpu", wrap_buffer)
-    """
-    _device_tensors[cls] = read
-    _wrappers[device_type] = wrap
-
-
-def _register_tpu_tensors() -> bool:
-    # The eager device registers itself lazily (its autoload must not import jaxlib).
-    from torchtpu_eager import compile_support
-    compile_support.register_with_runtime()
-    return True
-
 
 def wrapper_for(device_type: str):
     """buffer -> tensor for results that live on ``device_type`` (host tensors by default)."""
-    return _wrappers.get(device_type, to_torch)
+    return WRAPPERS.get(device_type, to_torch)
 
 
 # torch dtypes numpy lacks -> (same-width integer dtype to read the bits as, ml_dtypes name).
@@ -184,12 +160,9 @@ def to_buffer(tensor: torch.Tensor, resident: bool = False, client=None):
         buf = to_buffer(torch.ones(3))
         back = to_torch(buf)
     """
-    read = _device_tensors.get(type(tensor))
+    read = READERS.get(type(tensor))  # a device's own tensors (device_tensors.py)
     if read is not None:
         return read(tensor)
-    # is_cpu first: reading .device costs more than the rest of a resident hit.
-    if not tensor.is_cpu and tensor.device.type == "tpu" and _register_tpu_tensors():
-        return _device_tensors[type(tensor)](tensor)
     client = client or get_client()
     device = client.device
     if not resident:

@@ -41,6 +41,7 @@ def register() -> None:
     global _registered
     if _registered:
         return
+    from . import stats  # noqa: F401  (tpu_dist's counters join torchtpu_compile.stats())
     import torch.distributed as dist
     if not dist.is_available():  # a torch build without distributed: nothing to register
         return

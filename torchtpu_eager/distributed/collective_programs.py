@@ -1,34 +1,34 @@
 """Collective programs for the PJRT transport: the builders of ``torchtpu_compile.lower.
-collectives`` compiled through the one runtime (the same executable cache, keyed by the text's
-fingerprint and the group's devices), once per collective, signature and group.
+collectives``, through the program builder's compile half (``compile_program``: the same
+executable cache, keyed by the text's fingerprint and the group's devices), once per
+collective, signature and group. They have StableHLO, not a graph: buffers go straight in and
+out (the identity calling convention).
 
 Example::
 
-    exe = compiled("all_reduce", (((4, 3), torch.float32),), devices=(0, 2048),
-                   reduce="add", average=False)
-    [out] = exe.run([buffer])
+    program = compiled("all_reduce", (((4, 3), torch.float32),), devices=(0, 2048),
+                       reduce="add", average=False)
+    [out] = program.run([buffer])
 """
 from __future__ import annotations
 
-import hashlib
 import threading
 
 from torchtpu_compile.lower.collectives import module_text
-from torchtpu_compile.runtime.executable import compile_stablehlo
+from torchtpu_compile.program.run import compile_program
 
 _compiled: dict = {}
 _lock = threading.Lock()
 
 
 def compiled(name: str, signature, devices: tuple, **params):
-    """The executable of collective ``name`` on ``signature`` for the group on ``devices``."""
+    """The ``Program`` of collective ``name`` on ``signature`` for the group on ``devices``."""
     key = (name, signature, devices, tuple(sorted(params.items())))
-    exe = _compiled.get(key)
-    if exe is None:
+    program = _compiled.get(key)
+    if program is None:
         text = module_text(name, len(devices), signature, **params)
-        fingerprint = hashlib.sha256(text.encode()).hexdigest()
-        exe = compile_stablehlo(text.encode(), fingerprint, "collective",
-                                what=f"tpu_dist {name}", replicas=devices)
+        program = compile_program(text, precision="collective", name=f"tpu_dist {name}",
+                                  replicas=devices)
         with _lock:
-            exe = _compiled.setdefault(key, exe)
-    return exe
+            program = _compiled.setdefault(key, program)
+    return program

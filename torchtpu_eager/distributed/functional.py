@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import torch
 
-from torchtpu_compile import counters
-
 from .. import dispatch, fallback
 from . import reduce_ops
 from ..tensor import TpuTensor
 from .staging import is_tpu, note
+from .stats import COUNTERS
 
 NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd", "_dtensor")
 # DTensor's Shard(i) -> Shard(j) redistribution is a collective of its own namespace.
@@ -205,7 +204,7 @@ class _Waited:
 def run(func, args, kwargs):
     """Run a functional collective on tpu tensors: through its tpu_dist group's transport, or
     host-staged (see module doc)."""
-    counters.add_dist("functional_collectives")
+    COUNTERS.add("functional_collectives")
     handler = _ON_GROUP.get(func._schema.name.split("::")[-1]) \
         if func.namespace != "_dtensor" else None
     if handler is not None:

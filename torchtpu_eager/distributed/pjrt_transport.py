@@ -24,12 +24,12 @@ import sys
 
 import torch
 
-from torchtpu_compile import counters
 from torchtpu_compile.lower import collectives
 
 from .. import modes, views
 from . import collective_programs as programs
 from .staging import is_tpu
+from .stats import COUNTERS
 from .work import PjrtWork, collective_error
 
 
@@ -75,9 +75,9 @@ class PjrtTransport:
         donate = _donatable(inputs, values) if written is inputs else ()
         exe = programs.compiled(name, _signature(inputs), self.devices, donate=donate,
                                 **params)
-        counters.add_dist("collectives")  # launched (a peer that died fails it in run or wait)
-        counters.add_dist("pjrt_collectives")
-        counters.add_dist("pjrt_bytes", sum(t.numel() * t.element_size() for t in inputs))
+        COUNTERS.add("collectives")  # launched (a peer that died fails it in run or wait)
+        COUNTERS.add("pjrt_collectives")
+        COUNTERS.add("pjrt_bytes", sum(t.numel() * t.element_size() for t in inputs))
         try:
             buffers = exe.run(values)
         except Exception as exc:

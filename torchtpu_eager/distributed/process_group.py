@@ -35,13 +35,14 @@ from torch._C._distributed_c10d import (AllgatherOptions, AllreduceOptions, AllT
                                         BarrierOptions, PrefixStore, ProcessGroupGloo,
                                         ReduceOptions, ReduceScatterOptions)
 
-from torchtpu_compile import config, counters
+from torchtpu_compile import config
 from torchtpu_compile._logging import log, warn_once
 from torchtpu_compile.lower import collective_graphs
 
 from . import functional, pjrt_world, reduce_ops
 from .pjrt_transport import PjrtTransport
 from .staging import host_input, host_output, is_tpu, note, stage_in, stage_out
+from .stats import COUNTERS
 from .work import StagedWork, collective_error, eager_only, gone_peers_error
 
 
@@ -79,7 +80,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         # The group's ranks in the joined world, whose ends ``_alive`` looks for.
         self._processes = pjrt_world.processes_of(devices) if devices else None
         if self._pjrt is None:
-            counters.add_dist("host_staged_groups")
+            COUNTERS.add("host_staged_groups")
             warn_once(("tpu_dist", "group staged", self._staged_why),
                       "torchtpu: tpu_dist collectives of this group are staged through host "
                       "memory: %s", self._staged_why)
@@ -153,7 +154,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         return None
 
     def _work(self, inner, back, result, after=None) -> StagedWork:
-        counters.add_dist("collectives")
+        COUNTERS.add("collectives")
 
         def finish():
             if after is not None:

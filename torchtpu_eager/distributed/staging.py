@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import torch
 
-from torchtpu_compile import counters
 from torchtpu_compile._logging import warn_once
 
 from .. import views
 from ..tensor import TpuTensor
 from ..transfer import to_cpu, upload
+from .stats import COUNTERS
 
 
 def is_tpu(t) -> bool:
@@ -32,8 +32,8 @@ def note(tensors) -> None:
     """Count a host-staged collective over ``tensors`` (and say once that it is staged)."""
     nbytes = sum(t.numel() * t.element_size() for t in tensors if is_tpu(t))
     if nbytes or any(is_tpu(t) for t in tensors):
-        counters.add_dist("host_staged_collectives")
-        counters.add_dist("host_staged_bytes", nbytes)
+        COUNTERS.add("host_staged_collectives")
+        COUNTERS.add("host_staged_bytes", nbytes)
         warn_once(("tpu_dist", "host-staged"),
                   "torchtpu: some tpu_dist collectives are staged through host memory and gloo "
                   "(the PJRT transport cannot carry them); counted in "

@@ -1,0 +1,238 @@
+"""The one program builder: a functional ATen graph to a runnable program, for every front end.
+
+``build_program`` takes a graph with static shapes and tensor inputs and gives a ``Program``
+(one XLA executable, ``run.py``) or, where some ops cannot go through XLA and the caller allows
+it, a ``PartitionedProgram`` (those ops run in eager PyTorch between XLA regions). The steps are
+the same for every caller:
+
+1. normalize the graph (``lower/fx_passes.py``, in place);
+2. plan its functional collectives, once (``lower/collective_graphs.py``): into the program,
+   or cut the graph at them;
+3. one support analysis (``lower/support.analyze``): every node that cannot be lowered, and
+   why; where the whole graph then fails to lower, each op is probed alone;
+4. the program calling convention (``lower/calling_convention.prepare``);
+5. the lowering, through the one lowering cache (``lower/cache.lower_graph_cached``);
+6. the compile, through the one executable cache (``run.compile_program``).
+
+The callers: the compile path (``runner.GraphRunner``, per precision and shape; ``buckets/``
+per bucket), the eager device (``torchtpu_eager/programs.py``: single-op and fused graphs,
+``rebuild_views=False``, ``allow_fallback=False``: it runs a refused op on the host itself), AOT
+export (``aot/export.py``) and numerics' op-by-op replay (``allow_fallback=False``). tpu_dist's
+collective programs are StableHLO already: they enter at step 6.
+
+Example::
+
+    program = build_program(gm, precision="highest", name="forward")
+    outputs = program([x, weight])
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+
+from .. import counters
+from .._logging import log
+from ..errors import LoweringError
+from ..fallback_policy import fall_back
+from ..lower import lower_graph
+from ..lower.cache import lower_graph_cached
+from ..lower.calling_convention import prepare
+from ..lower.collective_graphs import plan_collectives
+from ..lower.fx_passes import normalize
+from ..lower.support import (COLLECTIVE, ERROR_CHECK, analyze, describe, is_fallback,
+                             op_name)
+from ..runtime.client import get_client
+from .run import Program, compile_program
+
+
+def build_program(gm: fx.GraphModule, *, precision: str, name: str,
+                  platform: str | None = None, resident_inputs: frozenset = frozenset(),
+                  rebuild_views: bool = True, allow_fallback: bool = True,
+                  skip_empty: bool = True):
+    """A runnable program for ``gm`` (static shapes, tensor inputs) at ``precision``.
+
+    ``name`` names it in errors, logs and stats; ``resident_inputs``: positions of parameters
+    and buffers, uploaded once and reused; ``rebuild_views``: outputs that alias inputs or
+    other outputs come back as views (callers that hold tensors; not the eager device's,
+    whose programs return buffers). With ``allow_fallback`` a graph holding ops that cannot go
+    through XLA becomes a ``PartitionedProgram`` (the fallback policy applied to each op:
+    ``fallback_policy.py``); without, it raises ``LoweringError`` naming the first such op.
+    ``skip_empty``: a graph with nothing to compute (every output an input, a constant or
+    None) gets no executable; AOT artifacts, which hold one per program, compile it anyway.
+
+    Example::
+
+        program = build_program(gm, precision="medium", name="graph_0/forward",
+                                resident_inputs=frozenset({1}))
+        outputs = program([x, weight])
+    """
+    platform = platform or get_client().platform
+    prepared, lowered, reasons = _lower_half(gm, precision, platform, rebuild_views,
+                                             allow_fallback, skip_empty)
+    if reasons:
+        if not allow_fallback:
+            raise _refusal(reasons)
+        return _partitioned(gm, reasons, name)
+    outputs = prepared.gm.graph.output_node().args[0]
+    convention = dict(arg_indices=prepared.arg_indices, slots=prepared.outputs,
+                      constants=prepared.constants, random_inputs=prepared.random_inputs,
+                      resident_inputs=resident_inputs, prepared=prepared,
+                      # Results go back to the device the graph computes on: host tensors for
+                      # CPU inputs, tpu tensors (no round trip) for the eager tpu device's.
+                      result_devices=[_device_type(node) for node in outputs])
+    if lowered is None:  # nothing to compute: outputs are inputs, None or constants
+        return Program(None, name=name, **convention)
+    return compile_program(lowered, precision=precision, name=name, **convention)
+
+
+def lower_program(gm: fx.GraphModule, *, precision: str, platform: str | None = None,
+                  rebuild_views: bool = True):
+    """The builder's lower half alone: ``gm``'s ``LoweredModule`` (None: nothing to compute),
+    or ``LoweringError`` if it cannot be lowered whole (the eager device's defer-and-fuse
+    mode checks each op so, and compiles only the fused graph).
+
+    Example::
+
+        lower_program(gm, precision="highest")      # raises LoweringError for aten.nonzero
+    """
+    platform = platform or get_client().platform
+    _, lowered, reasons = _lower_half(gm, precision, platform, rebuild_views,
+                                      allow_fallback=False)
+    if reasons:
+        raise _refusal(reasons)
+    return lowered
+
+
+def _lower_half(gm, precision: str, platform: str, rebuild_views: bool, allow_fallback: bool,
+                skip_empty: bool = True):
+    """(prepared graph, its lowered module or None, {}), or (None, None, {node: reason}): the
+    nodes to cut the graph at (``allow_fallback``), else the first reason to refuse it."""
+    normalize(gm)
+    plan = plan_collectives(gm)
+    reasons = analyze(gm, collectives_lowered=plan is not None)
+    if not allow_fallback:
+        # A caller that cannot cut the graph has no host to run by-design host work on (an
+        # exported graph's _assert_tensor_metadata): the importer takes it or refuses it.
+        reasons = {node: reason for node, reason in reasons.items() if is_fallback(reason)}
+    if reasons:
+        return None, None, reasons
+    prepared = prepare(gm, rebuild_views=rebuild_views)
+    if prepared.num_program_outputs == 0 and skip_empty:
+        return prepared, None, {}
+    try:
+        return prepared, lower_graph_cached(prepared.gm, platform=platform, precision=precision,
+                                            collectives=plan), {}
+    except LoweringError as whole_graph_error:
+        if not allow_fallback:  # refused with the importer's own error
+            raise
+
+        def lower_one(one):
+            return lower_graph(prepare(one).gm, platform=platform, precision=precision)
+
+        reasons = analyze(gm, collectives_lowered=plan is not None, lower_one=lower_one)
+        if not reasons:
+            raise LoweringError(
+                f"the graph failed to lower although each of its ops lowers alone: "
+                f"{whole_graph_error}") from whole_graph_error
+        return None, None, reasons
+
+
+def _refusal(reasons: dict) -> LoweringError:
+    node, reason = next(iter(reasons.items()))
+    return LoweringError(f"{op_name(node)}: {reason}")
+
+
+def _device_type(node: fx.Node) -> str:
+    value = node.meta.get("val")
+    return value.device.type if isinstance(value, torch.Tensor) else "cpu"
+
+
+def _partitioned(gm: fx.GraphModule, reasons: dict, name: str) -> "PartitionedProgram":
+    """The graph cut around ``reasons``' nodes, the fallback policy applied to each op."""
+    collectives = sum(1 for reason in reasons.values() if reason == COLLECTIVE)
+    if collectives:
+        counters.COLLECTIVES.add("compiled_graph_collectives", collectives)
+        log.info("torchtpu: graph %s is cut at %d collective op(s), which run through the "
+                 "process group", name, collectives)
+    fallbacks = {node: reason for node, reason in reasons.items() if is_fallback(reason)}
+    for node, reason in fallbacks.items():
+        fall_back(op_name(node), describe(node), reason, path="compile")
+    if any(reason == ERROR_CHECK for reason in reasons.values()):
+        log.info("torchtpu: graph %s checks linalg errors on the host (as eager: a wait for the "
+                 "device); the *_ex ops return the info instead", name)
+    if fallbacks:
+        counters.add("graphs_with_fallback")
+    return PartitionedProgram(gm, reasons, name)
+
+
+class _RegionModule(torch.nn.Module):
+    """A lowered region inside a partitioned graph, called like the submodule it replaces."""
+
+    def __init__(self, runner, single_output: bool, input_dtypes: list):
+        super().__init__()
+        self.runner = runner
+        self.single_output = single_output
+        # The dtype each input was traced with (None: not a tensor). An op that falls back to
+        # eager PyTorch can return another dtype than its fake kernel said (bf16 batch norm's
+        # statistics: bf16 on the CPU, f32 in the trace), and the lowered region is typed by
+        # the trace: such an input is converted, as the traced graph assumed it was.
+        self.input_dtypes = input_dtypes
+
+    def forward(self, *args):
+        args = [a.to(want) if want is not None and isinstance(a, torch.Tensor)
+                and a.dtype != want else a for a, want in zip(args, self.input_dtypes)]
+        outputs = self.runner(args)
+        return outputs[0] if self.single_output else tuple(outputs)
+
+
+class PartitionedProgram:
+    """A graph whose unsupported nodes run in eager PyTorch and the rest through XLA.
+
+    Each lowerable region is a ``GraphRunner`` of its own (built through ``build_program`` at
+    its first call): a region fed by a fallback op of data-dependent shape (masked_select) has
+    symbolic input sizes, and its runner specializes at call time.
+
+    Example::
+
+        program = PartitionedProgram(gm, {nonzero_node: "data-dependent"}, "graph_0/forward")
+        outputs = program([x])
+    """
+
+    def __init__(self, gm: fx.GraphModule, bad: dict, name: str):
+        from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+        from torch.fx.passes.operator_support import OperatorSupportBase
+
+        from .runner import GraphRunner  # a region is a graph of its own (module doc)
+
+        class Support(OperatorSupportBase):
+            def is_node_supported(self, submodules, node):
+                if node.op != "call_function" or node in bad:
+                    return False
+                if node.target is operator.getitem:
+                    return node.args[0] not in bad
+                return True
+
+        partitioner = CapabilityBasedPartitioner(gm, Support(), allows_single_node_partition=True)
+        fused = partitioner.fuse_partitions(partitioner.propose_partitions())
+        for node in list(fused.graph.nodes):
+            if node.op != "call_module":
+                continue
+            sub = getattr(fused, node.target)
+            sub_placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+            for ph, arg in zip(sub_placeholders, node.args):
+                ph.meta["val"] = arg.meta.get("val")
+            out_arg = sub.graph.output_node().args[0]
+            single = not isinstance(out_arg, (tuple, list))
+            runner = GraphRunner(sub, name=f"{name}/{node.target}")
+            dtypes = [v.dtype if isinstance(v, torch.Tensor) else None
+                      for v in (ph.meta.get("val") for ph in sub_placeholders)]
+            setattr(fused, node.target, _RegionModule(runner, single, dtypes))
+        fused.recompile()
+        self.gm = fused
+        self.name = name
+
+    def __call__(self, args: list) -> list:
+        out = self.gm(*args)
+        return list(out) if isinstance(out, (tuple, list)) else [out]

@@ -1,0 +1,134 @@
+"""What the compile path hands aot_autograd for each graph: a ``GraphRunner``.
+
+Per precision mode and, for graphs with symbolic sizes, per bucket (``buckets/``) or concrete
+shape, it builds a program through the one builder (``build.build_program``) and runs it.
+
+Example::
+
+    runner = GraphRunner(fx_graph_module, name="graph_0/forward")
+    outputs = runner([x, weight])
+"""
+from __future__ import annotations
+
+import itertools
+
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from .. import config, counters
+from .._logging import log, warn_once
+from ..lower.calling_convention import pin_rng_state_sizes
+from ..lower.precision import resolve_precision
+from ..runtime.client import get_client
+from .build import build_program
+
+_graph_ids = itertools.count()
+
+
+def _build_outside_fake(gm: fx.GraphModule, precision: str, name: str, resident_inputs):
+    # Called at run time, but a region of a partitioned graph may be built while
+    # aot_autograd's fake mode is active; constants and probes must be real.
+    with unset_fake_temporarily():
+        return build_program(gm, precision=precision, name=name,
+                             resident_inputs=resident_inputs)
+
+
+def _is_static(gm: fx.GraphModule) -> bool:
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            return False
+        if any(not isinstance(s, int) for s in val.shape):
+            return False
+    return True
+
+
+def _concrete_key(args) -> tuple:
+    return tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def specialize(gm: fx.GraphModule, args: list) -> fx.GraphModule:
+    """Re-trace a graph with symbolic sizes or scalar inputs at the concrete ``args``."""
+    concrete = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
+    with torch.no_grad():
+        traced = make_fx(fx.Interpreter(gm).run, tracing_mode="fake")(*concrete)
+    for node, original in zip((n for n in traced.graph.nodes if n.op == "placeholder"), args):
+        if not isinstance(original, torch.Tensor):
+            node.meta["val"] = original
+    return traced
+
+
+class GraphRunner:
+    """The callable aot_autograd gets for one graph (boxed: called with a list of args).
+
+    Example::
+
+        runner = GraphRunner(fx_graph_module, name="forward")
+        outputs = runner([x, weight])
+    """
+
+    def __init__(self, gm: fx.GraphModule, name: str | None = None,
+                 resident_inputs: frozenset = frozenset()):
+        # An instance attribute, so that wrappers which copy __dict__ (torch._dynamo.disable,
+        # around backward graphs) still tell aot_autograd we take boxed arguments.
+        self._boxed_call = True
+        self.gm = gm
+        self.name = name or f"graph_{next(_graph_ids)}"
+        pin_rng_state_sizes(gm)
+        self.static = _is_static(gm)
+        self.resident_inputs = resident_inputs
+        self._programs: dict = {}
+        self._bucketed = None  # a BucketedGraph once called; False: compile per exact shape
+        self._platform = get_client().platform
+        if self.static:
+            self._program_for(resolve_precision(self._platform), None)
+
+    def _program_for(self, precision: str, args):
+        key = (precision, None if self.static else _concrete_key(args))
+        program = self._programs.get(key)
+        if program is None:
+            gm = self.gm if self.static else specialize(self.gm, args)
+            label = self.name if self.static else f"{self.name}{list(key[1])}"
+            log.debug("building %s at precision %s", label, precision)
+            # aot_autograd calls compilers with its fake mode active; our constants, host
+            # tensors and probes must be real.
+            with unset_fake_temporarily():
+                program = build_program(gm, precision=precision, name=label,
+                                        resident_inputs=self.resident_inputs)
+            counters.record_compile(self.name, exact_shape=self._bucketed is False)
+            self._programs[key] = program
+        return program
+
+    def _run_bucketed(self, args: list, precision: str):
+        """Outputs from the graph's padded buckets, or None where it needs exact shapes."""
+        from ..buckets import BucketedGraph, NotPaddable
+        if self._bucketed is None:
+            self._bucketed = BucketedGraph(self.gm, self.name, _build_outside_fake,
+                                           self.resident_inputs)
+        try:
+            return self._bucketed(args, precision)
+        except NotPaddable as reason:
+            self._bucketed = False
+            warn_once(("exact_shape", self.name),
+                      "torchtpu: %s compiles once per shape, not per bucket: %s", self.name,
+                      reason)
+            return None
+
+    def __call__(self, *call_args) -> list:
+        # aot_autograd calls forward graphs boxed (one list) and, through Dynamo's disable
+        # wrapper, backward graphs with positional args; graph inputs are never lists.
+        boxed = len(call_args) == 1 and type(call_args[0]) is list
+        args = call_args[0] if boxed else list(call_args)
+        precision = resolve_precision(self._platform)
+        outputs = None
+        if not self.static and config.buckets and self._bucketed is not False:
+            outputs = self._run_bucketed(args, precision)
+        if outputs is None:
+            outputs = self._program_for(precision, args)(args)
+        if boxed:
+            args.clear()  # let inputs die as early as eager would
+        return outputs
