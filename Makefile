@@ -33,7 +33,7 @@ test-zoo: install
 	$(PY) -m pytest -q tests/slow/test_zoo_full.py
 
 coverage: install
-	PYTHONPATH=tests $(PY) -m opinfo.report --out docs/coverage.md
+	$(PY) -m tests.support.opinfo.report --out docs/coverage.md
 
 # docs/configuration.md is generated from the declarations in torchtpu_compile/config.py.
 config-docs: install

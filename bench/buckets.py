@@ -34,8 +34,8 @@ def lengths(count: int) -> list[int]:
 
 def _child(contender: str, count: int) -> dict:
     import torch
-    sys.path.insert(0, os.path.join(HERE, "..", "tests"))
-    from dynamic_models import Decoder
+    sys.path.insert(0, os.path.dirname(HERE))  # the repository root: tests.support
+    from tests.support.dynamic_models import Decoder
 
     torch.set_float32_matmul_precision("highest")
     torch.manual_seed(0)

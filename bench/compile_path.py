@@ -56,7 +56,7 @@ def mlp() -> tuple[torch.nn.Module, torch.Tensor]:
 def gpt2() -> tuple[torch.nn.Module, torch.Tensor]:
     """A small random-init GPT-2 (4 layers, width 256), batch 4 x 128 tokens, no dropout.
 
-    Bigger than tests/zoo.py's, so that compute is not lost in per-call overhead, and small
+    Bigger than tests/support/zoo.py's, so that compute is not lost in per-call overhead, and small
     enough that Inductor compiles it in well under a minute on two cores.
     """
     from transformers import GPT2Config, GPT2LMHeadModel

@@ -1,5 +1,4 @@
 """torch.export + AOT artifacts: save, load elsewhere, detect damage, check inputs."""
-import os
 import subprocess
 import sys
 import textwrap
@@ -7,18 +6,14 @@ import textwrap
 import pytest
 import torch
 
-import aot_factories
+from tests.support import aot_factories, python_env
 import torchtpu_compile
 import torchtpu_compile.aot as aot
 from torchtpu_compile.runtime import executable
 from torchtpu_compile.aot import loader as load_module
 
-TESTS = os.path.dirname(__file__)
-
-
 def fresh_python(code, *args):
-    env = dict(os.environ, PYTHONPATH=TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], env=env,
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], env=python_env(),
                           capture_output=True, text=True, timeout=600)
 
 
@@ -114,8 +109,8 @@ def test_program_exported_in_training_mode_is_refused():
 def test_cli_export_inspect_run(tmp_path):
     path = str(tmp_path / "mlp.tpu")
     cli = [sys.executable, "-m", "torchtpu_compile.aot"]
-    env = dict(os.environ, PYTHONPATH=TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    done = subprocess.run(cli + ["export", "aot_factories:mlp", "--out", path,
+    env = python_env()
+    done = subprocess.run(cli + ["export", "tests.support.aot_factories:mlp", "--out", path,
                                  "--precision", "highest"],
                           env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]

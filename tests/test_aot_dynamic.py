@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import torchtpu_compile.aot as aot
-from aot_factories import BatchStats, save_dynamic_batch_stats
+from tests.support.aot_factories import BatchStats, save_dynamic_batch_stats
 from torchtpu_compile.errors import LoweringError
 
 

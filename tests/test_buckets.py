@@ -16,8 +16,8 @@ import torch.nn.functional as F
 import torchtpu_compile
 from torchtpu_compile.buckets import bucket_size, choose
 
-from dynamic_models import Decoder
-from helpers import compile_tpu
+from tests.support.dynamic_models import Decoder
+from tests.support.helpers import compile_tpu
 from torchtpu_compile import config
 
 SIZES = (3, 6, 13)  # buckets 8, 8, 16: two compiles and one bucket hit

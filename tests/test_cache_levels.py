@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import torchtpu_compile
-from helpers import compile_tpu
+from tests.support.helpers import compile_tpu
 from torchtpu_compile import config, counters, graph_cache
 from torchtpu_compile.lower import cache as lowering_cache
 from torchtpu_compile.runtime import executable

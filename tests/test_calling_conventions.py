@@ -6,7 +6,7 @@ import torch
 
 import torchtpu_compile
 import torchtpu_eager  # noqa: F401  (the tpu device)
-from helpers import compile_tpu
+from tests.support.helpers import compile_tpu
 from torchtpu_compile import config
 
 pytestmark = pytest.mark.usefixtures("fp32")

@@ -1,11 +1,10 @@
 """Activation checkpointing (torch.utils.checkpoint) on the tpu device and in compiled graphs.
 
-The cases run in a subprocess (checkpoint_worker.py): checkpointing on the tpu device used to
-abort the process in backward ("terminate called without an active exception"), and an abort
-must fail a test, not end the test session. The other two eager modes run in
+The cases run in a subprocess (tests/support/checkpoint_worker.py): checkpointing on the tpu
+device used to abort the process in backward ("terminate called without an active exception"),
+and an abort must fail a test, not end the test session. The other two eager modes run in
 tests/slow/test_checkpoint_modes.py.
 """
-import os
 import subprocess
 import sys
 
@@ -14,14 +13,16 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 import torchtpu_eager  # noqa: F401
+from tests.support import python_env
 
-WORKER = os.path.join(os.path.dirname(__file__), "checkpoint_worker.py")
+WORKER = "tests.support.checkpoint_worker"
 
 
 def run_worker(what: str, **env) -> None:
-    """Run checkpoint_worker.py ``what`` in a fresh process; fail with what it printed."""
-    done = subprocess.run([sys.executable, WORKER, what], capture_output=True, text=True,
-                          timeout=900, env={**os.environ, **env})
+    """Run tests/support/checkpoint_worker.py ``what`` in a fresh process; fail with what it
+    printed."""
+    done = subprocess.run([sys.executable, "-m", WORKER, what], capture_output=True, text=True,
+                          timeout=900, env=python_env(**env))
     report = [line for line in done.stdout.splitlines() if line.startswith(("ok ", "FAIL "))]
     assert done.returncode == 0 and report, (
         f"exit status {done.returncode}\n" + "\n".join(report) + "\n" + done.stderr[-3000:])

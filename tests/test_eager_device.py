@@ -236,7 +236,7 @@ def test_batch_norm_training_runs_on_the_device_and_updates_running_stats():
     dev.to("tpu")
     torchtpu_compile.reset_stats()
     with config.patch(strict=True):
-        for step in range(2):
+        for _ in range(2):
             x = torch.randn(4, 3, 5, 5) * 2 + 1
             x_ref, x_dev = x.clone().requires_grad_(), x.to("tpu").requires_grad_()
             out_ref, out_dev = ref(x_ref), dev(x_dev)
@@ -325,7 +325,7 @@ def test_importing_our_package_before_torch(first_import):
 
 
 def test_aot_artifact_runs_on_tpu_tensors(tmp_path):
-    import aot_factories
+    from tests.support import aot_factories
     from torchtpu_compile import aot
     model, (x,) = aot_factories.mlp()
     path = str(tmp_path / "mlp.tpu")

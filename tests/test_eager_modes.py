@@ -10,7 +10,7 @@ import torch
 
 import torchtpu_compile
 import torchtpu_eager  # noqa: F401
-from helpers import compile_tpu
+from tests.support.helpers import compile_tpu
 from torchtpu_compile import config
 
 TPU = torch.device("tpu", 0)

@@ -24,12 +24,12 @@ import shutil
 import struct
 import tempfile
 import zipfile
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 import torch
 
-import aot_factories
+from tests.support import aot_factories
 import torchtpu_compile
 import torchtpu_compile.aot as aot
 import torchtpu_eager  # noqa: F401  (registers the tpu device)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import torchtpu_compile
-from helpers import compile_tpu
+from tests.support.helpers import compile_tpu
 from torchtpu_compile import config
 from torchtpu_compile.errors import UnsupportedOpError
 

@@ -9,21 +9,19 @@ import pytest
 import torch
 
 import torchtpu_compile
-from helpers import compile_tpu
+from tests.support.helpers import compile_tpu
 from torchtpu_compile import config
 from torchtpu_compile import graph_cache
 from torchtpu_compile.lower import cache as lowering_cache
 from torchtpu_compile.runtime import executable
 from torchtpu_compile.runtime.cache import GRAPH_FOLDER, frame
-
-HERE = os.path.dirname(os.path.abspath(__file__))
+from tests.support import python_env
 
 # A model in a fresh process: inference under no_grad, one SGD training step, inference again;
 # prints every output, the gradients and the counters as JSON. MODEL defines ``model``, ``ids``
 # and ``loss_of(ids)``.
 SCRIPT = textwrap.dedent("""\
     import json, sys, torch, torchtpu_compile
-    sys.path.insert(0, {here!r})
     from torchtpu_compile import graph_cache, versions
     {model}
     compiled = torch.compile(model, backend="torchtpu")
@@ -75,10 +73,10 @@ BLOCK = textwrap.dedent("""\
 
 def run_script(cache_dir, model: str = BLOCK) -> dict:
     """Run SCRIPT with ``model`` in a fresh interpreter over the cache in ``cache_dir``."""
-    env = dict(os.environ, TORCHTPU_CACHE_DIR=str(cache_dir))
+    env = python_env(TORCHTPU_CACHE_DIR=str(cache_dir))
     env.pop("TORCHTPU_REMOTE_CACHE", None)
     env.pop("TORCHTPU_GRAPH_CACHE", None)
-    code = SCRIPT.format(here=HERE, model=model)
+    code = SCRIPT.format(model=model)
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                           text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]

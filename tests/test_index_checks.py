@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import torchtpu_compile
-from helpers import compile_tpu
+from tests.support.helpers import compile_tpu
 from torchtpu_compile import config
 
 X = torch.arange(8.0).reshape(4, 2)

@@ -10,7 +10,7 @@ from jax.experimental import pallas as pl
 
 import torchtpu_compile
 import torchtpu_compile.aot as aot
-from helpers import compile_tpu, eager_mode
+from tests.support.helpers import compile_tpu, eager_mode
 from torchtpu_compile import config
 from torchtpu_compile import jax_op
 from torchtpu_compile.lower.cache import graph_key
@@ -169,7 +169,7 @@ def test_eager_program_of_a_jax_op_follows_a_precision_change(mode):
             with config.patch(matmul_precision=wanted):
                 got = matmul_as_the_mxu(xt, wt).cpu()
             torch.testing.assert_close(got, reference, rtol=1e-5, atol=1e-5,
-                                       msg=lambda m: f"at {wanted}: {m}")
+                                       msg=lambda m, wanted=wanted: f"at {wanted}: {m}")
 
 
 def test_lowering_cache_key_follows_the_function_behind_the_name():

@@ -20,10 +20,12 @@ import torch.nn as nn
 
 import torchtpu_compile
 import torchtpu_compile.program.build
-import zoo
+from tests.support import zoo
 from torchtpu_compile.numerics import Tolerance, compare, tolerance
-from torchtpu_compile.numerics.pytest_plugin import assert_numerics  # noqa: F401 (fixture)
 from torchtpu_compile.numerics.policy import compare_tensors
+
+# The product's pytest plugin (its assert_numerics fixture), as a project's tests load it.
+pytest_plugins = ["torchtpu_compile.numerics.pytest_plugin"]
 
 aten = torch.ops.aten
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -69,7 +71,8 @@ def scale_op_after_lowering(lower_graph, op, factor):
                 with gm.graph.inserting_after(node):
                     scaled = gm.graph.call_function(aten.mul.Tensor, (node, factor))
                 scaled.meta["val"] = node.meta["val"]
-                node.replace_all_uses_with(scaled, delete_user_cb=lambda user: user is not scaled)
+                node.replace_all_uses_with(
+                    scaled, delete_user_cb=lambda user, scaled=scaled: user is not scaled)
         gm.recompile()
         return lower_graph(gm, **kwargs)
     return perturbed

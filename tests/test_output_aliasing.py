@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import torchtpu_eager  # noqa: F401  (the tpu device)
-from helpers import compile_tpu, eager_mode
+from tests.support.helpers import compile_tpu, eager_mode
 from torchtpu_compile import config
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")

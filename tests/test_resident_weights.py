@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import torchtpu_compile
-from helpers import compile_tpu
+from tests.support.helpers import compile_tpu
 from torchtpu_compile import config
 from torchtpu_compile.runtime import transfer
 
@@ -238,7 +238,7 @@ def test_an_aot_artifacts_weights_are_resident_and_never_stale(tmp_path):
     run = aot.load(path)
     with torch.no_grad():
         torch.testing.assert_close(run(x), model(x), rtol=2e-2, atol=2e-2)
-    for name, value in run.state.items():
+    for value in run.state.values():
         value.data.mul_(2.0)  # the artifact's weights, written behind the version counter
     with torch.no_grad():
         torch.testing.assert_close(run(x), 2 * model(x), rtol=2e-2, atol=2e-2)

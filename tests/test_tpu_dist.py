@@ -1,11 +1,11 @@
 """tpu_dist: torch.distributed on tpu tensors, two processes on loopback — the fast core.
 
-One spawn of 2 workers (tests/dist_launch.py, with a deadline), on the group that
+One spawn of 2 workers (tests/support/dist_launch.py, with a deadline), on the group that
 ``init_process_group()`` makes with no backend named ("cpu:gloo,tpu:tpu_dist"), runs every
 collective on the PJRT transport and on a host-staged group, and the error cases, a compiled
 graph with its collectives lowered into the program, DDP, DTensor on a tpu mesh and FSDP2
 steps, each compared with values computed on the host, then checks that a dead peer gives an
-error instead of a hang (tests/dist_workers.py ``core``). The long runs (compiled DDP and
+error instead of a hang (tests/support/dist_workers.py ``core``). The long runs (compiled DDP and
 FSDP2, FSDP2 on a transformer, a client made before init_process_group) are in
 tests/slow/test_tpu_dist_slow.py.
 """
@@ -17,7 +17,7 @@ import sys
 import pytest
 import torch
 
-from dist_launch import check, launch
+from tests.support.dist_launch import check, launch
 
 
 def _python(code: str) -> str:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import torchtpu_eager  # noqa: F401
-from helpers import compile_tpu
+from tests.support.helpers import compile_tpu
 from torchtpu_compile import config
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*degrees of freedom is <= 0")
@@ -119,7 +119,7 @@ def check_compile_path(name):
 MEDIANS_CHILD = """
 import torch
 import test_checks as t
-from helpers import compile_tpu
+from tests.support.helpers import compile_tpu
 for name in t.MEDIANS:
     for path, check in (("tpu", t.check_eager_device), ("compile", t.check_compile_path)):
         try:

@@ -11,8 +11,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from decomposition_checks import INF, NAN, check, randn
-from helpers import PATHS, compile_tpu, run_on_path
+from tests.support.decomposition_checks import INF, NAN, check, randn
+from tests.support.helpers import PATHS, compile_tpu, run_on_path
 from torchtpu_compile import config
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decomposition_checks import check_on_both_paths, randn
+from tests.support.decomposition_checks import check_on_both_paths, randn
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 

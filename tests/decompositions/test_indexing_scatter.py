@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decomposition_checks import NAN, check, randn
+from tests.support.decomposition_checks import NAN, check, randn
 from torchtpu_compile import config
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")

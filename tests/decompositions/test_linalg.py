@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decomposition_checks import INF, NAN, check, check_on_both_paths, randn
-from helpers import compile_tpu
+from tests.support.decomposition_checks import INF, NAN, check, check_on_both_paths, randn
+from tests.support.helpers import compile_tpu
 from torchtpu_compile import config
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")

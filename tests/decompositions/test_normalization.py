@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decomposition_checks import check, randn
+from tests.support.decomposition_checks import check, randn
 from torchtpu_compile import config
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decomposition_checks import INF, NAN, check, check_on_both_paths, randn
-from helpers import compile_tpu
+from tests.support.decomposition_checks import INF, NAN, check, check_on_both_paths, randn
+from tests.support.helpers import compile_tpu
 from torchtpu_compile import config
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
@@ -74,7 +74,7 @@ def check_topk(*inputs, cases=TOPK_CASES, on_device=False):
             for got, want in ((values, eager_values), (values, want_values),
                               (x.gather(dim, indices), eager_values)):
                 torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True,
-                                           msg=lambda m: f"{what}: {m}")
+                                           msg=lambda m, what=what: f"{what}: {m}")
             assert torch.equal(indices, want_indices), f"{what}: {indices} != {want_indices}"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decomposition_checks import check, randn
+from tests.support.decomposition_checks import check, randn
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 

@@ -1,18 +1,18 @@
 """Issue 5's acceptance run for dynamic dims: an artifact with a dynamic batch, saved, loaded
 in a fresh process and run at two batch sizes (two buckets), bit-identical to this process and
 close to eager."""
-import os
 import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 
 import torchtpu_compile.aot as aot
-from aot_factories import save_dynamic_batch_stats
+from tests.support import python_env
+from tests.support.aot_factories import save_dynamic_batch_stats
 
-TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
+pytestmark = pytest.mark.slow
 
 def test_two_batch_sizes_in_a_fresh_process_match_this_process_and_eager(tmp_path):
     path = str(tmp_path / "stats.tpu")
@@ -25,7 +25,6 @@ def test_two_batch_sizes_in_a_fresh_process_match_this_process_and_eager(tmp_pat
         for got, want in zip(expected[n], model(x)):
             assert got.shape == want.shape
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    env = dict(os.environ, PYTHONPATH=TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))
     code = textwrap.dedent("""
         import sys, torch
         import torchtpu_compile.aot as aot
@@ -36,8 +35,8 @@ def test_two_batch_sizes_in_a_fresh_process_match_this_process_and_eager(tmp_pat
         print("heavy", [m for m in ("torch_mlir", "torch._dynamo") if m in sys.modules])
     """)
     done = subprocess.run([sys.executable, "-c", code, path, str(tmp_path / "inputs.pt"),
-                           str(tmp_path / "out.pt")], env=env, capture_output=True, text=True,
-                          timeout=300)
+                           str(tmp_path / "out.pt")], env=python_env(), capture_output=True,
+                          text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "recompiled False" in done.stdout
     assert "heavy []" in done.stdout  # padding and unpadding need no Dynamo, no torch-mlir
@@ -47,7 +46,7 @@ def test_two_batch_sizes_in_a_fresh_process_match_this_process_and_eager(tmp_pat
 
 
 def test_gpt2_with_dynamic_batch_and_sequence_matches_eager(tmp_path):
-    from aot_factories import gpt2
+    from tests.support.aot_factories import gpt2
     model, (ids,) = gpt2()
     batch = torch.export.Dim("batch", min=1, max=8)
     seq = torch.export.Dim("seq", min=2, max=32)

@@ -9,11 +9,8 @@ import zipfile
 
 import pytest
 
-import aot_factories
+from tests.support import aot_factories, python_env
 import torchtpu_compile.aot as aot
-
-TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 def add_bomb(src: str, dst: str, inflated: int) -> None:
     """Copy the artifact ``src`` to ``dst`` with a deflated member of ``inflated`` zero bytes,
@@ -50,7 +47,7 @@ def test_gigabyte_bomb_is_refused_without_inflating(tmp_path):
         print(json.dumps({"error": error, "grew_kib": after - before}))
     """)
     done = subprocess.run([sys.executable, "-c", code, bomb], capture_output=True, text=True,
-                          timeout=600, env=dict(os.environ, PYTHONPATH=TESTS))
+                          timeout=600, env=python_env())
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["error"] and "junk.bin" in result["error"]

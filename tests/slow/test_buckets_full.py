@@ -5,14 +5,17 @@ from __future__ import annotations
 import copy
 import random
 
+import pytest
 import torch
 import torch._dynamo
 
 import torchtpu_compile
 
-from dynamic_models import Decoder, Encoder, lm_loss
-from helpers import compile_tpu
+from tests.support.dynamic_models import Decoder, Encoder, lm_loss
+from tests.support.helpers import compile_tpu
 from torchtpu_compile import config
+
+pytestmark = pytest.mark.slow
 
 
 def _close(actual, expected):

@@ -2,7 +2,7 @@
 runs the default, strict one): each case against eager CPU, in a subprocess."""
 import pytest
 
-from test_checkpoint import run_worker
+from tests.test_checkpoint import run_worker
 
 pytestmark = pytest.mark.slow
 

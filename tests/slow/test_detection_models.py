@@ -1,5 +1,5 @@
-"""The DETR family of the zoo (tests/zoo_full.py, "detection"): every output and every gradient,
-compiled and on the eager tpu device, against eager CPU at matmul precision "highest"; and
+"""The DETR family of the zoo (tests/support/zoo_full.py, "detection"): every output and every
+gradient, compiled and on the eager tpu device, against eager CPU at matmul precision "highest"; and
 RT-DETR v2 at its default init, where the outputs hang on how topk breaks ties.
 
 The fast checks of the same ops are in tests/decompositions/ (test_sorting.py: topk;
@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import torchtpu_compile
-import zoo_full
+from tests.support import zoo_full
 from torchtpu_compile import config
-from test_models import TOLERANCES, assert_all_close, assert_close
+from tests.support.model_checks import TOLERANCES, assert_all_close, assert_close
 from torchtpu_compile.numerics import compare
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fresh_dynamo")]

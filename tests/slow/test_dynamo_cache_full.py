@@ -3,7 +3,13 @@ cache): a changed module global, a changed input dtype, a damaged entry."""
 import shutil
 
 import pytest
-from test_dynamo_cache import check_changed_dependency_misses, check_correct, filled, run  # noqa: F401
+
+from tests import test_dynamo_cache as fast
+
+pytestmark = pytest.mark.slow
+
+#: The fast module's fixture: a cache filled once for this module (module scope).
+filled = fast.filled
 
 
 @pytest.mark.parametrize("change", [
@@ -11,16 +17,16 @@ from test_dynamo_cache import check_changed_dependency_misses, check_correct, fi
     {"dtype": "float64"},           # the input's and parameters' dtype (TENSOR_MATCH)
 ], ids=["global", "dtype"])
 def test_a_changed_dependency_misses_and_recompiles(filled, tmp_path, change):
-    check_changed_dependency_misses(filled, tmp_path, **change)
+    fast.check_changed_dependency_misses(filled, tmp_path, **change)
 
 
 def test_a_corrupted_entry_is_discarded_and_traced_again(filled, tmp_path):
     root, cache_dir, cold, _ = filled
     own = tmp_path / "cache"
     shutil.copytree(cache_dir, own)
-    result = run(own, root / "model", corrupt=True)
+    result = fast.run(own, root / "model", corrupt=True)
     if result["digest"] != cold["digest"]:
         pytest.skip("torchtpu's sources changed since the cache was filled")
     assert result["dynamo"]["corrupt"] == 1 and result["dynamo"]["frames_loaded"] == 0
     assert result["traced"] >= 1
-    check_correct(result)
+    fast.check_correct(result)

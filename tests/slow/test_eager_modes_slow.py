@@ -6,9 +6,13 @@ import pytest
 import torch
 
 import torchtpu_compile
-from test_eager_modes import eager_mode, fp32_matmuls, tiny_transformer, train  # noqa: F401
+from tests import test_eager_modes as fast
+from tests.test_eager_modes import tiny_transformer, train
 
 pytestmark = pytest.mark.slow
+
+#: The fast module's fixtures: its eager modes, and fp32 matmuls for every test (autouse).
+eager_mode, fp32_matmuls = fast.eager_mode, fast.fp32_matmuls
 
 
 @pytest.mark.parametrize("eager_mode", ["defer_and_fuse"], indirect=True)

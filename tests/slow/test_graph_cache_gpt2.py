@@ -3,12 +3,12 @@ import textwrap
 
 import pytest
 
-from test_graph_cache import check_warm_hits_everything, cold_then_warm
+from tests.test_graph_cache import check_warm_hits_everything, cold_then_warm
 
 pytestmark = pytest.mark.slow
 
 GPT2 = textwrap.dedent("""\
-    import zoo
+    from tests.support import zoo
     model, (ids,) = zoo.gpt2()
     model.loss_type = "ForCausalLM"  # no warning inside forward, so no graph break
     out_of = lambda out: out.logits

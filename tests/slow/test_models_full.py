@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-import zoo
-from test_models import SMALL, check_model
+from tests.support import zoo
+from tests.support.model_checks import check_model
+from tests.test_models import SMALL
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fresh_dynamo")]
 

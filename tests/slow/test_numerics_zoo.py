@@ -2,7 +2,7 @@
 float32 tolerance) and inference at "medium" (bf16 matmul emulation, bf16-level tolerance)."""
 import pytest
 
-import zoo
+from tests.support import zoo
 from torchtpu_compile.numerics import compare
 
 pytestmark = pytest.mark.slow

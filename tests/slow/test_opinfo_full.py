@@ -1,7 +1,7 @@
 """The whole OpInfo sweep: every op_db entry on both paths, fp32 and bf16, against eager CPU.
 
-The sweep runs once per session in crash-isolated worker processes (tests/opinfo/sweep.py) and
-writes build/coverage/opinfo.json, from which ``make coverage`` renders docs/coverage.md. Each
+The sweep runs once per session in crash-isolated worker processes (tests/support/opinfo/sweep.py)
+and writes build/coverage/opinfo.json, from which ``make coverage`` renders docs/coverage.md. Each
 (entry, path, dtype) is then one test: pass, a named skip (skips.py), an xfail for a fallback
 (the ops named), or a failure. Environment: TORCHTPU_OPINFO_JOBS (parallel workers, default 2),
 TORCHTPU_OPINFO_PATHS / TORCHTPU_OPINFO_DTYPES (comma lists, default all).
@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from opinfo import sweep as sweeper
-from opinfo.verdict import assert_result
+from tests.support.opinfo import sweep as sweeper
+from tests.support.opinfo.verdict import assert_result
 
 pytestmark = pytest.mark.slow
 

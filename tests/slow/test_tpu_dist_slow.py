@@ -1,20 +1,16 @@
 """tpu_dist, the long multi-process runs (minutes each on 2 busy cores: Dynamo traces DDP's
 and FSDP2's forward with their graph breaks; a transformer's first steps trace many ops).
-Every run is bounded by a deadline (tests/dist_launch.py)."""
+Every run is bounded by a deadline (tests/support/dist_launch.py)."""
 from __future__ import annotations
 
-import os
 import signal
-import sys
 import time
 
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from dist_launch import check, launch  # noqa: E402
-from dist_workers import data  # noqa: E402
+from tests.support.dist_launch import check, launch
+from tests.support.dist_workers import data
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +46,7 @@ def test_survivors_of_a_killed_rank_catch_an_exception_save_and_exit(tmp_path, d
     # code (3): jax's runtime used to abort it (exit -6) right after the error. Idle, the
     # survivor works on its own for longer than jax takes to see the death (at once for the
     # coordinator's rank 0; after the 20 s heartbeat timeout for rank 1).
-    from dist_workers import SURVIVOR_EXIT
+    from tests.support.dist_workers import SURVIVOR_EXIT
     idle = 10 if dead == 0 else 25
     start = time.monotonic()
     results = launch("peer_dies", deadline=150, env={

@@ -1,4 +1,4 @@
-"""The model zoo (tests/zoo_full.py): every model compiled against eager, inference and
+"""The model zoo (tests/support/zoo_full.py): every model compiled against eager, inference and
 training, at matmul precision "highest". Writes build/coverage/zoo.json for docs/coverage.md
 (``make coverage``): per-model errors, tolerance, Dynamo graphs and breaks, fallback ops."""
 from __future__ import annotations
@@ -8,8 +8,7 @@ import os
 
 import pytest
 
-import zoo_check
-import zoo_full
+from tests.support import zoo_check, zoo_full
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fresh_dynamo")]
 

@@ -13,7 +13,6 @@ break). Statuses:
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import traceback
 
@@ -80,7 +79,7 @@ def _compare(actual, expected, dtype, reference_fp32=None, what="output"):
             continue
         try:
             torch.testing.assert_close(a, e, **tol, equal_nan=True,
-                                       msg=lambda m: f"{what} {i}: {m}")
+                                       msg=lambda m, i=i: f"{what} {i}: {m}")
         except AssertionError:
             # XLA keeps bf16 intermediates in f32 where CPU kernels round each step: a result
             # within tolerance of the fp32 answer is a pass.
@@ -92,7 +91,7 @@ def _compare(actual, expected, dtype, reference_fp32=None, what="output"):
             try:
                 torch.testing.assert_close(
                     a, ref, **tol, equal_nan=True,
-                    msg=lambda m: f"{what} {i} (against fp32 reference): {m}")
+                    msg=lambda m, i=i: f"{what} {i} (against fp32 reference): {m}")
             except AssertionError:
                 # Elementwise tolerances fail where a result cancels (a bf16 convolution's
                 # rounding before its bias is added): then, as torch._dynamo.utils.same judges

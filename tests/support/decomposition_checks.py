@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from helpers import compile_tpu
+from tests.support.helpers import compile_tpu
 from torchtpu_compile import config
 
 NAN, INF = float("nan"), float("inf")

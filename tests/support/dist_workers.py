@@ -1,4 +1,5 @@
-"""Worker bodies for tests/test_tpu_dist.py: ``python tests/dist_workers.py CASE RANK WORLD PORT``.
+"""Worker bodies for tests/test_tpu_dist.py:
+``python -m tests.support.dist_workers CASE RANK WORLD PORT``.
 
 Each case runs in one process of a group on loopback, checks its own results against values
 computed on the host (every rank can compute what every other rank sent), and exits non-zero
@@ -311,7 +312,7 @@ def core(rank, world, port):
     named: collectives and errors, DDP, DTensor, FSDP2 steps, then a dead peer on a second
     group (which ends both processes)."""
     import time
-    from dist_fsdp import check_dtensor, check_fsdp
+    from tests.support.dist_fsdp import check_dtensor, check_fsdp
     start = time.monotonic()
     # No backend named: "cpu:gloo,tpu:tpu_dist" (torchtpu_eager/distributed/__init__.py)
     init(rank, world, port, backend=None)
@@ -343,7 +344,7 @@ def client_before_init(rank, world, port):
 
 @case
 def fsdp_eager(rank, world, port):
-    from dist_fsdp import check_fsdp
+    from tests.support.dist_fsdp import check_fsdp
     init(rank, world, port)
     check_fsdp(rank, world)
     dist.destroy_process_group()
@@ -351,7 +352,7 @@ def fsdp_eager(rank, world, port):
 
 @case
 def fsdp_compiled(rank, world, port):
-    from dist_fsdp import check_fsdp
+    from tests.support.dist_fsdp import check_fsdp
     init(rank, world, port)
     check_fsdp(rank, world, compiled=True)
     dist.destroy_process_group()

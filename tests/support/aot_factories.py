@@ -1,7 +1,7 @@
 """Factories for the AOT tests and CLI: each returns (model, example_inputs)."""
 import torch
 
-import zoo
+from tests.support import zoo
 
 
 def gpt2():

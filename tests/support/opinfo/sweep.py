@@ -3,8 +3,8 @@ taking the sweep down; results go to a JSON file that ``report`` turns into docs
 
 Usage (from the repository root)::
 
-    PYTHONPATH=tests python -m opinfo.sweep --out build/coverage/opinfo.json          # everything
-    PYTHONPATH=tests python -m opinfo.sweep --ops add,mul --dtypes fp32 --paths compile
+    python -m tests.support.opinfo.sweep --out build/coverage/opinfo.json          # everything
+    python -m tests.support.opinfo.sweep --ops add,mul --dtypes fp32 --paths compile
 
 A worker reads entry names, writes one JSON line when it starts an entry and one with the
 result; the driver restarts a worker that died (the entry it was on becomes a ``fail`` naming
@@ -20,6 +20,8 @@ import subprocess
 import sys
 import threading
 import time
+
+from tests.support import python_env
 
 DTYPES = ("fp32", "bf16")
 PATHS = ("compile", "eager")
@@ -63,10 +65,8 @@ def _crashed(job, why: str) -> dict:
 
 def _run_chunk(jobs: list, max_samples: int, timeout: float, results: dict, log) -> list:
     """Run jobs in one worker; return the jobs it did not reach (after a crash or hang)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))] +
-        [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    cmd = [sys.executable, "-m", "opinfo.sweep", "--worker", json.dumps(jobs),
+    env = python_env()
+    cmd = [sys.executable, "-m", "tests.support.opinfo.sweep", "--worker", json.dumps(jobs),
            "--max-samples", str(max_samples)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
                             text=True)

@@ -7,7 +7,7 @@ masking) is off.
 
 Example::
 
-    import zoo_full
+    from tests.support import zoo_full
     family, make = zoo_full.ZOO["gpt_neox"]
     model, inputs = make()
 """
@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import zoo
+from tests.support import zoo
 
 _seeded = zoo._seeded
 _ids = zoo._ids
@@ -154,8 +154,8 @@ def deit():
 @_seeded
 def convnext():
     from transformers import ConvNextConfig, ConvNextForImageClassification
-    cfg = ConvNextConfig(num_channels=3, num_stages=2, hidden_sizes=[16, 32], depths=[1, 1], patch_size=2,
-                         num_labels=10, drop_path_rate=0.0)
+    cfg = ConvNextConfig(num_channels=3, num_stages=2, hidden_sizes=[16, 32], depths=[1, 1],
+                         patch_size=2, num_labels=10, drop_path_rate=0.0)
     return ConvNextForImageClassification(cfg), (_image(),)
 
 

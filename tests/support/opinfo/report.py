@@ -2,8 +2,8 @@
 
 Usage (from the repository root)::
 
-    PYTHONPATH=tests python -m opinfo.report                      # build/coverage/*.json
-    PYTHONPATH=tests python -m opinfo.report --opinfo a.json --zoo z.json --out docs/coverage.md
+    python -m tests.support.opinfo.report                      # build/coverage/*.json
+    python -m tests.support.opinfo.report --opinfo a.json --zoo z.json --out docs/coverage.md
 
 Results of several runs are merged (a later file wins for the same entry, path and dtype), so
 the fp32 and bf16 halves, or shards, can run separately.
@@ -84,7 +84,7 @@ def totals(results: dict) -> list:
 def fallback_summary(results: dict, limit: int = 40, path_wanted: str = "compile") -> list:
     """The ops that fell back most often on ``path_wanted``, with one reason each."""
     count, why, cause = collections.Counter(), {}, {}
-    for (op, path, dtype), r in results.items():
+    for (_, path, _), r in results.items():
         if r["status"] != "fallback" or path != path_wanted:
             continue
         for name in r["fallback_ops"] or {"(Dynamo graph break)": r["detail"]}:
@@ -155,18 +155,18 @@ def zoo_table(models: dict) -> list:
 
 
 def zoo_known_failures() -> dict:
-    """The zoo's known failures with their reasons (tests/zoo_check.py), if importable."""
+    """The zoo's known failures with their reasons (tests/support/zoo_check.py), if importable."""
     try:
-        from zoo_check import KNOWN_FAILURES
+        from tests.support.zoo_check import KNOWN_FAILURES
     except Exception:  # the report renders from JSON alone, too
         return {}
     return KNOWN_FAILURES
 
 
 def zoo_steps_note(name: str) -> str:
-    """Why a zoo model trains fewer steps than the others (tests/zoo_check.py), or ""."""
+    """Why a zoo model trains fewer steps than the others (tests/support/zoo_check.py), or ""."""
     try:
-        from zoo_check import STEPS
+        from tests.support.zoo_check import STEPS
     except Exception:  # the report renders from JSON alone, too
         return ""
     return STEPS.get(name, (0, ""))[1]
@@ -178,8 +178,8 @@ def render(results: dict, seconds: dict, models: dict) -> str:
     lines = [
         "# Op and model coverage",
         "",
-        f"Generated on {today} by `make coverage` (`python -m opinfo.report`) from the results "
-        "that `make test-full` writes to `build/coverage/`; do not edit by hand.",
+        f"Generated on {today} by `make coverage` (`python -m tests.support.opinfo.report`) from "
+        "the results that `make test-full` writes to `build/coverage/`; do not edit by hand.",
         "",
         "OpInfo: every entry of PyTorch's `op_db` (function variant, first 3 samples), run on "
         "each path and compared with eager CPU PyTorch. **compile**: "
@@ -189,7 +189,7 @@ def render(results: dict, seconds: dict, models: dict) -> str:
         "graph break) is *falls back*, counted apart, with its cause: `xla-unsupported` "
         "(data-dependent shapes or values, sparse layouts), `ours` (an op we do not lower yet) "
         "or `dynamo` (Dynamo runs the call eagerly whatever the backend). Skips come from "
-        "`tests/opinfo/skips.py`, each with a category (`xla-unsupported`, `ours`, "
+        "`tests/support/opinfo/skips.py`, each with a category (`xla-unsupported`, `ours`, "
         "`test-artifact`) and reason. Tolerances: fp32 rtol 1e-4, atol 1e-5; bf16 rtol "
         "5e-2, atol 1e-2 against eager bf16 or, where eager rounds more, an fp32 reference.",
         "",
@@ -206,11 +206,12 @@ def render(results: dict, seconds: dict, models: dict) -> str:
                       if m["inference"].get("status") == "pass"
                       and m["training"].get("status") == "pass")
         lines += ["## Model zoo", "",
-                  f"{len(models)} random-init models (`tests/zoo_full.py`), inference and "
+                  f"{len(models)} random-init models (`tests/support/zoo_full.py`), inference and "
                   f"{3} SGD steps (fewer where the note says why), compiled against eager at "
                   f"matmul precision `highest`; {passing} pass both with no fallback. Errors are "
-                  "max |compiled - eager| over the reference's max magnitude; training is the worst of first output, "
-                  "losses, gradients and parameter change.", "", *zoo_table(models), ""]
+                  "max |compiled - eager| over the reference's max magnitude; training is the "
+                  "worst of first output, losses, gradients and parameter change.", "",
+                  *zoo_table(models), ""]
     lines += ["## Ops that fall back on the compile path", "", *fallback_summary(results), ""]
     if any(path == "eager" for _, path, _ in results):
         lines += ["## Ops that run on the host on the eager device", "",
@@ -235,8 +236,8 @@ def main(argv=None) -> int:
     zoo_files = args.zoo if args.zoo is not None else \
         sorted(glob.glob("build/coverage/zoo*.json"), key=os.path.getmtime)
     if not opinfo_files and not zoo_files:
-        print("no results in build/coverage/: run `make test-full` (or python -m opinfo.sweep)"
-              " first", file=sys.stderr)
+        print("no results in build/coverage/: run `make test-full` (or python -m "
+              "tests.support.opinfo.sweep) first", file=sys.stderr)
         return 2
     results, seconds = load_opinfo(opinfo_files)
     models = load_zoo(zoo_files)

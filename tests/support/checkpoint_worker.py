@@ -1,9 +1,9 @@
 """Activation checkpointing on the tpu device and in compiled graphs, against eager CPU PyTorch.
 
 Run in a subprocess by test_checkpoint.py (an abort must fail a test, not end pytest):
-``python checkpoint_worker.py eager`` (the eager mode comes from the environment) or
-``python checkpoint_worker.py compile``. Prints ``ok <case>`` per case, ``FAIL <case>: <why>``
-for a case whose results differ, and exits non-zero if any case failed.
+``python -m tests.support.checkpoint_worker eager`` (the eager mode comes from the environment)
+or ``python -m tests.support.checkpoint_worker compile``. Prints ``ok <case>`` per case,
+``FAIL <case>: <why>`` for a case whose results differ, and exits non-zero if any case failed.
 """
 from __future__ import annotations
 
@@ -128,7 +128,7 @@ def compile_cases():
             net = copy.deepcopy(reference).to(device)
             want = _run(reference, x, seed=7)
 
-            def check(net=net, case=case, device=device):
+            def check(net=net, case=case, device=device, want=want):
                 torch._dynamo.reset()
                 compiled = torch.compile(net, backend="torchtpu")
                 _compare(_run(net, x.to(device), seed=7, step=compiled), want, case)

@@ -8,13 +8,13 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import os
 import socket
 import subprocess
 import sys
 import time
 
-WORKERS = os.path.join(os.path.dirname(__file__), "dist_workers.py")
+from tests.support import python_env
+
 
 
 @dataclasses.dataclass
@@ -31,10 +31,12 @@ def free_port() -> int:
 
 
 def launch(case: str, world: int = 2, deadline: float = 150.0, env: dict | None = None):
-    """Run ``dist_workers.py CASE`` on ``world`` ranks; kill any still running at the deadline."""
+    """Run ``tests.support.dist_workers CASE`` on ``world`` ranks; kill any still running at the
+    deadline."""
     port = free_port()
-    environment = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
-    procs = [subprocess.Popen([sys.executable, WORKERS, case, str(rank), str(world), str(port)],
+    environment = python_env(**(env or {}), PYTHONUNBUFFERED="1")
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.support.dist_workers", case, str(rank),
+                               str(world), str(port)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               env=environment)
              for rank in range(world)]

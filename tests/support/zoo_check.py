@@ -3,7 +3,7 @@
 ``measure(name)`` returns a JSON-able record: per phase (inference, training) the verdict, the
 largest error as a fraction of the reference's scale, the tolerance applied, Dynamo's graphs and
 graph breaks, and the ops that fell back to eager PyTorch. The comparisons are those of
-``test_models`` (same losses, optimizer and tolerances), at matmul precision "highest".
+``model_checks`` (same losses, optimizer and tolerances), at matmul precision "highest".
 
 Example::
 
@@ -20,9 +20,9 @@ import torch._dynamo
 from torch._dynamo.utils import counters
 
 import torchtpu_compile
-import zoo
-import zoo_full
-from test_models import (TOLERANCES, assert_all_close, assert_close, no_dropout, train)
+from tests.support import zoo, zoo_full
+from tests.support.model_checks import (TOLERANCES, assert_all_close, assert_close, no_dropout,
+                                        train)
 
 PRECISION = "highest"
 TRAIN_STEPS = 3

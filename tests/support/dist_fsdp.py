@@ -1,4 +1,4 @@
-"""DTensor and FSDP2 checks for the tpu_dist workers (tests/dist_workers.py runs them).
+"""DTensor and FSDP2 checks for the tpu_dist workers (tests/support/dist_workers.py runs them).
 
 Each check runs inside an initialized group on every rank and compares with what one process
 computes on the host: DTensor results with plain tensor ops, FSDP2 training (each rank on its
@@ -13,7 +13,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from dist_workers import same, data
+from tests.support.dist_workers import same, data
 
 VOCAB, WIDTH, HEADS, SEQ = 32, 16, 2, 8
 

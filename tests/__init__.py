@@ -1,0 +1,1 @@
+"""A package, so that tests import their shared code as ``tests.support`` (see support/)."""
