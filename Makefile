@@ -18,6 +18,7 @@ $(STAMP): pyproject.toml
 run: install
 	$(PY) examples/demo.py
 
+# Slow tests live in tests/slow/ and carry @pytest.mark.slow (tests/conftest.py checks both).
 test: install
 	$(PY) -m pytest -q --durations=15 tests --ignore=tests/slow
 

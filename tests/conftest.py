@@ -1,7 +1,23 @@
+import os
+
 import pytest
 import torch
 
 import torchtpu_compile
+
+SLOW_FOLDER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "slow") + os.sep
+
+
+def pytest_collection_modifyitems(config, items):
+    """A slow test lives in tests/slow/ *and* carries ``@pytest.mark.slow`` (``make test`` leaves
+    the folder out; ``-m "not slow"`` selects the same tests): a test with one and not the
+    other is an error, so the two ways to tell cannot drift apart."""
+    wrong = [item.nodeid for item in items if str(item.path).startswith(SLOW_FOLDER)
+             != (item.get_closest_marker("slow") is not None)]
+    if wrong:
+        raise pytest.UsageError(
+            "a test in tests/slow/ needs @pytest.mark.slow and a test marked slow belongs in "
+            "tests/slow/; these do not: " + ", ".join(wrong[:10]))
 
 
 @pytest.fixture
@@ -31,7 +47,6 @@ def session_compile_cache(tmp_path_factory):
     Every run then starts cold, as CI does. The variable serves this process (the setting
     reads it while no code sets it) and the subprocesses, which inherit it.
     """
-    import os
     directory = str(tmp_path_factory.mktemp("torchtpu-cache"))
     saved_env = os.environ.get("TORCHTPU_CACHE_DIR")
     os.environ["TORCHTPU_CACHE_DIR"] = directory
