@@ -1,7 +1,7 @@
 """The cache above the StableHLO: aot_autograd's result per Dynamo graph, across processes.
 
-AOT tracing and decomposition is the largest part of a first call after Dynamo's own tracing
-(STACK-NOTES.md), and the executable cache does not save it. PyTorch's ``AOTAutogradCache``
+AOT tracing and decomposition is the largest part of a first call after Dynamo's own tracing,
+and the executable cache does not save it. PyTorch's ``AOTAutogradCache``
 already knows how to key a Dynamo graph safely and how to rebuild aot_autograd's runtime
 wrappers (input mutations, aliased outputs, the autograd.Function of a training graph) from a
 pickled entry; it also accepts a backend whose compiled graphs are picklable

@@ -129,7 +129,8 @@ def _export(model, example_args, example_kwargs, dynamic_shapes):
             model.eval()
         elif callable(model):
             model = _Function(model)
-        # The fused CPU attention kernels neither decompose cleanly nor lower (STACK-NOTES).
+        # The fused CPU attention kernels (flash, efficient) neither decompose cleanly nor
+        # lower through torch-mlir; the math kernel decomposes into matmuls and a softmax.
         with sdpa_kernel(SDPBackend.MATH):
             exported = torch.export.export(model, tuple(example_args), example_kwargs or None,
                                            dynamic_shapes=dynamic_shapes, strict=False)

@@ -8,9 +8,13 @@ the host, the same op runs there through the group it names, the result is waite
 copied onto the device. Either way the tpu result is complete (or pending on the device, in
 order) when returned, so ``wait_tensor`` on it returns it unchanged.
 
-In a graph compiled with ``backend="torchtpu"`` these ops are where the graph is cut: the
-regions around them run through XLA, the collective runs here through the process group
-(counted as ``stats()["tpu_dist"]["compiled_graph_collectives"]``, not as a fallback).
+In a graph compiled with ``backend="torchtpu"`` whose collectives all name a tpu_dist group
+with known devices, the program builder lowers them into the graph's program
+(``lower/collective_graphs.py``; counted as ``stats()["tpu_dist"]["lowered_collectives"]``) and
+this module is not called. Otherwise (an uneven ``all_to_all_single``, a coalesced op, another
+group) the graph is cut at its collectives: the regions around them run through XLA and each
+collective runs here through the process group (``compiled_graph_collectives``, not a
+fallback).
 
 Example::
 

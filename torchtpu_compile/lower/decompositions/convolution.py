@@ -77,9 +77,9 @@ def transposed_convolution(x, weight, bias, stride, padding, dilation, transpose
 @decomposition(aten.convolution_backward.default)
 def convolution_backward(grad_out, input, weight, bias_sizes, stride, padding, dilation,
                          transposed, output_padding, groups, output_mask):
-    # torch-mlir's own lowering fails for 1-D convolutions, for groups > 1, and when
-    # (in + 2*pad - extent) % stride differs between spatial dims (STACK-NOTES). Both
-    # gradients are forward convolutions, which lower in every case.
+    # torch-mlir 20261001's own lowering fails for 1-D convolutions, for groups > 1, and when
+    # (in + 2*pad - extent) % stride differs between spatial dims. Both gradients are forward
+    # convolutions, which lower in every case.
     if transposed:
         return _transposed_convolution_backward(grad_out, input, weight, stride, padding,
                                                 dilation, groups, output_mask)
