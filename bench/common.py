@@ -11,7 +11,7 @@ import os
 import resource
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 CONTENDERS = ("eager", "inductor", "torchtpu")
 

@@ -19,7 +19,7 @@ TARGET_FUSE_SPEEDUP = 1.5
 
 
 def _chain(x: torch.Tensor) -> torch.Tensor:
-    for i in range(CHAIN_OPS // 4):  # four elementwise ops per turn
+    for _ in range(CHAIN_OPS // 4):  # four elementwise ops per turn
         x = (x * 1.0001).add(0.001).relu().sub(0.0001)
     return x
 

@@ -289,8 +289,9 @@ def test_a_setting_applies_to_every_thread():
 def test_compile_hash_follows_only_compile_relevant_settings():
     base = config.compile_hash()
     assert config.compile_hash() == base
+    other_precision = "high" if config.matmul_precision != "high" else "medium"
     for changes in ({"check_indices": not config.check_indices},
-                    {"matmul_precision": "high" if config.matmul_precision != "high" else "medium"}):
+                    {"matmul_precision": other_precision}):
         with config.patch(**changes):
             assert config.compile_hash() != base, changes
     for changes in ({"strict": not config.strict}, {"max_buckets": config.max_buckets + 1},
@@ -339,7 +340,7 @@ def test_an_invalid_old_variable_is_named_in_the_error(monkeypatch):
     monkeypatch.setattr(sys.modules[config.__name__], "_warned", {"TORCH_TPU_FUSE_MAX_OPS"})
     monkeypatch.setenv("TORCH_TPU_FUSE_MAX_OPS", "lots")
     with pytest.raises(ConfigError, match="TORCH_TPU_FUSE_MAX_OPS='lots'"):
-        config.fuse_max_ops
+        _ = config.fuse_max_ops
 
 
 # --- the reference ---------------------------------------------------------------------------
@@ -358,6 +359,6 @@ def test_reading_a_setting_is_cheap():
     import time
     start = time.perf_counter()
     for _ in range(10000):
-        config.matmul_precision
+        _ = config.matmul_precision
     per_read = (time.perf_counter() - start) / 10000
     assert per_read < 5e-6, per_read

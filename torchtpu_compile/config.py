@@ -35,7 +35,8 @@ import sys
 import types
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .errors import ConfigError
 
@@ -179,9 +180,10 @@ class _BucketPolicy(_Kind):
 @dataclass(eq=False)
 class Setting:
     """One setting: ``env`` gives its value when code has not set one; ``default`` (or
-    ``default_factory()``, called at each read) when neither has. ``compiled``: it changes the program a
-    graph compiles to, so it enters ``compile_hash``. ``secret``: never shown. ``old_env``:
-    deprecated variable names, still read (with a FutureWarning) when ``env`` is unset."""
+    ``default_factory()``, called at each read) when neither has. ``compiled``: it changes the
+    program a graph compiles to, so it enters ``compile_hash``. ``secret``: never shown.
+    ``old_env``: deprecated variable names, still read (with a FutureWarning) when ``env`` is
+    unset."""
 
     name: str
     env: str

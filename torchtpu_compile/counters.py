@@ -18,7 +18,7 @@ from __future__ import annotations
 import collections
 import copy
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 _lock = threading.Lock()
 _groups: dict = {}   # name -> Group, in registration order

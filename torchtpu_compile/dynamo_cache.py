@@ -125,7 +125,7 @@ def _constant(value: Any):
     raise Unportable(f"constant of type {type(value).__qualname__}")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _class_identity(cls: type) -> tuple:
     # The name, and the bytecode of the functions the class itself defines: an edited method,
     # or a dataclass with other fields (a generated __init__), is another class.
@@ -434,9 +434,10 @@ def frame_key(code: types.CodeType) -> str:
 
         frame_key(type(model).forward.__code__)
     """
-    parts = (str(_FORMAT), sys.version, code.co_filename, code.co_qualname, str(code.co_firstlineno),
-             code_digest(code), versions.stack_versions(), _transformers_version(),
-             versions.source_digest(*_KEYED_SOURCES), _torch_config_digest())
+    parts = (str(_FORMAT), sys.version, code.co_filename, code.co_qualname,
+             str(code.co_firstlineno), code_digest(code), versions.stack_versions(),
+             _transformers_version(), versions.source_digest(*_KEYED_SOURCES),
+             _torch_config_digest())
     return "dynamo|" + hashlib.sha256("|".join(parts).encode()).hexdigest()
 
 
@@ -559,7 +560,7 @@ def _try_entry(code, entry: _Entry, frame, compile_id):
                 raise Unportable("a guarded value differs")
         compiled = {name: _load_compiled_fn(how[1])
                     for name, how in entry.installed_globals.items() if how[0] == "compiled_fn"}
-        for name, fn in compiled.items():
+        for name in compiled:
             if name in frame.f_globals:
                 raise Unportable(f"global {name} exists")
         frame.f_globals.update(compiled)

@@ -38,7 +38,8 @@ import hashlib
 import operator
 import pickle
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch._inductor.output_code import OutputCode

@@ -37,7 +37,7 @@ class OutputSlot:
         return {"kind": self.kind, "index": self.index, "value": self.value}
 
     @classmethod
-    def from_json(cls, data: dict) -> "OutputSlot":
+    def from_json(cls, data: dict) -> OutputSlot:
         return cls(data["kind"], data.get("index", -1), data.get("value"))
 
 
@@ -202,7 +202,7 @@ def _decode(value):
     return value
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _op(name: str):
     # Only view ops: the steps may come from an artifact's manifest, and replaying anything
     # else there (a write, a copy) would let a file run ops on the caller's tensors.

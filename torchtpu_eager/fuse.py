@@ -158,7 +158,7 @@ class _Recording:
                     env[node] = graph.get_attr(name)
                     env[node].meta.update(node.meta)
                 else:
-                    env[node] = graph.node_copy(node, lambda n: env[n])
+                    env[node] = graph.node_copy(node, env.__getitem__)
                     if node.target is INDEX_CHECK:  # its error names this entry's call site
                         env[node].meta["torchtpu_entry"] = entry
             produced.append(outs)

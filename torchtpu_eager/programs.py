@@ -34,12 +34,12 @@ from .stats import COUNTERS
 _ids = itertools.count()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _platform() -> str:
     return get_client().platform
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _decompositions() -> dict:
     from torchtpu_compile.lower.decompositions import decomposition_table
     return decomposition_table()
@@ -120,7 +120,7 @@ def trace(fn, examples: list, label: str) -> OpGraph:
     return OpGraph(gm, label)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _top_level_keys():
     """The thread-local dispatch key sets outside any dispatch: autocast off, nothing else."""
     keys = torch._C.DispatchKey

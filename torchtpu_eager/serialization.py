@@ -24,7 +24,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 # Storage -> (weak reference to the buffer copied, weak reference to its host copy): the host
 # copy lives as long as a save holds it.
-_saved: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_saved: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # Host copy (as unpickled) -> the tpu storage made from it, for the other tensors of one load.
 _loaded = WeakIdKeyDictionary()
 

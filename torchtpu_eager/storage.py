@@ -16,7 +16,7 @@ import weakref
 _lock = threading.Lock()
 _allocated = 0
 _peak = 0
-_live: "weakref.WeakSet[Storage]" = weakref.WeakSet()
+_live: weakref.WeakSet[Storage] = weakref.WeakSet()
 
 
 class Storage:

@@ -82,7 +82,7 @@ class Stream(torch.Stream):
     def wait_event(self, event) -> None:
         pass
 
-    def record_event(self, event=None) -> "Event":
+    def record_event(self, event=None) -> Event:
         event = Event() if event is None else event
         event.record(self)
         return event
@@ -118,7 +118,7 @@ class Event(torch.Event):
         event._recorded_at = None
         return event
 
-    def record(self, stream=None) -> "Event":
+    def record(self, stream=None) -> Event:
         if self._timing:
             synchronize_device()
             self._recorded_at = time.perf_counter()
@@ -138,7 +138,7 @@ class Event(torch.Event):
         if self._recorded_at is not None:
             synchronize_device()
 
-    def elapsed_time(self, end: "Event") -> float:
+    def elapsed_time(self, end: Event) -> float:
         """Milliseconds between two timing events (both recorded)."""
         if not (self._timing and end._timing):
             raise RuntimeError("tpu: elapsed_time needs two Events made with enable_timing=True")

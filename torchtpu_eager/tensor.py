@@ -37,7 +37,8 @@ _dispatch = None
 
 
 class TpuTensor(torch.Tensor):
-    """A tensor on the tpu device. Made by PyTorch APIs (``.to("tpu")``, factories), not directly."""
+    """A tensor on the tpu device. Made by PyTorch APIs (``.to("tpu")``, factories), not
+    directly."""
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 

@@ -146,7 +146,8 @@ INDEX_CHECK = record({"op": string, "dim": integer, "size": integer},
                      {"where": nullable(string), "entry": nullable(integer)})
 
 
-OUTPUT_SLOT = record({"kind": one_of("program", "input", "none", "constant", "empty", "view", "check")},
+OUTPUT_SLOT = record({"kind": one_of("program", "input", "none", "constant", "empty", "view",
+                                     "check")},
                      {"index": integer, "value": anything})
 PROGRAM = record({
     "name": string, "graph_arguments": list_of(GRAPH_ARGUMENT), "arg_indices": list_of(count),

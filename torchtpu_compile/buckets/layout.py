@@ -37,7 +37,7 @@ class Dim:
     def padded(self, pad_env: dict) -> int:
         return math.prod(evaluate(f, pad_env) for f in self.factors)
 
-    def same_elements(self, other: "Dim") -> bool:
+    def same_elements(self, other: Dim) -> bool:
         return self.factors == other.factors
 
 

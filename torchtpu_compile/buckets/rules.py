@@ -508,8 +508,10 @@ for _op, _spec in {
     aten.mean.dim: ("mean", 1, 2), aten.mean.default: ("mean", None, None),
     aten.prod.dim_int: ("prod", 1, 2), aten.prod.default: ("prod", None, None),
     aten.amax.default: ("amax", 1, 2), aten.amin.default: ("amin", 1, 2),
-    aten.any.dim: ("any", 1, 2), aten.any.dims: ("any", 1, 2), aten.any.default: ("any", None, None),
-    aten.all.dim: ("all", 1, 2), aten.all.dims: ("all", 1, 2), aten.all.default: ("all", None, None),
+    aten.any.dim: ("any", 1, 2), aten.any.dims: ("any", 1, 2),
+    aten.any.default: ("any", None, None),
+    aten.all.dim: ("all", 1, 2), aten.all.dims: ("all", 1, 2),
+    aten.all.default: ("all", None, None),
     aten.logsumexp.default: ("logsumexp", 1, 2),
 }.items():
     RULES[_op] = _reduction(*_spec)

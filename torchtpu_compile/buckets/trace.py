@@ -44,7 +44,8 @@ class InputSpec:
 class BucketPlan:
     """A bucket's static graph and how its outputs map back to the symbolic graph's."""
     gm: fx.GraphModule
-    outputs: list                   # ("tensor", program index, layout) | ("size", expr) | ("value", v)
+    # ("tensor", program index, layout) | ("size", expr) | ("value", v)
+    outputs: list
     named_layouts: dict = field(default_factory=dict)   # output node name -> layout
 
 

@@ -32,7 +32,7 @@ import torch
 
 _NAMESPACE = "torchtpu_jax"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_BY_NAME: dict[str, "JaxOp"] = {}
+_BY_NAME: dict[str, JaxOp] = {}
 
 _TORCH_TO_JAX = {
     torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
@@ -127,7 +127,10 @@ class JaxOp:
         key = (avals, precision, platform)
         if key not in self._lowered:
             jax = _jax()
-            flat = lambda *xs: tuple(jax.tree_util.tree_leaves(self.fn(*xs)))
+
+            def flat(*xs):
+                return tuple(jax.tree_util.tree_leaves(self.fn(*xs)))
+
             with _exact_dtypes(), jax.default_matmul_precision(_JAX_PRECISION[precision]):
                 lowered = jax.jit(flat).trace(*avals).lower(lowering_platforms=(platform,))
             module = lowered.compiler_ir("stablehlo")
@@ -188,7 +191,7 @@ class JaxOp:
         by_input = dict(zip(wrt, cotangents))
         return [by_input.get(i) for i in range(len(inputs))]
 
-    def _vjp_op(self, n_inputs: int, wrt: tuple) -> "JaxOp":
+    def _vjp_op(self, n_inputs: int, wrt: tuple) -> JaxOp:
         key = (n_inputs, wrt)
         if key not in self._vjps:
             jax = _jax()

@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import operator
 from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.fx as fx
@@ -43,7 +43,7 @@ _METADATA_ONLY_RNG = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _rng_state_ops() -> tuple:
     from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
     return run_and_save_rng_state, run_with_rng_state

@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from typing import Optional
 
 import torch
 import torch.fx as fx
@@ -40,7 +39,7 @@ aten = torch.ops.aten
 
 @torch.library.custom_op("torchtpu::index_check", mutates_args=())
 def index_check(index: torch.Tensor, size: int, dim: int, wraps: bool, op: str,
-                ignore: Optional[int] = None) -> torch.Tensor:
+                ignore: int | None = None) -> torch.Tensor:
     """``index`` unchanged, after checking it against ``size`` as ``op`` does in eager.
 
     In programs it never runs (``lower_marks`` replaces it); this body runs where a graph is

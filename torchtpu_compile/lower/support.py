@@ -298,7 +298,8 @@ def describe(node: fx.Node) -> str:
             return "[" + ", ".join(fmt(v) for v in value) + "]"
         return repr(value)
 
-    args = ", ".join([fmt(a) for a in node.args] + [f"{k}={fmt(v)}" for k, v in node.kwargs.items()])
+    args = ", ".join([fmt(a) for a in node.args] +
+                     [f"{k}={fmt(v)}" for k, v in node.kwargs.items()])
     return f"{op_name(node)}({args}) at {source_line(node)}"
 
 

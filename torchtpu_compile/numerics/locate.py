@@ -14,8 +14,9 @@ and the search goes on; when nothing else diverges, the first such op is reporte
 (``Divergence.ties``): the model's outputs depend on how ties are broken.
 
 Views, ``getitem``, random ops, ``empty`` (uninitialized memory) and ops torchtpu cannot
-lower (they run in eager PyTorch inside compiled graphs anyway) are not checked. Matmuls and convolutions get the tolerance of the
-precision mode; every other op, whose result the mode does not change, the ``highest`` one.
+lower (they run in eager PyTorch inside compiled graphs anyway) are not checked. Matmuls and
+convolutions get the tolerance of the precision mode; every other op, whose result the mode does
+not change, the ``highest`` one.
 
 Example::
 

@@ -149,7 +149,7 @@ def _device_type(node: fx.Node) -> str:
     return value.device.type if isinstance(value, torch.Tensor) else "cpu"
 
 
-def _partitioned(gm: fx.GraphModule, reasons: dict, name: str) -> "PartitionedProgram":
+def _partitioned(gm: fx.GraphModule, reasons: dict, name: str) -> PartitionedProgram:
     """The graph cut around ``reasons``' nodes, the fallback policy applied to each op."""
     collectives = sum(1 for reason in reasons.values() if reason == COLLECTIVE)
     if collectives:

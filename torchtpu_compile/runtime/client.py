@@ -40,7 +40,7 @@ def _jax_backend(platform: str):
     return jax_backend.get_backend(PLATFORMS[platform])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _make_client(requested: str | None) -> Client:
     if requested is not None:
         name = requested.strip().lower()

@@ -103,7 +103,8 @@ def convolution_backward(grad_out, input, weight, bias_sizes, stride, padding, d
         for i in range(spatial):
             spread = _interleave_zeros(spread, 2 + i, stride[i])
         extent = [dilation[i] * (kernel[i] - 1) for i in range(spatial)]
-        spread = _pad_spatial(spread, [(extent[i] - padding[i], extent[i] - padding[i] + remainder[i])
+        spread = _pad_spatial(spread, [(extent[i] - padding[i],
+                                        extent[i] - padding[i] + remainder[i])
                                        for i in range(spatial)])
         # (O, I/g, k...) -> (I, O/g, k...), flipped: the adjoint of the forward kernel.
         w = weight.reshape([groups, out_per_group, in_per_group] + kernel)

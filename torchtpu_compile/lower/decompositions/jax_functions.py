@@ -47,7 +47,7 @@ def builds(kind: str):
     return register
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def jax_function(kind: str, *params):
     """The ``jax_op`` computing ``kind`` with ``params`` bound, registered once.
 

@@ -37,7 +37,8 @@ def _over_one_element(op):
         args = list(args)
         if len(args) >= dim_at:  # args exclude x, so "dim" sits at dim_at - 1
             dim = args[dim_at - 1]
-            args[dim_at - 1] = [0] if isinstance(dim, (list, tuple)) else (None if dim is None else 0)
+            args[dim_at - 1] = [0] if isinstance(dim, (list, tuple)) else \
+                (None if dim is None else 0)
         elif "dim" in kwargs and kwargs["dim"] is not None:
             kwargs["dim"] = [0] if isinstance(kwargs["dim"], (list, tuple)) else 0
         out = op(x.reshape(1), *args, **kwargs)

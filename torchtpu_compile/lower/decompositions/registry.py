@@ -116,7 +116,7 @@ def checked_first(*ops):
     return register
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def torch_mlir_table() -> dict:
     """torch-mlir's decomposition table, which ours extends.
 

@@ -23,7 +23,8 @@ Example::
 from __future__ import annotations
 
 import pickle
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 
 class Codec(Protocol):
