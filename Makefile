@@ -3,7 +3,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test test-full test-opinfo test-zoo coverage config-docs bench clean
+.PHONY: install run lint test test-full test-opinfo test-zoo coverage config-docs bench clean
 
 install: $(STAMP)
 
@@ -17,6 +17,10 @@ $(STAMP): pyproject.toml
 
 run: install
 	$(PY) examples/demo.py
+
+# ruff, configured in pyproject.toml ([tool.ruff]); `ruff check --fix` repairs what it can.
+lint: install
+	$(PY) -m ruff check .
 
 # Slow tests live in tests/slow/ and carry @pytest.mark.slow (tests/conftest.py checks both).
 test: install
