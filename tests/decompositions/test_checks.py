@@ -2,7 +2,6 @@
 reductions over no elements, on the eager tpu device and the compile path, against eager CPU:
 where eager raises (no identity: max, min, argmax, amax, median over a dim, mode, ...) we raise,
 where it returns a value (NaN variance, a median of nothing) we return that value."""
-import os
 import subprocess
 import sys
 
@@ -10,6 +9,7 @@ import pytest
 import torch
 
 import torchtpu_eager  # noqa: F401
+from tests.support import python_env
 from tests.support.helpers import compile_tpu
 from torchtpu_compile import config
 
@@ -118,7 +118,7 @@ def check_compile_path(name):
 
 MEDIANS_CHILD = """
 import torch
-import test_checks as t
+import tests.decompositions.test_checks as t
 from tests.support.helpers import compile_tpu
 for name in t.MEDIANS:
     for path, check in (("tpu", t.check_eager_device), ("compile", t.check_compile_path)):
@@ -143,10 +143,8 @@ for dtype in (torch.float32, torch.float16, torch.float64, torch.int64, torch.in
 def test_medians_in_a_subprocess():
     """Medians over an empty dim raise eager's IndexError; the median of nothing is eager's
     NaN, converted to the dtype as the host converts it."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    path = os.pathsep.join(filter(None, [os.path.dirname(here), os.environ.get("PYTHONPATH")]))
     done = subprocess.run([sys.executable, "-c", MEDIANS_CHILD], capture_output=True,
-                          text=True, timeout=600, cwd=here, env={**os.environ, "PYTHONPATH": path})
+                          text=True, timeout=600, env=python_env())
     lines = done.stdout.splitlines()
     assert done.returncode == 0 and len(lines) == 34, \
         f"exit status {done.returncode}\n{done.stdout}{done.stderr[-2000:]}"
