@@ -129,3 +129,15 @@ def test_cli_export_inspect_run(tmp_path):
     bad = subprocess.run(cli + ["inspect", str(tmp_path / "bad.tpu")], env=env,
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "not a readable torchtpu artifact" in bad.stderr
+
+
+def test_the_load_path_of_static_and_bucketed_artifacts_imports_no_torch_mlir():
+    # The AOT loader promises a PJRT load only; a bucketed artifact also runs through
+    # buckets/runner, whose imports reach into lower/ (index checks).
+    result = fresh_python("""
+        import sys
+        import torchtpu_compile.aot.loader, torchtpu_compile.buckets.runner
+        print("heavy", [m for m in ("torch_mlir", "torch._dynamo") if m in sys.modules])
+    """)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "heavy []" in result.stdout, result.stdout
