@@ -22,68 +22,70 @@ import weakref
 # Reentrant: a buffer can die (and its callback run) while this thread is inside track().
 _lock = threading.RLock()
 _refs: dict = {}        # id(weak reference) -> (weak reference, bytes)
-_figures = {"allocated_bytes": 0, "peak_allocated_bytes": 0, "allocated_total": 0,
-            "freed_total": 0, "allocations": 0, "peak_allocations": 0,
-            "allocations_total": 0, "frees_total": 0}
+_device = None          # the client's device: buffers elsewhere (jax's host CPU device) are not ours
+# Live bytes and buffers, their peaks, and what was freed (totals made = live + freed).
+_bytes = _count = _peak_bytes = _peak_count = _freed_bytes = _freed_count = 0
 
 
 def _released(ref) -> None:
+    global _bytes, _count, _freed_bytes, _freed_count
     with _lock:
         entry = _refs.pop(id(ref), None)
-        if entry is None:
-            return
-        _figures["allocated_bytes"] -= entry[1]
-        _figures["freed_total"] += entry[1]
-        _figures["allocations"] -= 1
-        _figures["frees_total"] += 1
-
-
-_device = None   # the client's device: buffers elsewhere (jax's host CPU device) are not ours
+        if entry is not None:
+            _bytes -= entry[1]
+            _count -= 1
+            _freed_bytes += entry[1]
+            _freed_count += 1
 
 
 def track(buffers, sizes=None, device=None):
     """Count new PJRT buffers (``sizes``: their bytes, when the caller knows them) if they are
     on the client's device (``device``: theirs, None for the client's); returns ``buffers``.
 
+    Runs for every buffer made (each eager op's outputs): kept to a weak reference and a few
+    additions.
+
     Example::
 
         outputs = memory.track(loaded.execute(...))
     """
-    global _device
+    global _device, _bytes, _count, _peak_bytes, _peak_count
     if device is not None:
         if _device is None:
             from .client import get_client
             _device = get_client().device
         if device != _device:
             return buffers
+    if sizes is None:
+        sizes = [buffer.nbytes for buffer in buffers]
     with _lock:
-        for i, buffer in enumerate(buffers):
-            nbytes = buffer.nbytes if sizes is None else sizes[i]
+        for buffer, nbytes in zip(buffers, sizes):
             ref = weakref.ref(buffer, _released)
             _refs[id(ref)] = (ref, nbytes)
-            _figures["allocated_bytes"] += nbytes
-            _figures["allocated_total"] += nbytes
-            _figures["allocations"] += 1
-            _figures["allocations_total"] += 1
-        if _figures["allocated_bytes"] > _figures["peak_allocated_bytes"]:
-            _figures["peak_allocated_bytes"] = _figures["allocated_bytes"]
-        if _figures["allocations"] > _figures["peak_allocations"]:
-            _figures["peak_allocations"] = _figures["allocations"]
+            _bytes += nbytes
+        _count += len(sizes)
+        if _bytes > _peak_bytes:
+            _peak_bytes = _bytes
+        if _count > _peak_count:
+            _peak_count = _count
     return buffers
 
 
 def snapshot() -> dict:
-    """The figures now: ``allocated_bytes`` (live buffers), ``peak_allocated_bytes`` (since
-    start or ``reset_peaks``), ``allocations`` (live buffers), cumulative totals."""
+    """The figures now: ``allocated_bytes`` and ``allocations`` (live buffers), their peaks
+    (since start or ``reset_peaks``), and totals made and freed."""
     with _lock:
-        return dict(_figures)
+        return {"allocated_bytes": _bytes, "peak_allocated_bytes": _peak_bytes,
+                "allocated_total": _bytes + _freed_bytes, "freed_total": _freed_bytes,
+                "allocations": _count, "peak_allocations": _peak_count,
+                "allocations_total": _count + _freed_count, "frees_total": _freed_count}
 
 
 def reset_peaks() -> None:
     """Start the peaks again from the current figures."""
+    global _peak_bytes, _peak_count
     with _lock:
-        _figures["peak_allocated_bytes"] = _figures["allocated_bytes"]
-        _figures["peak_allocations"] = _figures["allocations"]
+        _peak_bytes, _peak_count = _bytes, _count
 
 
 def platform_stats(device) -> dict:
