@@ -22,7 +22,7 @@ import weakref
 # Reentrant: a buffer can die (and its callback run) while this thread is inside track().
 _lock = threading.RLock()
 _refs: dict = {}        # id(weak reference) -> (weak reference, bytes)
-_device = None          # the client's device: buffers elsewhere (jax's host CPU device) are not ours
+_device = None          # the client's device (buffers on jax's host CPU device are not ours)
 # Live bytes and buffers, their peaks, and what was freed (totals made = live + freed).
 _bytes = _count = _peak_bytes = _peak_count = _freed_bytes = _freed_count = 0
 
