@@ -60,7 +60,9 @@ def set_rng_state(state: torch.Tensor, device="tpu") -> None:
 
 
 def check_device(device) -> None:
-    """Raise for a device other than the process's one tpu device (tpu:0)."""
+    """Raise for a device other than the process's one tpu device (tpu:0); None is it."""
+    if device is None:
+        return
     if isinstance(device, int):
         index = device
     else:

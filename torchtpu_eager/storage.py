@@ -6,16 +6,14 @@ storage sees the new one. ``value`` is a PJRT buffer, a ``Lazy`` value of a defe
 freed and re-allocated in place (``resize_bytes``: FSDP2's ``untyped_storage().resize_``):
 every tensor viewing it keeps its identity, only the device memory goes and comes back.
 
-Memory accounting (``torch.tpu.memory_allocated``) counts the bytes of live storages.
+Memory figures (``torch.tpu.memory_allocated``) are not counted here but where PJRT buffers
+are made (``torchtpu_compile.runtime.memory``): storages can share one buffer, and buffers live
+outside storages too (resident weights, programs in flight).
 """
 from __future__ import annotations
 
-import threading
 import weakref
 
-_lock = threading.Lock()
-_allocated = 0
-_peak = 0
 _live: weakref.WeakSet[Storage] = weakref.WeakSet()
 
 
@@ -25,24 +23,13 @@ class Storage:
     __slots__ = ("value", "shape", "dtype", "numel", "nbytes", "freed", "__weakref__")
 
     def __init__(self, value, shape: tuple, dtype, numel: int):
-        global _allocated, _peak
         self.value = value
         self.shape = shape
         self.dtype = dtype
         self.numel = numel
         self.nbytes = numel * dtype.itemsize
         self.freed = False
-        with _lock:
-            _allocated += self.nbytes
-            if _allocated > _peak:
-                _peak = _allocated
         _live.add(self)
-
-    def __del__(self):
-        global _allocated
-        with _lock:  # getattr: an instance made without __init__ was never counted
-            if not getattr(self, "freed", True):
-                _allocated -= getattr(self, "nbytes", 0)
 
     def resize_bytes(self, nbytes: int) -> None:
         """Free (``nbytes == 0``) or re-allocate (its full size) this storage's memory.
@@ -53,37 +40,17 @@ class Storage:
 
         Example::
 
-            st.resize_bytes(0)              # memory_allocated() drops by st.nbytes
-            st.resize_bytes(st.nbytes)      # back, uninitialized
+            st.resize_bytes(0)              # its buffer goes: memory_allocated() drops
+            st.resize_bytes(st.nbytes)      # back, uninitialized (a buffer at the next write)
         """
-        global _allocated, _peak
         if nbytes not in (0, self.nbytes):
             raise RuntimeError(f"tpu: a storage of {self.nbytes} bytes can be resized to 0 "
                                f"(freed) or back to {self.nbytes}, not to {nbytes}")
         freed = nbytes == 0
         if freed == self.freed:
             return
-        with _lock:
-            _allocated += -self.nbytes if freed else self.nbytes
-            _peak = max(_peak, _allocated)
         self.value = None
         self.freed = freed
-
-
-def memory_allocated() -> int:
-    """Bytes held by live tpu storages."""
-    return _allocated
-
-
-def max_memory_allocated() -> int:
-    """The peak of ``memory_allocated()`` since start or the last reset."""
-    return _peak
-
-
-def reset_peak_memory_stats() -> None:
-    global _peak
-    with _lock:
-        _peak = _allocated
 
 
 def live_storages() -> list:

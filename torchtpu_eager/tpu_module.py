@@ -7,7 +7,7 @@ Example::
     torch.tpu.manual_seed(0)
     x = torch.randn(3, device="tpu")
     torch.tpu.synchronize()
-    torch.tpu.memory_allocated()      # bytes held by live tpu tensors
+    torch.tpu.memory_allocated()      # bytes of live device buffers
     with torch.tpu.stream(torch.tpu.Stream()):   # streams: ordered no-ops (streams.py)
         y = x * 2
 """
@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import torch
 
-from . import storage as _storage
 from .modes import get_eager_mode, set_eager_mode  # noqa: F401  (part of the module API)
 from . import streams as _streams
 from .streams import (Event, Stream, StreamContext, current_stream, default_stream,  # noqa: F401
@@ -119,28 +118,135 @@ class DeviceProperties:
 
 def get_device_properties(device=None) -> DeviceProperties:
     client = _client()
-    stats = None
-    try:
-        stats = client.device.memory_stats()
-    except Exception:  # the CPU client has none
-        pass
-    total = int((stats or {}).get("bytes_limit", 0))
-    if not total:
-        import os
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return DeviceProperties(get_device_name(), client.platform, client.device.device_kind, total)
+    return DeviceProperties(get_device_name(), client.platform, client.device.device_kind,
+                            mem_get_info(device)[1])
+
+
+# --- memory: the bytes of live PJRT buffers (torchtpu_compile.runtime.memory counts them) ----
+
+def _figures() -> dict:
+    from torchtpu_compile.runtime import memory
+    return memory.snapshot()
+
+
+def _platform_stats() -> dict:
+    from torchtpu_compile.runtime import memory
+    return memory.platform_stats(_client().device)
 
 
 def memory_allocated(device=None) -> int:
-    return _storage.memory_allocated()
+    """Bytes of the live device buffers: tensors, resident weights, outputs of programs in
+    flight. Memory not yet written (``torch.empty`` on tpu) holds no buffer."""
+    check_device(device)
+    return _figures()["allocated_bytes"]
 
 
 def max_memory_allocated(device=None) -> int:
-    return _storage.max_memory_allocated()
+    """The peak of ``memory_allocated()`` since start or ``reset_peak_memory_stats()``."""
+    check_device(device)
+    return _figures()["peak_allocated_bytes"]
+
+
+def memory_reserved(device=None) -> int:
+    """Bytes the device's allocator holds: its own figure where the platform reports one (it
+    includes programs and scratch space), else the live buffers (no caching allocator)."""
+    check_device(device)
+    return max(memory_allocated(), int(_platform_stats().get("bytes_in_use", 0)))
+
+
+def max_memory_reserved(device=None) -> int:
+    check_device(device)
+    return max(max_memory_allocated(), int(_platform_stats().get("peak_bytes_in_use", 0)))
 
 
 def reset_peak_memory_stats(device=None) -> None:
-    _storage.reset_peak_memory_stats()
+    """Start the peaks again from now (the platform allocator's own peak cannot be reset)."""
+    check_device(device)
+    from torchtpu_compile.runtime import memory
+    memory.reset_peaks()
+
+
+def reset_max_memory_allocated(device=None) -> None:
+    reset_peak_memory_stats(device)
+
+
+def memory_stats(device=None) -> dict:
+    """``torch.cuda.memory_stats``' keys where they mean something here (an ordered dict).
+
+    Example::
+
+        torch.tpu.memory_stats()["allocated_bytes.all.current"] == torch.tpu.memory_allocated()
+    """
+    import collections
+    check_device(device)
+    figures = _figures()
+    reserved, peak_reserved = memory_reserved(), max_memory_reserved()
+    stats = {}
+    # Every live buffer is in use: no caching allocator keeps freed blocks, so active equals
+    # allocated.
+    for kind in ("allocated_bytes", "active_bytes"):
+        stats[f"{kind}.all.current"] = figures["allocated_bytes"]
+        stats[f"{kind}.all.peak"] = figures["peak_allocated_bytes"]
+        stats[f"{kind}.all.allocated"] = figures["allocated_total"]
+        stats[f"{kind}.all.freed"] = figures["freed_total"]
+    for kind in ("allocation", "active"):
+        stats[f"{kind}.all.current"] = figures["allocations"]
+        stats[f"{kind}.all.peak"] = figures["peak_allocations"]
+        stats[f"{kind}.all.allocated"] = figures["allocations_total"]
+        stats[f"{kind}.all.freed"] = figures["frees_total"]
+    stats["reserved_bytes.all.current"] = reserved
+    stats["reserved_bytes.all.peak"] = peak_reserved
+    return collections.OrderedDict(sorted(stats.items()))
+
+
+def memory_summary(device=None, abbreviated: bool = False) -> str:
+    """A table of ``memory_stats()``, laid out as ``torch.cuda.memory_summary``'s."""
+    stats = memory_stats(device)
+
+    def size(n: int) -> str:
+        for unit in ("B ", "KiB", "MiB", "GiB"):
+            if abs(n) < 1024 * 10 or unit == "GiB":
+                return f"{n:7d} {unit}"
+            n //= 1024
+        return f"{n:7d} GiB"
+
+    rows = [("Allocated memory", "allocated_bytes", size), ("Active memory", "active_bytes", size),
+            ("Allocations", "allocation", str), ("Active allocs", "active", str)]
+    line = "=" * 79
+    out = [line, f" torch.tpu memory summary, device: {get_device_name_if_started()}", line,
+           f" {'Metric':<24}| {'Cur Usage':>12} | {'Peak Usage':>12} | {'Tot Alloc':>12} | "
+           f"{'Tot Freed':>12}", "-" * 79]
+    for title, key, fmt in rows:
+        cells = [fmt(stats[f"{key}.all.{part}"]) for part in
+                 ("current", "peak", "allocated", "freed")]
+        out.append(f" {title:<24}| " + " | ".join(f"{c:>12}" for c in cells))
+    out.append(f" {'Reserved memory':<24}| {size(stats['reserved_bytes.all.current']):>12} | "
+               f"{size(stats['reserved_bytes.all.peak']):>12} | {'':>12} | {'':>12}")
+    out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def get_device_name_if_started() -> str:
+    from torchtpu_compile.runtime import client
+    return get_device_name() if client._make_client.cache_info().currsize else "tpu:0"
+
+
+def empty_cache() -> None:
+    """Nothing to release: PJRT frees a buffer's memory when the buffer dies (no cache of freed
+    blocks, unlike CUDA's allocator). Kept so that scripts calling it run unchanged."""
+
+
+def mem_get_info(device=None) -> tuple:
+    """``(free, total)`` bytes of the device: the platform's limit where it reports one, else
+    the host memory the PJRT CPU client allocates from."""
+    import os
+    check_device(device)
+    stats = _platform_stats()
+    if stats.get("bytes_limit"):
+        total = int(stats["bytes_limit"])
+        return total - int(stats.get("bytes_in_use", 0)), total
+    page = os.sysconf("SC_PAGE_SIZE")
+    return page * os.sysconf("SC_AVPHYS_PAGES"), page * os.sysconf("SC_PHYS_PAGES")
 
 
 def is_bf16_supported() -> bool:

@@ -23,6 +23,7 @@ from jaxlib import _jax
 from .. import counters
 from .._logging import log
 from ..errors import LoweringError
+from . import memory
 from .cache import Levels
 from .client import get_client
 
@@ -40,6 +41,7 @@ class Executable:
         self._serialized = serialized
         self._compiled_here = compiled_here
         self._result_handlers = None  # built from the first call's results
+        self._output_bytes = None     # their sizes, for the memory figures (memory.py)
 
     def serialize(self) -> bytes:
         """The executable's bytes, for the disk cache and AOT artifacts.
@@ -59,10 +61,11 @@ class Executable:
         results = self.loaded.execute_sharded(buffers)
         handlers = self._result_handlers
         if handlers is not None:
-            return results.consume_with_handlers(handlers)
+            return memory.track(results.consume_with_handlers(handlers), self._output_bytes)
         outputs = [per_device[0] for per_device in results.disassemble_into_single_device_arrays()]
         self._result_handlers = _result_handlers_like(outputs)
-        return outputs
+        self._output_bytes = [out.nbytes for out in outputs]
+        return memory.track(outputs, self._output_bytes)
 
 
 def _result_handlers_like(outputs: list):

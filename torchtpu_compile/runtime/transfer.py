@@ -24,6 +24,7 @@ from jaxlib import _jax
 
 from .. import counters
 from .._logging import info_once, warn_once
+from . import memory
 from .client import get_client
 from .device_tensors import READERS, WRAPPERS
 
@@ -96,8 +97,10 @@ def upload(tensor: torch.Tensor, device, copy: bool = False):
         sharding = _shardings.setdefault(device, SingleDeviceSharding(device))
     # Zero-copy where the memory is aligned; jaxlib holds ``array`` until the buffer is gone.
     # force_copy copies during the call (PJRT's "immutable only during call").
-    return _jax.batched_device_put(aval, sharding, [array], [device], True, copy and not own,
-                                    enable_x64=True)  # int64 and float64 stay 64-bit
+    buffer = _jax.batched_device_put(aval, sharding, [array], [device], True, copy and not own,
+                                      enable_x64=True)  # int64 and float64 stay 64-bit
+    memory.track((buffer,), (array.nbytes,), device)
+    return buffer
 
 
 def aliases(buffer, tensor: torch.Tensor, platform: str) -> bool:

@@ -28,6 +28,7 @@ One module per family of ops, as JAX's lax files:
                       cdist/pdist/dist
     fft_complex       FFTs, conj, view_as_real/view_as_complex, complex, polar
     foreach           _foreach_* ops, one plain op per list element
+    amp               GradScaler's inf check with unscaling, and its scale update
     checks            (``@checked_first``) reductions over no elements: eager's error or value
 
 Helpers shared between families: common.py (the dtypes a decomposition computes in) and
@@ -89,7 +90,7 @@ def decomposition_table(ours: bool = True) -> dict:
 def _register_families() -> None:
     # Each family module registers its decompositions (and checks) when imported: here, on
     # first use, not when this package is imported (the backend and numerics import it early).
-    from . import (bessel, checks, convolution, elementwise, fft_complex,  # noqa: F401
+    from . import (amp, bessel, checks, convolution, elementwise, fft_complex,  # noqa: F401
                    foreach, indexing_scatter, linalg, normalization, polynomials, pooling,
                    reductions_scans, resampling, sorting, special, views)
 

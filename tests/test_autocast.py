@@ -1,0 +1,136 @@
+"""``torch.autocast("tpu")`` and ``torch.amp.GradScaler("tpu")`` against CPU PyTorch.
+
+Dtypes follow CUDA's autocast policy (torch's autocast_mode.h): matmuls and convolutions in
+the autocast dtype, softmax, norms, losses and dtype-taking reductions in float32, several
+floating inputs promoted to the widest. Values are checked against the same casts done by hand
+on CPU.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchtpu_compile
+import torchtpu_eager  # noqa: F401  (registers the device; autoload does too)
+from torchtpu_compile import config
+
+LOW = [torch.bfloat16, torch.float16]
+
+
+@pytest.fixture(autouse=True)
+def on_device_only():
+    # strict: an op that would run on the host is an error, so everything here runs on tpu.
+    with config.patch(strict=True, matmul_precision="highest"):
+        yield
+
+
+def _close(tpu_value, cpu_value, dtype):
+    assert tpu_value.dtype == cpu_value.dtype
+    tol = 2e-2 if dtype == torch.bfloat16 else 2e-3
+    torch.testing.assert_close(tpu_value.cpu(), cpu_value, atol=tol, rtol=tol)
+
+
+def test_autocast_dtype_of_tpu():
+    assert torch.amp.is_autocast_available("tpu")
+    assert torch.get_autocast_dtype("tpu") == torch.float16   # CUDA's default
+    with torch.autocast("tpu", dtype=torch.bfloat16):
+        assert torch.get_autocast_dtype("tpu") == torch.bfloat16
+        assert torch.is_autocast_enabled("tpu")
+    assert not torch.is_autocast_enabled("tpu")
+
+
+@pytest.mark.parametrize("low", LOW, ids=str)
+def test_op_dtypes_and_values_follow_cuda_policy(low):
+    torch.manual_seed(0)
+    a, b = torch.randn(4, 6), torch.randn(6, 5)
+    img, kernel = torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3)
+    A, B, IMG, KERNEL = (t.to("tpu") for t in (a, b, img, kernel))
+    with torch.autocast("tpu", dtype=low):
+        mm = A @ B
+        linear = F.linear(A, B.t())
+        conv = F.conv2d(IMG, KERNEL)
+        softmax = torch.softmax(mm, -1)
+        norm = F.layer_norm(mm, (5,))
+        loss = F.mse_loss(mm, torch.zeros(4, 5, device="tpu"))
+        total = mm.sum()
+        kept = mm.sum(dtype=low)                      # an explicit dtype is respected
+        promoted = torch.addcmul(A[:, :5], mm, mm)    # float32 and low: float32
+        plain = mm + 1                                # not listed: runs in its input's dtype
+    lo_a, lo_b = a.to(low), b.to(low)
+    lo_mm = lo_a @ lo_b
+    _close(mm, lo_mm, low)
+    _close(linear, F.linear(lo_a, lo_b.t()), low)
+    _close(conv, F.conv2d(img.to(low), kernel.to(low)), low)
+    _close(softmax, torch.softmax(lo_mm.float(), -1), low)
+    _close(norm, F.layer_norm(lo_mm.float(), (5,)), low)
+    _close(loss, F.mse_loss(lo_mm.float(), torch.zeros(4, 5)), low)
+    _close(total, lo_mm.float().sum(), low)
+    _close(kept, lo_mm.sum(dtype=low), low)
+    _close(promoted, torch.addcmul(a[:, :5], lo_mm.float(), lo_mm.float()), low)
+    _close(plain, lo_mm + 1, low)
+
+
+def test_gradients_come_back_in_the_parameters_dtype():
+    torch.manual_seed(0)
+    cpu = torch.nn.Linear(6, 3)
+    tpu = torch.nn.Linear(6, 3).to("tpu")
+    tpu.load_state_dict(cpu.state_dict())
+    x = torch.randn(4, 6)
+    for model, device in ((cpu, "cpu"), (tpu, "tpu")):
+        # CPU's autocast runs linear in bfloat16 and mse_loss in float32 too.
+        with torch.autocast(device, dtype=torch.bfloat16):
+            F.mse_loss(model(x.to(device)), torch.ones(4, 3, device=device)).backward()
+    assert tpu.weight.grad.dtype == torch.float32
+    torch.testing.assert_close(tpu.weight.grad.cpu(), cpu.weight.grad, atol=2e-2, rtol=2e-2)
+
+
+def test_binary_cross_entropy_is_refused_as_on_cuda():
+    p = torch.rand(3, device="tpu")
+    with torch.autocast("tpu", dtype=torch.bfloat16), \
+            pytest.raises(RuntimeError, match="unsafe to autocast"):
+        F.binary_cross_entropy(p, torch.ones(3, device="tpu"))
+
+
+def test_grad_scaler_matches_cpu_on_device():
+    # Scale growth (interval 2), an inf gradient skipping a step and backing off, unscaling:
+    # the same scales and parameters as GradScaler("cpu"), with no op run on the host.
+    torch.manual_seed(0)
+    data = [torch.randn(3, 4) for _ in range(4)]
+    results = {}
+    for device in ("cpu", "tpu"):
+        torch.manual_seed(1)
+        model = torch.nn.Linear(4, 2).to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler(device, init_scale=2.0 ** 8, growth_interval=2)
+        scales = []
+        for step, x in enumerate(data):
+            scaler.scale(model(x.to(device)).square().sum()).backward()
+            if step == 2:
+                model.weight.grad[0, 0] = float("inf")
+            scaler.unscale_(opt)
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+            scales.append(scaler.get_scale())
+        results[device] = scales, [p.detach().cpu() for p in model.parameters()]
+    assert results["tpu"][0] == results["cpu"][0] == [256.0, 512.0, 256.0, 256.0]
+    for got, want in zip(results["tpu"][1], results["cpu"][1]):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_autocast_inside_a_compiled_graph(fresh_dynamo):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),
+                                torch.nn.Linear(16, 4)).to("tpu")
+    x, target = torch.randn(5, 8, device="tpu"), torch.randint(0, 4, (5,), device="tpu")
+
+    def step(x, target):
+        with torch.autocast("tpu", dtype=torch.bfloat16):
+            out = model(x)
+            return out, F.cross_entropy(out, target)
+
+    out, loss = torch.compile(step, backend="torchtpu")(x, target)
+    eager_out, eager_loss = step(x, target)
+    assert (out.dtype, loss.dtype) == (torch.bfloat16, torch.float32)
+    _close(out, eager_out.cpu(), torch.bfloat16)
+    _close(loss, eager_loss.cpu(), torch.bfloat16)
+    assert torchtpu_compile.stats()["fallback_ops"] == {}

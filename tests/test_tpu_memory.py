@@ -1,0 +1,85 @@
+"""``torch.tpu``'s memory API: figures are the bytes of live PJRT buffers.
+
+The reference is PJRT's own list of the client's live buffers (``live_arrays``), which the
+figures are not computed from: they are counted where the runtime makes buffers.
+"""
+import gc
+
+import torch
+
+import torchtpu_eager  # noqa: F401  (registers the device; autoload does too)
+from torchtpu_compile.runtime.client import get_client
+
+
+def _live_buffer_bytes() -> int:
+    # By address: jaxlib can wrap one buffer in several arrays (unsafe_buffer_pointer does).
+    device = get_client().device
+    return sum({a.unsafe_buffer_pointer(): a.nbytes for a in get_client().pjrt.live_arrays()
+                if device in a.sharding.device_set}.values())
+
+
+def _delta_matches(work):
+    """Run ``work``; the change of memory_allocated() equals that of the live buffers' bytes."""
+    gc.collect()
+    torch.tpu.synchronize()
+    allocated, live = torch.tpu.memory_allocated(), _live_buffer_bytes()
+    kept = work()
+    gc.collect()
+    torch.tpu.synchronize()
+    assert torch.tpu.memory_allocated() - allocated == _live_buffer_bytes() - live
+    return kept, torch.tpu.memory_allocated() - allocated
+
+
+def test_allocated_follows_live_buffers_of_tensors():
+    def make():
+        x = torch.randn(64, 32, device="tpu")
+        y = (x * 2).to(torch.bfloat16)            # a program's output
+        i = torch.arange(10, device="tpu")        # int64: 80 bytes
+        v = x[1:5].t()                            # a view: no buffer of its own
+        return [x, y, i, v]
+    kept, grown = _delta_matches(make)
+    assert grown == 64 * 32 * 4 + 64 * 32 * 2 + 80
+    _, shrunk = _delta_matches(kept.clear)
+    assert shrunk == -grown
+
+
+def test_resident_weights_of_a_compiled_model_count(fresh_dynamo):
+    model = torch.nn.Linear(128, 64)
+    compiled = torch.compile(model, backend="torchtpu")
+    kept, grown = _delta_matches(lambda: compiled(torch.randn(4, 128)))
+    assert kept.device.type == "cpu"
+    assert grown >= (128 * 64 + 64) * 4         # the weights stay on the device
+
+
+def test_peaks_and_reset():
+    gc.collect()   # no garbage of earlier tests freed halfway through
+    torch.tpu.synchronize()
+    torch.tpu.reset_peak_memory_stats()
+    base = torch.tpu.memory_allocated()
+    assert torch.tpu.max_memory_allocated() == base
+    big = torch.ones(256, 1024, device="tpu")
+    del big
+    gc.collect()
+    assert torch.tpu.memory_allocated() == base
+    assert torch.tpu.max_memory_allocated() >= base + 256 * 1024 * 4
+    assert torch.tpu.max_memory_reserved() >= torch.tpu.max_memory_allocated()
+    torch.tpu.reset_peak_memory_stats()
+    assert torch.tpu.max_memory_allocated() == base
+
+
+def test_stats_summary_and_device_info_agree():
+    x = torch.ones(1000, device="tpu")
+    stats = torch.tpu.memory_stats()
+    assert list(stats) == sorted(stats)
+    assert stats["allocated_bytes.all.current"] == torch.tpu.memory_allocated()
+    assert stats["reserved_bytes.all.current"] == torch.tpu.memory_reserved() \
+        >= torch.tpu.memory_allocated()
+    assert stats["allocated_bytes.all.allocated"] - stats["allocated_bytes.all.freed"] \
+        == stats["allocated_bytes.all.current"]
+    summary = torch.tpu.memory_summary()
+    assert "Allocated memory" in summary and "Reserved memory" in summary
+    torch.tpu.empty_cache()
+    free, total = torch.tpu.mem_get_info()
+    assert 0 < free <= total == torch.tpu.get_device_properties().total_memory
+    assert torch.tpu.memory_allocated(0) == torch.tpu.memory_allocated("tpu:0")
+    del x

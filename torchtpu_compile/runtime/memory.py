@@ -1,0 +1,97 @@
+"""Device memory figures: the bytes of the live PJRT buffers of this process, counted in one place.
+
+Every device buffer the runtime makes comes from an upload (``transfer.upload``) or is an
+output of a program (``Executable.run``): both hand their new buffers to ``track``, which adds
+their size and subtracts it when the buffer object dies (a weak reference's callback). So the
+figures cover whatever holds a buffer -- tpu tensors, weights a compiled model keeps resident,
+outputs of programs still running -- and a buffer two tensors share counts once. Memory never
+written (``torch.empty(..., device="tpu")`` before any write) holds no buffer and counts
+nothing. Where the platform's allocator reports figures of its own (TPU, GPU:
+``device.memory_stats()``), ``platform_stats`` gives them; the PJRT CPU client reports none.
+
+Example::
+
+    from torchtpu_compile.runtime import memory
+    memory.snapshot()["allocated_bytes"]      # bytes of live buffers
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+
+# Reentrant: a buffer can die (and its callback run) while this thread is inside track().
+_lock = threading.RLock()
+_refs: dict = {}        # id(weak reference) -> (weak reference, bytes)
+_device = None          # the client's device (buffers on jax's host CPU device are not ours)
+# Live bytes and buffers, their peaks, and what was freed (totals made = live + freed).
+_bytes = _count = _peak_bytes = _peak_count = _freed_bytes = _freed_count = 0
+
+
+def _released(ref) -> None:
+    global _bytes, _count, _freed_bytes, _freed_count
+    with _lock:
+        entry = _refs.pop(id(ref), None)
+        if entry is not None:
+            _bytes -= entry[1]
+            _count -= 1
+            _freed_bytes += entry[1]
+            _freed_count += 1
+
+
+def track(buffers, sizes=None, device=None):
+    """Count new PJRT buffers (``sizes``: their bytes, when the caller knows them) if they are
+    on the client's device (``device``: theirs, None for the client's); returns ``buffers``.
+
+    Runs for every buffer made (each eager op's outputs): kept to a weak reference and a few
+    additions.
+
+    Example::
+
+        outputs = memory.track(loaded.execute(...))
+    """
+    global _device, _bytes, _count, _peak_bytes, _peak_count
+    if device is not None:
+        if _device is None:
+            from .client import get_client
+            _device = get_client().device
+        if device != _device:
+            return buffers
+    if sizes is None:
+        sizes = [buffer.nbytes for buffer in buffers]
+    with _lock:
+        for buffer, nbytes in zip(buffers, sizes):
+            ref = weakref.ref(buffer, _released)
+            _refs[id(ref)] = (ref, nbytes)
+            _bytes += nbytes
+        _count += len(sizes)
+        if _bytes > _peak_bytes:
+            _peak_bytes = _bytes
+        if _count > _peak_count:
+            _peak_count = _count
+    return buffers
+
+
+def snapshot() -> dict:
+    """The figures now: ``allocated_bytes`` and ``allocations`` (live buffers), their peaks
+    (since start or ``reset_peaks``), and totals made and freed."""
+    with _lock:
+        return {"allocated_bytes": _bytes, "peak_allocated_bytes": _peak_bytes,
+                "allocated_total": _bytes + _freed_bytes, "freed_total": _freed_bytes,
+                "allocations": _count, "peak_allocations": _peak_count,
+                "allocations_total": _count + _freed_count, "frees_total": _freed_count}
+
+
+def reset_peaks() -> None:
+    """Start the peaks again from the current figures."""
+    global _peak_bytes, _peak_count
+    with _lock:
+        _peak_bytes, _peak_count = _bytes, _count
+
+
+def platform_stats(device) -> dict:
+    """The platform allocator's own figures (PJRT ``memory_stats``: ``bytes_in_use``,
+    ``peak_bytes_in_use``, ``bytes_limit``, ...), or {} where it reports none (CPU client)."""
+    try:
+        return dict(device.memory_stats() or {})
+    except Exception:  # a plugin without memory statistics
+        return {}
