@@ -369,23 +369,47 @@ def select(ctx, node, x, dim, index):
 
 @padding_rule(aten.cat.default)
 def cat(ctx, node, tensors, dim=0):
-    parts = [t for t in tensors if not (t.tensor.dim() == 1 and t.tensor.shape[0] == 0)]
+    # cat skips 1-d empty tensors (a cache before its first write) whatever their rank
+    kept = [(t, [sym_expr(s) for s in n.meta["val"].shape])
+            for t, n in zip(tensors, node.args[0])
+            if not (t.tensor.dim() == 1 and t.tensor.shape[0] == 0)]
+    parts = [t for t, _ in kept]
     rank = len(parts[0].layout)
     dim = _norm_dim(dim, rank)
-    layout = []
-    for d in range(rank):
-        if d != dim:
-            layout.append(merge_dims([p.layout[d] for p in parts]))
-            continue
-        padded = [i for i, p in enumerate(parts) if p.layout[d] is not None]
-        if not padded:
-            layout.append(None)
-        elif padded == [len(parts) - 1] and len(parts[-1].layout[d].factors) == 1:
-            # static parts, then one padded part: the real elements stay a prefix
-            layout.append(prefix(out_shape(node)[d]))
-        else:
-            raise NotPaddable("cat along a padded dim with padding in the middle")
-    return Padded(aten.cat.default([p.tensor for p in parts], dim), tuple(layout))
+    layout = [merge_dims([p.layout[d] for p in parts]) if d != dim else None
+              for d in range(rank)]
+    result = aten.cat.default([p.tensor for p in parts], dim)
+    if len(parts) == 1:
+        return Padded(result, parts[0].layout)
+    if all(p.layout[dim] is None for p in parts):
+        return Padded(result, tuple(layout))
+    # The real elements must end up a prefix: each part after a padded one (a KV cache's new
+    # block after the cached ones) is written again at its real offset, over the padding
+    # before it. A part's padding lands past every real element written so far, and the
+    # parts after it overwrite it in turn; the writes stay inside the padded size.
+    layout[dim] = prefix(out_shape(node)[dim])
+    offset, shifted = 0, False
+    for part, shape in kept:
+        if shifted:
+            result = _write_at(result, part.tensor, dim, offset)
+        if part.layout[dim] is not None:
+            _prefix_dim(part, dim, "cat")
+            shifted = True
+        size = ctx.real_size(part, dim, shape[dim])
+        offset = aten.add.Tensor(_as_tensor(offset), size) if shifted else offset + size
+    return Padded(result, tuple(layout))
+
+
+def _write_at(x, block, dim: int, offset):
+    """``x`` with ``block`` written along ``dim`` from the traced position ``offset`` on (a
+    dynamic-update-slice, as a scatter of the block's rows)."""
+    length = block.shape[dim]
+    shape = [1] * block.dim()
+    shape[dim] = length
+    positions = aten.add.Tensor(aten.arange.default(length, dtype=torch.int64),
+                                _as_tensor(offset))
+    index = aten.expand.default(aten.view.default(positions, shape), list(block.shape))
+    return aten.scatter.src(x, dim, index, block)
 
 
 @padding_rule(aten.constant_pad_nd.default)
