@@ -69,6 +69,11 @@ def _row_sort(x):
     return values, indices
 
 
+def _put(buffer, index, values):
+    buffer[:, index] = values
+    return buffer
+
+
 CASES = {
     "sum_mean": lambda x: (x.sum(1), x.mean(1), x.mean(), x.sum()),
     "var_std": lambda x: (x.var(1), x.std(1, correction=0), torch.var_mean(x, 1)[0]),
@@ -87,6 +92,15 @@ CASES = {
     "cat_with_padding_in_the_middle": lambda x: (
         torch.cat([x, x[:, :1] * 2], 1), torch.cat([x[:, :2], x, x], 1).softmax(1),
         torch.cat([x, x[:, -1:]], 1).cumsum(1)),
+    # a static cache's prefill: padded entries of the written block must write nowhere (a
+    # bucket of 16 reaches real positions of the 16 slots, and padding would race position 0)
+    "index_put_of_padded_values": lambda x: (
+        torch.zeros(3, 16, 5).index_copy(1, torch.arange(x.shape[1]), x),
+        _put(torch.zeros(3, 16, 5), -1 - torch.arange(x.shape[1]), x * 2)),
+    # attending over the first n slots of a static cache; a bucket of 16 reaches past its 14
+    "slice_of_static_dim_by_dynamic_size": lambda x: (
+        torch.arange(70.0).reshape(14, 5)[: x.shape[1]] + x[0],
+        torch.arange(70.0).reshape(14, 5)[: x.shape[1]].softmax(0)),
     # get_attr nodes: tensors the graph holds (a cache's empty start)
     "constants": lambda x: (x * torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0]),
                             torch.cat([torch.tensor([]), x.sum(2).reshape(-1)])),
