@@ -9,8 +9,10 @@ compiled for the exact shape instead.
 
 The rules mask padding where an op reads across a padded dim (reductions, contractions,
 softmax, cumulative ops, sorting, scatters), use the real sizes (runtime scalars of the
-program) where a size is used as a value (``mean``'s divisor, ``x / n``), and compute
-positions counted from the real end (``x[:, -1]``, ``x[-k:]``) from the real size.
+program) where a size is used as a value (``mean``'s divisor, ``x / n``), compute
+positions counted from the real end (``x[:, -1]``, ``x[-k:]``) from the real size, and keep
+writes exact: a block that follows padding goes to its real offset (``cat``, a KV cache
+append), a padded entry of a write goes nowhere real (``index_put``, a static cache's prefill).
 
 Example::
 
