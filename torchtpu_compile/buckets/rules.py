@@ -789,8 +789,10 @@ def _index_put_dropping_padding(ctx, node, x, indices, index_layout, values):
     # end of the first indexed dim, cut off afterwards (a static cache's prefill writing
     # cache_position = arange(prompt length)). values padded along x's own padded dims write
     # into x's padding.
-    real = Padded(None, index_layout)
-    mask = ctx.mask(real)
+    mask = ctx.mask(Padded(None, index_layout))
+    if mask is None:  # only values padded, along x's own padded dims
+        return Padded(aten.index_put.default(x.tensor, unwrap(indices, ctx), values.tensor,
+                                             False), x.layout)
     shape = [sym_expr(s) for s in node.args[0].meta["val"].shape]
     first = next(d for d, ix in enumerate(indices) if ix is not None)
     size = x.tensor.shape[first]
@@ -799,13 +801,10 @@ def _index_put_dropping_padding(ctx, node, x, indices, index_layout, values):
         if ix is None:
             routed.append(None)
             continue
-        t = ix.tensor
         # negative indices count from the real end, not from the extended one
-        t = aten.where.self(aten.lt.Scalar(t, 0),
-                            aten.add.Tensor(t, ctx.real_size(x, d, shape[d])), t)
-        if mask is not None:
-            t = aten.where.self(mask, t, _scalar(size if d == first else 0, t.dtype))
-        routed.append(t)
+        t = aten.where.self(aten.lt.Scalar(ix.tensor, 0),
+                            aten.add.Tensor(ix.tensor, ctx.real_size(x, d, shape[d])), ix.tensor)
+        routed.append(aten.where.self(mask, t, _scalar(size if d == first else 0, t.dtype)))
     slot = list(x.tensor.shape)
     slot[first] = 1
     extended = aten.cat.default([x.tensor, aten.zeros.default(slot, dtype=x.tensor.dtype)],
