@@ -69,6 +69,11 @@ def _row_sort(x):
     return values, indices
 
 
+def _put(buffer, index, values):
+    buffer[:, index] = values
+    return buffer
+
+
 CASES = {
     "sum_mean": lambda x: (x.sum(1), x.mean(1), x.mean(), x.sum()),
     "var_std": lambda x: (x.var(1), x.std(1, correction=0), torch.var_mean(x, 1)[0]),
@@ -83,6 +88,22 @@ CASES = {
     "contraction_over_dynamic_dim": lambda x: x.transpose(1, 2) @ x,
     "merged_dims": lambda x: (x.reshape(-1, 5).sum(0), x.reshape(-1).amax()),
     "attention": lambda x: F.scaled_dot_product_attention(x[None], x[None], x[None])[0],
+    # a KV cache append: the padding of the first part lands between real elements
+    "cat_with_padding_in_the_middle": lambda x: (
+        torch.cat([x, x[:, :1] * 2], 1), torch.cat([x[:, :2], x, x], 1).softmax(1),
+        torch.cat([x, x[:, -1:]], 1).cumsum(1)),
+    # a static cache's prefill: padded entries of the written block must write nowhere (a
+    # bucket of 16 reaches real positions of the 16 slots, and padding would race position 0)
+    "index_put_of_padded_values": lambda x: (
+        torch.zeros(3, 16, 5).index_copy(1, torch.arange(x.shape[1]), x),
+        _put(torch.zeros(3, 16, 5), -1 - torch.arange(x.shape[1]), x * 2)),
+    # attending over the first n slots of a static cache; a bucket of 16 reaches past its 14
+    "slice_of_static_dim_by_dynamic_size": lambda x: (
+        torch.arange(70.0).reshape(14, 5)[: x.shape[1]] + x[0],
+        torch.arange(70.0).reshape(14, 5)[: x.shape[1]].softmax(0)),
+    # get_attr nodes: tensors the graph holds (a cache's empty start)
+    "constants": lambda x: (x * torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0]),
+                            torch.cat([torch.tensor([]), x.sum(2).reshape(-1)])),
 }
 
 
@@ -173,6 +194,31 @@ def test_causal_decoder_over_random_lengths(fresh_dynamo):
     assert torchtpu_compile.stats()["buckets"]["exact_shape_compiles"] == 0
     assert max(g["compiles"] for g in graphs.values()) <= 4  # buckets 8, 16, 32, 64
     assert len(graphs) == 1  # one Dynamo graph for every length (none drawn is 1)
+
+
+def test_kv_cache_decode_loop_compiles_once_per_bucket(fresh_dynamo):
+    # HF's DynamicCache: cat the new key onto the cache, attend over it, feed it back. The
+    # cache comes back contiguous, as eager's: a strided view of the padded buffer would make
+    # Dynamo trace the next step again with its stride as a new size.
+    def step(cache, new, query):
+        cache = torch.cat([cache, new], dim=-2)
+        return cache, F.scaled_dot_product_attention(query, cache, cache)
+
+    compiled = compile_tpu(step)
+    torch.manual_seed(0)
+    cache = expected = torch.randn(1, 2, 3, 4)
+    torch._dynamo.mark_dynamic(cache, 2)
+    with config.patch(matmul_precision="highest"):
+        for _ in range(10):  # cache lengths 3..12: buckets 8 and 16
+            new, query = torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4)
+            cache, out = compiled(cache, new, query)
+            expected, want = step(expected, new, query)
+            _close(cache, expected)
+            _close(out, want)
+            assert cache.is_contiguous()
+    graphs = _graphs()
+    assert torchtpu_compile.stats()["buckets"]["exact_shape_compiles"] == 0
+    assert [g["buckets"] for g in graphs.values()] == [[[8], [16]]]
 
 
 def test_training_step_with_dynamic_batch_matches_eager(fresh_dynamo):

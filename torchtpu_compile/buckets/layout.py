@@ -192,7 +192,9 @@ def pad(tensor: torch.Tensor, layout, real_env: dict, pad_env: dict) -> torch.Te
 
 
 def unpad(tensor: torch.Tensor, layout, real_env: dict, pad_env: dict) -> torch.Tensor:
-    """The real elements of a padded ``tensor``, at their real shape."""
+    """The real elements of a padded ``tensor``, at their real shape, contiguous as eager's
+    result would be: a strided view of the padded buffer would make Dynamo guard on its
+    strides, and a KV cache fed back in would be traced again with a stride symbol."""
     if not has_padding(layout):
         return tensor
     real = _factored(layout, real_env, tensor.shape)
@@ -201,7 +203,8 @@ def unpad(tensor: torch.Tensor, layout, real_env: dict, pad_env: dict) -> torch.
                   for dim, s in zip(layout, tensor.shape)]
     if real == padded:
         return tensor
-    return tensor.reshape(padded)[tuple(slice(0, r) for r in real)].reshape(real_shape)
+    cut = tensor.reshape(padded)[tuple(slice(0, r) for r in real)]
+    return cut.contiguous().reshape(real_shape)
 
 
 

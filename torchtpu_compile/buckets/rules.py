@@ -9,8 +9,10 @@ compiled for the exact shape instead.
 
 The rules mask padding where an op reads across a padded dim (reductions, contractions,
 softmax, cumulative ops, sorting, scatters), use the real sizes (runtime scalars of the
-program) where a size is used as a value (``mean``'s divisor, ``x / n``), and compute
-positions counted from the real end (``x[:, -1]``, ``x[-k:]``) from the real size.
+program) where a size is used as a value (``mean``'s divisor, ``x / n``), compute
+positions counted from the real end (``x[:, -1]``, ``x[-k:]``) from the real size, and keep
+writes exact: a block that follows padding goes to its real offset (``cat``, a KV cache
+append), a padded entry of a write goes nowhere real (``index_put``, a static cache's prefill).
 
 Example::
 
@@ -318,7 +320,7 @@ def slice_(ctx, node, x, dim=0, start=None, end=None, step=1):
     out_expr = out_shape(node)[dim]
     if x.layout[dim] is None:
         if isinstance(start, Size) or isinstance(end, Size):
-            raise NotPaddable("a static dim sliced by a dynamic size")
+            return _slice_static_dim(ctx, x, dim, start, out_expr, step)
         return Padded(aten.slice.Tensor(x.tensor, dim, start, end, step), x.layout)
     if step != 1:
         raise NotPaddable("a strided slice of a padded dim")
@@ -341,6 +343,25 @@ def slice_(ctx, node, x, dim=0, start=None, end=None, step=1):
     index = aten.add.Tensor(aten.arange.default(length, dtype=torch.int64), real_start)
     index = aten.clamp.default(index, 0, x.tensor.shape[dim] - 1)
     return Padded(aten.index_select.default(x.tensor, dim, index), tuple(layout))
+
+
+def _slice_static_dim(ctx, x: Padded, dim: int, start, out_expr, step):
+    # x[:, :n] of a static cache (its first n positions, n dynamic): the bucket's length from
+    # the same start, the dim first extended with zeros where the bucket reaches past it.
+    # The real elements are the first n of those.
+    start = 0 if start is None else start
+    if step != 1 or not isinstance(start, int) or start < 0 or not is_symbolic(out_expr):
+        raise NotPaddable("a static dim sliced by a dynamic size")
+    length = evaluate(out_expr, ctx.pad_env)
+    tensor = x.tensor
+    missing = start + length - tensor.shape[dim]
+    if missing > 0:
+        shape = list(tensor.shape)
+        shape[dim] = missing
+        tensor = aten.cat.default([tensor, aten.zeros.default(shape, dtype=tensor.dtype)], dim)
+    layout = list(x.layout)
+    layout[dim] = prefix(out_expr)
+    return Padded(aten.slice.Tensor(tensor, dim, start, start + length), tuple(layout))
 
 
 def _as_tensor(value):
@@ -369,23 +390,47 @@ def select(ctx, node, x, dim, index):
 
 @padding_rule(aten.cat.default)
 def cat(ctx, node, tensors, dim=0):
-    parts = [t for t in tensors if not (t.tensor.dim() == 1 and t.tensor.shape[0] == 0)]
+    # cat skips 1-d empty tensors (a cache before its first write) whatever their rank
+    kept = [(t, [sym_expr(s) for s in n.meta["val"].shape])
+            for t, n in zip(tensors, node.args[0])
+            if not (t.tensor.dim() == 1 and t.tensor.shape[0] == 0)]
+    parts = [t for t, _ in kept]
     rank = len(parts[0].layout)
     dim = _norm_dim(dim, rank)
-    layout = []
-    for d in range(rank):
-        if d != dim:
-            layout.append(merge_dims([p.layout[d] for p in parts]))
-            continue
-        padded = [i for i, p in enumerate(parts) if p.layout[d] is not None]
-        if not padded:
-            layout.append(None)
-        elif padded == [len(parts) - 1] and len(parts[-1].layout[d].factors) == 1:
-            # static parts, then one padded part: the real elements stay a prefix
-            layout.append(prefix(out_shape(node)[d]))
-        else:
-            raise NotPaddable("cat along a padded dim with padding in the middle")
-    return Padded(aten.cat.default([p.tensor for p in parts], dim), tuple(layout))
+    layout = [merge_dims([p.layout[d] for p in parts]) if d != dim else None
+              for d in range(rank)]
+    result = aten.cat.default([p.tensor for p in parts], dim)
+    if len(parts) == 1:
+        return Padded(result, parts[0].layout)
+    if all(p.layout[dim] is None for p in parts):
+        return Padded(result, tuple(layout))
+    # The real elements must end up a prefix: each part after a padded one (a KV cache's new
+    # block after the cached ones) is written again at its real offset, over the padding
+    # before it. A part's padding lands past every real element written so far, and the
+    # parts after it overwrite it in turn; the writes stay inside the padded size.
+    layout[dim] = prefix(out_shape(node)[dim])
+    offset, shifted = 0, False
+    for part, shape in kept:
+        if shifted:
+            result = _write_at(result, part.tensor, dim, offset)
+        if part.layout[dim] is not None:
+            _prefix_dim(part, dim, "cat")
+            shifted = True
+        size = ctx.real_size(part, dim, shape[dim])
+        offset = aten.add.Tensor(_as_tensor(offset), size) if shifted else offset + size
+    return Padded(result, tuple(layout))
+
+
+def _write_at(x, block, dim: int, offset):
+    """``x`` with ``block`` written along ``dim`` from the traced position ``offset`` on (a
+    dynamic-update-slice, as a scatter of the block's rows)."""
+    length = block.shape[dim]
+    shape = [1] * block.dim()
+    shape[dim] = length
+    positions = aten.add.Tensor(aten.arange.default(length, dtype=torch.int64),
+                                _as_tensor(offset))
+    index = aten.expand.default(aten.view.default(positions, shape), list(block.shape))
+    return aten.scatter.src(x, dim, index, block)
 
 
 @padding_rule(aten.constant_pad_nd.default)
@@ -713,24 +758,61 @@ def index(ctx, node, x, indices):
 
 @padding_rule(aten.index_put.default)
 def index_put(ctx, node, x, indices, values, accumulate=False):
-    given = [ix for ix in indices if ix is not None]
+    given = [(d, ix) for d, ix in enumerate(indices) if ix is not None]
+    for d, _ in given:
+        _prefix_dim(x, d, "index_put")
+    if not values.padded and not any(ix.padded for _, ix in given):
+        return Padded(aten.index_put.default(x.tensor, unwrap(indices, ctx), values.tensor,
+                                             accumulate), x.layout)
+    if any(ix.tensor.dtype in (torch.bool, torch.uint8) for _, ix in given):
+        raise NotPaddable("index_put with a padded boolean mask")
+    index_layout = broadcast_layout([ix for _, ix in given],
+                                    max(ix.tensor.dim() for _, ix in given))
+    if accumulate:
+        return _index_put_adding_zeros(ctx, x, indices, index_layout, values)
+    return _index_put_dropping_padding(ctx, node, x, indices, index_layout, values)
+
+
+def _index_put_adding_zeros(ctx, x, indices, index_layout, values):
+    # Padded positions add zero wherever their (garbage) index points. values has the shape
+    # of the broadcast indices, then of x's dims that are not indexed.
+    if values.tensor.dim() < len(index_layout):
+        raise NotPaddable("index_put with broadcast values")
+    layout = tuple(merge_dims([i, v]) for i, v in zip(index_layout, values.layout)) \
+        + values.layout[len(index_layout):]
+    filled = ctx.fill(Padded(values.tensor, layout), 0)
+    return Padded(aten.index_put.default(x.tensor, unwrap(indices, ctx), filled, True),
+                  x.layout)
+
+
+def _index_put_dropping_padding(ctx, node, x, indices, index_layout, values):
+    # A write replaces what is there, so a padded entry must not land on a real position
+    # (nor race a real write to the same one): padded entries go to one extra slot past the
+    # end of the first indexed dim, cut off afterwards (a static cache's prefill writing
+    # cache_position = arange(prompt length)). values padded along x's own padded dims write
+    # into x's padding.
+    mask = ctx.mask(Padded(None, index_layout))
+    if mask is None:  # only values padded, along x's own padded dims
+        return Padded(aten.index_put.default(x.tensor, unwrap(indices, ctx), values.tensor,
+                                             False), x.layout)
+    shape = [sym_expr(s) for s in node.args[0].meta["val"].shape]
+    first = next(d for d, ix in enumerate(indices) if ix is not None)
+    size = x.tensor.shape[first]
+    routed = []
     for d, ix in enumerate(indices):
-        if ix is not None:
-            _prefix_dim(x, d, "index_put")
-    if not accumulate and (values.padded or any(ix.padded for ix in given)):
-        raise NotPaddable("index_put without accumulate from padded values")
-    if accumulate and (values.padded or any(ix.padded for ix in given)):
-        # Padded positions add zero wherever their (garbage) index points. values has the
-        # shape of the broadcast indices, then of x's dims that are not indexed.
-        index_layout = broadcast_layout(given, max(ix.tensor.dim() for ix in given))
-        if values.tensor.dim() < len(index_layout):
-            raise NotPaddable("index_put with broadcast values")
-        layout = tuple(merge_dims([i, v]) for i, v in zip(index_layout, values.layout)) \
-            + values.layout[len(index_layout):]
-        values = Padded(ctx.fill(Padded(values.tensor, layout), 0), layout)
-    result = aten.index_put.default(x.tensor, [None if ix is None else ix.tensor
-                                               for ix in indices], values.tensor, accumulate)
-    return Padded(result, x.layout)
+        if ix is None:
+            routed.append(None)
+            continue
+        # negative indices count from the real end, not from the extended one
+        t = aten.where.self(aten.lt.Scalar(ix.tensor, 0),
+                            aten.add.Tensor(ix.tensor, ctx.real_size(x, d, shape[d])), ix.tensor)
+        routed.append(aten.where.self(mask, t, _scalar(size if d == first else 0, t.dtype)))
+    slot = list(x.tensor.shape)
+    slot[first] = 1
+    extended = aten.cat.default([x.tensor, aten.zeros.default(slot, dtype=x.tensor.dtype)],
+                                first)
+    written = aten.index_put.default(extended, routed, values.tensor, False)
+    return Padded(aten.slice.Tensor(written, first, 0, size), x.layout)
 
 
 @padding_rule(aten.scatter_add.default)

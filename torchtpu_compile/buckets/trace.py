@@ -164,6 +164,9 @@ def _interpret(gm, spec, flat, ctx: Context, plan: BucketPlan) -> list:
             continue
         if node.op == "output":
             return _outputs(node, env, plan)
+        if node.op == "get_attr":
+            env[node] = _constant(gm, node)
+            continue
         if node.op != "call_function":
             raise NotPaddable(f"{node.op} nodes are not supported")
         if not node.users:
@@ -173,6 +176,16 @@ def _interpret(gm, spec, flat, ctx: Context, plan: BucketPlan) -> list:
         with fx_traceback.set_current_meta(node):
             env[node] = _run_node(node, args, kwargs, ctx)
     raise NotPaddable("graph without output")
+
+
+def _constant(gm: fx.GraphModule, node: fx.Node) -> Padded:
+    # A tensor the graph holds (torch.tensor([...]) in the model's code, a cache's empty
+    # start): the same at every size, so never padded; the trace captures it as a constant.
+    value = getattr(gm, node.target)
+    if not isinstance(value, torch.Tensor):
+        raise NotPaddable(f"get_attr {node.target} holds a {type(value).__name__}, "
+                          f"not a tensor")
+    return Padded(value, (None,) * value.dim())
 
 
 def _size(expr, ctx: Context):
