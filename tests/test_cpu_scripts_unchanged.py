@@ -10,7 +10,7 @@ import pathlib
 import subprocess
 import sys
 
-SCRIPT = pathlib.Path(__file__).with_name("cpu_only_training.py")
+SCRIPT = pathlib.Path(__file__).parent / "support" / "cpu_only_training.py"
 
 
 def _start(autoload: bool) -> subprocess.Popen:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 import torchtpu_compile
-import zoo
+from tests.support import zoo
 from torchtpu_compile import config
 
 

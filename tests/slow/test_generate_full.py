@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import torchtpu_compile
-import zoo
+from tests.support import zoo
 from torchtpu_compile import config
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fresh_dynamo")]
