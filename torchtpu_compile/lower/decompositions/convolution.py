@@ -43,6 +43,18 @@ def _pad_spatial(x, pads):
     return aten.constant_pad_nd(x, flat, 0.0)
 
 
+def _spread_by_stride(x, stride, dilation, kernel, padding, tail):
+    """``x`` with ``stride - 1`` zeros between its spatial elements, padded by the kernel
+    extent less ``padding`` (plus ``tail`` at the end): a forward convolution over it is the
+    transposed one (and the input gradient of a strided one)."""
+    spatial = x.dim() - 2
+    for i in range(spatial):
+        x = _interleave_zeros(x, 2 + i, stride[i])
+    extent = [dilation[i] * (kernel[i] - 1) for i in range(spatial)]
+    return _pad_spatial(x, [(extent[i] - padding[i], extent[i] - padding[i] + tail[i])
+                            for i in range(spatial)])
+
+
 # --- transposed convolution as a forward one -------------------------------------------------
 
 @decomposition(aten.convolution.default)
@@ -57,13 +69,7 @@ def transposed_convolution(x, weight, bias, stride, padding, dilation, transpose
     stride, padding, dilation = list(stride), list(padding), list(dilation)
     output_padding = list(output_padding)
     kernel = list(weight.shape[2:])
-    spread = x
-    for i in range(spatial):
-        spread = _interleave_zeros(spread, 2 + i, stride[i])
-    extent = [dilation[i] * (kernel[i] - 1) for i in range(spatial)]
-    spread = _pad_spatial(spread, [(extent[i] - padding[i],
-                                    extent[i] - padding[i] + output_padding[i])
-                                   for i in range(spatial)])
+    spread = _spread_by_stride(x, stride, dilation, kernel, padding, output_padding)
     in_ch, out_per_group = weight.shape[0], weight.shape[1]
     w = weight.reshape([groups, in_ch // groups, out_per_group] + kernel)
     w = w.transpose(1, 2).reshape([groups * out_per_group, in_ch // groups] + kernel)
@@ -99,13 +105,7 @@ def convolution_backward(grad_out, input, weight, bias_sizes, stride, padding, d
     grad_input = grad_weight = grad_bias = None
 
     if output_mask[0]:
-        spread = grad_out
-        for i in range(spatial):
-            spread = _interleave_zeros(spread, 2 + i, stride[i])
-        extent = [dilation[i] * (kernel[i] - 1) for i in range(spatial)]
-        spread = _pad_spatial(spread, [(extent[i] - padding[i],
-                                        extent[i] - padding[i] + remainder[i])
-                                       for i in range(spatial)])
+        spread = _spread_by_stride(grad_out, stride, dilation, kernel, padding, remainder)
         # (O, I/g, k...) -> (I, O/g, k...), flipped: the adjoint of the forward kernel.
         w = weight.reshape([groups, out_per_group, in_per_group] + kernel)
         w = w.transpose(1, 2).reshape([in_ch, out_per_group] + kernel)

@@ -79,21 +79,23 @@ def _promoted(a, b):
     return a.to(dtype), b.to(dtype)
 
 
+def _ignoring_nan(pick, a, b):
+    """``pick(a, b)`` where a NaN loses to a number (fmax/fmin)."""
+    a, b = _promoted(a, b)
+    if not a.is_floating_point():
+        return pick(a, b)
+    return torch.where(b.isnan(), a, torch.where(a.isnan(), b, pick(a, b)))
+
+
 @decomposition(aten.fmax.default)
 def fmax(a, b):
     # torch-mlir's lowering builds a comparison of the unbroadcast shapes and fails to verify.
-    a, b = _promoted(a, b)
-    if not a.is_floating_point():
-        return torch.maximum(a, b)
-    return torch.where(b.isnan(), a, torch.where(a.isnan(), b, torch.maximum(a, b)))
+    return _ignoring_nan(torch.maximum, a, b)
 
 
 @decomposition(aten.fmin.default)
 def fmin(a, b):
-    a, b = _promoted(a, b)
-    if not a.is_floating_point():
-        return torch.minimum(a, b)
-    return torch.where(b.isnan(), a, torch.where(a.isnan(), b, torch.minimum(a, b)))
+    return _ignoring_nan(torch.minimum, a, b)
 
 
 @decomposition(aten.clamp.Tensor)
