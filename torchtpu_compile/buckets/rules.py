@@ -345,6 +345,14 @@ def slice_(ctx, node, x, dim=0, start=None, end=None, step=1):
     return Padded(aten.index_select.default(x.tensor, dim, index), tuple(layout))
 
 
+def _extended(tensor, dim: int, extra: int):
+    """``tensor`` with ``extra`` zeros appended along ``dim`` (itself when ``extra`` <= 0)."""
+    if extra <= 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = extra
+    return aten.cat.default([tensor, aten.zeros.default(shape, dtype=tensor.dtype)], dim)
+
 def _slice_static_dim(ctx, x: Padded, dim: int, start, out_expr, step):
     # x[:, :n] of a static cache (its first n positions, n dynamic): the bucket's length from
     # the same start, the dim first extended with zeros where the bucket reaches past it.
@@ -353,12 +361,7 @@ def _slice_static_dim(ctx, x: Padded, dim: int, start, out_expr, step):
     if step != 1 or not isinstance(start, int) or start < 0 or not is_symbolic(out_expr):
         raise NotPaddable("a static dim sliced by a dynamic size")
     length = evaluate(out_expr, ctx.pad_env)
-    tensor = x.tensor
-    missing = start + length - tensor.shape[dim]
-    if missing > 0:
-        shape = list(tensor.shape)
-        shape[dim] = missing
-        tensor = aten.cat.default([tensor, aten.zeros.default(shape, dtype=tensor.dtype)], dim)
+    tensor = _extended(x.tensor, dim, start + length - x.tensor.shape[dim])
     layout = list(x.layout)
     layout[dim] = prefix(out_expr)
     return Padded(aten.slice.Tensor(tensor, dim, start, start + length), tuple(layout))
@@ -807,11 +810,7 @@ def _index_put_dropping_padding(ctx, node, x, indices, index_layout, values):
         t = aten.where.self(aten.lt.Scalar(ix.tensor, 0),
                             aten.add.Tensor(ix.tensor, ctx.real_size(x, d, shape[d])), ix.tensor)
         routed.append(aten.where.self(mask, t, _scalar(size if d == first else 0, t.dtype)))
-    slot = list(x.tensor.shape)
-    slot[first] = 1
-    extended = aten.cat.default([x.tensor, aten.zeros.default(slot, dtype=x.tensor.dtype)],
-                                first)
-    written = aten.index_put.default(extended, routed, values.tensor, False)
+    written = aten.index_put.default(_extended(x.tensor, first, 1), routed, values.tensor, False)
     return Padded(aten.slice.Tensor(written, first, 0, size), x.layout)
 
 
