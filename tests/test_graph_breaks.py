@@ -44,6 +44,27 @@ def test_graph_break_is_counted_and_warned_once(caplog):
     assert "test_graph_breaks.py:" in warnings[0] and "the graph breaks here" in warnings[0]
 
 
+library_logger = logging.getLogger("some_library")
+
+
+def log_between(x):
+    y = x * 2
+    library_logger.warning("a library logs mid-forward")  # the graph breaks here
+    return y + 1
+
+
+def test_graph_break_at_a_logging_call_is_counted_not_warned(caplog):
+    # Hugging Face models call logger.warning_once inside forward(); the code at that break is
+    # the logging call, so a warning from us there is noise.
+    x = torch.arange(6.0)
+    with caplog.at_level(logging.INFO, logger="torchtpu"):
+        torch.testing.assert_close(compile_tpu(log_between)(x), log_between(x))
+    [reason] = torchtpu_compile.stats()["graph_breaks"]
+    assert reason.startswith("logging.Logger method")
+    ours = [r for r in caplog.records if "breaks the graph" in r.getMessage()]
+    assert [r.levelno for r in ours] == [logging.INFO]
+
+
 def test_strict_graph_break_is_an_error_before_anything_runs():
     ran = []
     with config.patch(strict=True), pytest.raises(UnsupportedOpError) as info:

@@ -13,7 +13,9 @@ or skips a frame for, through ``InstructionTranslatorBase.log_graph_break`` (wha
   ours). Except at ``torch.autograd.grad`` and ``Tensor.backward()``: the code at those breaks
   is the autograd engine running the backward graphs the backend compiled, nothing else;
 - otherwise (and at those): counted in ``stats()["graph_breaks"]`` (reason -> breaks traced)
-  and warned about once per reason and line.
+  and warned about once per reason and line; a break at a ``logging.Logger`` call (Hugging
+  Face models' ``logger.warning_once``) is counted and logged at INFO only, since the code
+  there is the logging call and no tensor work (Inductor is silent there too).
 
 Example::
 
@@ -27,7 +29,7 @@ from __future__ import annotations
 from torch._dynamo.exc import TorchRuntimeError
 
 from . import config, counters
-from ._logging import warn_once
+from ._logging import info_once, warn_once
 from .errors import UnsupportedOpError
 
 
@@ -44,6 +46,11 @@ class GraphBreakError(UnsupportedOpError, TorchRuntimeError):
 _AUTOGRAD_BREAKS = frozenset({
     "using `torch.autograd.grad` with `torch._dynamo.config.trace_autograd_ops=False`",
     "Unsupported Tensor.backward() call",
+})
+
+#: Breaks whose eager code is a logging call: counted, but not warned about.
+_LOGGING_BREAKS = frozenset({
+    "logging.Logger method not supported for non-export cases",
 })
 
 
@@ -79,9 +86,10 @@ def on_graph_break(reason: str, exc) -> None:
             f"tensors). Make it traceable, or unset TORCHTPU_STRICT to allow graph breaks "
             f"(counted in torchtpu_compile.stats()['graph_breaks'])") from exc
     counters.count_graph_break(what)
-    warn_once(("graph_break", what, where),
-              "torchtpu: torch.compile breaks the graph at %s (%s); the code at the break runs "
-              "in eager PyTorch, not XLA", where, what)
+    report = info_once if getattr(exc, "gb_type", None) in _LOGGING_BREAKS else warn_once
+    report(("graph_break", what, where),
+           "torchtpu: torch.compile breaks the graph at %s (%s); the code at the break runs "
+           "in eager PyTorch, not XLA", where, what)
 
 
 _backends: list = []  # the compiler functions whose graph breaks are ours to report
