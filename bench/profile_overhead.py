@@ -11,7 +11,9 @@ Not part of run_all: a diagnostic for work on the runtime path (program/run.py, 
    whole call and a ``jax.jit`` call (jax's C++ dispatch: a floor for a PJRT execute), alone
    and waiting for the result (execution is asynchronous: ``Executable.run`` returns before
    the result exists, and ``to_torch`` of a fresh result waits for it);
-2. the top of a cProfile of 2000 compiled calls (cProfile inflates Python-heavy stages).
+2. the Python and C function calls of one steady call (``sys.setprofile``): the same on a busy
+   machine as on an idle one;
+3. the top of a cProfile of 2000 compiled calls (cProfile inflates Python-heavy stages).
 
 Usage: ``.venv/bin/python bench/profile_overhead.py``
 """
@@ -30,6 +32,24 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import fmt_time, interleaved  # noqa: E402
 
 
+def _call_counts(fn, calls: int = 20) -> tuple[float, float]:
+    """Python function calls and C function calls per call of ``fn`` (after two warm calls)."""
+    fn()
+    fn()
+    counts = {"call": 0, "c_call": 0}
+
+    def count(frame, event, arg):
+        if event in counts:
+            counts[event] += 1
+    sys.setprofile(count)
+    try:
+        for _ in range(calls):
+            fn()
+    finally:
+        sys.setprofile(None)
+    return counts["call"] / calls, counts["c_call"] / calls
+
+
 def main() -> None:
     torch.set_float32_matmul_precision("highest")
     import jax
@@ -38,7 +58,7 @@ def main() -> None:
     from torchtpu_compile.lower.precision import resolve_precision
     from torchtpu_compile.program import GraphRunner, Program
     from torchtpu_compile.runtime.client import get_client
-    from torchtpu_compile.runtime.transfer import to_buffer, to_torch
+    from torchtpu_compile.runtime.transfer import host_tensors, to_buffer, to_buffers, to_torch
 
     def add_one(x):
         return x + 1
@@ -54,6 +74,7 @@ def main() -> None:
         runner = next(o for o in gc.get_objects() if type(o) is GraphRunner)
     program = next(iter(runner._programs.values()))
     assert isinstance(program, Program)
+    client, plan = get_client(), program._arg_plan(1)
     exe = program.executable
     buf = to_buffer(x)
     out_buf = exe.run([buf])[0]
@@ -78,9 +99,10 @@ def main() -> None:
         "    resolve_precision()": lambda: resolve_precision(get_client().platform),
         "    Program([x])": lambda: program([x]),
         "      get_client()": get_client,
-        "      to_buffer(x)": lambda: to_buffer(x),
+        "      to_buffers([x]) (the call's inputs)": lambda: to_buffers([x], plan, client),
         "      Executable.run([buf])": lambda: exe.run([buf]),
-        "      to_torch(out)": lambda: to_torch(out_buf),
+        "      host_tensors([out])": lambda: host_tensors([out_buf], client),
+        "      to_torch(out) (one alone)": lambda: to_torch(out_buf),
         "torchtpu: Linear(64,64) call": lambda: compiled_linear(xl),
         "  to_buffer(weight, resident)": lambda: to_buffer(weight, True),
         "  to_buffer(unaligned, resident)": lambda: to_buffer(unaligned, True),
@@ -92,6 +114,15 @@ def main() -> None:
     print(f"median per call, stages timed alone (other processes took {busy or 0:.0%} CPU):")
     for name, seconds in times.items():
         print(f"  {name:<34} {fmt_time(seconds):>10}")
+
+    print("\nPython and C calls per steady call (sys.setprofile; load-independent):")
+    for name, fn in (("inductor: compiled call", lambda: inductor(x)),
+                     ("torchtpu: compiled call", lambda: compiled(x)),
+                     ("  of which GraphRunner([x])", lambda: runner([x])),
+                     ("torchtpu: Linear(64,64) call", lambda: compiled_linear(xl))):
+        with torch.no_grad():
+            python, native = _call_counts(fn)
+        print(f"  {name:<34} {python:5.0f} Python {native:5.0f} C")
 
     profile = cProfile.Profile()
     profile.enable()

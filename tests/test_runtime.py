@@ -58,6 +58,46 @@ def test_conjugated_and_offset_tensors_upload_their_values():
     assert torch.equal(to_torch(to_buffer(tail)), tail)
 
 
+def test_a_calls_inputs_upload_as_to_buffer_would():
+    """``to_buffers`` (every compiled call's inputs, one loop) gives each input's values, as
+    ``to_buffer`` does, on its fast path and on every case it hands to the general one."""
+    from torchtpu_compile.runtime.client import get_client
+    from torchtpu_compile.runtime.transfer import to_buffers
+    big = torch.tensor([2 ** 40 + 1, -3])          # int64 beyond 32 bits
+    weight = torch.nn.Parameter(torch.randn(4, 3))
+    inputs = [torch.randn(2, 3), torch.randn(3, 4).t(), torch.randn(5).to(torch.bfloat16),
+              torch.randn(3, dtype=torch.complex64).conj(), torch.randn(3, requires_grad=True),
+              big, torch.tensor(1.5), weight, torch.arange(10.0)[3:], torch.randn(4)]
+    plan = [(i, False) for i in range(len(inputs))]
+    plan[-1] = (len(inputs) - 1, True)              # resident by the program's say-so
+    buffers, made, count = to_buffers(inputs, plan, get_client())
+    for tensor, buffer in zip(inputs, buffers):
+        expected = tensor.detach().resolve_conj()
+        assert torch.equal(to_torch(buffer), expected), tensor
+    # Counted as made for this call alone: the plain host tensors on the fast path (float32,
+    # int64, the 0-dim one and the offset one); the others went through to_buffer, which
+    # tracks its own.
+    assert count == 4 and made == 6 * 4 + 2 * 8 + 4 + 7 * 4
+    again, _, _ = to_buffers(inputs, plan, get_client())
+    assert again[7] is buffers[7] and again[9] is buffers[9]   # resident: reused
+    assert again[0] is not buffers[0]
+
+
+def test_memory_peak_counts_a_compiled_calls_inputs():
+    """Inputs uploaded for one call die with it, yet reach the peak while it runs."""
+    import gc
+    compiled = compile_tpu(lambda a, b: a.sum() + b.sum())
+    a, b = torch.randn(256, 256), torch.randn(128, 256)
+    compiled(a, b)
+    gc.collect()
+    torch.tpu.reset_peak_memory_stats()
+    before = torch.tpu.memory_allocated()
+    out = compiled(a, b)
+    gc.collect()
+    assert torch.tpu.max_memory_allocated() >= before + a.nbytes + b.nbytes
+    assert torch.tpu.memory_allocated() == before + out.nbytes   # the result alone stays
+
+
 def test_uploaded_inputs_are_freed_on_a_python_thread():
     """An input's memory is released on a thread that holds the GIL, never on a PJRT worker.
 

@@ -27,19 +27,22 @@ from .._logging import warn_once
 MODES = ("medium", "high", "highest")
 
 
-def _user_set_torch_precision() -> bool:
-    # torch's default is "highest" with the backend flags at "none"; an explicit
-    # set_float32_matmul_precision(...) call sets them, even to "highest" ("ieee").
-    if torch.get_float32_matmul_precision() != "highest":
-        return True
-    return torch.backends.cuda.matmul.fp32_precision != "none"
+# torch's own getters, called straight (``torch.get_float32_matmul_precision`` and
+# ``torch.backends.cuda.matmul.fp32_precision`` wrap them in Python frames): every compiled
+# call and eager program resolves the precision.
+_torch_precision = torch._C._get_float32_matmul_precision
+_backend_precision = torch._C._get_fp32_precision_getter
 
 
 def resolve_precision(platform: str | None = None) -> str:
     """The precision mode in force now: config, else the user's torch setting, else medium."""
     mode = config.matmul_precision
     if mode is None:
-        mode = torch.get_float32_matmul_precision() if _user_set_torch_precision() else "medium"
+        # torch's default is "highest" with the backend flags at "none"; an explicit
+        # set_float32_matmul_precision(...) call sets them, even to "highest" ("ieee").
+        mode = _torch_precision()
+        if mode == "highest" and _backend_precision("cuda", "matmul") == "none":
+            mode = "medium"  # nobody chose: the TPU default
     if platform == "tpu" and mode != "medium":
         warn_once(("precision", mode),
                   "matmul precision %r runs matmuls and convolutions in several bf16 passes on "

@@ -26,14 +26,12 @@ from __future__ import annotations
 
 import hashlib
 
-import torch
-
 from ..output_slots import check_index, collect_outputs, empty_tensor, results_are_outputs
+from ..runtime import memory
 from ..runtime.client import get_client
+from ..runtime.device_tensors import WRAPPERS
 from ..runtime.executable import compile_stablehlo
-from ..runtime.transfer import to_buffer, wrapper_for
-
-_Parameter = torch.nn.Parameter
+from ..runtime.transfer import host_tensors, to_buffer, to_buffers, wrapper_for
 
 
 class Program:
@@ -78,8 +76,12 @@ class Program:
         self._direct = slots is None or results_are_outputs(slots)
         self._check = None if slots is None else check_index(slots)
         self._on_device: dict = {}   # device type -> (result wrappers, defer checks)
-        self._wrap, self._defer_checks = None, False
+        self._wrap, self._defer_checks, self._host = None, False, False
+        self._plan = None            # (argument index, resident) per input, from the first call
         if result_devices is not None:
+            # Every result a host tensor (no device's own tensors, no index checks kept).
+            self._host = self._check is None and not any(device in WRAPPERS
+                                                         for device in result_devices)
             self._wrap = self._wrappers(list(result_devices))
             # Index checks of results left on the device are read at its next synchronization.
             self._defer_checks = any(device != "cpu" for i, device in
@@ -132,20 +134,39 @@ class Program:
         defer = False
         executable = self.executable
         if executable is not None:
-            resident, client = self.resident_inputs, self.client
-            indices = range(len(args)) if self.arg_indices is None else self.arg_indices
-            # type() is, not isinstance(): Parameter's metaclass makes isinstance ~1 us an arg.
-            values = [to_buffer(args[i], i in resident or type(args[i]) is _Parameter, client)
-                      for i in indices]
-            out = executable.run(self._inputs(values, args) if self._extra else values)
+            plan = self._plan
+            if plan is None:
+                plan = self._arg_plan(len(args))
+            values, made, count = to_buffers(args, plan, self.client)
+            if self._extra:
+                values = self._inputs(values, args)
             if device is None and self._wrap is not None:
-                wrap, defer = self._wrap, self._defer_checks
+                host = self._host
             else:
-                wrap, defer = self._for_device(device or "cpu", len(out))
-            results = [w(b) for w, b in zip(wrap, out)]
-        if self.slots is None:
+                host = (device or "cpu") not in WRAPPERS and self._check is None
+            out = executable.run(values)
+            if count:  # the inputs uploaded for this call alone die with it
+                memory.transient(made, count)
+            if host:
+                results = host_tensors(out, self.client)
+            else:
+                if device is None and self._wrap is not None:
+                    wrap, defer = self._wrap, self._defer_checks
+                else:
+                    wrap, defer = self._for_device(device or "cpu", len(out))
+                results = [w(b) for w, b in zip(wrap, out)]
+        if self._direct:
             return results
         return collect_outputs(self.slots, results, args, device, defer_checks=defer)
+
+    def _arg_plan(self, count: int) -> list:
+        """(argument index, resident) for each program input (``transfer.to_buffers``): fixed
+        per program, except under the identity convention (every argument, however many)."""
+        indices = range(count) if self.arg_indices is None else self.arg_indices
+        plan = [(i, i in self.resident_inputs) for i in indices]
+        if self.arg_indices is not None:
+            self._plan = plan
+        return plan
 
     def _for_device(self, device: str, count: int) -> tuple:
         known = self._on_device.get(device)

@@ -128,7 +128,10 @@ class GraphRunner:
         if not self.static and config.buckets and self._bucketed is not False:
             outputs = self._run_bucketed(args, precision)
         if outputs is None:
-            outputs = self._program_for(precision, args)(args)
+            program = self._programs.get((precision, None)) if self.static else None
+            if program is None:
+                program = self._program_for(precision, args)
+            outputs = program(args)
         if boxed:
             args.clear()  # let inputs die as early as eager would
         return outputs

@@ -2,7 +2,9 @@
 
 Every device buffer the runtime makes comes from an upload (``transfer.upload``) or is an
 output of a program (``Executable.run``): both hand their new buffers to ``track``, which adds
-their size and subtracts it when the buffer object dies (a weak reference's callback). So the
+their size and subtracts it when the buffer object dies (a weak reference's callback). The
+inputs a compiled call uploads for itself alone die within the call: ``transient`` counts them,
+made and freed at once. So the
 figures cover whatever holds a buffer -- tpu tensors, weights a compiled model keeps resident,
 outputs of programs still running -- and a buffer two tensors share counts once. Memory never
 written (``torch.empty(..., device="tpu")`` before any write) holds no buffer and counts
@@ -69,6 +71,27 @@ def track(buffers, sizes=None, device=None):
         if _count > _peak_count:
             _peak_count = _count
     return buffers
+
+
+def transient(nbytes: int, count: int) -> None:
+    """Count ``count`` buffers of ``nbytes`` bytes in all, made and freed within one call (a
+    compiled call's inputs uploaded for it alone, ``transfer.to_buffers``).
+
+    They reach the peaks and the totals as ``track`` would have counted them, with no weak
+    reference each and no callback when they die (every compiled call makes them).
+
+    Example::
+
+        memory.transient(x.nbytes + y.nbytes, 2)
+    """
+    global _peak_bytes, _peak_count, _freed_bytes, _freed_count
+    with _lock:
+        if _bytes + nbytes > _peak_bytes:
+            _peak_bytes = _bytes + nbytes
+        if _count + count > _peak_count:
+            _peak_count = _count + count
+        _freed_bytes += nbytes
+        _freed_count += count
 
 
 def snapshot() -> dict:

@@ -60,6 +60,18 @@ def _host_array(tensor: torch.Tensor):
     return tensor.view(bits).numpy().view(getattr(ml_dtypes, name))
 
 
+def _aval(array):
+    from jax.core import ShapedArray
+    if len(_avals) > 4096:  # many dynamic shapes: keep the table small, not exhaustive
+        _avals.clear()
+    return _avals.setdefault((array.shape, array.dtype), ShapedArray(array.shape, array.dtype))
+
+
+def _sharding(device):
+    from jax.sharding import SingleDeviceSharding
+    return _shardings.setdefault(device, SingleDeviceSharding(device))
+
+
 def upload(tensor: torch.Tensor, device, copy: bool = False):
     """A new jax array on ``device`` holding ``tensor``'s data (no copy where PJRT can alias).
 
@@ -71,7 +83,7 @@ def upload(tensor: torch.Tensor, device, copy: bool = False):
         arr = upload(torch.arange(3), get_client().device)
     """
     # The common case (a contiguous CPU tensor not requiring grad) takes no extra calls: this
-    # runs for every input of every compiled call.
+    # runs for every upload of the eager device (compiled calls: ``to_buffers``).
     own = False  # tensor is already a private copy: no second one for copy=True
     if not tensor.is_cpu:
         tensor, own = tensor.cpu(), True
@@ -84,17 +96,12 @@ def upload(tensor: torch.Tensor, device, copy: bool = False):
         own = own or resolved is not tensor
         tensor = resolved
     array = _host_array(tensor)
-    key = (array.shape, array.dtype)
-    aval = _avals.get(key)
+    aval = _avals.get((array.shape, array.dtype))
     if aval is None:
-        from jax.core import ShapedArray
-        if len(_avals) > 4096:  # many dynamic shapes: keep the table small, not exhaustive
-            _avals.clear()
-        aval = _avals.setdefault(key, ShapedArray(array.shape, array.dtype))
+        aval = _aval(array)
     sharding = _shardings.get(device)
     if sharding is None:
-        from jax.sharding import SingleDeviceSharding
-        sharding = _shardings.setdefault(device, SingleDeviceSharding(device))
+        sharding = _sharding(device)
     # Zero-copy where the memory is aligned; jaxlib holds ``array`` until the buffer is gone.
     # force_copy copies during the call (PJRT's "immutable only during call").
     buffer = _jax.batched_device_put(aval, sharding, [array], [device], True, copy and not own,
@@ -187,6 +194,84 @@ def to_buffer(tensor: torch.Tensor, resident: bool = False, client=None):
     return buf
 
 
+_Tensor = torch.Tensor
+_Parameter = torch.nn.Parameter
+# The dtypes numpy views as they are (no reinterpreted bits, not complex): the one-step upload.
+_NUMPY_VIEWABLE = frozenset({torch.float64, torch.float32, torch.float16, torch.int64,
+                             torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool})
+
+
+def to_buffers(tensors: list, plan, client) -> tuple[list, int, int]:
+    """The buffers of one compiled call's inputs: for each ``(i, resident)`` of ``plan``, what
+    ``to_buffer(tensors[i], resident or is a Parameter, client)`` gives; also the bytes and
+    the count of the buffers made for this call alone, for ``memory.transient`` (they die
+    with the call).
+
+    The steady path of every compiled call, in one loop and no call per input: a resident
+    weight is a lookup, a plain host tensor (CPU, contiguous, no grad, a dtype numpy views)
+    one numpy view and one device put; anything else goes through ``to_buffer``.
+
+    Example::
+
+        buffers, made, count = to_buffers([x, w], [(0, False), (1, True)], get_client())
+    """
+    device = client.device
+    sharding = _shardings.get(device)
+    if sharding is None:
+        sharding = _sharding(device)
+    buffers = []
+    made = count = 0
+    for i, resident in plan:
+        tensor = tensors[i]
+        cls = type(tensor)
+        # type() is, not isinstance(): Parameter's metaclass makes isinstance ~1 us an arg.
+        if cls is _Parameter:
+            resident = True
+        elif cls is not _Tensor:  # a device's own tensors, subclasses: the general path
+            buffers.append(to_buffer(tensor, resident, client))
+            continue
+        if resident:
+            entry = _resident.get(id(tensor))
+            if entry is not None and entry[0]() is tensor and entry[1] == (
+                    tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype):
+                buffers.append(entry[2])
+            else:
+                buffers.append(to_buffer(tensor, True, client))
+        elif tensor.is_cpu and not tensor.requires_grad and tensor.dtype in _NUMPY_VIEWABLE \
+                and tensor.is_contiguous():
+            array = tensor.numpy()
+            aval = _avals.get((array.shape, array.dtype))
+            if aval is None:
+                aval = _aval(array)
+            buffers.append(_jax.batched_device_put(aval, sharding, [array], [device], True,
+                                                   False, enable_x64=True))
+            made += array.nbytes
+            count += 1
+        else:
+            buffers.append(upload(tensor, device))
+    return buffers, made, count
+
+
+def host_tensors(buffers: list, client) -> list:
+    """Host tensors of ``buffers`` (``to_torch`` of each), in one loop: a compiled call's
+    results. Zero-copy views on the CPU client.
+
+    Example::
+
+        [y] = host_tensors(executable.run([buf]), get_client())
+    """
+    if client.platform != "cpu":
+        return [to_torch(buffer, client) for buffer in buffers]
+    tensors = []
+    for buffer in buffers:
+        tensors.append(_from_dlpack(_to_dlpack(buffer)))
+    return tensors
+
+
+_from_dlpack = torch._C._from_dlpack
+_to_dlpack = _jax.buffer_to_dlpack_managed_tensor
+
+
 def to_torch(buffer, client=None) -> torch.Tensor:
     """A torch CPU tensor viewing a PJRT buffer (zero-copy on the CPU client)."""
     if (client or get_client()).platform != "cpu":
@@ -196,7 +281,7 @@ def to_torch(buffer, client=None) -> torch.Tensor:
         if array.dtype.name == "bfloat16":  # numpy has no bf16: move the bits as int16
             return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
         return torch.from_numpy(array)
-    return torch._C._from_dlpack(_jax.buffer_to_dlpack_managed_tensor(buffer))
+    return _from_dlpack(_to_dlpack(buffer))
 
 
 def resident_count() -> int:
