@@ -200,40 +200,56 @@ FRAMES = textwrap.dedent("""\
     import torch
     def step(x, w):
         return torch.relu(x @ w) * 2.0 + 1.0
+    class Scaled(torch.nn.Module):
+        def __init__(self, factor):
+            super().__init__()
+            self.factor = factor
+            self.lin = torch.nn.Linear(8, 8)
+        def forward(self, x):
+            return self.lin(x) * self.factor
 """)
+
+
+_imports = itertools.count()  # a module name per test
 
 
 @pytest.fixture
 def fresh_step(tmp_path, fresh_dynamo):
     """A function returning a newly imported ``step`` of one source file, compiled, after
-    Dynamo forgot everything (this cache's level 1 and the graph cache keep their entries)."""
+    Dynamo forgot everything (this cache's level 1 and the graph cache keep their entries).
+    Each import replaces the last under the same module name, as in a new process."""
     path = tmp_path / "frames.py"
     path.write_text(FRAMES)
-    names = itertools.count()
+    name = f"dynamo_cache_frames_{next(_imports)}"
 
-    def compiled_step():
-        spec = importlib.util.spec_from_file_location(f"dynamo_cache_frames_{next(names)}",
-                                                      path)
+    def compiled_step(factor=None):
+        spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
         spec.loader.exec_module(module)
         torch._dynamo.reset()
         torchtpu_compile.reset_stats()
+        if factor is not None:  # the module, its attribute set to factor
+            torch.manual_seed(0)
+            eager = module.Scaled(factor)
+            return torch.compile(eager, backend="torchtpu"), eager
         return torch.compile(module.step, backend="torchtpu"), module.step
 
     dynamo_cache.clear_memory()
     with torchtpu_compile.config.patch(matmul_precision="highest"):  # eager's fp32 matmuls
         yield compiled_step
     dynamo_cache.clear_memory()
+    sys.modules.pop(name, None)
 
 
-def _call(compiled_step, x, w) -> dict:
-    """Call a fresh compile of ``step``; what the Dynamo cache and Dynamo did, and whether the
-    result is eager's."""
-    compiled, eager = compiled_step()
+def _call(compiled_step, *args, factor=None) -> dict:
+    """Call a fresh compile of ``step`` (with ``factor``: of a ``Scaled(factor)``); what the
+    Dynamo cache and Dynamo did, and whether the result is eager's."""
+    compiled, eager = compiled_step(factor)
     traced = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     with torch.no_grad():
-        out = compiled(x, w)
-    torch.testing.assert_close(out, eager(x, w), rtol=1e-5, atol=1e-5)
+        out = compiled(*args)
+        torch.testing.assert_close(out, eager(*args), rtol=1e-5, atol=1e-5)
     counts = dict(torchtpu_compile.stats()["caches"]["dynamo"]["all"])
     counts["traced"] = torch._dynamo.utils.counters["stats"]["unique_graphs"] - traced
     return counts
@@ -257,6 +273,16 @@ def test_other_shapes_miss_and_trace_again(fresh_step):
     assert other["hits"] == 0 and other["traced"] == 1
     wider = _call(fresh_step, x, torch.randn(8, 16))
     assert wider["frames_loaded"] == 0 and wider["traced"] == 1
+
+
+def test_another_module_attribute_misses(fresh_step):
+    x = torch.randn(4, 8)
+    _call(fresh_step, x, factor=2.0)
+    same = _call(fresh_step, x, factor=2.0)
+    assert same["frames_loaded"] == 1 and same["traced"] == 0
+    other = _call(fresh_step, x, factor=3.0)  # the result checked against eager's x * 3
+    assert other["frames_loaded"] == 0 and other["entries_rejected"] == 1
+    assert other["traced"] == 1
 
 
 def test_another_torch_version_string_misses(fresh_step, monkeypatch):
