@@ -155,7 +155,11 @@ def format_table(rows: list[dict]) -> str:
     """The results as a fixed-width text table, notes listed under it."""
     header = ["benchmark", *CONTENDERS, "tpu/eager", "tpu/inductor", "others' cpu", "target",
               ""]
-    lines = [[r["name"], *(fmt_time(r["seconds"][c]) for c in CONTENDERS),
+    def value(row, contender):  # a row with a "unit" (memory: MB) holds no durations
+        v = row["seconds"][contender]
+        return fmt_time(v) if "unit" not in row or v is None else f"{v:.0f} {row['unit']}"
+
+    lines = [[r["name"], *(value(r, c) for c in CONTENDERS),
               fmt_ratio(r["torchtpu_vs_eager"]), fmt_ratio(r["torchtpu_vs_inductor"]),
               "-" if r.get("others_cpu") is None else f"{r['others_cpu']:.0%}",
               f"<= {r['target']}" if r["target"] is not None else "-", r["status"] or ""]

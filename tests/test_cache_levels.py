@@ -113,7 +113,9 @@ def test_reject_turns_a_hit_into_a_corrupt_miss_and_forgets_the_entry(text_cache
 def test_every_cache_counts_in_one_schema_and_hits_in_this_process(tmp_path):
     f = lambda x: torch.cos(x) * 4 - 1  # noqa: E731
     x = torch.randn(5)
-    with config.patch(cache_dir=str(tmp_path / "cache"), remote_cache=None, graph_cache=True):
+    # The Dynamo-level cache off: it answers before these three (test_dynamo_cache.py's).
+    with config.patch(cache_dir=str(tmp_path / "cache"), remote_cache=None, graph_cache=True,
+                      dynamo_cache=False):
         for forget in (executable.clear_cache, graph_cache.clear_memory,
                        lowering_cache.clear_memory):
             forget()

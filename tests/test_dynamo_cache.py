@@ -1,7 +1,9 @@
-"""The Dynamo-level cache (TORCHTPU_DYNAMO_CACHE=1): a second process skips Dynamo's tracing,
-and never runs a stale trace."""
+"""The Dynamo-level cache (on by default): a second process skips Dynamo's tracing, and never
+runs a stale trace."""
 import ast
+import importlib.util
 import inspect
+import itertools
 import json
 import os
 import shutil
@@ -13,7 +15,8 @@ import types
 import pytest
 import torch
 
-from torchtpu_compile import dynamo_cache
+import torchtpu_compile
+from torchtpu_compile import dynamo_cache, versions
 
 # A model whose forward reads a module global (SCALE) and inlines a module function (helper),
 # so that either can change between processes.
@@ -68,9 +71,10 @@ def run(cache_dir, model_dir, scale=1.0, factor=2.0, dtype="float32", corrupt=Fa
     os.makedirs(model_dir, exist_ok=True)
     with open(os.path.join(model_dir, "tiny_model.py"), "w") as f:
         f.write(MODEL.format(scale=scale, factor=factor))
-    env = dict(os.environ, TORCHTPU_CACHE_DIR=str(cache_dir), TORCHTPU_DYNAMO_CACHE="1",
+    env = dict(os.environ, TORCHTPU_CACHE_DIR=str(cache_dir),
                PYTHONDONTWRITEBYTECODE="1")  # an edited model must not come from a stale .pyc
-    for name in ("TORCHTPU_REMOTE_CACHE", "TORCHTPU_GRAPH_CACHE"):
+    # Default settings: the cache is on unless told otherwise.
+    for name in ("TORCHTPU_REMOTE_CACHE", "TORCHTPU_GRAPH_CACHE", "TORCHTPU_DYNAMO_CACHE"):
         env.pop(name, None)
     code = SCRIPT.format(model_dir=str(model_dir), cache_dir=str(cache_dir), dtype=dtype,
                          corrupt=corrupt)
@@ -187,3 +191,125 @@ def test_the_backend_hooks_in_what_never_imports_it_back():
     assert "torchtpu_compile.dynamo_cache" in _imported_modules(backend)
     for module in (dynamo_cache, graph_breaks):
         assert "torchtpu_compile.backend" not in _imported_modules(module), module.__name__
+
+
+# --- in one process: a module imported again under another name is the same code with fresh
+# globals, which is what a second process finds.
+
+FRAMES = textwrap.dedent("""\
+    import torch
+    def step(x, w):
+        return torch.relu(x @ w) * 2.0 + 1.0
+    class Scaled(torch.nn.Module):
+        def __init__(self, factor):
+            super().__init__()
+            self.factor = factor
+            self.lin = torch.nn.Linear(8, 8)
+        def forward(self, x):
+            return self.lin(x) * self.factor
+""")
+
+
+_imports = itertools.count()  # a module name per test
+
+
+@pytest.fixture
+def fresh_step(tmp_path, fresh_dynamo):
+    """A function returning a newly imported ``step`` of one source file, compiled, after
+    Dynamo forgot everything (this cache's level 1 and the graph cache keep their entries).
+    Each import replaces the last under the same module name, as in a new process."""
+    path = tmp_path / "frames.py"
+    path.write_text(FRAMES)
+    name = f"dynamo_cache_frames_{next(_imports)}"
+
+    def compiled_step(factor=None):
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        torch._dynamo.reset()
+        torchtpu_compile.reset_stats()
+        if factor is not None:  # the module, its attribute set to factor
+            torch.manual_seed(0)
+            eager = module.Scaled(factor)
+            return torch.compile(eager, backend="torchtpu"), eager
+        return torch.compile(module.step, backend="torchtpu"), module.step
+
+    dynamo_cache.clear_memory()
+    with torchtpu_compile.config.patch(matmul_precision="highest"):  # eager's fp32 matmuls
+        yield compiled_step
+    dynamo_cache.clear_memory()
+    sys.modules.pop(name, None)
+
+
+def _call(compiled_step, *args, factor=None) -> dict:
+    """Call a fresh compile of ``step`` (with ``factor``: of a ``Scaled(factor)``); what the
+    Dynamo cache and Dynamo did, and whether the result is eager's."""
+    compiled, eager = compiled_step(factor)
+    traced = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    with torch.no_grad():
+        out = compiled(*args)
+        torch.testing.assert_close(out, eager(*args), rtol=1e-5, atol=1e-5)
+    counts = dict(torchtpu_compile.stats()["caches"]["dynamo"]["all"])
+    counts["traced"] = torch._dynamo.utils.counters["stats"]["unique_graphs"] - traced
+    return counts
+
+
+def test_on_by_default_and_a_fresh_import_skips_tracing(fresh_step):
+    assert dynamo_cache.enabled()  # the default configuration (no TORCHTPU_DYNAMO_CACHE)
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+    first = _call(fresh_step, x, w)
+    assert first["traced"] == 1 and first["frames_loaded"] == 0
+    assert first["bytes_written"] > 0
+    again = _call(fresh_step, x, w)
+    assert again["frames_loaded"] == 1 and again["hits"] == 1 and again["traced"] == 0
+
+
+def test_other_shapes_miss_and_trace_again(fresh_step):
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+    _call(fresh_step, x, w)
+    other = _call(fresh_step, torch.randn(3, 8), w)
+    assert other["frames_loaded"] == 0 and other["entries_rejected"] == 1
+    assert other["hits"] == 0 and other["traced"] == 1
+    wider = _call(fresh_step, x, torch.randn(8, 16))
+    assert wider["frames_loaded"] == 0 and wider["traced"] == 1
+
+
+def test_another_module_attribute_misses(fresh_step):
+    x = torch.randn(4, 8)
+    _call(fresh_step, x, factor=2.0)
+    same = _call(fresh_step, x, factor=2.0)
+    assert same["frames_loaded"] == 1 and same["traced"] == 0
+    other = _call(fresh_step, x, factor=3.0)  # the result checked against eager's x * 3
+    assert other["frames_loaded"] == 0 and other["entries_rejected"] == 1
+    assert other["traced"] == 1
+
+
+def test_another_torch_version_string_misses(fresh_step, monkeypatch):
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+    _call(fresh_step, x, w)
+    stack = versions.stack_versions()
+    monkeypatch.setattr(versions, "stack_versions",
+                        lambda: stack.replace(f"torch-{torch.__version__}", "torch-2.13.1"))
+    other = _call(fresh_step, x, w)
+    assert other["frames_loaded"] == 0 and other["hits"] == 0 and other["traced"] == 1
+    assert other["misses"] == 1  # looked up under another key: nothing there
+
+
+def test_an_untested_torch_release_turns_it_off(fresh_step, monkeypatch):
+    assert dynamo_cache.supported_torch() is None  # the pinned torch
+    assert dynamo_cache.supported_torch("2.13.0+cpu") is None
+    reason = dynamo_cache.supported_torch("2.14.0")
+    assert reason is not None and "2.14.0" in reason
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+    _call(fresh_step, x, w)
+    monkeypatch.setattr(torch, "__version__", "2.14.0")
+    dynamo_cache.supported_torch.cache_clear()
+    try:
+        assert not dynamo_cache.enabled()
+        off = _call(fresh_step, x, w)
+    finally:
+        monkeypatch.undo()
+        dynamo_cache.supported_torch.cache_clear()
+    assert off["traced"] == 1 and off["frames_loaded"] == 0
+    assert off["hits"] == off["misses"] == 0  # not even looked up

@@ -11,7 +11,7 @@ import torch
 import torchtpu_compile
 from tests.support.helpers import compile_tpu
 from torchtpu_compile import config
-from torchtpu_compile import graph_cache
+from torchtpu_compile import dynamo_cache, graph_cache
 from torchtpu_compile.lower import cache as lowering_cache
 from torchtpu_compile.runtime import executable
 from torchtpu_compile.runtime.cache import GRAPH_FOLDER, frame
@@ -119,16 +119,19 @@ def test_warm_process_hits_every_graph_and_matches_the_cold_one(tmp_path):
 
 @pytest.fixture
 def isolated_cache(tmp_path):
-    """An empty disk cache for this process, and no level-1 entries at any cache."""
+    """An empty disk cache for this process, and no level-1 entries at any cache. The
+    Dynamo-level cache, which would answer before these levels are asked, is off: its own
+    tests are test_dynamo_cache.py's."""
     def forget():
         executable.clear_cache()
         graph_cache.clear_memory()
         lowering_cache.clear_memory()
+        dynamo_cache.clear_memory()
         torch._dynamo.reset()
         torchtpu_compile.reset_stats()
 
     with torchtpu_compile.config.patch(cache_dir=str(tmp_path / "cache"), remote_cache=None,
-                                       graph_cache=True):
+                                       graph_cache=True, dynamo_cache=False):
         forget()
         yield forget
     forget()

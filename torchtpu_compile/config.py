@@ -330,10 +330,11 @@ _SETTINGS = (
             "Also cache aot_autograd results and lowered StableHLO, at the same levels as the "
             "executables; torch's force_disable_caches turns it off too.",
             "cache"),
-    Setting("dynamo_cache", "TORCHTPU_DYNAMO_CACHE", False, _Flag(),
+    Setting("dynamo_cache", "TORCHTPU_DYNAMO_CACHE", True, _Flag(),
             "Also cache Dynamo's output per frame (bytecode, guards checked by portable "
-            "fingerprints), so that a warm process skips tracing; experimental. Its hook is "
-            "installed when the backend is imported, if this is on then.",
+            "fingerprints), so that a warm process skips tracing. Off by itself on a torch "
+            "release it was not tested on. Its hook is installed when the backend is imported, "
+            "if this is on then.",
             "cache"),
     # -- dynamic shapes --
     Setting("buckets", "TORCHTPU_BUCKETS", True, _Flag(),

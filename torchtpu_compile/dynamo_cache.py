@@ -24,8 +24,12 @@ the rebuilt guards must pass on the frame before the entry is used.
 Not cached (traced as before): frames with dynamic shapes (symbolic sizes), frames that graph
 break (resume functions), and frames whose guards read an object only identifiable by ``id``.
 
-Off by default (``TORCHTPU_DYNAMO_CACHE=1`` or ``config.dynamo_cache = True``): it works on
-Dynamo internals of torch 2.13 (``ConvertFrameAssert``, ``CheckFunctionManager``) that may move.
+On by default (``TORCHTPU_DYNAMO_CACHE=0`` or ``config.dynamo_cache = False`` turns it off). It
+works on Dynamo internals (``ConvertFrameAssert``, ``CheckFunctionManager``, ``SerializedCode``)
+that may move between torch releases, so it serves only the releases it was tested on
+(``SUPPORTED_TORCH``) and only while those internals have the shape it expects: on any other
+torch it stays off (one log line), and Dynamo traces every frame as usual. A damaged or
+truncated entry is discarded with a warning and the frame is traced again (``runtime/cache``).
 
 It serves the backends that ``install`` it (``backend.py`` installs it for "torchtpu"); it knows
 nothing of them but their function.
@@ -69,14 +73,50 @@ _FORMAT = 1
 _KEYED_SOURCES = ("dynamo_cache.py", "backend.py", "graph_cache.py", "program", "lower")
 
 
+#: The torch releases (``major.minor``) whose Dynamo internals this cache was written against and
+#: tested on; on any other the cache stays off.
+SUPPORTED_TORCH = ("2.13",)
+
+
 class Unportable(Exception):
     """A value, guard or global that cannot be recognised in another process."""
 
 
 def enabled() -> bool:
-    """Whether this cache is on: ``config.dynamo_cache``, and the graph cache it points into."""
+    """Whether this cache is on: ``config.dynamo_cache``, on a torch it supports, and the graph
+    cache it points into."""
     from . import graph_cache
-    return bool(getattr(config, "dynamo_cache", False)) and graph_cache.enabled()
+    return bool(getattr(config, "dynamo_cache", False)) and supported_torch() is None \
+        and graph_cache.enabled()
+
+
+@functools.cache
+def supported_torch(version: str | None = None) -> str | None:
+    """None where this cache may run on this torch (``version``: another ``torch.__version__``
+    to judge), else why not: a release it was not tested on, or Dynamo internals it hooks into
+    that are not there.
+
+    Example::
+
+        supported_torch("2.13.0+cpu")    # None
+        supported_torch("2.14.0")        # "torch 2.14.0 is not one the Dynamo-level cache ..."
+    """
+    version = torch.__version__ if version is None else version
+    release = ".".join(version.split("+")[0].split(".")[:2])
+    if release not in SUPPORTED_TORCH:
+        return (f"torch {version} is not one the Dynamo-level cache was tested on "
+                f"({', '.join(SUPPORTED_TORCH)})")
+    try:
+        from torch._dynamo.convert_frame import ConvertFrameAssert
+        from torch._dynamo.guards import CheckFunctionManager  # noqa: F401
+        from torch._dynamo.package import SerializedCode  # noqa: F401
+        parameters = list(inspect.signature(ConvertFrameAssert.__call__).parameters)
+    except (ImportError, AttributeError, TypeError, ValueError) as exc:
+        return f"Dynamo's internals moved ({type(exc).__name__}: {exc})"
+    if parameters[:5] != ["self", "frame", "cache_entry", "hooks", "frame_state"] \
+            or "skip" not in parameters:
+        return f"ConvertFrameAssert.__call__ takes {parameters}"
+    return None
 
 
 # --- portable fingerprints ----------------------------------------------------------------
@@ -678,14 +718,18 @@ def _patched_call(original):
 
 def install(backend) -> None:
     """Serve the frames Dynamo compiles with ``backend`` (a compiler function), hooking the
-    cache into Dynamo's frame conversion once per process. A no-op for other backends, and
-    while ``config.dynamo_cache`` is off.
+    cache into Dynamo's frame conversion once per process. A no-op for other backends, while
+    ``config.dynamo_cache`` is off, and on a torch it does not support (``supported_torch``).
 
     Example::
 
         dynamo_cache.install(torchtpu_backend)   # backend.py does this when the cache is on
     """
     global _installed
+    unsupported = supported_torch()
+    if unsupported is not None:
+        log.info("torchtpu: the Dynamo-level cache is off: %s", unsupported)
+        return
     from torch._dynamo.convert_frame import ConvertFrameAssert
     with _install_lock:
         if not any(backend is ours for ours in _backends):

@@ -8,7 +8,7 @@ each: a second registration raises ``DuplicateRegistration`` (registry.py).
 One module per family of ops, as JAX's lax files:
 
     elementwise       remainder, floor division, fmax/fmin, clamp, hypot, angle, nextafter,
-                      frexp, dropout
+                      frexp, dropout, inductor's fma (optimizers' addcmul_/add_ in Dynamo)
     reductions_scans  reductions of 0-d tensors, cumsum/cumprod/logcumsumexp/cummax/cummin,
                       histc, histogram
     sorting           stable sort, topk, kthvalue, median, nanmedian, mode, searchsorted

@@ -1,6 +1,7 @@
 """Elementwise decompositions: arithmetic torch-mlir lowers wrongly (remainder's sign, integer
 floor division in float64, fmax/fmin and clamp's bounds without broadcasting), floats read bit
-by bit (nextafter, frexp), short formulas (hypot, angle) and dropout's random mask.
+by bit (nextafter, frexp), short formulas (hypot, angle, inductor's fma) and dropout's random
+mask.
 
 Example::
 
@@ -85,6 +86,15 @@ def _ignoring_nan(pick, a, b):
     if not a.is_floating_point():
         return pick(a, b)
     return torch.where(b.isnan(), a, torch.where(a.isnan(), b, pick(a, b)))
+
+
+@decomposition("prims::fma")
+def fma(a, b, c):
+    # Dynamo writes an optimizer's addcmul_(..., value=v) and add_(..., alpha=a) as inductor's
+    # prims.fma (defined when torch._inductor.inductor_prims is imported: by name, then), which
+    # torch-mlir does not legalize; as its own definition says, a * b + c. Without it every
+    # Adam/AdamW step graph was cut around an eager fma per parameter.
+    return a * b + c
 
 
 @decomposition(aten.fmax.default)
