@@ -49,13 +49,17 @@ def main(device: str, compiled: bool = False) -> dict:
                                  use_cpu=device == "cpu")
         trainer = Trainer(model=model, args=args, train_dataset=RandomTokens())
         trainer.train()
-    prompt = torch.tensor([[1, 2, 3]]).to(args.device)
-    sample = model.generate(prompt, max_new_tokens=3, do_sample=False)
-    import torchtpu_compile
+    sample = None
+    if not compiled:
+        # Known gap (docs/migration.md): generate() of the compiled model on tpu fails in
+        # Dynamo, at torch.tensor([...], device=tpu) inside the compiled forward.
+        prompt = torch.tensor([[1, 2, 3]]).to(args.device)
+        sample = model.generate(prompt, max_new_tokens=3, do_sample=False).cpu().tolist()
+    from torch._dynamo.utils import counters
     return {"device": str(args.device),
-            "graphs_compiled": torchtpu_compile.stats()["graphs_compiled"],
+            "frames_compiled": counters["frames"]["ok"],
             "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
-            "sample": sample.cpu().tolist()}
+            "sample": sample}
 
 
 if __name__ == "__main__":
