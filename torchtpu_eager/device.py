@@ -54,7 +54,7 @@ def register() -> None:
             raise RuntimeError(
                 f"cannot register the 'tpu' device: PrivateUse1 is already taken by "
                 f"{current!r} in this process (another out-of-tree backend was loaded first)")
-        from . import autocast, kernels, pinned, serialization, tpu_module
+        from . import autocast, kernels, module_conversion, pinned, serialization, tpu_module
         if current != NAME:
             torch.utils.rename_privateuse1_backend(NAME)
             # Tensor.tpu(), Tensor.is_tpu, Module.tpu(); storages of a Python backend have no
@@ -65,6 +65,7 @@ def register() -> None:
         torch._C._acc.register_python_privateuseone_hook(_Hooks())
         torch._C._acc.register_python_privateuseone_device_guard(_Guard())
         kernels.register()
+        module_conversion.register()  # Module.to("tpu") keeps tied weights tied
         pinned.register()  # pin_memory() with tpu as the current accelerator (pinned.py)
         autocast.register()  # torch.autocast("tpu"): CUDA's op lists (autocast.py)
         serialization.register()

@@ -43,6 +43,7 @@ class BucketedGraph:
         self.resident_inputs = resident_inputs
         self.spec = None
         self._programs: dict = {}   # (precision, bucket key) -> (program, plan)
+        self._device = False        # the results' device type (None: as traced), once known
 
     def _analyze(self):
         if self.spec is None:
@@ -98,7 +99,19 @@ class BucketedGraph:
             inputs.append(padded)
         inputs += [torch.tensor(real_env[s], dtype=torch.int64) for s in spec.symbols]
         counters.record_bucket_call(self.name, key, new, padded_elements, real_elements)
-        return unpad_outputs(program(inputs), plan.outputs, real_env, pad_env)
+        return unpad_outputs(program(inputs, self._result_device()), plan.outputs, real_env,
+                             pad_env)
+
+    def _result_device(self) -> str | None:
+        # A bucket is traced on the host (trace.py), so its program would hand back host
+        # tensors; a graph compiled on tpu tensors gives tpu tensors, as unbucketed.
+        if self._device is False:
+            outputs = self.gm.graph.output_node().args[0]
+            devices = {n.meta["val"].device.type for n in outputs
+                       if isinstance(n, torch.fx.Node)
+                       and isinstance(n.meta.get("val"), torch.Tensor)}
+            self._device = next((d for d in devices if d != "cpu"), None)
+        return self._device
 
 
 __all__ = ["BucketedGraph", "NotPaddable"]

@@ -172,10 +172,21 @@ def _interpret(gm, spec, flat, ctx: Context, plan: BucketPlan) -> list:
         if not node.users:
             continue
         args = fx.node.map_arg(node.args, lambda n: env[n])
-        kwargs = fx.node.map_arg(node.kwargs, lambda n: env[n])
+        kwargs = _on_the_host(fx.node.map_arg(node.kwargs, lambda n: env[n]))
         with fx_traceback.set_current_meta(node):
             env[node] = _run_node(node, args, kwargs, ctx)
     raise NotPaddable("graph without output")
+
+
+def _on_the_host(kwargs: dict) -> dict:
+    # The bucket is retraced with CPU examples, and the rules make their masks and indices on
+    # the CPU; a graph compiled on tpu tensors names tpu in its factories and copies
+    # (arange(..., device=tpu)), which would meet those CPU tensors. The program built from
+    # the trace holds no device: the CPU stands for whichever device runs it.
+    device = kwargs.get("device")
+    if device is None or torch.device(device).type == "cpu":
+        return kwargs
+    return {**kwargs, "device": torch.device("cpu")}
 
 
 def _constant(gm: fx.GraphModule, node: fx.Node) -> Padded:

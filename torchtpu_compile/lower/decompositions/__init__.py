@@ -103,8 +103,37 @@ def _our_table() -> dict:
             op = _custom_op(op)
             if op is None:  # its library is not loaded: nothing can call it
                 continue
-        table[op] = fn
+        table[op] = _on_the_inputs_device(fn)
     return table
+
+
+def _on_the_inputs_device(decompose):
+    """``decompose`` with the tensors it creates (``torch.arange(n)``, ``torch.zeros(...)``)
+    on its inputs' device.
+
+    Our decompositions build index and constant tensors without a ``device=``: CPU by default.
+    A graph compiled on tpu tensors is traced with fake tensors on tpu, where such a CPU tensor
+    meets a tpu one and tracing fails (the backward of an embedding, through index_put). The
+    eager device traces with CPU examples, and the CPU context changes nothing there.
+    """
+    def on_device(*args, **kwargs):
+        device = _device_of(args)
+        if device is None:
+            return decompose(*args, **kwargs)
+        with device:
+            return decompose(*args, **kwargs)
+    on_device.__name__ = getattr(decompose, "__name__", "decompose")
+    on_device.__wrapped__ = decompose
+    return on_device
+
+
+def _device_of(args):
+    """The first non-CPU device among ``args``' tensors (lists included), or None."""
+    for arg in args:
+        for t in (arg if isinstance(arg, (list, tuple)) else (arg,)):
+            if isinstance(t, torch.Tensor) and t.device.type != "cpu":
+                return t.device
+    return None
 
 
 def our_ops() -> frozenset:

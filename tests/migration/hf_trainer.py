@@ -1,0 +1,66 @@
+"""Hugging Face ``Trainer`` on a small random-init Llama, as a CUDA user runs it.
+
+Diff from the CUDA version (the lines changed, nothing else)::
+
+    +    os.environ["ACCELERATE_TORCH_DEVICE"] = "tpu"   # or in the shell, before Python starts
+    +    model.compile(backend="torchtpu")                # only for the compiled run
+
+Why the first line: transformers' ``TrainingArguments`` picks ``tpu:0`` and moves the model
+there, but accelerate (which moves each batch) chooses its device from a fixed list of device
+types and falls back to the CPU; ``ACCELERATE_TORCH_DEVICE`` is accelerate's own switch. Why the
+second: ``TrainingArguments(torch_compile_backend=...)`` accepts only the names in accelerate's
+``DynamoBackend`` enum; compiling the model before handing it to ``Trainer`` does the same.
+
+Run it: ``ACCELERATE_TORCH_DEVICE=tpu python -m tests.migration.hf_trainer tpu [compile]``;
+``python -m tests.migration.hf_trainer cpu`` for the reference. Prints one JSON line.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+
+import torch
+from torch.utils.data import Dataset
+
+
+class RandomTokens(Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        ids = torch.randint(0, 64, (8,), generator=torch.Generator().manual_seed(i))
+        return {"input_ids": ids, "labels": ids}
+
+
+def main(device: str, compiled: bool = False) -> dict:
+    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=32)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    if compiled:
+        model.compile(backend="torchtpu")
+    with tempfile.TemporaryDirectory() as out:
+        args = TrainingArguments(output_dir=out, per_device_train_batch_size=4, max_steps=3,
+                                 logging_steps=1, report_to=[], save_strategy="no",
+                                 use_cpu=device == "cpu")
+        trainer = Trainer(model=model, args=args, train_dataset=RandomTokens())
+        trainer.train()
+    sample = None
+    if not compiled:
+        # Known gap (docs/migration.md): generate() of the compiled model on tpu fails in
+        # Dynamo, at torch.tensor([...], device=tpu) inside the compiled forward.
+        prompt = torch.tensor([[1, 2, 3]]).to(args.device)
+        sample = model.generate(prompt, max_new_tokens=3, do_sample=False).cpu().tolist()
+    from torch._dynamo.utils import counters
+    return {"device": str(args.device),
+            "frames_compiled": counters["frames"]["ok"],
+            "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
+            "sample": sample}
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(sys.argv[1], compiled="compile" in sys.argv[2:])))

@@ -1,0 +1,65 @@
+"""The migration suite: CUDA-style scripts run on CPU and with the device changed to tpu.
+
+Each script in this folder is written as a CUDA user writes it, with the device (and, where it
+compiles, the backend) as the only change; its diff from the CUDA version is at its top. Each
+runs here on CPU (eager, the reference) and on tpu (eager, and compiled where the script
+compiles), and the losses, parameters, optimizer state and outputs must agree: tightly in
+float32 (precision "highest"), within the low dtype's resolution under AMP or bfloat16.
+The longer variants (float16 with GradScaler, the compiled image loop, fused AdamW, pure
+bfloat16) are in tests/slow/test_migration_full.py.
+"""
+import pytest
+import torch
+
+import torchtpu_eager  # noqa: F401  (registers the device; autoload does too)
+from torchtpu_compile import config
+from tests.migration import functional_transforms, image_classification, transformer_lm
+
+#: (atol, rtol) by the precision a run computes in.
+TOLERANCE = {"float32": (2e-4, 2e-4), "bfloat16": (6e-2, 6e-2), "float16": (1e-2, 1e-2)}
+
+
+@pytest.fixture(autouse=True)
+def highest_precision():
+    with config.patch(matmul_precision="highest"):
+        yield
+
+
+def assert_same(got, want, tolerance, where="result"):
+    """``got`` (a tpu run's result) equals ``want`` (the CPU run's) in structure and value."""
+    atol, rtol = tolerance
+    if isinstance(want, dict):
+        assert got.keys() == want.keys(), where
+        for key in want:
+            assert_same(got[key], want[key], tolerance, f"{where}[{key!r}]")
+    elif isinstance(want, (list, tuple)):
+        assert len(got) == len(want), where
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert_same(g, w, tolerance, f"{where}[{i}]")
+    elif isinstance(want, torch.Tensor):
+        assert got.device.type == "cpu" and got.dtype == want.dtype, where
+        torch.testing.assert_close(got, want, atol=atol, rtol=rtol, msg=lambda m: f"{where}: {m}")
+    elif isinstance(want, float):
+        assert got == pytest.approx(want, abs=atol, rel=rtol), where
+    else:
+        assert got == want, where
+
+
+def test_image_classification_eager():
+    # bfloat16 autocast, two DataLoader workers, one epoch, checkpoint and resume.
+    want = image_classification.main("cpu", epochs=1)
+    got = image_classification.main("tpu", epochs=1)
+    assert want["checkpoint_devices"] == got["checkpoint_devices"] == ["cpu"]
+    assert_same(got, want, TOLERANCE["bfloat16"])
+
+
+def test_transformer_lm_compiled(fresh_dynamo):
+    # Compiled, activation checkpointing, AdamW(foreach=True), greedy sampling (buckets).
+    want = transformer_lm.main("cpu", compiled=False, optimizer_flag="foreach", steps=2)
+    got = transformer_lm.main("tpu", compiled=True, optimizer_flag="foreach", steps=2)
+    assert_same(got, want, TOLERANCE["float32"])
+
+
+def test_functional_transforms():
+    assert_same(functional_transforms.main("tpu"), functional_transforms.main("cpu"),
+                TOLERANCE["float32"])
