@@ -29,6 +29,7 @@ import hashlib
 import torch
 
 from ..output_slots import check_index, collect_outputs, empty_tensor, results_are_outputs
+from ..profiling import TORCH_PROFILER, around, reentered
 from ..runtime.client import get_client
 from ..runtime.executable import compile_stablehlo
 from ..runtime.transfer import to_buffer, wrapper_for
@@ -113,6 +114,8 @@ class Program:
         Index checks are kept for the next synchronization point (``index_errors.defer``),
         with ``locations``: where the op was called, or per entry of a fused graph.
         """
+        if TORCH_PROFILER._is_profiler_enabled and not reentered():
+            return around("torchtpu::run " + self.name, self.run, buffers, locations)
         executable = self.executable
         if self._plain:
             return executable.run(buffers)
@@ -128,6 +131,8 @@ class Program:
     def __call__(self, args: list, device: str | None = None) -> list:
         """Run on tensors; the graph's outputs as tensors (results on their traced device, or
         on ``device``), rebuilt from the slots: inputs, constants, views, None."""
+        if TORCH_PROFILER._is_profiler_enabled and not reentered():
+            return around("torchtpu::run " + self.name, self, args, device)
         results = []
         defer = False
         executable = self.executable

@@ -24,6 +24,7 @@ from jaxlib import _jax
 
 from .. import counters
 from .._logging import info_once, warn_once
+from ..profiling import TORCH_PROFILER, around, reentered
 from . import memory
 from .client import get_client
 from .device_tensors import READERS, WRAPPERS
@@ -72,6 +73,9 @@ def upload(tensor: torch.Tensor, device, copy: bool = False):
     """
     # The common case (a contiguous CPU tensor not requiring grad) takes no extra calls: this
     # runs for every input of every compiled call.
+    if TORCH_PROFILER._is_profiler_enabled and not reentered():
+        return around("torchtpu::upload", upload, tensor, device, copy,
+                      bytes=tensor.numel() * tensor.element_size())
     own = False  # tensor is already a private copy: no second one for copy=True
     if not tensor.is_cpu:
         tensor, own = tensor.cpu(), True
@@ -189,6 +193,8 @@ def to_buffer(tensor: torch.Tensor, resident: bool = False, client=None):
 
 def to_torch(buffer, client=None) -> torch.Tensor:
     """A torch CPU tensor viewing a PJRT buffer (zero-copy on the CPU client)."""
+    if TORCH_PROFILER._is_profiler_enabled and not reentered():
+        return around("torchtpu::download", to_torch, buffer, client, bytes=buffer.nbytes)
     if (client or get_client()).platform != "cpu":
         # Device memory is not host-addressable: copy to host first.
         import numpy as np
