@@ -10,6 +10,7 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -134,21 +135,34 @@ def test_no_span_outside_the_profiler():
 
 # --- TORCH_TRACE ----------------------------------------------------------------------------
 
-@pytest.fixture
-def torch_trace(tmp_path):
-    """PyTorch's structured trace written to ``tmp_path`` for the test (as TORCH_TRACE does)."""
+@pytest.fixture(scope="module")
+def traced_run(tmp_path_factory):
+    """PyTorch's structured trace (as TORCH_TRACE writes it) of three compiled functions: a
+    static graph, a graph with an op that falls back, and a graph bucketed at two sizes."""
     from torch._logging._internal import LazyTraceHandler, TorchLogsFormatter, trace_log
-    handler = LazyTraceHandler(str(tmp_path))
+    folder = tmp_path_factory.mktemp("torch_trace")
+    handler = LazyTraceHandler(str(folder))
     handler.setFormatter(TorchLogsFormatter(trace=True))
     level = trace_log.level
     trace_log.setLevel(logging.DEBUG)
     trace_log.addHandler(handler)
     try:
-        yield tmp_path
+        with config.patch(matmul_precision="highest"):
+            x = torch.randn(3, 11)
+            torch.testing.assert_close(compile_tpu(lambda t: t.sin() * 5)(x), x.sin() * 5)
+            model = UnlowerableNet()
+            inputs = torch.randn(2, 6)
+            torch.testing.assert_close(compile_tpu(model)(inputs), model(inputs))
+            dynamic = compile_tpu(lambda t: t.cos().sum(1))
+            for width in (5, 40):  # two buckets
+                t = torch.randn(2, width)
+                torch._dynamo.mark_dynamic(t, 1)
+                torch.testing.assert_close(dynamic(t), t.cos().sum(1))
     finally:
         trace_log.removeHandler(handler)
         handler.close()
         trace_log.setLevel(level)
+    return folder
 
 
 def _artifacts(folder) -> list:
@@ -171,20 +185,8 @@ def _artifacts(folder) -> list:
     return found
 
 
-def test_torch_trace_holds_programs_fallbacks_and_buckets_and_tlparse_renders_them(
-        torch_trace, tmp_path_factory):
-    x = torch.randn(3, 11)
-    torch.testing.assert_close(compile_tpu(lambda t: t.sin() * 5)(x), x.sin() * 5)
-    model = UnlowerableNet()
-    inputs = torch.randn(2, 6)
-    torch.testing.assert_close(compile_tpu(model)(inputs), model(inputs))
-    dynamic = compile_tpu(lambda t: t.cos().sum(1))
-    for width in (5, 40):  # two buckets
-        t = torch.randn(2, width)
-        torch._dynamo.mark_dynamic(t, 1)
-        torch.testing.assert_close(dynamic(t), t.cos().sum(1))
-
-    artifacts = _artifacts(torch_trace)
+def test_torch_trace_holds_programs_fallbacks_and_buckets(traced_run):
+    artifacts = _artifacts(traced_run)
     programs = [json.loads(p) for n, p in artifacts if n == "torchtpu_program"]
     static = programs[0]  # the first graph: t.sin() * 5
     assert static["precision"] == "highest" and static["kind"] == "Program"
@@ -201,15 +203,33 @@ def test_torch_trace_holds_programs_fallbacks_and_buckets_and_tlparse_renders_th
     assert buckets[0]["padded_elements"] == 2 * buckets[0]["bucket"][0]
     assert buckets[0]["real_elements"] == 2 * 5
 
-    tlparse = shutil.which("tlparse") or os.path.join(os.path.dirname(os.sys.executable),
+
+def test_tlparse_renders_our_artifacts_per_frame(traced_run, tmp_path):
+    tlparse = shutil.which("tlparse") or os.path.join(os.path.dirname(sys.executable),
                                                       "tlparse")
-    out = tmp_path_factory.mktemp("tlparse") / "report"
-    [log] = [f for f in os.listdir(torch_trace) if f.endswith(".log")]
-    subprocess.run([tlparse, str(torch_trace / log), "-o", str(out), "--no-browser"],
+    out = tmp_path / "tlparse"
+    [log] = [f for f in os.listdir(traced_run) if f.endswith(".log")]
+    subprocess.run([tlparse, str(traced_run / log), "-o", str(out), "--no-browser"],
                    check=True, capture_output=True, timeout=120)
     rendered = {name for _, _, files in os.walk(out) for name in files}
     for artifact in ("torchtpu_program", "torchtpu_stablehlo", "torchtpu_fallbacks",
                      "torchtpu_bucket"):
         assert any(name.startswith(artifact + "_") for name in rendered), artifact
-    index = (out / "index.html").read_text()
-    assert "torchtpu_program" in index
+    assert "torchtpu_program" in (out / "index.html").read_text()
+
+
+def test_report_page_shows_each_graph_bucket_and_fallback(traced_run, tmp_path):
+    from torchtpu_compile import report
+    page = tmp_path / "report.html"
+    assert report.main([str(traced_run), "-o", str(page)]) == 0
+    text = page.read_text()
+    trace = report.read_trace(str(traced_run))
+    assert len(trace.programs) >= 3
+    for section in report.SECTIONS:
+        assert f'<section id="{section}">' in text
+    for program in trace.programs:
+        assert program["name"] in text
+    assert UNLOWERABLE in text
+    assert "<td>[5]</td>" in text and "<td>[40]</td>" in text  # the two bucket decisions
+    assert text.count('class="plotly-graph-div"') == 3  # compile time, buckets, largest
+    assert "<script src=" not in text  # plotly inlined: opens with no network
