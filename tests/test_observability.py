@@ -5,6 +5,7 @@ the profiled computation still gives eager PyTorch's values on the CPU.
 """
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -109,6 +110,56 @@ def test_profiled_eager_loop_shows_each_op_its_program_and_the_download():
         assert len(runs) == 1 and len(executes) == 1
     [download] = [s for s in spans if s[0] == "torchtpu::download"]
     assert _inside(download, ops[-1]) and download[1] >= ops[-2][2]
+
+
+def test_xla_events_merge_into_the_chrome_trace_inside_their_execution(tmp_path):
+    from torchtpu_compile.profiling import DeviceEvents
+    x = torch.randn(64, 64)
+    compiled = compile_tpu(lambda t: (t @ t).sin() + 1)
+    torch.testing.assert_close(compiled(x), (x @ x).sin() + 1, rtol=1e-5, atol=1e-5)
+    with profile(activities=[ProfilerActivity.CPU]) as prof, DeviceEvents() as xla:
+        compiled(x)
+        compiled(x)
+    path = str(tmp_path / "trace.json")
+    prof.export_chrome_trace(path)
+    assert xla.merge_into(path) > 0
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    executes = [(e["ts"], e["ts"] + e["dur"]) for e in events
+                if e.get("name") == "torchtpu::execute"]
+    device = [e for e in events if e.get("cat") == "xla"]
+    assert len(executes) == 2 and device
+    program = next(name for name in torchtpu_compile.stats()["graphs"])
+    for event in device:  # XLA's work sits inside the span of the execution that ran it
+        assert any(start <= event["ts"] and event["ts"] + event["dur"] <= end
+                   for start, end in executes), event
+        assert event["args"]["program"] == program
+    # Both runs show device work.
+    assert all(any(start <= e["ts"] <= end for e in device) for start, end in executes)
+
+
+def test_memory_timeline_follows_allocations_and_frees(tmp_path):
+    from torchtpu_compile.profiling import DeviceEvents
+    from torchtpu_compile.runtime import memory
+    host_a, host_b = torch.randn(1000), torch.randn(500)
+    gc.collect()  # earlier tests' buffers die now, not inside the timeline
+    gc.disable()
+    try:
+        base = memory.snapshot()["allocated_bytes"]
+        with profile(activities=[ProfilerActivity.CPU]) as prof, DeviceEvents() as device:
+            a = host_a.to("tpu")
+            b = host_b.to("tpu")
+            del a
+    finally:
+        gc.enable()
+    path = str(tmp_path / "trace.json")
+    prof.export_chrome_trace(path)
+    device.merge_into(path)
+    with open(path) as f:
+        samples = [e for e in json.load(f)["traceEvents"] if e.get("name") == "tpu memory"]
+    live = [e["args"]["allocated bytes"] - base for e in sorted(samples, key=lambda e: e["ts"])]
+    assert live == [host_a.nbytes, host_a.nbytes + host_b.nbytes, host_b.nbytes]
+    torch.testing.assert_close(b.cpu(), host_b)
 
 
 def test_profiled_fallback_is_a_span_of_its_own():

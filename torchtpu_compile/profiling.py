@@ -31,6 +31,7 @@ Example::
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import threading
@@ -142,6 +143,100 @@ def executed(run, buffers: list, **args) -> list:
         for buffer in results:
             buffer.block_until_ready()
     return results
+
+
+class DeviceEvents:
+    """XLA's own events (``jax.profiler``'s session: the PJRT client's execution threads) and
+    the device memory figures (``runtime/memory.py``: bytes of live PJRT buffers, at each
+    allocation and free), recorded while the context is open, for ``merge_into`` a Chrome
+    trace PyTorch exported. (PyTorch's ``profile_memory`` records its own allocators' events
+    only: it has no entry point for another allocator's from Python.)
+
+    PyTorch's profiler has no hook for another profiler's events, so the device side is a
+    second session next to it; both clocks are the wall clock, and the merged events land
+    inside the ``torchtpu::execute`` span of the program that ran them. Their names are XLA's
+    (fusions, thunks), on one track per XLA thread, under the process "XLA"; each names, in
+    its arguments, the program whose run span it falls in (as ``stats()["graphs"]`` does).
+
+    Example::
+
+        with torch.profiler.profile() as prof, DeviceEvents() as xla:
+            step()
+        prof.export_chrome_trace("trace.json")
+        xla.merge_into("trace.json")
+    """
+
+    #: Markers of XLA's thread pools and of an op's end, not work: left out.
+    SKIPPED = ("ThreadpoolListener::", "end: ")
+
+    def __enter__(self):
+        from jax._src.lib import _profiler
+        options = _profiler.ProfileOptions()
+        options.python_tracer_level = 0  # PyTorch's profiler has the Python side
+        options.host_tracer_level = 2
+        self._session = _profiler.ProfilerSession(options)
+        self._xspace = None
+        _memory_samples.clear()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._xspace = self._session.stop()
+
+    def events(self) -> list:
+        """(thread name, name, start ns since the epoch, duration ns) of XLA's events."""
+        from jax._src.profiler import ProfileData
+        data = ProfileData.from_serialized_xspace(self._xspace)
+        start = 0
+        for plane in data.planes:
+            start = dict(plane.stats).get("profile_start_time", start)
+        found = []
+        for plane in data.planes:
+            for line in plane.lines:
+                if not line.name.startswith("tf_XLA"):
+                    continue
+                for event in line.events:
+                    if event.duration_ns > 0 and not event.name.startswith(self.SKIPPED):
+                        found.append((line.name, event.name, start + event.start_ns,
+                                      event.duration_ns))
+        return found
+
+    def merge_into(self, chrome_trace: str) -> int:
+        """Add XLA's events to ``chrome_trace`` (a file ``export_chrome_trace`` wrote);
+        returns how many were added."""
+        with open(chrome_trace) as f:
+            trace = json.load(f)
+        base_us = trace.get("baseTimeNanoseconds", 0) / 1000
+        runs = sorted((e["ts"], e["ts"] + e.get("dur", 0), e["name"][len("torchtpu::run "):])
+                      for e in trace["traceEvents"]
+                      if e.get("ph") == "X" and e.get("name", "").startswith("torchtpu::run "))
+        threads = {}
+        added = []
+        for thread, name, start_ns, duration_ns in self.events():
+            tid = threads.setdefault(thread, len(threads) + 1)
+            ts, dur = start_ns / 1000 - base_us, duration_ns / 1000
+            # The innermost run span around it: the last to start among those holding it.
+            program = next((run for start, end, run in reversed(runs)
+                            if start <= ts and ts + dur <= end), None)
+            added.append({"ph": "X", "cat": "xla", "name": name, "pid": "XLA", "tid": tid,
+                          "ts": ts, "dur": dur, "args": {"program": program}})
+        added += [{"ph": "M", "name": "thread_name", "pid": "XLA", "tid": tid,
+                   "args": {"name": thread}} for thread, tid in threads.items()]
+        added += [{"ph": "C", "name": "tpu memory", "pid": "XLA", "ts": ns / 1000 - base_us,
+                   "args": {"allocated bytes": allocated}}
+                  for ns, allocated in list(_memory_samples)]
+        trace["traceEvents"] += added
+        with open(chrome_trace, "w") as f:
+            json.dump(trace, f)
+        return len(added) - len(threads)
+
+
+# (wall-clock ns, live device bytes) at each allocation and free while the profiler runs.
+_memory_samples: collections.deque = collections.deque(maxlen=1 << 20)
+
+
+def memory_sample(allocated: int) -> None:
+    """Note the live device bytes now (``runtime/memory.py``, with the profiler on)."""
+    _memory_samples.append((time.time_ns(), allocated))
 
 
 def tracing() -> bool:
