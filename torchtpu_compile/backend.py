@@ -67,7 +67,6 @@ def torchtpu_backend(gm: torch.fx.GraphModule, example_inputs, **options):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from . import graph_cache
-
     from .profiling import spanning
 
     graph_id = next(_backend_ids)

@@ -20,8 +20,8 @@ import torch
 import torch.fx as fx
 
 from .. import config, versions
-from ..profiling import spanning
 from ..kernels.jax_op import graph_fingerprint
+from ..profiling import spanning
 from ..runtime.cache import GRAPH_FOLDER, Levels
 from .importer import LoweredModule, lower_graph
 

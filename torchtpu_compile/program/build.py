@@ -41,9 +41,9 @@ from ..lower.cache import lower_graph_cached
 from ..lower.calling_convention import prepare
 from ..lower.collective_graphs import plan_collectives
 from ..lower.fx_passes import normalize
-from ..profiling import BuildTrace, spanning, trace_artifact, tracing
 from ..lower.support import (COLLECTIVE, ERROR_CHECK, analyze, describe, is_fallback,
                              op_name)
+from ..profiling import BuildTrace, spanning, trace_artifact, tracing
 from ..runtime.client import get_client
 from .run import Program, compile_program
 
