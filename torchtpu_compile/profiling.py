@@ -16,7 +16,11 @@ name ``stats()["graphs"]`` and the logs use; the stages of a compile are those
 ``stats()`` times (``lowering_seconds``, ``xla_compile_seconds``). With the profiler on, a
 program's execution span waits for its results (``executed``): on the asynchronous CPU client,
 and on TPU, the device work ends after the launch returns, and a span that closed at launch
-would show none of it.
+would show none of it. Span arguments (bytes, reasons) show in the exported trace with
+``record_shapes=True``.
+
+Device side. ``DeviceEvents`` records XLA's own events (``jax.profiler``) and the device
+memory timeline next to PyTorch's profiler, and merges both into the Chrome trace it exported.
 
 Artifacts. ``trace_artifact`` puts a JSON or text artifact into PyTorch's structured trace
 (``TORCH_TRACE=<dir>``), under the compile id Dynamo is compiling (none for the eager device),
@@ -50,7 +54,8 @@ SPANS = {
     "torchtpu::build <name>": "the one builder, one program (lowering and compile inside)",
     "torchtpu::lowering": "FX to StableHLO (torch-mlir), on a lowering cache miss",
     "torchtpu::xla_compile": "PJRT compile, on an executable cache miss",
-    "torchtpu::cache <cache> <level>": "a cache lookup; level: where it hit, or 'miss'",
+    "torchtpu::cache <cache>": "a cache lookup, holding the next span",
+    "torchtpu::cache <cache> <level>": "where it hit (process, disk, remote) or 'miss'",
     "torchtpu::upload": "host memory to a PJRT buffer (bytes)",
     "torchtpu::download": "a PJRT buffer to host memory (bytes)",
     "torchtpu::run <name>": "one program call: inputs, execution, outputs",
