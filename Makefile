@@ -26,7 +26,12 @@ lint: install
 test: install
 	$(PY) -m pytest -q --durations=15 tests --ignore=tests/slow
 
+# The compile report's browser test (tests/slow/test_report_browser.py) opens the page in
+# Debian's headless chromium: installed here if missing (as root, as CI runs).
 test-full: install
+	@command -v chromium >/dev/null || (apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || \
+		echo "make: could not install chromium; the compile report's browser test will fail"
 	$(PY) -m pytest -q tests
 
 # The whole OpInfo sweep alone (both paths, fp32 and bf16; TORCHTPU_OPINFO_JOBS workers), and

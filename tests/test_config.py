@@ -76,8 +76,9 @@ def test_every_setting_is_declared_once_with_a_torchtpu_variable():
 
 def test_the_package_reads_the_environment_only_through_config():
     """Every ``os.environ`` read of the two packages is in config.py, but for variables other
-    systems own (TORCH_LOGS, MASTER_ADDR, JAX_PARTITION_INDEX, XLA's log level)."""
-    foreign = ("TORCH_LOGS", "MASTER_ADDR", "JAX_PARTITION_INDEX", "TF_CPP_MIN_LOG_LEVEL")
+    systems own (TORCH_LOGS, TORCH_TRACE, MASTER_ADDR, JAX_PARTITION_INDEX, XLA's log level)."""
+    foreign = ("TORCH_LOGS", "TORCH_TRACE", "MASTER_ADDR", "JAX_PARTITION_INDEX",
+               "TF_CPP_MIN_LOG_LEVEL")
     found = []
     for package in ("torchtpu_compile", "torchtpu_eager"):
         for folder, _, files in os.walk(os.path.join(ROOT, package)):

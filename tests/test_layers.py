@@ -22,14 +22,15 @@ LAYER_NAMES = ("base", "runtime", "lower", "core", "front end")
 LAYERS = {
     **{f"torchtpu_compile.{name}": BASE for name in (
         "config", "_logging", "errors", "versions", "counters", "output_slots",
-        "index_errors", "fallback_policy")},
+        "index_errors", "fallback_policy", "profiling")},
     "torchtpu_compile.runtime": RUNTIME,
     "torchtpu_compile.lower": LOWER,
     "torchtpu_compile.kernels": LOWER,
     "torchtpu_compile.program": CORE,
     "torchtpu_compile.buckets": CORE,
     **{f"torchtpu_compile.{name}": FRONT for name in (
-        "backend", "graph_cache", "dynamo_cache", "graph_breaks", "aot", "numerics")},
+        "backend", "graph_cache", "dynamo_cache", "graph_breaks", "aot", "numerics",
+        "report")},
     "torchtpu_compile": FRONT,  # the package itself: the public facade (stats, backend, jax_op)
     "torchtpu_eager": FRONT,
 }

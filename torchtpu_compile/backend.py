@@ -67,11 +67,13 @@ def torchtpu_backend(gm: torch.fx.GraphModule, example_inputs, **options):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from . import graph_cache
+    from .profiling import spanning
 
     graph_id = next(_backend_ids)
     # Inside the scope, aot_autograd first looks for this graph's result in the graph cache
     # and, on a miss, saves what it builds (graph_cache.py).
-    with graph_cache.scope(gm) as cached:
+    with spanning("torchtpu::backend_compile", graph=graph_id), \
+            graph_cache.scope(gm) as cached:
         aot = aot_autograd(
             fw_compiler=_compiler("forward", graph_id, cached),
             bw_compiler=_compiler("backward", graph_id, cached),
@@ -81,7 +83,7 @@ def torchtpu_backend(gm: torch.fx.GraphModule, example_inputs, **options):
         )
         # The fused CPU attention kernels (_scaled_dot_product_flash_attention_for_cpu) do not
         # lower; the math formulation does, and XLA fuses it anyway.
-        with sdpa_kernel(SDPBackend.MATH):
+        with sdpa_kernel(SDPBackend.MATH), spanning("torchtpu::aot_autograd"):
             compiled = aot(gm, example_inputs)
     # Where the Dynamo-level cache finds this graph again (dynamo_cache.py). On the innermost
     # function: Dynamo's disable() unwraps aot_autograd's wrapper before wrapping it again.

@@ -23,6 +23,7 @@ import torch
 from torchtpu_compile.errors import InvalidInputError, LoweringError
 from torchtpu_compile.kernels.jax_op import kernel_of
 from torchtpu_compile.lower.support import is_written, written_arguments
+from torchtpu_compile.profiling import TORCH_PROFILER, span
 
 from . import fallback, modes, rng, scalars, views
 from .programs import OpGraph, example, trace
@@ -56,6 +57,9 @@ def dispatch(func, args, kwargs):
     handler = _handlers.get(id(func))
     if handler is None:
         handler = _handlers[id(func)] = _classify(func)
+    if TORCH_PROFILER._is_profiler_enabled:
+        with span(f"torchtpu::eager {func}"):
+            return handler(func, args, kwargs)
     return handler(func, args, kwargs)
 
 

@@ -15,6 +15,7 @@ import torch
 
 from torchtpu_compile.fallback_policy import fall_back
 from torchtpu_compile.lower.support import written_arguments
+from torchtpu_compile.profiling import TORCH_PROFILER, around, reentered
 
 from . import views
 from .stats import COUNTERS
@@ -72,6 +73,9 @@ def _to_device(value, originals: dict):
 def run_on_host(func, args, kwargs, reason: str | None):
     """Run ``func`` on host copies; ``reason`` set means "does not lower": the fallback policy
     applies (``torchtpu_compile.fallback_policy``: strict error, else counted and warned)."""
+    if TORCH_PROFILER._is_profiler_enabled and not reentered():
+        return around(f"torchtpu::fallback {func}", run_on_host, func, args, kwargs, reason,
+                      reason=reason or "runs on the host by design")
     if reason is not None:
         fall_back(str(func), _describe(func, args, kwargs), reason, path="eager")
         COUNTERS.add("eager_fallbacks")

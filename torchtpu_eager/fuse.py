@@ -30,6 +30,7 @@ from torchtpu_compile import config
 from torchtpu_compile._logging import log
 from torchtpu_compile.index_errors import caller_location
 from torchtpu_compile.lower.index_checks import INDEX_CHECK
+from torchtpu_compile.profiling import spanning
 
 from .programs import OpGraph
 from .stats import COUNTERS
@@ -120,7 +121,8 @@ class _Recording:
             else:
                 COUNTERS.add("fused_graph_cache_hits")
             COUNTERS.add("fused_graphs_run")
-            results = program.run(self.inputs, self.locations)
+            with spanning("torchtpu::fused_graph", ops=len(self.graphs)):
+                results = program.run(self.inputs, self.locations)
             for (entry, index), buffer in zip(wanted, results):
                 self.outputs[entry][index].buffer = buffer
         for ref in self.storages:

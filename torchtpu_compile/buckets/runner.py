@@ -20,6 +20,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from .. import counters
 from .._logging import log
+from ..profiling import trace_artifact
 from .layout import NotPaddable, has_padding, pad, unpad_outputs
 from .policy import choose
 from .trace import analyze, trace_bucket
@@ -99,6 +100,11 @@ class BucketedGraph:
             inputs.append(padded)
         inputs += [torch.tensor(real_env[s], dtype=torch.int64) for s in spec.symbols]
         counters.record_bucket_call(self.name, key, new, padded_elements, real_elements)
+        if new:  # the decision, for TORCH_TRACE (profiling.py); each call is in stats()
+            trace_artifact("torchtpu_bucket", lambda: {
+                "graph": self.name, "precision": precision, "dims": [str(s) for s in spec.symbols],
+                "sizes": list(sizes), "bucket": list(key), "buckets_before": len(existing),
+                "padded_elements": padded_elements, "real_elements": real_elements})
         return unpad_outputs(program(inputs, self._result_device()), plan.outputs, real_env,
                              pad_env)
 

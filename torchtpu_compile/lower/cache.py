@@ -21,6 +21,7 @@ import torch.fx as fx
 
 from .. import config, versions
 from ..kernels.jax_op import graph_fingerprint
+from ..profiling import spanning
 from ..runtime.cache import GRAPH_FOLDER, Levels
 from .importer import LoweredModule, lower_graph
 
@@ -59,13 +60,16 @@ def lower_graph_cached(gm: fx.GraphModule, platform: str, precision: str,
         lowered = lower_graph_cached(gm, platform="cpu", precision="highest")
     """
     if not config.graph_cache or collectives is not None:
-        return lower_graph(gm, platform=platform, precision=precision, collectives=collectives)
+        with spanning("torchtpu::lowering"):
+            return lower_graph(gm, platform=platform, precision=precision,
+                               collectives=collectives)
     key = graph_key(gm, platform, precision)
     cached = _levels.get(key)
     if cached is not None:
         return cached
     start = time.perf_counter()
-    lowered = lower_graph(gm, platform=platform, precision=precision)
+    with spanning("torchtpu::lowering"):
+        lowered = lower_graph(gm, platform=platform, precision=precision)
     _levels.put(key, lowered, compute_seconds=time.perf_counter() - start)
     return lowered
 

@@ -43,6 +43,7 @@ from ..lower.collective_graphs import plan_collectives
 from ..lower.fx_passes import normalize
 from ..lower.support import (COLLECTIVE, ERROR_CHECK, analyze, describe, is_fallback,
                              op_name)
+from ..profiling import BuildTrace, spanning, trace_artifact, tracing
 from ..runtime.client import get_client
 from .run import Program, compile_program
 
@@ -68,6 +69,17 @@ def build_program(gm: fx.GraphModule, *, precision: str, name: str,
                                 resident_inputs=frozenset({1}))
         outputs = program([x, weight])
     """
+    trace = BuildTrace(name, precision) if tracing() else None  # TORCH_TRACE (profiling.py)
+    with spanning("torchtpu::build " + name):
+        program = _build(gm, precision, name, platform, resident_inputs, rebuild_views,
+                         allow_fallback, skip_empty)
+    if trace is not None:
+        trace.finish(program)
+    return program
+
+
+def _build(gm, precision, name, platform, resident_inputs, rebuild_views, allow_fallback,
+           skip_empty):
     platform = platform or get_client().platform
     prepared, lowered, reasons = _lower_half(gm, precision, platform, rebuild_views,
                                              allow_fallback, skip_empty)
@@ -159,6 +171,10 @@ def _partitioned(gm: fx.GraphModule, reasons: dict, name: str) -> PartitionedPro
     fallbacks = {node: reason for node, reason in reasons.items() if is_fallback(reason)}
     for node, reason in fallbacks.items():
         fall_back(op_name(node), describe(node), reason, path="compile")
+    if fallbacks:
+        trace_artifact("torchtpu_fallbacks", lambda: {"graph": name, "ops": [
+            {"op": op_name(node), "node": describe(node), "reason": reason}
+            for node, reason in fallbacks.items()]})
     if any(reason == ERROR_CHECK for reason in reasons.values()):
         log.info("torchtpu: graph %s checks linalg errors on the host (as eager: a wait for the "
                  "device); the *_ex ops return the info instead", name)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 
 from ..output_slots import check_index, collect_outputs, empty_tensor, results_are_outputs
+from ..profiling import TORCH_PROFILER, around, reentered
 from ..runtime import memory
 from ..runtime.client import get_client
 from ..runtime.device_tensors import WRAPPERS
@@ -115,6 +116,8 @@ class Program:
         Index checks are kept for the next synchronization point (``index_errors.defer``),
         with ``locations``: where the op was called, or per entry of a fused graph.
         """
+        if TORCH_PROFILER._is_profiler_enabled and not reentered():
+            return around("torchtpu::run " + self.name, self.run, buffers, locations)
         executable = self.executable
         if self._plain:
             return executable.run(buffers)
@@ -130,6 +133,8 @@ class Program:
     def __call__(self, args: list, device: str | None = None) -> list:
         """Run on tensors; the graph's outputs as tensors (results on their traced device, or
         on ``device``), rebuilt from the slots: inputs, constants, views, None."""
+        if TORCH_PROFILER._is_profiler_enabled and not reentered():
+            return around("torchtpu::run " + self.name, self, args, device)
         results = []
         defer = False
         executable = self.executable

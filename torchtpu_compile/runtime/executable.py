@@ -23,6 +23,7 @@ from jaxlib import _jax
 from .. import counters
 from .._logging import log
 from ..errors import LoweringError
+from ..profiling import TORCH_PROFILER, executed, reentered, spanning
 from . import memory
 from .cache import Levels
 from .client import get_client
@@ -58,6 +59,8 @@ class Executable:
         return self._serialized
 
     def run(self, buffers: list) -> list:
+        if TORCH_PROFILER._is_profiler_enabled and not reentered():
+            return executed(self.run, buffers)  # a span to completion (profiling.py)
         results = self.loaded.execute_sharded(buffers)
         handlers = self._result_handlers
         if handlers is not None:
@@ -162,7 +165,8 @@ def _compile(bytecode: bytes, what: str, key: str, replicas: tuple) -> tuple[Exe
     client = get_client()
     start = time.perf_counter()
     try:
-        loaded = client.pjrt.compile_and_load(bytecode, *_placement(client, replicas))
+        with spanning("torchtpu::xla_compile", program=what):
+            loaded = client.pjrt.compile_and_load(bytecode, *_placement(client, replicas))
     except Exception as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise LoweringError(f"XLA could not compile {what}: {first_line}") from exc

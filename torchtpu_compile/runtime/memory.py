@@ -21,6 +21,8 @@ from __future__ import annotations
 import threading
 import weakref
 
+from ..profiling import TORCH_PROFILER, memory_sample
+
 # Reentrant: a buffer can die (and its callback run) while this thread is inside track().
 _lock = threading.RLock()
 _refs: dict = {}        # id(weak reference) -> (weak reference, bytes)
@@ -38,6 +40,8 @@ def _released(ref) -> None:
             _count -= 1
             _freed_bytes += entry[1]
             _freed_count += 1
+            if TORCH_PROFILER._is_profiler_enabled:  # the memory timeline (profiling.py)
+                memory_sample(_bytes)
 
 
 def track(buffers, sizes=None, device=None):
@@ -70,6 +74,8 @@ def track(buffers, sizes=None, device=None):
             _peak_bytes = _bytes
         if _count > _peak_count:
             _peak_count = _count
+        if TORCH_PROFILER._is_profiler_enabled:  # the memory timeline (profiling.py)
+            memory_sample(_bytes)
     return buffers
 
 

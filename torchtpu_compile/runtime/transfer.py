@@ -24,6 +24,7 @@ from jaxlib import _jax
 
 from .. import counters
 from .._logging import info_once, warn_once
+from ..profiling import TORCH_PROFILER, around, reentered
 from . import memory
 from .client import get_client
 from .device_tensors import READERS, WRAPPERS
@@ -84,6 +85,9 @@ def upload(tensor: torch.Tensor, device, copy: bool = False):
     """
     # The common case (a contiguous CPU tensor not requiring grad) takes no extra calls: this
     # runs for every upload of the eager device (compiled calls: ``to_buffers``).
+    if TORCH_PROFILER._is_profiler_enabled and not reentered():
+        return around("torchtpu::upload", upload, tensor, device, copy,
+                      bytes=tensor.numel() * tensor.element_size())
     own = False  # tensor is already a private copy: no second one for copy=True
     if not tensor.is_cpu:
         tensor, own = tensor.cpu(), True
@@ -221,6 +225,7 @@ def to_buffers(tensors: list, plan, client) -> tuple[list, int, int]:
         sharding = _sharding(device)
     buffers = []
     made = count = 0
+    profiled = TORCH_PROFILER._is_profiler_enabled  # each upload its span: through upload()
     for i, resident in plan:
         tensor = tensors[i]
         cls = type(tensor)
@@ -238,7 +243,7 @@ def to_buffers(tensors: list, plan, client) -> tuple[list, int, int]:
             else:
                 buffers.append(to_buffer(tensor, True, client))
         elif tensor.is_cpu and not tensor.requires_grad and tensor.dtype in _NUMPY_VIEWABLE \
-                and tensor.is_contiguous():
+                and tensor.is_contiguous() and not profiled:
             array = tensor.numpy()
             aval = _avals.get((array.shape, array.dtype))
             if aval is None:
@@ -260,7 +265,7 @@ def host_tensors(buffers: list, client) -> list:
 
         [y] = host_tensors(executable.run([buf]), get_client())
     """
-    if client.platform != "cpu":
+    if client.platform != "cpu" or TORCH_PROFILER._is_profiler_enabled:  # download spans
         return [to_torch(buffer, client) for buffer in buffers]
     tensors = []
     for buffer in buffers:
@@ -274,6 +279,8 @@ _to_dlpack = _jax.buffer_to_dlpack_managed_tensor
 
 def to_torch(buffer, client=None) -> torch.Tensor:
     """A torch CPU tensor viewing a PJRT buffer (zero-copy on the CPU client)."""
+    if TORCH_PROFILER._is_profiler_enabled and not reentered():
+        return around("torchtpu::download", to_torch, buffer, client, bytes=buffer.nbytes)
     if (client or get_client()).platform != "cpu":
         # Device memory is not host-addressable: copy to host first.
         import numpy as np

@@ -25,6 +25,7 @@ import sys
 import torch
 
 from torchtpu_compile.lower import collectives
+from torchtpu_compile.profiling import spanning
 
 from .. import modes, views
 from . import collective_programs as programs
@@ -77,9 +78,11 @@ class PjrtTransport:
                                 **params)
         COUNTERS.add("collectives")  # launched (a peer that died fails it in run or wait)
         COUNTERS.add("pjrt_collectives")
-        COUNTERS.add("pjrt_bytes", sum(t.numel() * t.element_size() for t in inputs))
+        nbytes = sum(t.numel() * t.element_size() for t in inputs)
+        COUNTERS.add("pjrt_bytes", nbytes)
         try:
-            buffers = exe.run(values)
+            with spanning(f"torchtpu::collective {name}", bytes=nbytes, transport="pjrt"):
+                buffers = exe.run(values)
         except Exception as exc:
             lost = [inputs[i] for i in donate if values[i].is_deleted()]
             error = collective_error(name, exc)

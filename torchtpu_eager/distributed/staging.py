@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from torchtpu_compile._logging import warn_once
+from torchtpu_compile.profiling import spanning
 
 from .. import views
 from ..tensor import TpuTensor
@@ -59,11 +60,14 @@ def stage_in(tensors, read: bool = True, count: bool = True):
     if count:
         note(tensors)
     host, back = [], []
-    for t in tensors:
-        h = host_input(t) if read else host_output(t)
-        host.append(h)
-        if is_tpu(t):
-            back.append((t, h))
+    # The collective itself then runs in gloo (its own "gloo:<op>" events in the profiler).
+    with spanning("torchtpu::collective host_staging", transport="host",
+                  bytes=sum(t.numel() * t.element_size() for t in tensors if is_tpu(t))):
+        for t in tensors:
+            h = host_input(t) if read else host_output(t)
+            host.append(h)
+            if is_tpu(t):
+                back.append((t, h))
     return host, back
 
 

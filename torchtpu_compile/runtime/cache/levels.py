@@ -35,6 +35,7 @@ from typing import Any
 
 from ... import counters
 from ..._logging import log
+from ...profiling import TORCH_PROFILER, span
 from .codecs import Codec
 from .frame import pack
 from .stores import configured_stores, discard_corrupt, fetch, store_entry
@@ -89,6 +90,8 @@ class Levels:
 
             exe = executables.get(key, codec=ExecutableCodec(replicas=(0, 1)))
         """
+        if TORCH_PROFILER._is_profiler_enabled:
+            return self._get_profiled(key, codec)
         with self._lock:
             held = self._memory.get(key)
             if held is not None:
@@ -98,6 +101,16 @@ class Levels:
             return held[0]
         found = self.lookup(key, codec)
         self.count(found)
+        return found.value
+
+    def _get_profiled(self, key: str, codec: Codec | None):
+        """``get`` in a span ``torchtpu::cache <name>`` holding one that names the level that
+        answered (or ``miss``): ``key_averages()`` then counts lookups per level."""
+        with span(f"torchtpu::cache {self.name}"):
+            found = self.lookup(key, codec)
+            self.count(found)
+            with span(f"torchtpu::cache {self.name} {found.level or 'miss'}", bytes=found.size):
+                pass
         return found.value
 
     def lookup(self, key: str, codec: Codec | None = None) -> Lookup:
