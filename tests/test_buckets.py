@@ -293,3 +293,28 @@ def test_stats_report_hits_and_padding_waste(fresh_dynamo):
     graph = next(iter(_graphs().values()))
     assert graph["buckets"] == [[8]] and graph["bucket_hits"] == 1
     assert graph["padding_waste_pct"] == pytest.approx(100 * (16 - 9) / 16, abs=0.01)
+
+
+def test_sizes_seen_before_skip_bucket_choice_until_a_new_bucket(fresh_dynamo, monkeypatch):
+    # A decode loop calls the same graph at the same few sizes: the bucket for each is chosen
+    # once. A new bucket can serve sizes seen before better (max_buckets: the smallest
+    # covering one), so it makes every size choose again; results stay eager's throughout.
+    from torchtpu_compile.buckets import runner
+    chosen = []
+
+    def counting_choose(sizes, existing):
+        chosen.append(sizes)
+        return choose(sizes, existing)
+
+    monkeypatch.setattr(runner, "choose", counting_choose)
+    compiled = compile_tpu(lambda x: (x * 2).cumsum(0))
+    with config.patch(bucket_policy="pow2-128", bucket_min=8, max_buckets=2):
+        for i, n in enumerate((5, 5, 6, 5, 6, 40, 6, 20, 20)):
+            x = torch.randn(n)
+            if i == 0:
+                torch._dynamo.mark_dynamic(x, 0)
+            _close(compiled(x), (x * 2).cumsum(0))
+    # 5 and 6 once each; 40 (new bucket 64) clears them; 6 again; 20 (covered by 64) once
+    assert chosen == [(5,), (6,), (40,), (6,), (20,)]
+    graph = next(iter(_graphs().values()))
+    assert graph["buckets"] == [[8], [64]] and graph["bucket_hits"] == 7

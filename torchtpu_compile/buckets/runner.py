@@ -27,6 +27,8 @@ from .trace import analyze, trace_bucket
 # Layouts of the tensors a forward graph returns, by node name, per backend graph ("graph_3"):
 # its backward graph takes the saved ones as inputs under the same names.
 _SAVED_LAYOUTS: dict = {}
+#: Sizes a graph remembers how to call (a bound on memory for graphs called at many sizes).
+_MAX_CALL_PLANS = 4096
 
 
 def _family(name: str) -> str:
@@ -43,6 +45,7 @@ class BucketedGraph:
         self.resident_inputs = resident_inputs
         self.spec = None
         self._programs: dict = {}   # (precision, bucket key) -> (program, plan)
+        self._calls: dict = {}      # (precision, real sizes) -> _call_plan's tuple
 
     def _analyze(self):
         if self.spec is None:
@@ -74,10 +77,10 @@ class BucketedGraph:
         self._programs[(precision, key)] = entry
         return entry
 
-    def __call__(self, args: list, precision: str) -> list:
-        spec = self._analyze()
-        real_env = self._bind(args)
-        sizes = tuple(real_env[s] for s in spec.symbols)
+    def _call_plan(self, precision: str, sizes: tuple, real_env: dict) -> tuple:
+        """(program, plan, pad_env, tensor positions, padded ones with their layouts, sizes,
+        bucket key) for real ``sizes``, choosing (and building) the bucket on first sight."""
+        spec = self.spec
         existing = [k for (p, k) in self._programs if p == precision]
         key, new = choose(sizes, existing)
         pad_env = dict(zip(spec.symbols, key))
@@ -86,17 +89,37 @@ class BucketedGraph:
             level = log.info if existing and max(key) > largest else log.debug
             level("torchtpu: %s: new bucket %s for sizes %s (%d buckets before)", self.name,
                   key, sizes, len(existing))
+            # Another bucket can change which one serves sizes seen before (policy.choose).
+            self._calls.clear()
         program, plan = self._program_for(precision, key, pad_env)
-        inputs, padded_elements, real_elements = [], 0, 0
-        for arg, kind, layout in zip(args, spec.kinds, spec.layouts):
-            if kind != "tensor":
-                continue
-            padded = pad(arg, layout, real_env, pad_env)
-            if has_padding(layout):
-                padded_elements += padded.numel()
-                real_elements += arg.numel()
-            inputs.append(padded)
-        inputs += [torch.tensor(real_env[s], dtype=torch.int64) for s in spec.symbols]
+        tensors = [i for i, kind in enumerate(spec.kinds) if kind == "tensor"]
+        padded = [(j, spec.layouts[i]) for j, i in enumerate(tensors)
+                  if has_padding(spec.layouts[i])]
+        return (program, plan, pad_env, tensors, padded, sizes, key), new
+
+    def __call__(self, args: list, precision: str) -> list:
+        spec = self._analyze()
+        real_env = self._bind(args)
+        sizes = tuple(real_env[s] for s in spec.symbols)
+        # A decode loop calls with the same few sizes again and again: what they need (bucket,
+        # program, which inputs to pad) is worked out once per sizes.
+        call = self._calls.get((precision, sizes))
+        new = False
+        if call is None:
+            call, new = self._call_plan(precision, sizes, real_env)
+            if len(self._calls) >= _MAX_CALL_PLANS:
+                self._calls.clear()
+            self._calls[(precision, sizes)] = call
+        program, plan, pad_env, tensors, padded, sizes, key = call
+        inputs = [args[i] for i in tensors]
+        padded_elements, real_elements = 0, 0
+        for j, layout in padded:
+            arg = inputs[j]
+            inputs[j] = pad(arg, layout, real_env, pad_env)
+            padded_elements += inputs[j].numel()
+            real_elements += arg.numel()
+        # Fresh each call: a program may alias (or, donated, overwrite) its input buffers.
+        inputs += [torch.tensor(size, dtype=torch.int64) for size in sizes]
         counters.record_bucket_call(self.name, key, new, padded_elements, real_elements)
         return unpad_outputs(program(inputs), plan.outputs, real_env, pad_env)
 
