@@ -318,3 +318,25 @@ def test_sizes_seen_before_skip_bucket_choice_until_a_new_bucket(fresh_dynamo, m
     assert chosen == [(5,), (6,), (40,), (6,), (20,)]
     graph = next(iter(_graphs().values()))
     assert graph["buckets"] == [[8], [64]] and graph["bucket_hits"] == 7
+
+
+@pytest.mark.parametrize("ahead", [True, False])
+def test_background_builds_the_next_bucket_before_it_is_needed(ahead, fresh_dynamo):
+    from torchtpu_compile.buckets import background
+    compiled = compile_tpu(lambda x: (x * 2).cumsum(0))
+    with config.patch(background_buckets=ahead, bucket_policy="pow2-128", bucket_min=8):
+        for i, n in enumerate((5, 12, 7)):
+            x = torch.randn(n)
+            if i == 0:
+                torch._dynamo.mark_dynamic(x, 0)
+            _close(compiled(x), (x * 2).cumsum(0))
+            assert background.wait_idle(120)
+            graph = next(iter(_graphs().values()))
+            if i == 0:  # bucket 8 for the call; with ahead, 16 built meanwhile
+                assert sorted(graph["buckets"]) == ([[8], [16]] if ahead else [[8]])
+    buckets = torchtpu_compile.stats()["buckets"]
+    # 12 found bucket 16 ready (a hit) and had 32 built ahead; 7 is a hit either way
+    assert sorted(graph["buckets"]) == ([[8], [16], [32]] if ahead else [[8], [16]])
+    assert graph["bucket_hits"] == (2 if ahead else 1)
+    assert buckets["built_ahead"] == (2 if ahead else 0)
+    assert graph["compiles"] == len(graph["buckets"])

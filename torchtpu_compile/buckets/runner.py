@@ -6,9 +6,9 @@ outputs back to their real sizes.
 
 Example::
 
-    def build(static_gm, precision, label, resident):
+    def build(static_gm, precision, label, resident, **options):
         return build_program(static_gm, precision=precision, name=label,
-                             resident_inputs=resident)
+                             resident_inputs=resident, **options)
 
     graph = BucketedGraph(gm, "graph_0/forward", build=build)
     outputs = graph(args, precision="highest")
@@ -18,10 +18,11 @@ from __future__ import annotations
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from .. import counters
+from .. import config, counters
 from .._logging import log
 from .layout import NotPaddable, has_padding, pad, unpad_outputs
-from .policy import choose
+from .background import compile_ahead
+from .policy import bucket_size, choose
 from .trace import analyze, trace_bucket
 
 # Layouts of the tensors a forward graph returns, by node name, per backend graph ("graph_3"):
@@ -41,7 +42,8 @@ class BucketedGraph:
     def __init__(self, gm, name: str, build, resident_inputs: frozenset = frozenset()):
         self.gm = gm
         self.name = name
-        self._build = build  # (static gm, precision, label, resident) -> program
+        # (static gm, precision, label, resident, **build_program options) -> program
+        self._build = build
         self.resident_inputs = resident_inputs
         self.spec = None
         self._programs: dict = {}   # (precision, bucket key) -> (program, plan)
@@ -63,6 +65,9 @@ class BucketedGraph:
         entry = self._programs.get((precision, key))
         if entry is not None:
             return entry
+        return self._build_bucket(precision, key, pad_env, self._build)
+
+    def _build_bucket(self, precision: str, key: tuple, pad_env: dict, build):
         with unset_fake_temporarily():
             plan = trace_bucket(self.gm, self.spec, pad_env)
         tensor_positions = [i for i, k in enumerate(self.spec.kinds) if k == "tensor"]
@@ -70,7 +75,7 @@ class BucketedGraph:
                              if i in self.resident_inputs)
         label = f"{self.name}[bucket {','.join(map(str, key))}]"
         log.debug("building %s at precision %s", label, precision)
-        program = self._build(plan.gm, precision, label, resident)
+        program = build(plan.gm, precision, label, resident)
         family = _SAVED_LAYOUTS.setdefault(_family(self.name), {})
         family.update(plan.named_layouts)
         entry = (program, plan)
@@ -92,10 +97,26 @@ class BucketedGraph:
             # Another bucket can change which one serves sizes seen before (policy.choose).
             self._calls.clear()
         program, plan = self._program_for(precision, key, pad_env)
+        if config.background_buckets:  # also at the first use of a bucket built ahead
+            self._build_next_ahead(precision, key, len(existing) + new)
         tensors = [i for i, kind in enumerate(spec.kinds) if kind == "tensor"]
         padded = [(j, spec.layouts[i]) for j, i in enumerate(tensors)
                   if has_padding(spec.layouts[i])]
         return (program, plan, pad_env, tensors, padded, sizes, key), new
+
+    def _build_next_ahead(self, precision: str, key: tuple, buckets: int) -> None:
+        """Build the bucket after ``key`` (each size's next canonical bucket), its XLA compile
+        in the background (background.py), if the graph has room for it below
+        ``config.max_buckets`` (whose last slot stays for the bucket covering every size)."""
+        ahead = tuple(bucket_size(k + 1) for k in key)
+        if buckets + 1 >= int(config.max_buckets) or (precision, ahead) in self._programs:
+            return
+        def build(gm, precision, label, resident):
+            return self._build(gm, precision, label, resident, compile=compile_ahead)
+
+        self._build_bucket(precision, ahead, dict(zip(self.spec.symbols, ahead)), build)
+        counters.record_bucket_call(self.name, ahead, True, 0, 0, ahead=True)
+        log.debug("torchtpu: %s: bucket %s built ahead", self.name, ahead)
 
     def __call__(self, args: list, precision: str) -> list:
         spec = self._analyze()
