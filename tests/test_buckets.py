@@ -101,6 +101,10 @@ CASES = {
     "slice_of_static_dim_by_dynamic_size": lambda x: (
         torch.arange(70.0).reshape(14, 5)[: x.shape[1]] + x[0],
         torch.arange(70.0).reshape(14, 5)[: x.shape[1]].softmax(0)),
+    # Bloom's alibi and masks: a padded dim tiled (blocks padded at their ends), a static dim
+    # tiled a dynamic number of times, a reduction over the tiled padded dim
+    "repeat": lambda x: (x.repeat(2, 3, 1), x.repeat(1, 2, 1).softmax(1),
+                         x[0, 0].repeat(x.shape[1], 1), x[:, 0].repeat(1, x.shape[1]).cumsum(1)),
     # get_attr nodes: tensors the graph holds (a cache's empty start)
     "constants": lambda x: (x * torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0]),
                             torch.cat([torch.tensor([]), x.sum(2).reshape(-1)])),
