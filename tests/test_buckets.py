@@ -101,6 +101,10 @@ CASES = {
     "slice_of_static_dim_by_dynamic_size": lambda x: (
         torch.arange(70.0).reshape(14, 5)[: x.shape[1]] + x[0],
         torch.arange(70.0).reshape(14, 5)[: x.shape[1]].softmax(0)),
+    # Bloom's alibi and masks: a padded dim tiled (blocks padded at their ends), a static dim
+    # tiled a dynamic number of times, a reduction over the tiled padded dim
+    "repeat": lambda x: (x.repeat(2, 3, 1), x.repeat(1, 2, 1).softmax(1),
+                         x[0, 0].repeat(x.shape[1], 1), x[:, 0].repeat(1, x.shape[1]).cumsum(1)),
     # get_attr nodes: tensors the graph holds (a cache's empty start)
     "constants": lambda x: (x * torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0]),
                             torch.cat([torch.tensor([]), x.sum(2).reshape(-1)])),
@@ -293,3 +297,50 @@ def test_stats_report_hits_and_padding_waste(fresh_dynamo):
     graph = next(iter(_graphs().values()))
     assert graph["buckets"] == [[8]] and graph["bucket_hits"] == 1
     assert graph["padding_waste_pct"] == pytest.approx(100 * (16 - 9) / 16, abs=0.01)
+
+
+def test_sizes_seen_before_skip_bucket_choice_until_a_new_bucket(fresh_dynamo, monkeypatch):
+    # A decode loop calls the same graph at the same few sizes: the bucket for each is chosen
+    # once. A new bucket can serve sizes seen before better (max_buckets: the smallest
+    # covering one), so it makes every size choose again; results stay eager's throughout.
+    from torchtpu_compile.buckets import runner
+    chosen = []
+
+    def counting_choose(sizes, existing):
+        chosen.append(sizes)
+        return choose(sizes, existing)
+
+    monkeypatch.setattr(runner, "choose", counting_choose)
+    compiled = compile_tpu(lambda x: (x * 2).cumsum(0))
+    with config.patch(bucket_policy="pow2-128", bucket_min=8, max_buckets=2):
+        for i, n in enumerate((5, 5, 6, 5, 6, 40, 6, 20, 20)):
+            x = torch.randn(n)
+            if i == 0:
+                torch._dynamo.mark_dynamic(x, 0)
+            _close(compiled(x), (x * 2).cumsum(0))
+    # 5 and 6 once each; 40 (new bucket 64) clears them; 6 again; 20 (covered by 64) once
+    assert chosen == [(5,), (6,), (40,), (6,), (20,)]
+    graph = next(iter(_graphs().values()))
+    assert graph["buckets"] == [[8], [64]] and graph["bucket_hits"] == 7
+
+
+@pytest.mark.parametrize("ahead", [True, False])
+def test_background_builds_the_next_bucket_before_it_is_needed(ahead, fresh_dynamo):
+    from torchtpu_compile.buckets import background
+    compiled = compile_tpu(lambda x: (x * 2).cumsum(0))
+    with config.patch(background_buckets=ahead, bucket_policy="pow2-128", bucket_min=8):
+        for i, n in enumerate((5, 12, 7)):
+            x = torch.randn(n)
+            if i == 0:
+                torch._dynamo.mark_dynamic(x, 0)
+            _close(compiled(x), (x * 2).cumsum(0))
+            assert background.wait_idle(120)
+            graph = next(iter(_graphs().values()))
+            if i == 0:  # bucket 8 for the call; with ahead, 16 built meanwhile
+                assert sorted(graph["buckets"]) == ([[8], [16]] if ahead else [[8]])
+    buckets = torchtpu_compile.stats()["buckets"]
+    # 12 found bucket 16 ready (a hit) and had 32 built ahead; 7 is a hit either way
+    assert sorted(graph["buckets"]) == ([[8], [16], [32]] if ahead else [[8], [16]])
+    assert graph["bucket_hits"] == (2 if ahead else 1)
+    assert buckets["built_ahead"] == (2 if ahead else 0)
+    assert graph["compiles"] == len(graph["buckets"])

@@ -34,6 +34,7 @@ FROM_ENVIRONMENT = {
     "bucket_policy": ("16,64,256", "16,64,256"),
     "bucket_min": ("4", 4),
     "max_buckets": ("3", 3),
+    "background_buckets": ("on", True),
     "launch_blocking": ("1", True),
     "defer_and_fuse": ("on", True),
     "fuse_max_ops": ("7", 7),

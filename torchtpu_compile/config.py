@@ -353,6 +353,11 @@ _SETTINGS = (
             "Programs one graph may compile for its buckets; past it sizes reuse a covering "
             "bucket, and only a size beyond every bucket compiles a new one (logged).",
             "buckets"),
+    Setting("background_buckets", "TORCHTPU_BACKGROUND_BUCKETS", False, _Flag(),
+            "Once a graph compiles a bucket, compile its next larger one on a background "
+            "thread, so that a longer input later finds it ready (one build at a time; off: "
+            "each bucket compiles when first needed).",
+            "buckets"),
     # -- the eager tpu device --
     Setting("launch_blocking", "TORCH_TPU_LAUNCH_BLOCKING", False, _Flag(),
             "Start the eager tpu device in debug mode: each op waits for its result, and an "

@@ -124,7 +124,8 @@ def _fresh() -> dict:
         # Programs built per graph (static, per bucket, or per exact shape) and bucket use.
         "graphs": {},
         "buckets": {"compiles": 0, "hits": 0, "exact_shape_compiles": 0,
-                    "padded_elements": 0, "real_elements": 0},
+                    "padded_elements": 0, "real_elements": 0,
+                    "built_ahead": 0},   # of the compiles: next buckets built in the background
         # Every cache (runtime/cache/levels.py), by name, then by level ("process", "disk",
         # "remote", and "all" for the cache as a whole): hits, misses, corrupt (damaged
         # entries discarded), untrusted (entries refused for their signature or owner), bytes
@@ -237,11 +238,18 @@ def record_compile(graph: str, exact_shape: bool = False) -> None:
 
 
 def record_bucket_call(graph: str, bucket: tuple, new: bool, padded_elements: int,
-                       real_elements: int) -> None:
-    """Count one call of ``graph`` served by ``bucket`` (a new one, or a hit) and its padding."""
+                       real_elements: int, ahead: bool = False) -> None:
+    """Count one call of ``graph`` served by ``bucket`` (a new one, or a hit) and its padding;
+    ``ahead``: no call, ``bucket`` was built in the background (buckets/background.py)."""
     with _lock:
         entry = _graph(graph)
         totals = _stats["buckets"]
+        if ahead:
+            entry["compiles"] += 1
+            entry["buckets"].append(list(bucket))
+            totals["compiles"] += 1
+            totals["built_ahead"] += 1
+            return
         if new:
             entry["compiles"] += 1
             entry["buckets"].append(list(bucket))

@@ -16,17 +16,17 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fresh_dynamo")]
 RESULTS = os.environ.get("TORCHTPU_ZOO_RESULTS", os.path.join("build", "coverage", "zoo.json"))
 
 
-def _save(record: dict) -> None:
+def _save(record: dict, results: str = RESULTS) -> None:
     """Merge one model's record into the results file now: a long run that is cut short
     keeps the models it finished, and a run of a few models updates only their rows."""
     merged = {}
-    if os.path.exists(RESULTS):
-        with open(RESULTS) as f:
+    if os.path.exists(results):
+        with open(results) as f:
             merged = {m["model"]: m for m in json.load(f)["models"]}
     merged[record["model"]] = record
     ordered = [merged[n] for n in zoo_full.ZOO if n in merged]
-    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
-    with open(RESULTS, "w") as f:
+    os.makedirs(os.path.dirname(results), exist_ok=True)
+    with open(results, "w") as f:
         json.dump({"models": ordered}, f, indent=1)
 
 
@@ -43,3 +43,17 @@ def test_zoo_model(name):
         pytest.xfail(f"[ours] {name}: {known}")
     assert not bad, {phase: (r["status"], r.get("error"), r.get("fallback_ops"))
                      for phase, r in bad.items()}
+
+
+DYNAMIC_RESULTS = os.environ.get("TORCHTPU_ZOO_DYNAMIC_RESULTS",
+                                 os.path.join("build", "coverage", "dynamic_zoo.json"))
+
+
+@pytest.mark.parametrize("name", zoo_check.text_models())
+def test_zoo_text_model_at_many_lengths(name):
+    """Issue 17's dynamic-length pass: outputs match eager's at each of 6 random (batch,
+    sequence) shapes, and no graph compiles per shape (at most one program per bucket)."""
+    record = zoo_check.measure_dynamic(name)
+    _save(record, DYNAMIC_RESULTS)
+    assert record["status"] != "fail", record.get("error")
+    assert record["status"] == "pass", f"{name} compiles per shape: {record['reasons']}"

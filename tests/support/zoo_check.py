@@ -13,6 +13,8 @@ Example::
 from __future__ import annotations
 
 import copy
+import logging
+import random
 import time
 
 import torch
@@ -179,3 +181,106 @@ def measure(name: str) -> dict:
             "params": sum(p.numel() for p in model.parameters()),
             "inference": inference, "training": training,
             "seconds": round(time.perf_counter() - start, 1)}
+
+
+# --- the dynamic-length pass -------------------------------------------------------------------
+
+#: Calls per text model in the dynamic pass, each at a random batch size and sequence length.
+DYNAMIC_CALLS = 6
+#: Where the pass draws sizes: batch 1..4, sequence 2..48 (the tiny configs hold 64 positions).
+DYNAMIC_BATCH, DYNAMIC_SEQ = (1, 4), (2, 48)
+
+
+def _dynamic_shapes(inputs, seed: int) -> list:
+    """DYNAMIC_CALLS input tuples like ``inputs`` (token ids, or None), each at its own random
+    batch size and, per ids tensor, sequence length; ids drawn from the example's range."""
+    rng = random.Random(seed)
+    calls = []
+    for _ in range(DYNAMIC_CALLS):
+        batch = rng.randint(*DYNAMIC_BATCH)
+        call = []
+        for x in inputs:
+            if x is None:
+                call.append(None)
+                continue
+            low, high = int(x.min()), int(x.max())
+            call.append(torch.randint(low, high + 1, (batch, rng.randint(*DYNAMIC_SEQ))))
+        calls.append(tuple(call))
+    return calls
+
+
+class _ExactShapeReasons(logging.Handler):
+    """The reasons torchtpu logs for graphs it compiles once per shape (program/runner.py)."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.reasons: list = []
+
+    def emit(self, record):
+        message = record.getMessage()
+        if "compiles once per shape" in message:
+            self.reasons.append(message.split("not per bucket: ", 1)[-1])
+
+
+def measure_dynamic(name: str, seed: int = 0) -> dict:
+    """Text model ``name`` compiled once (Dynamo's automatic dynamic shapes), then called at
+    DYNAMIC_CALLS random batch sizes and sequence lengths, each output against eager's.
+
+    ``status``: "pass" (every output matches and every graph compiled per bucket, not per
+    shape), "per-shape" (outputs match, but a graph compiled per shape: ``reasons`` names the
+    op) or "fail". ``compiles`` and ``buckets``: programs built and buckets touched, per graph.
+
+    Example::
+
+        record = measure_dynamic("gpt2")
+        record["status"], record["compiles"], record["buckets"]
+    """
+    family, make = zoo_full.ZOO[name]
+    tol = _tolerances(name)
+    handler = _ExactShapeReasons()
+    logging.getLogger("torchtpu").addHandler(handler)
+    start = time.perf_counter()
+    record = {"model": name, "family": family, "calls": DYNAMIC_CALLS}
+    try:
+        with torchtpu_compile.config.patch(matmul_precision=PRECISION), torch.no_grad():
+            model, inputs = make()
+            no_dropout(model)
+            model.eval()
+            reference = copy.deepcopy(model)
+            calls = _dynamic_shapes(inputs, seed)
+            record["shapes"] = [[list(x.shape) for x in c if x is not None] for c in calls]
+            errors = []
+            with _Observed() as seen:
+                compiled = torch.compile(model, backend="torchtpu")
+                for call in calls:
+                    actual = zoo.first_tensor(compiled(*call))
+                    expected = zoo.first_tensor(reference(*call))
+                    errors.append(_err(actual, expected))
+                    assert_close(actual, expected, tol["out"], f"output at {record['shapes']}")
+            stats = torchtpu_compile.stats()
+            graphs = stats["graphs"].values()
+            record.update(seen.record(), max_err=max(errors),
+                          compiles=[g["compiles"] for g in graphs],
+                          buckets=[len(g["buckets"]) for g in graphs],
+                          exact_shape_compiles=stats["buckets"]["exact_shape_compiles"],
+                          reasons=sorted(set(handler.reasons)))
+            per_shape = record["exact_shape_compiles"] > 0 or \
+                any(c > b and b for c, b in zip(record["compiles"], record["buckets"]))
+            if record["graphs"] >= len({str(s) for s in record["shapes"]}):
+                per_shape = True
+                record["reasons"].append("Dynamo traced a graph per shape (a guard specializes "
+                                         "the sizes)")
+            record["status"] = "per-shape" if per_shape else "pass"
+    except Exception as exc:  # an assertion or a crash: this model's verdict, named
+        record.update(status="fail", error=f"{type(exc).__name__}: "
+                                           f"{' '.join(str(exc).split())[:300]}")
+    finally:
+        logging.getLogger("torchtpu").removeHandler(handler)
+        torch._dynamo.reset()
+    record["seconds"] = round(time.perf_counter() - start, 1)
+    return record
+
+
+def text_models() -> list:
+    """The zoo's text models: the ones the dynamic-length pass calls at many lengths."""
+    return [name for name, (family, _) in zoo_full.ZOO.items() if family == "text"]

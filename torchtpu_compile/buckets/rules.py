@@ -302,6 +302,26 @@ def expand(ctx, node, x, size, implicit=False):
     return Padded(aten.expand.default(x.tensor, unwrap(size, ctx)), tuple(layout))
 
 
+@padding_rule(aten.repeat.default)
+def repeat(ctx, node, x, repeats):
+    # A padded dim tiled k times is k blocks, each padded at its end: factors (k, *dim's).
+    # A static dim tiled a dynamic number of times s is padded in its outer factor: (s, n).
+    lead = len(repeats) - len(x.layout)
+    layout = []
+    for d, count in enumerate(repeats):
+        inner = x.layout[d - lead] if d >= lead else None
+        if isinstance(count, Size):
+            if inner is not None:
+                raise NotPaddable("repeat of a padded dim a dynamic number of times")
+            n = x.tensor.shape[d - lead] if d >= lead else 1
+            layout.append(Dim((count.expr,) if n == 1 else (count.expr, n), uniform=n == 1))
+        elif inner is None or count == 1:
+            layout.append(inner)
+        else:
+            layout.append(Dim((count, *inner.factors), uniform=inner.uniform))
+    return Padded(aten.repeat.default(x.tensor, unwrap(repeats, ctx)), tuple(layout))
+
+
 @padding_rule(aten.split_with_sizes.default, aten.split.Tensor)
 def split(ctx, node, x, sizes, dim=0):
     dim = _norm_dim(dim, len(x.layout))

@@ -6,9 +6,9 @@ outputs back to their real sizes.
 
 Example::
 
-    def build(static_gm, precision, label, resident):
+    def build(static_gm, precision, label, resident, **options):
         return build_program(static_gm, precision=precision, name=label,
-                             resident_inputs=resident)
+                             resident_inputs=resident, **options)
 
     graph = BucketedGraph(gm, "graph_0/forward", build=build)
     outputs = graph(args, precision="highest")
@@ -18,16 +18,19 @@ from __future__ import annotations
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from .. import counters
+from .. import config, counters
 from .._logging import log
 from ..profiling import trace_artifact
 from .layout import NotPaddable, has_padding, pad, unpad_outputs
-from .policy import choose
+from .background import compile_ahead
+from .policy import bucket_size, choose
 from .trace import analyze, trace_bucket
 
 # Layouts of the tensors a forward graph returns, by node name, per backend graph ("graph_3"):
 # its backward graph takes the saved ones as inputs under the same names.
 _SAVED_LAYOUTS: dict = {}
+#: Sizes a graph remembers how to call (a bound on memory for graphs called at many sizes).
+_MAX_CALL_PLANS = 4096
 
 
 def _family(name: str) -> str:
@@ -40,11 +43,13 @@ class BucketedGraph:
     def __init__(self, gm, name: str, build, resident_inputs: frozenset = frozenset()):
         self.gm = gm
         self.name = name
-        self._build = build  # (static gm, precision, label, resident) -> program
+        # (static gm, precision, label, resident, **build_program options) -> program
+        self._build = build
         self.resident_inputs = resident_inputs
         self.spec = None
         self._programs: dict = {}   # (precision, bucket key) -> (program, plan)
         self._device = False        # the results' device type (None: as traced), once known
+        self._calls: dict = {}      # (precision, real sizes) -> _call_plan's tuple
 
     def _analyze(self):
         if self.spec is None:
@@ -62,6 +67,9 @@ class BucketedGraph:
         entry = self._programs.get((precision, key))
         if entry is not None:
             return entry
+        return self._build_bucket(precision, key, pad_env, self._build)
+
+    def _build_bucket(self, precision: str, key: tuple, pad_env: dict, build):
         with unset_fake_temporarily():
             plan = trace_bucket(self.gm, self.spec, pad_env)
         tensor_positions = [i for i, k in enumerate(self.spec.kinds) if k == "tensor"]
@@ -69,17 +77,17 @@ class BucketedGraph:
                              if i in self.resident_inputs)
         label = f"{self.name}[bucket {','.join(map(str, key))}]"
         log.debug("building %s at precision %s", label, precision)
-        program = self._build(plan.gm, precision, label, resident)
+        program = build(plan.gm, precision, label, resident)
         family = _SAVED_LAYOUTS.setdefault(_family(self.name), {})
         family.update(plan.named_layouts)
         entry = (program, plan)
         self._programs[(precision, key)] = entry
         return entry
 
-    def __call__(self, args: list, precision: str) -> list:
-        spec = self._analyze()
-        real_env = self._bind(args)
-        sizes = tuple(real_env[s] for s in spec.symbols)
+    def _call_plan(self, precision: str, sizes: tuple, real_env: dict) -> tuple:
+        """(program, plan, pad_env, tensor positions, padded ones with their layouts, sizes,
+        bucket key) for real ``sizes``, choosing (and building) the bucket on first sight."""
+        spec = self.spec
         existing = [k for (p, k) in self._programs if p == precision]
         key, new = choose(sizes, existing)
         pad_env = dict(zip(spec.symbols, key))
@@ -88,22 +96,59 @@ class BucketedGraph:
             level = log.info if existing and max(key) > largest else log.debug
             level("torchtpu: %s: new bucket %s for sizes %s (%d buckets before)", self.name,
                   key, sizes, len(existing))
+            # Another bucket can change which one serves sizes seen before (policy.choose).
+            self._calls.clear()
         program, plan = self._program_for(precision, key, pad_env)
-        inputs, padded_elements, real_elements = [], 0, 0
-        for arg, kind, layout in zip(args, spec.kinds, spec.layouts):
-            if kind != "tensor":
-                continue
-            padded = pad(arg, layout, real_env, pad_env)
-            if has_padding(layout):
-                padded_elements += padded.numel()
-                real_elements += arg.numel()
-            inputs.append(padded)
-        inputs += [torch.tensor(real_env[s], dtype=torch.int64) for s in spec.symbols]
+        if config.background_buckets:  # also at the first use of a bucket built ahead
+            self._build_next_ahead(precision, key, len(existing) + new)
+        tensors = [i for i, kind in enumerate(spec.kinds) if kind == "tensor"]
+        padded = [(j, spec.layouts[i]) for j, i in enumerate(tensors)
+                  if has_padding(spec.layouts[i])]
+        return (program, plan, pad_env, tensors, padded, sizes, key), new
+
+    def _build_next_ahead(self, precision: str, key: tuple, buckets: int) -> None:
+        """Build the bucket after ``key`` (each size's next canonical bucket), its XLA compile
+        in the background (background.py), if the graph has room for it below
+        ``config.max_buckets`` (whose last slot stays for the bucket covering every size)."""
+        ahead = tuple(bucket_size(k + 1) for k in key)
+        if buckets + 1 >= int(config.max_buckets) or (precision, ahead) in self._programs:
+            return
+        def build(gm, precision, label, resident):
+            return self._build(gm, precision, label, resident, compile=compile_ahead)
+
+        self._build_bucket(precision, ahead, dict(zip(self.spec.symbols, ahead)), build)
+        counters.record_bucket_call(self.name, ahead, True, 0, 0, ahead=True)
+        log.debug("torchtpu: %s: bucket %s built ahead", self.name, ahead)
+
+    def __call__(self, args: list, precision: str) -> list:
+        spec = self._analyze()
+        real_env = self._bind(args)
+        sizes = tuple(real_env[s] for s in spec.symbols)
+        # A decode loop calls with the same few sizes again and again: what they need (bucket,
+        # program, which inputs to pad) is worked out once per sizes.
+        call = self._calls.get((precision, sizes))
+        new = False
+        if call is None:
+            call, new = self._call_plan(precision, sizes, real_env)
+            if len(self._calls) >= _MAX_CALL_PLANS:
+                self._calls.clear()
+            self._calls[(precision, sizes)] = call
+        program, plan, pad_env, tensors, padded, sizes, key = call
+        inputs = [args[i] for i in tensors]
+        padded_elements, real_elements = 0, 0
+        for j, layout in padded:
+            arg = inputs[j]
+            inputs[j] = pad(arg, layout, real_env, pad_env)
+            padded_elements += inputs[j].numel()
+            real_elements += arg.numel()
+        # Fresh each call: a program may alias (or, donated, overwrite) its input buffers.
+        inputs += [torch.tensor(size, dtype=torch.int64) for size in sizes]
         counters.record_bucket_call(self.name, key, new, padded_elements, real_elements)
         if new:  # the decision, for TORCH_TRACE (profiling.py); each call is in stats()
+            others = sum(1 for (p, k) in self._programs if p == precision and k != key)
             trace_artifact("torchtpu_bucket", lambda: {
                 "graph": self.name, "precision": precision, "dims": [str(s) for s in spec.symbols],
-                "sizes": list(sizes), "bucket": list(key), "buckets_before": len(existing),
+                "sizes": list(sizes), "bucket": list(key), "buckets_before": others,
                 "padded_elements": padded_elements, "real_elements": real_elements})
         return unpad_outputs(program(inputs, self._result_device()), plan.outputs, real_env,
                              pad_env)

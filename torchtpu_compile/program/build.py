@@ -51,7 +51,7 @@ from .run import Program, compile_program
 def build_program(gm: fx.GraphModule, *, precision: str, name: str,
                   platform: str | None = None, resident_inputs: frozenset = frozenset(),
                   rebuild_views: bool = True, allow_fallback: bool = True,
-                  skip_empty: bool = True):
+                  skip_empty: bool = True, compile=compile_program):
     """A runnable program for ``gm`` (static shapes, tensor inputs) at ``precision``.
 
     ``name`` names it in errors, logs and stats; ``resident_inputs``: positions of parameters
@@ -62,6 +62,8 @@ def build_program(gm: fx.GraphModule, *, precision: str, name: str,
     ``fallback_policy.py``); without, it raises ``LoweringError`` naming the first such op.
     ``skip_empty``: a graph with nothing to compute (every output an input, a constant or
     None) gets no executable; AOT artifacts, which hold one per program, compile it anyway.
+    ``compile``: the compile half (``run.compile_program``'s signature); buckets built ahead
+    pass one that compiles on their background thread.
 
     Example::
 
@@ -96,7 +98,7 @@ def _build(gm, precision, name, platform, resident_inputs, rebuild_views, allow_
                       result_devices=[_device_type(node) for node in outputs])
     if lowered is None:  # nothing to compute: outputs are inputs, None or constants
         return Program(None, name=name, **convention)
-    return compile_program(lowered, precision=precision, name=name, **convention)
+    return compile(lowered, precision=precision, name=name, **convention)
 
 
 def lower_program(gm: fx.GraphModule, *, precision: str, platform: str | None = None,

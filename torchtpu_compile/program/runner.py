@@ -27,12 +27,13 @@ from .build import build_program
 _graph_ids = itertools.count()
 
 
-def _build_outside_fake(gm: fx.GraphModule, precision: str, name: str, resident_inputs):
+def _build_outside_fake(gm: fx.GraphModule, precision: str, name: str, resident_inputs,
+                        **options):
     # Called at run time, but a region of a partitioned graph may be built while
     # aot_autograd's fake mode is active; constants and probes must be real.
     with unset_fake_temporarily():
         return build_program(gm, precision=precision, name=name,
-                             resident_inputs=resident_inputs)
+                             resident_inputs=resident_inputs, **options)
 
 
 def _is_static(gm: fx.GraphModule) -> bool:

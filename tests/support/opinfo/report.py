@@ -44,6 +44,34 @@ def load_zoo(files: list) -> dict:
     return merged
 
 
+def dynamic_zoo_section(models: dict) -> list:
+    """The zoo's dynamic-length pass (tests/slow/test_zoo_full.py): a paragraph with the
+    counts, then one row per text model."""
+    counts = collections.Counter(m["status"] for m in models.values())
+    per_shape = sorted(n for n, m in models.items() if m["status"] == "per-shape")
+    listed = f" ({', '.join(per_shape)})" if per_shape else ""
+    calls = max((m.get("calls", 0) for m in models.values()), default=0)
+    rows = [f"{len(models)} text models, each compiled once and called at {calls} random "
+            f"(batch, sequence) shapes (batch 1..4, sequence 2..48), every output against "
+            f"eager's: {counts['pass']} pass (at most one program per bucket for every graph), "
+            f"{counts['per-shape']} compile per shape{listed}, {counts['fail']} fail. A model "
+            f"that compiles per shape is ours to fix: the "
+            f"note names the op without an exact padding rule.", "",
+            "| model | status | shapes (batch x seq) | programs per graph / buckets touched | "
+            "Dynamo graphs | max error (of scale) | note |",
+            "|---|---|---|---|---|---|---|"]
+    for name, m in models.items():
+        shapes = ", ".join("x".join(map(str, s[0])) for s in m.get("shapes", []) if s)
+        programs = ", ".join(f"{c}/{b}" if b else f"{c} (static)"
+                             for c, b in zip(m.get("compiles", []), m.get("buckets", []))) or "-"
+        err = f"{m['max_err']:.1e}" if "max_err" in m else "-"
+        note = "; ".join(_short(r, 200) for r in m.get("reasons", []) + [m.get("error", "")]
+                         if r)
+        rows.append(f"| {name} | {m['status']} | {shapes} | {programs} | "
+                    f"{m.get('graphs', '-')} | {err} | {note} |")
+    return rows
+
+
 def _cell(r) -> str:
     if r is None:
         return "·"
@@ -172,7 +200,7 @@ def zoo_steps_note(name: str) -> str:
     return STEPS.get(name, (0, ""))[1]
 
 
-def render(results: dict, seconds: dict, models: dict) -> str:
+def render(results: dict, seconds: dict, models: dict, dynamic_models: dict | None = None) -> str:
     """The whole of docs/coverage.md."""
     today = datetime.date.today().isoformat()
     lines = [
@@ -212,6 +240,8 @@ def render(results: dict, seconds: dict, models: dict) -> str:
                   "max |compiled - eager| over the reference's max magnitude; training is the "
                   "worst of first output, losses, gradients and parameter change.", "",
                   *zoo_table(models), ""]
+    if dynamic_models:
+        lines += ["## Model zoo at many lengths", "", *dynamic_zoo_section(dynamic_models), ""]
     lines += ["## Ops that fall back on the compile path", "", *fallback_summary(results), ""]
     if any(path == "eager" for _, path, _ in results):
         lines += ["## Ops that run on the host on the eager device", "",
@@ -241,9 +271,11 @@ def main(argv=None) -> int:
         return 2
     results, seconds = load_opinfo(opinfo_files)
     models = load_zoo(zoo_files)
+    dynamic_models = load_zoo(sorted(glob.glob("build/coverage/dynamic_zoo*.json"),
+                                     key=os.path.getmtime))
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
-        f.write(render(results, seconds, models))
+        f.write(render(results, seconds, models, dynamic_models))
     print(f"wrote {args.out}: {len(results)} OpInfo results, {len(models)} models")
     return 0
 

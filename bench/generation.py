@@ -1,0 +1,213 @@
+"""Decoding: Hugging Face greedy ``generate()`` with ``model.forward`` compiled.
+
+For each model (tiny Llama, tiny GPT-2 and a larger Llama whose decode step is dominated by its
+matmuls) and each KV cache (``dynamic``: transformers' default, growing by one token a step;
+``static``: ``cache_implementation="static"``, preallocated), every contender (eager, Inductor
+with automatic dynamic shapes, torchtpu) runs:
+
+- three prompts of different lengths, 64 new tokens each, from a fresh compile cache: the total
+  time, compiles included (what a user waits for the first time);
+- then the first prompt again (untimed: it may compile once more), then a few more times: the
+  steady time of one ``generate()``, reported as tokens per second in the notes;
+- compile counts: Dynamo graphs for Inductor; for torchtpu, programs built in all and at most
+  per graph (a bucket each, or an exact shape), and XLA compilations.
+
+Tokens are compared with eager's (greedy decoding is deterministic); a mismatch is noted.
+
+Each model runs in a fresh process with empty compile caches; within it, the contenders run one
+after the other (``torch._dynamo.reset()`` between them), so compare ratios with the others'
+CPU column in mind. Run one model by hand with
+``python bench/generation.py --child llama 64 3`` (model, new tokens, steady runs).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from common import CONTENDERS, OtherLoad, result  # noqa: E402
+
+PRECISION = "highest"
+NEW_TOKENS = 64
+QUICK_NEW_TOKENS = 16
+PROMPT_LENGTHS = (7, 13, 21)
+CACHES = ("dynamic", "static")
+# Targets for torchtpu/inductor (lower is better), from issue 17.
+TARGET_STEADY = 1.0
+TARGET_TOTAL = 1.0
+#: Target for the most programs torchtpu builds for one graph with the dynamic cache.
+TARGET_COMPILES_PER_GRAPH = 8
+
+
+def _llama(hidden: int, layers: int, intermediate: int, vocab: int):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
+                      num_hidden_layers=layers, num_attention_heads=hidden // 32,
+                      num_key_value_heads=hidden // 64, max_position_embeddings=512,
+                      pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    return LlamaForCausalLM(cfg)
+
+
+def _gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+    cfg = GPT2Config(vocab_size=256, n_embd=128, n_layer=2, n_head=4, n_positions=256,
+                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=1,
+                     eos_token_id=2, pad_token_id=0)
+    return GPT2LMHeadModel(cfg)
+
+
+#: name -> (factory, description). "llama" is issue 17's tiny model (2 layers, d=128).
+MODELS = {
+    "llama": (lambda: _llama(128, 2, 256, 256), "tiny Llama (2 layers, d=128)"),
+    "gpt2": (_gpt2, "tiny GPT-2 (2 layers, d=128)"),
+    "llama-large": (lambda: _llama(1024, 4, 2816, 4096), "Llama 4 layers, d=1024 (63M params)"),
+}
+QUICK_MODELS = ("llama",)
+
+
+def _compiles(stats: dict) -> tuple[int, int, int]:
+    per_graph = [g["compiles"] for g in stats["graphs"].values()] or [0]
+    return sum(per_graph), max(per_graph), stats["graphs_compiled"]
+
+
+def _contender_run(model, contender: str, prompts: list, cache: str, new_tokens: int,
+                   steady_runs: int) -> dict:
+    """Compile ``model.forward`` for ``contender``, generate for each prompt (timed as one),
+    then time ``steady_runs`` more generations of the first prompt."""
+    import torch
+    import torchtpu_compile
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    torchtpu_compile.reset_stats()
+    if contender != "eager":
+        model.forward = torch.compile(model.forward, backend=contender)
+    kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+    if cache == "static":
+        kwargs["cache_implementation"] = "static"
+    try:
+        with torch.no_grad():
+            start = time.perf_counter()
+            tokens = [model.generate(**prompt, **kwargs) for prompt in prompts]
+            total = time.perf_counter() - start
+            # Untimed: the first prompt again can still compile once (Dynamo tries the graph
+            # made dynamic by the later prompts first; its bucket for this length is new).
+            model.generate(**prompts[0], **kwargs)
+            built = _compiles(torchtpu_compile.stats())[0]
+            steady = []
+            for _ in range(steady_runs):
+                start = time.perf_counter()
+                model.generate(**prompts[0], **kwargs)
+                steady.append(time.perf_counter() - start)
+    finally:
+        model.__dict__.pop("forward", None)
+    report = {"total": total, "steady": statistics.median(steady), "tokens": tokens}
+    if contender == "inductor":
+        report["graphs"] = int(counters["stats"]["unique_graphs"])
+    elif contender == "torchtpu":
+        stats = torchtpu_compile.stats()
+        report["compiles"], report["max_per_graph"], report["xla"] = _compiles(stats)
+        report["graphs"] = len(stats["graphs"])
+        report["steady_compiles"] = report["compiles"] - built  # 0 unless a step recompiles
+        report["exact_shape"] = stats["buckets"]["exact_shape_compiles"]
+    return report
+
+
+def _child(name: str, new_tokens: int, steady_runs: int) -> dict:
+    import torch
+    import torchtpu_compile
+    sys.path.insert(0, os.path.dirname(HERE))
+    torch.set_float32_matmul_precision(PRECISION)
+    torchtpu_compile.config.matmul_precision = PRECISION
+    torch.manual_seed(0)
+    model = MODELS[name][0]().eval()
+    prompts = []
+    for length in PROMPT_LENGTHS:
+        ids = torch.randint(3, model.config.vocab_size, (1, length))
+        prompts.append(dict(input_ids=ids, attention_mask=torch.ones_like(ids)))
+    out = {}
+    for cache in CACHES:
+        runs = {c: _contender_run(model, c, prompts, cache, new_tokens, steady_runs)
+                for c in CONTENDERS}
+        reference = runs["eager"].pop("tokens")
+        for contender in ("inductor", "torchtpu"):
+            tokens = runs[contender].pop("tokens")
+            runs[contender]["same_tokens"] = all(torch.equal(a, b)
+                                                 for a, b in zip(tokens, reference))
+        out[cache] = runs
+    return out
+
+
+def _run_child(name: str, new_tokens: int, steady_runs: int) -> dict:
+    scratch = tempfile.mkdtemp(prefix="torchtpu-bench-generation-")
+    env = dict(os.environ, TORCHTPU_CACHE_DIR=os.path.join(scratch, "tpu"),
+               TORCHINDUCTOR_CACHE_DIR=os.path.join(scratch, "inductor"))
+    env.pop("TORCHTPU_REMOTE_CACHE", None)
+    try:
+        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", name,
+                              str(new_tokens), str(steady_runs)], env=env, capture_output=True,
+                             text=True, check=True)
+    except subprocess.CalledProcessError as exc:
+        raise RuntimeError(f"{name}: {exc.stderr.strip().splitlines()[-3:]}") from exc
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _rows(name: str, cache: str, runs: dict, new_tokens: int, others_cpu) -> list[dict]:
+    label = f"generate {name}, {cache} cache"
+    tpu, ind = runs["torchtpu"], runs["inductor"]
+    per_second = ", ".join(f"{c} {new_tokens / runs[c]['steady']:.0f}" for c in CONTENDERS)
+    wrong = [c for c in ("inductor", "torchtpu") if not runs[c]["same_tokens"]]
+    notes = [f"{MODELS[name][1]}: tokens/s {per_second}",
+             f"compiles: torchtpu {tpu['compiles']} programs for {tpu['graphs']} graphs (max "
+             f"{tpu['max_per_graph']} per graph, {tpu['xla']} XLA, {tpu['exact_shape']} exact "
+             f"shape); Inductor {ind['graphs']} graphs"]
+    if wrong:
+        notes.append(f"TOKENS DIFFER from eager's: {', '.join(wrong)}")
+    if tpu["steady_compiles"]:
+        notes.append(f"torchtpu compiled {tpu['steady_compiles']} programs during the steady "
+                     f"runs")
+    steady = result(f"{label}: steady ({new_tokens} tok)", {c: runs[c]["steady"]
+                                                           for c in CONTENDERS},
+                    TARGET_STEADY, notes, others_cpu=others_cpu)
+    total = result(f"{label}: 3 prompts incl. compiles", {c: runs[c]["total"]
+                                                          for c in CONTENDERS},
+                   TARGET_TOTAL, others_cpu=others_cpu)
+    if cache == "dynamic" and tpu["max_per_graph"] > TARGET_COMPILES_PER_GRAPH:
+        total["status"] = "MISS"
+        total["notes"].append(f"torchtpu built {tpu['max_per_graph']} programs for one graph "
+                              f"(target <= {TARGET_COMPILES_PER_GRAPH})")
+    return [steady, total]
+
+
+def bench_generation(quick: bool) -> list[dict]:
+    """Rows for run_all.py: steady generate() and 3 prompts incl. compiles, per model and
+    cache (with --quick: the tiny Llama alone, 16 new tokens, one steady run)."""
+    rows = []
+    new_tokens = QUICK_NEW_TOKENS if quick else NEW_TOKENS
+    for name in QUICK_MODELS if quick else MODELS:
+        with OtherLoad() as load:
+            report = _run_child(name, new_tokens, steady_runs=1 if quick else 3)
+        for cache in CACHES:
+            rows += _rows(name, cache, report[cache], new_tokens, load.share)
+    return rows
+
+
+BENCHMARKS = {"generation": bench_generation}
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 5 and sys.argv[1] == "--child":
+        print(json.dumps(_child(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))))
+    else:
+        for row in bench_generation("--quick" in sys.argv):
+            print(json.dumps(row, indent=2))
