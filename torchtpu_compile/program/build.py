@@ -74,14 +74,14 @@ def build_program(gm: fx.GraphModule, *, precision: str, name: str,
     trace = BuildTrace(name, precision) if tracing() else None  # TORCH_TRACE (profiling.py)
     with spanning("torchtpu::build " + name):
         program = _build(gm, precision, name, platform, resident_inputs, rebuild_views,
-                         allow_fallback, skip_empty)
+                         allow_fallback, skip_empty, compile)
     if trace is not None:
         trace.finish(program)
     return program
 
 
 def _build(gm, precision, name, platform, resident_inputs, rebuild_views, allow_fallback,
-           skip_empty):
+           skip_empty, compile_half):
     platform = platform or get_client().platform
     prepared, lowered, reasons = _lower_half(gm, precision, platform, rebuild_views,
                                              allow_fallback, skip_empty)
@@ -98,7 +98,7 @@ def _build(gm, precision, name, platform, resident_inputs, rebuild_views, allow_
                       result_devices=[_device_type(node) for node in outputs])
     if lowered is None:  # nothing to compute: outputs are inputs, None or constants
         return Program(None, name=name, **convention)
-    return compile(lowered, precision=precision, name=name, **convention)
+    return compile_half(lowered, precision=precision, name=name, **convention)
 
 
 def lower_program(gm: fx.GraphModule, *, precision: str, platform: str | None = None,
