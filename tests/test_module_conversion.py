@@ -51,3 +51,20 @@ def test_cpu_conversions_are_untouched():
     model.to(torch.float64)
     assert model.embed.weight is weight and weight.dtype == torch.float64
     assert not torch.__future__.get_swap_module_params_on_conversion()
+
+
+def test_moving_a_model_while_its_graph_is_alive_works_as_before():
+    # Swapping needs the parameters held by nothing else; an output whose autograd graph
+    # saved the weights holds them. Moving then must still work, as it does on CUDA.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    x = torch.randn(5, 3)
+    expected = model(x)
+    model.to("tpu")
+    with config.patch(matmul_precision="highest"):
+        out = model(x.to("tpu"))
+    torch.testing.assert_close(out.cpu(), expected)
+    model.cpu()
+    assert all(p.device.type == "cpu" for p in model.parameters())
+    torch.testing.assert_close(model(x), expected)
+    out.sum().backward()  # the tpu graph still runs backward on its own parameters

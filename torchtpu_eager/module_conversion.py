@@ -9,6 +9,11 @@ parameters. PyTorch's other way, ``torch.__future__``'s swap on conversion, swap
 tensor into the same Parameter object: ties and references survive. We turn it on for the
 conversions that involve tpu only, so what a CPU-only script does is unchanged.
 
+A swap needs each parameter held by its module and autograd alone: moving a model while an
+autograd graph still holds its weights (``out = model(x); model.cpu()``), or while a weak
+reference points at one, cannot swap. That conversion goes PyTorch's plain way instead, as it
+did before (new Parameter objects), with a warning, rather than failing half-way.
+
 Example::
 
     model.head.weight = model.embed.weight
@@ -20,8 +25,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+import weakref
 
 import torch
+
+from torchtpu_compile._logging import warn_once
 
 from .device import NAME
 
@@ -47,6 +55,31 @@ def _involves_tpu(module: torch.nn.Module, device) -> bool:
                for t in (*module.parameters(), *module.buffers()))
 
 
+def _unswappable(module: torch.nn.Module) -> str | None:
+    """The first parameter ``swap_tensors`` would refuse (PyTorch's checks, made before any
+    parameter is touched), or None."""
+    for name, param in module.named_parameters():
+        grad = param.grad
+        if weakref.getweakrefs(param) or (grad is not None and weakref.getweakrefs(grad)):
+            return f"{name} has a weak reference"
+        if param._use_count() > 1:
+            return f"{name} is held by an autograd graph or another tensor"
+    return None
+
+
+def _converted(original, self, args, kwargs):
+    blocked = _unswappable(self)
+    if blocked is not None:
+        warn_once(("module conversion", type(self).__name__, blocked),
+                  "torchtpu: %s.to(): %s, so its parameters are replaced, not moved in place: "
+                  "tied weights come apart and optimizers built before the move keep the old "
+                  "ones. Move the model before the forward pass or after backward",
+                  type(self).__name__, blocked)
+        return original(self, *args, **kwargs)
+    with _swapping():
+        return original(self, *args, **kwargs)
+
+
 def register() -> None:
     """Wrap ``Module.to`` and ``Module.tpu`` (idempotent)."""
     module = torch.nn.Module
@@ -59,8 +92,7 @@ def register() -> None:
         device = torch._C._nn._parse_to(*args, **kwargs)[0]
         if not _involves_tpu(self, device):
             return original_to(self, *args, **kwargs)
-        with _swapping():
-            return original_to(self, *args, **kwargs)
+        return _converted(original_to, self, args, kwargs)
 
     to._torchtpu = True
     module.to = to
@@ -68,6 +100,5 @@ def register() -> None:
     if original_tpu is not None:
         @functools.wraps(original_tpu)
         def tpu(self, *args, **kwargs):
-            with _swapping():
-                return original_tpu(self, *args, **kwargs)
+            return _converted(original_tpu, self, args, kwargs)
         setattr(module, NAME, tpu)
