@@ -160,3 +160,21 @@ def test_strict_allows_autograd_breaks_whose_backward_is_compiled():
     [reason] = torchtpu_compile.stats()["graph_breaks"]
     assert "torch.autograd.grad" in reason
     assert not torchtpu_compile.stats()["fallback_ops"]
+
+
+def test_a_buffer_dying_under_a_compiled_frame_is_no_graph_break():
+    # A PJRT buffer's finalizer (runtime/memory.py) runs wherever the buffer dies; here in the
+    # side effects Dynamo replays after the graph, where it intercepts every new frame. It
+    # tried to trace the finalizer and broke at its lock (a graph break counted and warned).
+    import torchtpu_eager  # noqa: F401  (registers the device; autoload does too)
+
+    def f(x, holder):
+        holder.clear()  # the only reference to a tpu tensor: its buffer dies in the replay
+        return x + 1
+
+    holder = [torch.ones(3, device="tpu") * 2]
+    x = torch.ones(3, device="tpu")
+    before = dict(torchtpu_compile.stats()["graph_breaks"])
+    got = torch.compile(f, backend="torchtpu")(x, holder)
+    assert holder == [] and torch.equal(got.cpu(), torch.full((3,), 2.0))
+    assert dict(torchtpu_compile.stats()["graph_breaks"]) == before

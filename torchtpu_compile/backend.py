@@ -98,6 +98,10 @@ def torchtpu_backend(gm: torch.fx.GraphModule, example_inputs, **options):
 from . import config as _config  # noqa: E402
 from . import graph_breaks as _graph_breaks  # noqa: E402
 _graph_breaks.install(torchtpu_backend)
+# The runtime works below the graph, and its buffer finalizers (runtime/memory.py) run whenever
+# a buffer dies, in the middle of a frame Dynamo traces too: Dynamo must never trace it.
+from torch._dynamo import trace_rules as _trace_rules  # noqa: E402
+_trace_rules.add("torchtpu_compile.runtime")
 if _config.dynamo_cache:
     from . import dynamo_cache
     dynamo_cache.install(torchtpu_backend)

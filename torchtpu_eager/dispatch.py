@@ -471,7 +471,24 @@ def to_copy(func, args, kwargs):
     return run_op(func, (src,), rest)
 
 
-@handles(aten.clone.default, aten.lift_fresh_copy.default)
+@handles(aten.lift_fresh.default, aten.lift_fresh_copy.default)
+def lift(func, args, kwargs):
+    # torch.tensor(data, device="tpu") under a FakeTensorMode (Dynamo and AOTAutograd tracing
+    # a compiled function) makes a real tpu tensor and lifts it; the modes leave lifting a
+    # tensor subclass to the subclass, so nothing would trace it. Lifted as what it is, a host
+    # constant moved to the device, the modes see ops they know: the graph holds the constant
+    # and a copy to tpu, as it does on CUDA where the tracer avoids touching the device.
+    if torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None:
+        from torch.utils._mode_utils import no_dispatch
+        with no_dispatch():  # the download itself is real work, not traced
+            host = to_cpu(args[0])
+        return func(host).to(DEVICE)
+    if func is aten.lift_fresh.default:
+        return args[0]
+    return clone(func, args, kwargs)
+
+
+@handles(aten.clone.default)
 def clone(func, args, kwargs):
     src = args[0]
     # Buffers are immutable and writes replace them, so a dense copy can share its buffer.

@@ -40,9 +40,15 @@ def _backend_fallback(op, *args, **kwargs):
     from .tensor import TpuTensor
     if any(type(a) is TpuTensor for a in args):
         return dispatch(op, args, kwargs)
-    if op in (torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default):
-        return dispatch(op, args, kwargs)
     return _on_host(op, args, kwargs)
+
+
+def _new_storage(op):
+    from .dispatch import dispatch
+
+    def kernel(*args, **kwargs):
+        return dispatch(op, args, kwargs)
+    return kernel
 
 
 def _copy(dst, src, non_blocking=False):
@@ -68,4 +74,10 @@ def register() -> None:
     aten.impl("copy_", _copy, "PrivateUse1")
     for name in _WHOLE_FACTORIES:
         aten.impl(name, _whole_factory(name), "PrivateUse1")
+    # Factories of new storage, as their own kernels: the boxed fallback raises an internal
+    # assert when a dispatch mode is on the stack with the Python key excluded, which is how
+    # torch.tensor(..., device="tpu") makes its real tensor under FakeTensorMode (Dynamo).
+    for op in (torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default):
+        aten.impl(op._schema.name.split("::")[1] + (op._overloadname != "default") * (
+            "." + op._overloadname), _new_storage(op), "PrivateUse1")
     _libraries.extend([fallback, aten])

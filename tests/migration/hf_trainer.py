@@ -49,12 +49,8 @@ def main(device: str, compiled: bool = False) -> dict:
                                  use_cpu=device == "cpu")
         trainer = Trainer(model=model, args=args, train_dataset=RandomTokens())
         trainer.train()
-    sample = None
-    if not compiled:
-        # Known gap (docs/migration.md): generate() of the compiled model on tpu fails in
-        # Dynamo, at torch.tensor([...], device=tpu) inside the compiled forward.
-        prompt = torch.tensor([[1, 2, 3]]).to(args.device)
-        sample = model.generate(prompt, max_new_tokens=3, do_sample=False).cpu().tolist()
+    prompt = torch.tensor([[1, 2, 3]]).to(args.device)
+    sample = model.generate(prompt, max_new_tokens=3, do_sample=False).cpu().tolist()
     from torch._dynamo.utils import counters
     return {"device": str(args.device),
             "frames_compiled": counters["frames"]["ok"],

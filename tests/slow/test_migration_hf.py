@@ -1,6 +1,6 @@
 """Hugging Face Trainer on tpu (tests/migration/hf_trainer.py): the loss curve of a few steps
-match the CPU run, eagerly and compiled; a greedy generate() too, eagerly (compiled, it is a
-known gap: docs/migration.md).
+match the CPU run, eagerly and compiled, and a greedy generate() after; and generate() of a
+compiled Llama (tests/migration/llama_generate.py) gives eager CPU's tokens.
 
 Each run is a fresh process: accelerate reads ``ACCELERATE_TORCH_DEVICE`` once per process
 (its state is shared), which is also how a user sets it.
@@ -17,7 +17,11 @@ pytestmark = pytest.mark.slow
 
 
 def _run(*args: str, **env: str) -> dict:
-    done = subprocess.run([sys.executable, "-m", "tests.migration.hf_trainer", *args],
+    return _run_script("hf_trainer", *args, **env)
+
+
+def _run_script(name: str, *args: str, **env: str) -> dict:
+    done = subprocess.run([sys.executable, "-m", f"tests.migration.{name}", *args],
                           capture_output=True, text=True, timeout=900, env=python_env(**env))
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -30,7 +34,18 @@ def test_trainer_matches_cpu(compiled):
     assert (want["device"], got["device"]) == ("cpu", "tpu:0")
     assert (got["frames_compiled"] > 0) == compiled
     assert got["losses"] == pytest.approx(want["losses"], rel=1e-3)
-    assert got["sample"] == (None if compiled else want["sample"])
+    assert got["sample"] == want["sample"]
+
+
+def test_compiled_generate_matches_cpu():
+    # Greedy generate() of a compiled Llama on tpu (tests/migration/llama_generate.py): the
+    # forward builds tensors on the device (torch.tensor(..., device=...)), which Dynamo once
+    # failed to trace; the tokens must be eager CPU's, with no graph break of ours.
+    want = _run_script("llama_generate", "cpu")
+    got = _run_script("llama_generate", "tpu")
+    assert (want["device"], got["device"]) == ("cpu", "tpu:0")
+    assert got["tokens"] == want["tokens"] and len(got["tokens"][0]) == 8
+    assert got["graph_breaks"] == {}
 
 
 def test_without_the_accelerate_switch_the_batch_stays_on_the_cpu():

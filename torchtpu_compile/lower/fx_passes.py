@@ -145,6 +145,17 @@ def device_literals_as_host(gm):
         node.kwargs = {k: _host_device(v) for k, v in node.kwargs.items()}
 
 
+@fx_pass
+def device_moves_as_copies(gm):
+    # A move between the host and the tpu device inside a graph (torch.tensor(..., device=
+    # x.device) decomposes to prims.device_put) is no move at all: every input of the program
+    # is a PJRT buffer on its one device. A copy (free in XLA) keeps the node's value and the
+    # device its result reports; the importer does not know device_put.
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.prims.device_put.default:
+            node.target, node.args, node.kwargs = aten.clone.default, node.args[:1], {}
+
+
 #: Largest literal we evaluate on the host while folding; bigger ones are left to XLA.
 _MAX_FOLDED_NUMEL = 1 << 16
 
