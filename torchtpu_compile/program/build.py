@@ -74,14 +74,14 @@ def build_program(gm: fx.GraphModule, *, precision: str, name: str,
     trace = BuildTrace(name, precision) if tracing() else None  # TORCH_TRACE (profiling.py)
     with spanning("torchtpu::build " + name):
         program = _build(gm, precision, name, platform, resident_inputs, rebuild_views,
-                         allow_fallback, skip_empty)
+                         allow_fallback, skip_empty, compile)
     if trace is not None:
         trace.finish(program)
     return program
 
 
 def _build(gm, precision, name, platform, resident_inputs, rebuild_views, allow_fallback,
-           skip_empty):
+           skip_empty, compile):
     platform = platform or get_client().platform
     prepared, lowered, reasons = _lower_half(gm, precision, platform, rebuild_views,
                                              allow_fallback, skip_empty)
