@@ -220,7 +220,8 @@ def _return_plan(func, args, kwargs):
 def _functional_variant(func):
     """The functional twin of an op that writes Tensor[] arguments and returns nothing
     (``_fused_adamw_`` -> ``_fused_adamw``, ``_foreach_add_.List`` -> ``_foreach_add.List``):
-    it returns one list per written argument, in order. None for every other op.
+    it returns the new value of each written argument (a list or a tensor), in order. None for
+    every other op.
 
     Such an op is traced through its twin rather than on clones of its arguments: PyTorch's
     functionalization kernel takes an empty written list (``max_exp_avg_sqs`` of AdamW without
@@ -259,9 +260,10 @@ def _build(func, args, kwargs, tensors, lift_floats=False):
         call_args = _substitute(tuple(op_args), it)
         call_kwargs = {k: _substitute(v, it) for k, v in op_kwargs.items()}
         if twin is not None:  # the new values of the written lists, leaf by leaf
-            lists = twin(*call_args, **call_kwargs)
-            lists = lists if isinstance(lists, tuple) else (lists,)  # one list: not in a tuple
-            return tuple(t for written_list in lists for t in written_list)
+            new = twin(*call_args, **call_kwargs)
+            new = new if isinstance(new, tuple) else (new,)  # one return: not in a tuple
+            return tuple(t for value in new
+                         for t in (value if isinstance(value, (list, tuple)) else (value,)))
         out = func(*call_args, **call_kwargs)
         outs = out if isinstance(out, tuple) else (out,)
         fresh = []
