@@ -19,6 +19,14 @@ def strict_fp32():
     assert torchtpu_compile.stats()["eager_fallbacks"] == 0
 
 
+@pytest.fixture(params=["strict", "defer_and_fuse"])
+def eager_mode(request):
+    saved = torch.tpu.get_eager_mode()
+    torch.tpu.set_eager_mode(request.param)
+    yield request.param
+    torch.tpu.set_eager_mode(saved)
+
+
 def _models():
     torch.manual_seed(0)
     ref = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.GELU(), torch.nn.Linear(8, 2))
@@ -36,7 +44,7 @@ def _models():
                               fused=True),
     lambda p: torch.optim.SGD(p, lr=0.1, fused=True),   # no momentum: an empty buffer list
 ], ids=["adamw", "adam_weight_decay", "adam_amsgrad_maximize", "sgd_nesterov", "sgd_plain"])
-def test_fused_optimizer_steps_match_cpu_on_the_device_in_place(optimizer):
+def test_fused_optimizer_steps_match_cpu_on_the_device_in_place(optimizer, eager_mode):
     ref, dev = _models()
     opt_ref, opt_dev = optimizer(ref.parameters()), optimizer(dev.parameters())
     params = list(dev.parameters())
