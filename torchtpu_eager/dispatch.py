@@ -217,19 +217,53 @@ def _return_plan(func, args, kwargs):
     return plan
 
 
+def _functional_variant(func):
+    """The functional twin of an op that writes Tensor[] arguments and returns nothing
+    (``_fused_adamw_`` -> ``_fused_adamw``, ``_foreach_add_.List`` -> ``_foreach_add.List``):
+    it returns the new value of each written argument (a list or a tensor), in order. None for
+    every other op.
+
+    Such an op is traced through its twin rather than on clones of its arguments: PyTorch's
+    functionalization kernel takes an empty written list (``max_exp_avg_sqs`` of AdamW without
+    amsgrad) for a tensor outside ``functionalize()`` and fails an internal assert ("mutating a
+    non-functional tensor with a functional tensor"). The twin is what that kernel would call.
+
+    Example::
+
+        _functional_variant(aten._fused_adamw_.default)   # aten._fused_adamw.default
+    """
+    schema = func._schema
+    written = [a for a in schema.arguments if is_written(a)]
+    if schema.returns or not any(str(a.type).startswith("List[Tensor]") for a in written):
+        return None
+    packet = getattr(aten, func.overloadpacket.__name__.rstrip("_"), None)
+    twin = getattr(packet, func._overloadname, None) if packet is not None else None
+    if twin is None or len(twin._schema.returns) != len(written) or \
+            any(is_written(a) for a in twin._schema.arguments):
+        return None
+    return twin
+
+
 def _build(func, args, kwargs, tensors, lift_floats=False):
     written = _written_leaves(func, args, kwargs)
     plan = _return_plan(func, args, kwargs)
+    twin = _functional_variant(func)
     shapes: list = []   # number of tensors per fresh return, filled while tracing
 
     def fn(*values, _call=None):
         values = list(values)
-        for i in written:
-            values[i] = values[i].clone()  # write into a copy: the graph stays functional
+        if twin is None:
+            for i in written:
+                values[i] = values[i].clone()  # write into a copy: the graph stays functional
         it = iter(values)
         op_args, op_kwargs = _call if _call is not None else (args, kwargs)
         call_args = _substitute(tuple(op_args), it)
         call_kwargs = {k: _substitute(v, it) for k, v in op_kwargs.items()}
+        if twin is not None:  # the new values of the written lists, leaf by leaf
+            new = twin(*call_args, **call_kwargs)
+            new = new if isinstance(new, tuple) else (new,)  # one return: not in a tuple
+            return tuple(t for value in new
+                         for t in (value if isinstance(value, (list, tuple)) else (value,)))
         out = func(*call_args, **call_kwargs)
         outs = out if isinstance(out, tuple) else (out,)
         fresh = []

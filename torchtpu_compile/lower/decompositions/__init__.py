@@ -29,6 +29,7 @@ One module per family of ops, as JAX's lax files:
     fft_complex       FFTs, conj, view_as_real/view_as_complex, complex, polar
     foreach           _foreach_* ops, one plain op per list element
     amp               GradScaler's inf check with unscaling, and its scale update
+    optimizers        fused Adam/AdamW/SGD steps, per parameter
     checks            (``@checked_first``) reductions over no elements: eager's error or value
 
 Helpers shared between families: common.py (the dtypes a decomposition computes in) and
@@ -91,8 +92,8 @@ def _register_families() -> None:
     # Each family module registers its decompositions (and checks) when imported: here, on
     # first use, not when this package is imported (the backend and numerics import it early).
     from . import (amp, bessel, checks, convolution, elementwise, fft_complex,  # noqa: F401
-                   foreach, indexing_scatter, linalg, normalization, polynomials, pooling,
-                   reductions_scans, resampling, sorting, special, views)
+                   foreach, indexing_scatter, linalg, normalization, optimizers, polynomials,
+                   pooling, reductions_scans, resampling, sorting, special, views)
 
 
 def _our_table() -> dict:

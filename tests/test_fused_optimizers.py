@@ -1,0 +1,111 @@
+"""Fused optimizer steps (``AdamW(fused=True)``, Hugging Face Trainer's default) on the eager tpu
+device: computed on the device, no host fallback, state updated in place, equal to eager CPU."""
+import pytest
+import torch
+
+import torchtpu_compile
+import torchtpu_eager  # noqa: F401  (registers the device; autoload does too)
+from torchtpu_compile import config
+
+TPU = torch.device("tpu", 0)
+
+
+@pytest.fixture(autouse=True)
+def strict_fp32():
+    """fp32 matmuls as on CPU; strict: an op that would run on the host raises instead."""
+    torchtpu_compile.reset_stats()
+    with config.patch(matmul_precision="highest", strict=True):
+        yield
+    assert torchtpu_compile.stats()["eager_fallbacks"] == 0
+
+
+@pytest.fixture(params=["strict", "defer_and_fuse"])
+def eager_mode(request):
+    saved = torch.tpu.get_eager_mode()
+    torch.tpu.set_eager_mode(request.param)
+    yield request.param
+    torch.tpu.set_eager_mode(saved)
+
+
+def _models():
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.GELU(), torch.nn.Linear(8, 2))
+    dev = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.GELU(), torch.nn.Linear(8, 2))
+    dev.load_state_dict(ref.state_dict())
+    return ref, dev.to("tpu")
+
+
+@pytest.mark.parametrize("optimizer", [
+    # AdamW without amsgrad: an empty written list (max_exp_avg_sqs), the reported case.
+    lambda p: torch.optim.AdamW(p, lr=0.01, eps=1e-3, weight_decay=0.1, fused=True),
+    lambda p: torch.optim.Adam(p, lr=0.01, eps=1e-3, weight_decay=0.1, fused=True),
+    lambda p: torch.optim.Adam(p, lr=0.01, eps=1e-3, amsgrad=True, maximize=True, fused=True),
+    lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01,
+                              fused=True),
+    lambda p: torch.optim.SGD(p, lr=0.1, fused=True),   # no momentum: an empty buffer list
+], ids=["adamw", "adam_weight_decay", "adam_amsgrad_maximize", "sgd_nesterov", "sgd_plain"])
+def test_fused_optimizer_steps_match_cpu_on_the_device_in_place(optimizer, eager_mode):
+    ref, dev = _models()
+    opt_ref, opt_dev = optimizer(ref.parameters()), optimizer(dev.parameters())
+    params = list(dev.parameters())
+    x, y = torch.randn(5, 6), torch.randn(5, 2)
+    states = None
+    for _ in range(3):
+        for model, opt, inp, target in ((ref, opt_ref, x, y), (dev, opt_dev, x.to("tpu"),
+                                                               y.to("tpu"))):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(inp), target).backward()
+            opt.step()
+        if states is None:  # the state tensors after the first step, by identity
+            states = [dict(opt_dev.state[p]) for p in params]
+    assert list(dev.parameters()) == params and all(p is q for p, q in zip(dev.parameters(),
+                                                                            params))
+    for p_ref, p_dev, first in zip(ref.parameters(), params, states):
+        assert p_dev.device == TPU
+        torch.testing.assert_close(p_dev.detach().cpu(), p_ref.detach(), atol=1e-5, rtol=1e-4)
+        for name, value in opt_ref.state[p_ref].items():
+            current = opt_dev.state[p_dev][name]
+            if isinstance(value, torch.Tensor):
+                assert current is first[name], f"{name} was replaced, not updated in place"
+                torch.testing.assert_close(current.cpu(), value, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("found_inf", [0.0, 1.0], ids=["finite", "found_inf"])
+@pytest.mark.parametrize("op", [torch._fused_adamw_, torch._fused_adam_],
+                         ids=["adamw", "adam"])
+def test_fused_adam_unscales_gradients_and_skips_on_found_inf(op, found_inf):
+    # GradScaler's path: the gradients are divided by grad_scale (and written back), and a
+    # found inf leaves every tensor as it was.
+    torch.manual_seed(0)
+    shapes = [(4, 3), (3,)]
+    cpu = [[torch.randn(s) for s in shapes] for _ in range(4)]
+    cpu[3] = [v.abs() for v in cpu[3]]                      # exp_avg_sqs are non-negative
+    steps = [torch.tensor(2.0) for _ in shapes]
+    dev = [[t.to("tpu") for t in group] for group in cpu]
+    dev_steps = [s.to("tpu") for s in steps]
+    kwargs = dict(lr=0.01, beta1=0.9, beta2=0.999, weight_decay=0.1, eps=1e-8,
+                  amsgrad=False, maximize=False)
+    op(*cpu, [], steps, grad_scale=torch.tensor(4.0), found_inf=torch.tensor(found_inf),
+       **kwargs)
+    op(*dev, [], dev_steps, grad_scale=torch.tensor(4.0).to("tpu"),
+       found_inf=torch.tensor(found_inf).to("tpu"), **kwargs)
+    for group_cpu, group_dev in zip(cpu, dev):
+        for t_cpu, t_dev in zip(group_cpu, group_dev):
+            torch.testing.assert_close(t_dev.cpu(), t_cpu, atol=1e-6, rtol=1e-5)
+
+
+def test_fused_adamw_keeps_low_precision_parameters_in_their_dtype():
+    ref, dev = _models()
+    ref.to(torch.bfloat16)
+    dev.to(torch.bfloat16)
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=0.01, fused=True)
+    opt_dev = torch.optim.AdamW(dev.parameters(), lr=0.01, fused=True)
+    x = torch.randn(5, 6, dtype=torch.bfloat16)
+    for model, opt, inp in ((ref, opt_ref, x), (dev, opt_dev, x.to("tpu"))):
+        model(inp).float().square().sum().backward()
+        opt.step()
+    for p_ref, p_dev in zip(ref.parameters(), dev.parameters()):
+        assert p_dev.dtype == torch.bfloat16
+        # The forward and backward round differently in bf16; the step itself is float32.
+        torch.testing.assert_close(p_dev.detach().cpu(), p_ref.detach(), atol=2e-2, rtol=2e-2)
+
