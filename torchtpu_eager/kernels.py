@@ -44,9 +44,10 @@ def _backend_fallback(op, *args, **kwargs):
 
 
 def _new_storage(op):
-    from .dispatch import dispatch
-
     def kernel(*args, **kwargs):
+        # Imported at the first call: registration runs at ``import torch`` and must not load
+        # the dispatcher (and the compile stack behind it).
+        from .dispatch import dispatch
         return dispatch(op, args, kwargs)
     return kernel
 
