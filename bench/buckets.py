@@ -13,15 +13,12 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from common import OtherLoad, result  # noqa: E402
+from common import OtherLoad, result, run_fresh_child  # noqa: E402
 
 CONTENDERS = ("eager", "inductor", "torchtpu", "torchtpu_no_buckets")
 
@@ -72,18 +69,7 @@ def _child(contender: str, count: int) -> dict:
 
 
 def _run_child(contender: str, count: int) -> dict:
-    scratch = tempfile.mkdtemp(prefix="torchtpu-bench-buckets-")
-    env = dict(os.environ, TORCHTPU_CACHE_DIR=os.path.join(scratch, "tpu"),
-               TORCHINDUCTOR_CACHE_DIR=os.path.join(scratch, "inductor"))
-    env.pop("TORCHTPU_REMOTE_CACHE", None)
-    try:
-        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", contender,
-                              str(count)], env=env, capture_output=True, text=True, check=True)
-    except subprocess.CalledProcessError as exc:
-        raise RuntimeError(f"{contender}: {exc.stderr.strip().splitlines()[-1:]}") from exc
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_fresh_child(__file__, contender, contender, count)
 
 
 def bench_buckets(quick: bool) -> list[dict]:

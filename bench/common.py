@@ -7,9 +7,14 @@ Absolute numbers are indicative; ratios are what the benchmarks report on.
 """
 from __future__ import annotations
 
+import json
 import os
 import resource
+import shutil
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
 
@@ -62,6 +67,29 @@ class OtherLoad:
             capacity = (time.perf_counter() - wall) * (os.cpu_count() or 1)
             self.share = max(0.0, others / capacity)
         return False
+
+
+def run_fresh_child(script: str, label: str, *args) -> dict:
+    """Run ``script --child *args`` in a fresh process with empty, private torchtpu and
+    Inductor caches (no remote cache); the JSON object its last stdout line prints.
+
+    Example::
+
+        run_fresh_child(__file__, "torchtpu", "torchtpu", "40")
+    """
+    scratch = tempfile.mkdtemp(prefix="torchtpu-bench-child-")
+    env = dict(os.environ, TORCHTPU_CACHE_DIR=os.path.join(scratch, "tpu"),
+               TORCHINDUCTOR_CACHE_DIR=os.path.join(scratch, "inductor"))
+    env.pop("TORCHTPU_REMOTE_CACHE", None)
+    try:
+        out = subprocess.run([sys.executable, os.path.abspath(script), "--child",
+                              *map(str, args)], env=env, capture_output=True, text=True,
+                             check=True)
+    except subprocess.CalledProcessError as exc:
+        raise RuntimeError(f"{label}: {exc.stderr.strip().splitlines()[-3:]}") from exc
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def wait_for_idle(max_seconds: float, threshold: float = 0.05, window: float = 2.0) -> bool:

@@ -23,16 +23,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from common import CONTENDERS, OtherLoad, result  # noqa: E402
+from common import CONTENDERS, OtherLoad, result, run_fresh_child  # noqa: E402
 
 PRECISION = "highest"
 NEW_TOKENS = 64
@@ -147,19 +144,7 @@ def _child(name: str, new_tokens: int, steady_runs: int) -> dict:
 
 
 def _run_child(name: str, new_tokens: int, steady_runs: int) -> dict:
-    scratch = tempfile.mkdtemp(prefix="torchtpu-bench-generation-")
-    env = dict(os.environ, TORCHTPU_CACHE_DIR=os.path.join(scratch, "tpu"),
-               TORCHINDUCTOR_CACHE_DIR=os.path.join(scratch, "inductor"))
-    env.pop("TORCHTPU_REMOTE_CACHE", None)
-    try:
-        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", name,
-                              str(new_tokens), str(steady_runs)], env=env, capture_output=True,
-                             text=True, check=True)
-    except subprocess.CalledProcessError as exc:
-        raise RuntimeError(f"{name}: {exc.stderr.strip().splitlines()[-3:]}") from exc
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_fresh_child(__file__, name, name, new_tokens, steady_runs)
 
 
 def _rows(name: str, cache: str, runs: dict, new_tokens: int, others_cpu) -> list[dict]:
