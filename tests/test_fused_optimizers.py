@@ -109,3 +109,31 @@ def test_fused_adamw_keeps_low_precision_parameters_in_their_dtype():
         # The forward and backward round differently in bf16; the step itself is float32.
         torch.testing.assert_close(p_dev.detach().cpu(), p_ref.detach(), atol=2e-2, rtol=2e-2)
 
+
+
+@pytest.mark.parametrize("optimizer", [
+    lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1, fused=True),
+    lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, fused=True),
+    lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1),   # foreach, the tpu default
+], ids=["adamw", "sgd", "adamw_foreach"])
+def test_a_learning_rate_schedule_does_not_compile_a_step_per_learning_rate(optimizer):
+    # Hugging Face Trainer's default: fused AdamW with a linear schedule, a new lr every step.
+    # Each new lr compiled the whole update again (seconds per step on a real model).
+    ref, dev = _models()
+    opts = [optimizer(ref.parameters()), optimizer(dev.parameters())]
+    schedules = [torch.optim.lr_scheduler.LambdaLR(o, lambda step: 1.0 - 0.1 * step)
+                 for o in opts]
+    x, y = torch.randn(5, 6), torch.randn(5, 2)
+    compiled = []
+    for _ in range(5):
+        for model, opt, schedule, inp, target in (
+                (ref, opts[0], schedules[0], x, y),
+                (dev, opts[1], schedules[1], x.to("tpu"), y.to("tpu"))):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(inp), target).backward()
+            opt.step()
+            schedule.step()
+        compiled.append(torchtpu_compile.stats()["eager_programs_compiled"])
+    assert compiled[-1] == compiled[1], f"programs compiled after each step: {compiled}"
+    for p_ref, p_dev in zip(ref.parameters(), dev.parameters()):
+        torch.testing.assert_close(p_dev.detach().cpu(), p_ref.detach(), atol=1e-5, rtol=1e-4)

@@ -580,6 +580,26 @@ def native_batch_norm(func, args, kwargs):
     return run_op(aten._native_batch_norm_legit.default, values, {})
 
 
+#: The fused optimizer steps with their learning rate as a tensor (PyTorch's own overloads).
+_TENSOR_LR = {aten._fused_adamw_.default: aten._fused_adamw_.tensor_lr,
+              aten._fused_adam_.default: aten._fused_adam_.tensor_lr,
+              aten._fused_sgd_.default: aten._fused_sgd_.tensor_lr}
+
+
+@handles(*_TENSOR_LR)
+def fused_step_with_tensor_lr(func, args, kwargs):
+    # A learning-rate schedule (the Trainer's default) passes a new float every step, and a
+    # float is part of the op's cache key: each step compiled the whole update again. The
+    # rate's arithmetic (lr * weight_decay) keeps it from being lifted as other floats are
+    # (scalars.py); the tensor_lr overload takes it as an input instead, so one program serves
+    # every rate. The rate is float32 on the device, as the constant it replaces was.
+    lr = kwargs.get("lr")
+    if type(lr) is not float:
+        return run_op(func, args, kwargs)
+    return run_op(_TENSOR_LR[func], args,
+                  {**kwargs, "lr": from_cpu(torch.tensor(lr, dtype=torch.float32))})
+
+
 @handles(aten.resize_.default)
 def resize_(func, args, kwargs):
     t, size = args[0], tuple(args[1])
