@@ -30,13 +30,14 @@ import compile_path  # noqa: E402
 import eager_device  # noqa: E402
 import generation  # noqa: E402
 import memory  # noqa: E402
+import migration  # noqa: E402
 import profiling  # noqa: E402
 import tpu_dist  # noqa: E402
 from common import fmt_time, format_table, result, wait_for_idle  # noqa: E402
 
 BENCHMARKS = {**compile_path.BENCHMARKS, **buckets.BENCHMARKS, **eager_device.BENCHMARKS,
               **tpu_dist.BENCHMARKS, **memory.BENCHMARKS, **profiling.BENCHMARKS,
-              **generation.BENCHMARKS}
+              **generation.BENCHMARKS, **migration.BENCHMARKS}
 
 #: Others' CPU share above which a row's timings are not to be trusted.
 BUSY = 0.10
