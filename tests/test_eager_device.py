@@ -350,6 +350,21 @@ def test_new_float_arguments_do_not_compile_again():
     assert torchtpu_compile.stats()["eager_programs_compiled"] == before
 
 
+def test_an_op_that_compiles_for_every_new_float_says_so(caplog):
+    # pow's exponent sits in a Scalar slot, where a float cannot become an input: each new
+    # exponent is a new program. Results stay right; after a few, the log names the op.
+    from torchtpu_eager import dispatch
+    x_cpu = torch.rand(4) + 0.5
+    x = x_cpu.to("tpu")
+    with caplog.at_level("WARNING", logger="torchtpu"):
+        for i in range(dispatch.FLOAT_RECOMPILE_WARNING + 1):
+            exponent = 1.0 + i / 7
+            torch.testing.assert_close((x ** exponent).cpu(), x_cpu ** exponent)
+    warnings = [r.getMessage() for r in caplog.records if "differ only in its float" in
+                r.getMessage()]
+    assert len(warnings) == 1 and "aten.pow.Tensor_Scalar" in warnings[0]
+
+
 def test_adam_loop_stops_compiling():
     # Adam's bias corrections are new floats every step: they must not mean new programs.
     torch.manual_seed(0)

@@ -18,6 +18,8 @@ Example::
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from torchtpu_compile.errors import InvalidInputError, LoweringError
@@ -358,6 +360,10 @@ def _fresh(value, shape, dtype):
 
 _SEEN_ONCE, _NOT_LIFTABLE = object(), object()
 _by_structure: dict = {}   # signature with floats blanked -> lifted _Compiled, or a marker
+_float_recompiles: dict = {}   # structure of a not-liftable op -> programs compiled for it
+#: Programs compiled for one op that differ only in float arguments before we say so: a loop
+#: that passes a new float each step compiles every step, and nothing else would show it.
+FLOAT_RECOMPILE_WARNING = 8
 
 
 def _lifted_entry(func, args, kwargs, tensors, key):
@@ -372,7 +378,15 @@ def _lifted_entry(func, args, kwargs, tensors, key):
     if known is _SEEN_ONCE:
         known = _build(func, args, kwargs, tensors, lift_floats=True) or _NOT_LIFTABLE
         _by_structure[structure] = known
-    return None if known is _NOT_LIFTABLE else known
+    if known is _NOT_LIFTABLE:
+        count = _float_recompiles[structure] = _float_recompiles.get(structure, 1) + 1
+        if count == FLOAT_RECOMPILE_WARNING:
+            logging.getLogger("torchtpu").warning(
+                "%s has compiled %d programs that differ only in its float arguments (%s): a "
+                "float that changes every call compiles every call. Pass it as a tensor if "
+                "the op takes one.", func, count, scalars.collect(args, kwargs))
+        return None
+    return known
 
 
 def run_op(func, args, kwargs):
