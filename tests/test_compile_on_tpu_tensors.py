@@ -115,3 +115,15 @@ def test_failing_compiled_backward_on_tpu_raises():
                           text=True, timeout=600, env=python_env())
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().endswith("raised: lowering failed in graph_0/backward")
+
+
+def test_the_tpu_backend_name_is_ours(fresh_dynamo):
+    # transformers' generate() with a static cache on a "tpu" model compiles its decoding step
+    # with backend="tpu" (the name Google's TorchTPU registers): InvalidBackend before.
+    from torchtpu_compile.backend import torchtpu_backend
+    assert torch._dynamo.lookup_backend("tpu") is torchtpu_backend
+    x = torch.randn(3, 4)
+    fn = torch.compile(lambda t: (t.sin() * 2).sum(0), backend="tpu")
+    out = fn(x.to("tpu"))
+    assert out.device.type == "tpu"
+    torch.testing.assert_close(out.cpu(), (x.sin() * 2).sum(0))
