@@ -7,6 +7,8 @@ Diff from the CUDA version (the lines changed, nothing else)::
     -    backend = "nccl"
     +    backend = "tpu_dist"
 
+(here ``main(device)`` takes the device, and ``BACKEND`` maps it to its backend).
+
 Everything else is the tutorials' script ("Getting Started with Distributed Data Parallel",
 "Getting Started with Distributed Checkpoint"): ``torch.multiprocessing.spawn`` of 2 processes
 that find each other through ``MASTER_ADDR``/``MASTER_PORT``, ``DistributedDataParallel`` on a
@@ -82,7 +84,7 @@ def build(device):
 
 
 def train_epoch(ddp_model, optimizer, loader, epoch, device):
-    loader.sampler.set_epoch(epoch)
+    loader.sampler.set_epoch(epoch)   # a different shuffle each epoch, the same on every rank
     loss_fn = nn.MSELoss()
     losses = []
     for inputs, labels in loader:
@@ -100,13 +102,14 @@ def parameters(ddp_model):
 
 
 def worker(rank, world_size, port, device, checkpoint_dir, results_dir):
+    backend = BACKEND[device]
     os.environ["MASTER_ADDR"] = "localhost"
     os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group(BACKEND[device], rank=rank, world_size=world_size)
+    dist.init_process_group(backend, rank=rank, world_size=world_size)
 
     ds = dataset()
-    loader = DataLoader(ds, batch_size=8,
-                        sampler=DistributedSampler(ds, num_replicas=world_size, rank=rank))
+    sampler = DistributedSampler(ds, num_replicas=world_size, rank=rank)
+    loader = DataLoader(ds, batch_size=8, sampler=sampler)
     ddp_model, optimizer = build(device)
     losses = train_epoch(ddp_model, optimizer, loader, 0, device)
     dcp.save({"app": AppState(ddp_model, optimizer)}, checkpoint_id=checkpoint_dir)
@@ -123,6 +126,17 @@ def worker(rank, world_size, port, device, checkpoint_dir, results_dir):
                 "parameter_devices": sorted({p.device.type for p in fresh_model.parameters()})},
                os.path.join(results_dir, f"rank{rank}.pt"))
     dist.destroy_process_group()
+    if device == "tpu":   # the suite's record of what ran where, not part of the tutorial
+        record_stats(os.path.join(results_dir, f"stats{rank}.pt"))
+
+
+def record_stats(path):
+    """torchtpu's counters of this process (host fallbacks, collectives by transport)."""
+    import torchtpu_compile
+    stats = torchtpu_compile.stats()
+    torch.save({"fallback_ops": dict(stats["fallback_ops"]),
+                "eager_fallbacks": stats["eager_fallbacks"], "tpu_dist": stats["tpu_dist"]},
+               path)
 
 
 def free_port() -> int:
@@ -142,6 +156,9 @@ def main(device: str) -> dict:
         dcp_to_torch_save(checkpoint_dir, os.path.join(work, "checkpoint.pt"))
         checkpoint = torch.load(os.path.join(work, "checkpoint.pt"), weights_only=False)
         ranks = [torch.load(os.path.join(work, f"rank{r}.pt")) for r in range(WORLD_SIZE)]
+        for r, rank in enumerate(ranks):
+            stats = os.path.join(work, f"stats{r}.pt")
+            rank["stats"] = torch.load(stats) if os.path.exists(stats) else None
     return {"ranks": ranks, "checkpoint": checkpoint}
 
 

@@ -5,8 +5,10 @@ Diff from the CUDA version (the lines changed, nothing else)::
 
     -    device = "cuda"
     +    device = "tpu"
-    -    dist.init_process_group("nccl", ...)
-    +    dist.init_process_group("tpu_dist", ...)
+    -    backend = "nccl"
+    +    backend = "tpu_dist"
+
+(here ``main(device)`` takes the device, and ``BACKEND`` maps it to its backend).
 
 Everything else is the tutorials' script ("Getting Started with Fully Sharded Data Parallel
 (FSDP2)", "Getting Started with Distributed Checkpoint"): ``torch.multiprocessing.spawn`` of 2
@@ -40,7 +42,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
-from tests.migration.ddp_train import BACKEND, WORLD_SIZE, free_port
+from tests.migration.ddp_train import BACKEND, WORLD_SIZE, free_port, record_stats
 
 VOCAB, DIM, HEADS, SEQ = 64, 32, 4, 16
 
@@ -117,9 +119,10 @@ def full_parameters(model):
 
 
 def worker(rank, world_size, port, device, checkpoint_dir, results_dir):
+    backend = BACKEND[device]
     os.environ["MASTER_ADDR"] = "localhost"
     os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group(BACKEND[device], rank=rank, world_size=world_size)
+    dist.init_process_group(backend, rank=rank, world_size=world_size)
 
     model, optimizer = build(device)
     sharded = {p.device.type for p in model.parameters() if isinstance(p, DTensor)}
@@ -143,6 +146,8 @@ def worker(rank, world_size, port, device, checkpoint_dir, results_dir):
                 "parameter_devices": sorted(sharded)},
                os.path.join(results_dir, f"rank{rank}.pt"))
     dist.destroy_process_group()
+    if device == "tpu":   # the suite's record of what ran where, not part of the tutorial
+        record_stats(os.path.join(results_dir, f"stats{rank}.pt"))
 
 
 def main(device: str) -> dict:
@@ -156,6 +161,9 @@ def main(device: str) -> dict:
         dcp_to_torch_save(checkpoint_dir, os.path.join(work, "checkpoint.pt"))
         checkpoint = torch.load(os.path.join(work, "checkpoint.pt"), weights_only=False)
         ranks = [torch.load(os.path.join(work, f"rank{r}.pt")) for r in range(WORLD_SIZE)]
+        for r, rank in enumerate(ranks):
+            stats = os.path.join(work, f"stats{r}.pt")
+            rank["stats"] = torch.load(stats) if os.path.exists(stats) else None
     return {"ranks": ranks, "checkpoint": checkpoint}
 
 

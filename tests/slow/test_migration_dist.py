@@ -51,6 +51,11 @@ def _check(script, tmp_path):
         assert_same(g["resumed"], g["continued"], (1e-6, 1e-6), f"rank {rank} resumed losses")
         assert_same(g["resumed_parameters"], g["parameters"], (1e-6, 1e-6),
                     f"rank {rank} resumed parameters")
+        # everything ran on the device: no host fallback, every tpu collective on PJRT
+        stats = g["stats"]
+        assert stats["fallback_ops"] == {} and stats["eager_fallbacks"] == 0, stats
+        assert stats["tpu_dist"]["host_staged_collectives"] == 0, stats
+        assert stats["tpu_dist"]["pjrt_collectives"] > 0, stats
     # the checkpoint written from tpu tensors holds CPU's values, read back on the host
     assert_same(got["checkpoint"], want["checkpoint"], tolerance, "checkpoint")
     return got
