@@ -43,7 +43,10 @@ def _models():
     lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01,
                               fused=True),
     lambda p: torch.optim.SGD(p, lr=0.1, fused=True),   # no momentum: an empty buffer list
-], ids=["adamw", "adam_weight_decay", "adam_amsgrad_maximize", "sgd_nesterov", "sgd_plain"])
+    lambda p: torch.optim.Adagrad(p, lr=0.1, lr_decay=0.05, weight_decay=0.1, eps=1e-3,
+                                  maximize=True, fused=True),
+], ids=["adamw", "adam_weight_decay", "adam_amsgrad_maximize", "sgd_nesterov", "sgd_plain",
+        "adagrad"])
 def test_fused_optimizer_steps_match_cpu_on_the_device_in_place(optimizer, eager_mode):
     ref, dev = _models()
     opt_ref, opt_dev = optimizer(ref.parameters()), optimizer(dev.parameters())
@@ -90,6 +93,31 @@ def test_fused_adam_unscales_gradients_and_skips_on_found_inf(op, found_inf):
     op(*dev, [], dev_steps, grad_scale=torch.tensor(4.0).to("tpu"),
        found_inf=torch.tensor(found_inf).to("tpu"), **kwargs)
     for group_cpu, group_dev in zip(cpu, dev):
+        for t_cpu, t_dev in zip(group_cpu, group_dev):
+            torch.testing.assert_close(t_dev.cpu(), t_cpu, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("found_inf", [0.0, 1.0], ids=["finite", "found_inf"])
+@pytest.mark.parametrize("tensor_lr", [False, True], ids=["float_lr", "tensor_lr"])
+def test_fused_adagrad_unscales_gradients_and_skips_on_found_inf(found_inf, tensor_lr):
+    # As for Adam: grads divided by grad_scale and written back, nothing moves on a found inf;
+    # the steps are read (Adagrad counts them outside the kernel), and a tensor lr is the
+    # op's other overload.
+    torch.manual_seed(0)
+    shapes = [(4, 3), (3,)]
+    cpu = [[torch.randn(s) for s in shapes] for _ in range(3)]
+    cpu[2] = [v.abs() for v in cpu[2]]                      # state_sums are non-negative
+    steps = [torch.tensor(3.0) for _ in shapes]
+    dev = [[t.to("tpu") for t in group] for group in cpu]
+    dev_steps = [s.to("tpu") for s in steps]
+    kwargs = dict(lr_decay=0.1, weight_decay=0.1, eps=1e-10, maximize=False)
+    lr = torch.tensor(0.05) if tensor_lr else 0.05
+    torch._fused_adagrad_(*cpu, steps, lr=lr, grad_scale=torch.tensor(4.0),
+                          found_inf=torch.tensor(found_inf), **kwargs)
+    torch._fused_adagrad_(*dev, dev_steps, lr=lr.to("tpu") if tensor_lr else lr,
+                          grad_scale=torch.tensor(4.0).to("tpu"),
+                          found_inf=torch.tensor(found_inf).to("tpu"), **kwargs)
+    for group_cpu, group_dev in zip([*cpu, steps], [*dev, dev_steps]):
         for t_cpu, t_dev in zip(group_cpu, group_dev):
             torch.testing.assert_close(t_dev.cpu(), t_cpu, atol=1e-6, rtol=1e-5)
 

@@ -51,3 +51,23 @@ def test_storage_free_and_realloc_keeps_views():
     view.mul_(3)
     assert torch.tpu.memory_allocated() == before   # a buffer again once written
     assert torch.equal(base.cpu(), torch.tensor([1.0] * 4 + [3.0] * 4))
+
+
+def test_fsdp2_moves_a_cpu_built_model_to_the_tpu_mesh_in_place():
+    # fully_shard(model, mesh=tpu_mesh) on a model built on the CPU (as PyTorch's FSDP2
+    # tutorial does) moves its states with `param.data = param.to(device)`, which a tpu tensor
+    # refused ("incompatible tensor type"); the mover now swaps them in, keeping each object.
+    from torch.distributed.fsdp._fully_shard import _fsdp_init
+    from torchtpu_eager.storage_ops import install_fsdp_hooks
+    install_fsdp_hooks()
+    model = torch.nn.BatchNorm1d(3)
+    weight, mean, frozen = model.weight, model.running_mean, torch.nn.Parameter(
+        torch.arange(3.0), requires_grad=False)
+    want = [weight.detach().clone(), mean.clone(), frozen.detach().clone()]
+    _fsdp_init._move_states_to_device([weight, frozen], [mean], torch.device("tpu", 0))
+    assert model.weight is weight and model.running_mean is mean
+    assert isinstance(weight, torch.nn.Parameter) and weight.requires_grad
+    assert isinstance(frozen, torch.nn.Parameter) and not frozen.requires_grad
+    for tensor, value in zip([weight, mean, frozen], want):
+        assert tensor.device.type == "tpu"
+        assert torch.equal(tensor.cpu(), value)

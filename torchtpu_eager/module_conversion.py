@@ -67,6 +67,26 @@ def _unswappable(module: torch.nn.Module) -> str | None:
     return None
 
 
+def move_in_place(tensor: torch.Tensor, device) -> None:
+    """Move ``tensor`` (a Parameter or a buffer) to ``device`` keeping its Python object, as
+    ``tensor.data = tensor.to(device)`` does between CPU and CUDA. That assignment refuses a
+    tpu tensor ("incompatible tensor type": a PrivateUse1 tensor is not a CPU tensor's
+    shallow-copy type), so the moved tensor is swapped in instead (``torch.utils.swap_tensors``,
+    what ``Module.to`` does here); a Parameter stays a Parameter with its ``requires_grad``.
+
+    Example::
+
+        w = model.weight
+        move_in_place(w, "tpu")
+        assert model.weight is w and w.device.type == "tpu"
+    """
+    with torch.no_grad():
+        moved = tensor.to(device)
+        if isinstance(tensor, torch.nn.Parameter):
+            moved = torch.nn.Parameter(moved, requires_grad=tensor.requires_grad)
+    torch.utils.swap_tensors(tensor, moved)
+
+
 def _converted(original, self, args, kwargs):
     blocked = _unswappable(self)
     if blocked is not None:

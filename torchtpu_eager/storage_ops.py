@@ -12,6 +12,10 @@
   A tpu tensor's ``untyped_storage()`` is PyTorch's placeholder for a storage it does not own
   (no data pointer; ``resize_`` raises), so FSDP2's two helpers that call it are given a tpu
   branch (``install_fsdp_hooks``); every other device goes the original way.
+- Moving a module's CPU states to the mesh's device. ``fully_shard(model, mesh=tpu_mesh)`` on
+  a model built on the CPU (PyTorch's tutorials do so) moves each parameter by
+  ``param.data = param.to(device)``, which a tpu tensor refuses; FSDP2's mover is given a tpu
+  branch that moves them in place by swapping (``module_conversion.move_in_place``).
 
 Example::
 
@@ -24,7 +28,9 @@ from __future__ import annotations
 
 import torch
 
+from .device import NAME
 from .dispatch import handles
+from .module_conversion import move_in_place
 from .tensor import TpuTensor
 
 aten = torch.ops.aten
@@ -102,8 +108,9 @@ def install_fsdp_hooks() -> None:
     global _installed
     if _installed:
         return
-    from torch.distributed.fsdp._fully_shard import _fsdp_param
+    from torch.distributed.fsdp._fully_shard import _fsdp_init, _fsdp_param
     original_alloc, original_free = _fsdp_param.alloc_storage, _fsdp_param.free_storage
+    original_move = _fsdp_init._move_states_to_device
 
     def alloc_storage(tensor: torch.Tensor) -> None:
         if type(tensor) is not TpuTensor:
@@ -118,6 +125,15 @@ def install_fsdp_hooks() -> None:
         if storage_bytes(tensor) != 0:
             resize_storage_bytes_(tensor, 0)
 
+    def move_states_to_device(params, buffers, device) -> None:
+        if device.type == NAME:
+            from torch.distributed.tensor import DTensor
+            for tensor in (*params, *buffers):
+                if tensor.device.type not in (NAME, "meta") and not isinstance(tensor, DTensor):
+                    move_in_place(tensor, device)
+        original_move(params, buffers, device)   # its checks, and every other device
+
     _fsdp_param.alloc_storage, _fsdp_param.free_storage = alloc_storage, free_storage
+    _fsdp_init._move_states_to_device = move_states_to_device
     register_fsdp_ops()
     _installed = True

@@ -1,6 +1,7 @@
 """The fused optimizer decompositions (torchtpu_compile/lower/decompositions/optimizers.py)
 against eager CPU PyTorch's kernels, compiled in strict mode: lists of different shapes, each
-optional path (weight decay, amsgrad, maximize, momentum, nesterov, grad_scale, found_inf).
+optional path (weight decay, amsgrad, maximize, momentum, nesterov, lr decay, grad_scale,
+found_inf).
 The eager tpu device's in-place steps: tests/test_fused_optimizers.py."""
 from __future__ import annotations
 
@@ -53,3 +54,17 @@ def test_fused_sgd(momentum, nesterov, is_first_step):
             lr=0.1, dampening=0.1, nesterov=nesterov, maximize=False,
             is_first_step=is_first_step)
     check(step, params, grads, buffers)
+
+
+@pytest.mark.parametrize("maximize,found_inf", [(True, None), (False, 0.0), (False, 1.0)])
+def test_fused_adagrad(maximize, found_inf):
+    params, grads = tensors(0), tensors(10)
+    state_sums = [t.abs() for t in tensors(20)]
+    steps = [torch.tensor(3.0), torch.tensor(3.0)]
+    scaling = {} if found_inf is None else {"found_inf": torch.tensor(found_inf)}
+
+    def step(params, grads, state_sums, steps, grad_scale):
+        return aten._fused_adagrad.default(
+            params, grads, state_sums, steps, lr=0.1, lr_decay=0.05, weight_decay=0.1,
+            eps=1e-6, maximize=maximize, grad_scale=grad_scale if scaling else None, **scaling)
+    check(step, params, grads, state_sums, steps, torch.tensor(2.0))

@@ -1,4 +1,5 @@
-"""Hugging Face ``Trainer`` on a small random-init Llama, as a CUDA user runs it.
+"""Hugging Face ``Trainer`` on a small random-init Llama (causal LM) or BERT (masked LM), as a
+CUDA user runs it.
 
 Diff from the CUDA version (the lines changed, nothing else)::
 
@@ -11,8 +12,8 @@ types and falls back to the CPU; ``ACCELERATE_TORCH_DEVICE`` is accelerate's own
 second: ``TrainingArguments(torch_compile_backend=...)`` accepts only the names in accelerate's
 ``DynamoBackend`` enum; compiling the model before handing it to ``Trainer`` does the same.
 
-Run it: ``ACCELERATE_TORCH_DEVICE=tpu python -m tests.migration.hf_trainer tpu [compile]``;
-``python -m tests.migration.hf_trainer cpu`` for the reference. Prints one JSON line.
+Run it: ``ACCELERATE_TORCH_DEVICE=tpu python -m tests.migration.hf_trainer tpu [compile] [bert]``;
+``python -m tests.migration.hf_trainer cpu [bert]`` for the reference. Prints one JSON line.
 """
 from __future__ import annotations
 
@@ -33,24 +34,60 @@ class RandomTokens(Dataset):
         return {"input_ids": ids, "labels": ids}
 
 
-def main(device: str, compiled: bool = False) -> dict:
-    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+MASK_TOKEN = 3
 
+
+class MaskedTokens(RandomTokens):
+    """Masked-LM examples: a quarter of the tokens masked, the loss on those only."""
+
+    def __getitem__(self, i):
+        ids = super().__getitem__(i)["input_ids"]
+        masked = torch.arange(8) % 4 == i % 4
+        return {"input_ids": torch.where(masked, MASK_TOKEN, ids),
+                "labels": torch.where(masked, ids, -100)}
+
+
+def llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
     config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
                          num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=32)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
+    return LlamaForCausalLM(config), RandomTokens()
+
+
+def bert():
+    from transformers import BertConfig, BertForMaskedLM
+    # Dropout 0: the tpu and CPU generators draw different masks.
+    config = BertConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                        num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=32,
+                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    return BertForMaskedLM(config), MaskedTokens()
+
+
+MODELS = {"llama": llama, "bert": bert}
+
+
+def main(device: str, compiled: bool = False, model_name: str = "llama") -> dict:
+    from transformers import Trainer, TrainingArguments
+
+    model, dataset = MODELS[model_name]()
     if compiled:
         model.compile(backend="torchtpu")
     with tempfile.TemporaryDirectory() as out:
         args = TrainingArguments(output_dir=out, per_device_train_batch_size=4, max_steps=3,
                                  logging_steps=1, report_to=[], save_strategy="no",
                                  use_cpu=device == "cpu")
-        trainer = Trainer(model=model, args=args, train_dataset=RandomTokens())
+        trainer = Trainer(model=model, args=args, train_dataset=dataset)
         trainer.train()
-    prompt = torch.tensor([[1, 2, 3]]).to(args.device)
-    sample = model.generate(prompt, max_new_tokens=3, do_sample=False).cpu().tolist()
+    if model_name == "llama":
+        prompt = torch.tensor([[1, 2, 3]]).to(args.device)
+        sample = model.generate(prompt, max_new_tokens=3, do_sample=False).cpu().tolist()
+    else:   # the masked LM's scores for the masked position of a prompt
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([[1, MASK_TOKEN, 2, 3]]).to(args.device)).logits
+        sample = logits[0, 1].cpu().tolist()
     from torch._dynamo.utils import counters
     return {"device": str(args.device),
             "frames_compiled": counters["frames"]["ok"],
@@ -59,4 +96,5 @@ def main(device: str, compiled: bool = False) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1], compiled="compile" in sys.argv[2:])))
+    print(json.dumps(main(sys.argv[1], compiled="compile" in sys.argv[2:],
+                          model_name="bert" if "bert" in sys.argv[2:] else "llama")))

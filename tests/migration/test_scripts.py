@@ -6,7 +6,8 @@ runs here on CPU (eager, the reference) and on tpu (eager, and compiled where th
 compiles), and the losses, parameters, optimizer state and outputs must agree: tightly in
 float32 (precision "highest"), within the low dtype's resolution under AMP or bfloat16.
 The longer variants (float16 with GradScaler, the compiled image loop, fused AdamW, pure
-bfloat16) are in tests/slow/test_migration_full.py.
+bfloat16) are in tests/slow/test_migration_full.py; Hugging Face in test_migration_hf.py; DDP and
+FSDP2 with torch.distributed.checkpoint in test_migration_dist.py.
 """
 import pytest
 import torch
@@ -63,3 +64,23 @@ def test_transformer_lm_compiled(fresh_dynamo):
 def test_functional_transforms():
     assert_same(functional_transforms.main("tpu"), functional_transforms.main("cpu"),
                 TOLERANCE["float32"])
+
+
+def test_migration_guide_distributed_examples_are_lines_of_the_scripts():
+    # docs/migration.md's DDP and FSDP2 blocks are what tests/slow/test_migration_dist.py runs:
+    # every code line of each block is a line of the script it names (comments aside).
+    import os
+    import re
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(root, "docs", "migration.md")) as f:
+        guide = f.read()
+    section = guide.split("## DDP and FSDP2")[1].split("\n## ")[0]
+    blocks = re.findall(r"\(`(tests/migration/\w+\.py)`\).*?```python\n(.*?)```", section, re.S)
+    assert [path for path, _ in blocks] == ["tests/migration/ddp_train.py",
+                                            "tests/migration/fsdp2_train.py"]
+    for path, block in blocks:
+        with open(os.path.join(root, path)) as f:
+            script = {line.strip() for line in f}
+        for line in block.splitlines():
+            if line.strip() and not line.lstrip().startswith("#"):
+                assert line.strip() in script, f"{path} has no line {line.strip()!r}"

@@ -1,6 +1,7 @@
 """Hugging Face Trainer on tpu (tests/migration/hf_trainer.py): the loss curve of a few steps
-match the CPU run, eagerly and compiled, and a greedy generate() after; and generate() of a
-compiled Llama (tests/migration/llama_generate.py) gives eager CPU's tokens.
+match the CPU run, eagerly and compiled, for a causal-LM Llama (and a greedy generate() after)
+and a masked-LM BERT (and its scores for a masked prompt after); and generate() of a compiled
+Llama (tests/migration/llama_generate.py) gives eager CPU's tokens.
 
 Each run is a fresh process: accelerate reads ``ACCELERATE_TORCH_DEVICE`` once per process
 (its state is shared), which is also how a user sets it.
@@ -35,6 +36,21 @@ def test_trainer_matches_cpu(compiled):
     assert (got["frames_compiled"] > 0) == compiled
     assert got["losses"] == pytest.approx(want["losses"], rel=1e-3)
     assert got["sample"] == want["sample"]
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_bert_trainer_matches_cpu(compiled):
+    # BertForMaskedLM: token-type and position embeddings, post-norm layers, the MLM head tied
+    # to the word embeddings, a loss over the masked positions only; float32 matmuls at
+    # "highest" in both runs, so the curves agree to float32 rounding.
+    want = _run("cpu", "bert", TORCHTPU_MATMUL_PRECISION="highest")
+    got = _run("tpu", "bert", *(["compile"] if compiled else []), ACCELERATE_TORCH_DEVICE="tpu",
+               TORCHTPU_MATMUL_PRECISION="highest")
+    assert (want["device"], got["device"]) == ("cpu", "tpu:0")
+    assert (got["frames_compiled"] > 0) == compiled
+    assert len(want["losses"]) == 3
+    assert got["losses"] == pytest.approx(want["losses"], rel=1e-4)
+    assert got["sample"] == pytest.approx(want["sample"], abs=1e-4)
 
 
 def test_compiled_generate_matches_cpu():

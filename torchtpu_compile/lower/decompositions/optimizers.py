@@ -1,5 +1,6 @@
-"""The fused optimizer steps (``AdamW(fused=True)``, ``Adam(fused=True)``, ``SGD(fused=True)``)
-as plain elementwise math per parameter, so that the step runs on the device.
+"""The fused optimizer steps (``AdamW(fused=True)``, ``Adam(fused=True)``, ``SGD(fused=True)``,
+``Adagrad(fused=True)``) as plain elementwise math per parameter, so that the step runs on the
+device.
 
 Functionalization turns ``_fused_adamw_`` into its functional twin ``_fused_adamw``, which
 torch-mlir does not lower. Written per tensor, the update lowers, and XLA fuses the whole list
@@ -106,3 +107,35 @@ def fused_sgd(params, grads, momentum_buffer_list, *, weight_decay, momentum, lr
         for out, value in zip(outs, _unless_found_inf(found_inf, new, old)):
             out.append(value)
     return outs
+
+
+def _adagrad(params, grads, state_sums, state_steps, *, lr, lr_decay, weight_decay, eps,
+             maximize, grad_scale=None, found_inf=None):
+    outs = ([], [], [])
+    for i, param in enumerate(params):
+        grad = _opmath(_unscaled(grads[i], grad_scale))
+        p, total = _opmath(param), _opmath(state_sums[i])
+        g = -grad if maximize else grad
+        if weight_decay != 0:
+            g = g + p * weight_decay
+        clr = lr / (1 + (state_steps[i] - 1) * lr_decay)
+        total = total + g * g
+        p = p - clr * g / (torch.sqrt(total) + eps)
+        new = [p.to(param.dtype), grad.to(grads[i].dtype), total.to(state_sums[i].dtype)]
+        old = [param, grads[i], state_sums[i]]
+        for out, value in zip(outs, _unless_found_inf(found_inf, new, old)):
+            out.append(value)
+    return outs
+
+
+@decomposition(aten._fused_adagrad.default)
+def fused_adagrad(params, grads, state_sums, state_steps, **kwargs):
+    # This overload also returns the steps (its in-place form marks them written); the kernel
+    # only reads them: Adagrad counts the step outside it.
+    return (*_adagrad(params, grads, state_sums, state_steps, **kwargs),
+            [step.clone() for step in state_steps])
+
+
+@decomposition(aten._fused_adagrad.tensor_lr)
+def fused_adagrad_tensor_lr(*args, **kwargs):
+    return _adagrad(*args, **kwargs)
