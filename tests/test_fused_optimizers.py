@@ -142,8 +142,9 @@ def test_fused_adamw_keeps_low_precision_parameters_in_their_dtype():
 @pytest.mark.parametrize("optimizer", [
     lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1, fused=True),
     lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, fused=True),
+    lambda p: torch.optim.Adagrad(p, lr=0.1, lr_decay=0.01, fused=True),
     lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1),   # foreach, the tpu default
-], ids=["adamw", "sgd", "adamw_foreach"])
+], ids=["adamw", "sgd", "adagrad", "adamw_foreach"])
 def test_a_learning_rate_schedule_does_not_compile_a_step_per_learning_rate(optimizer):
     # Hugging Face Trainer's default: fused AdamW with a linear schedule, a new lr every step.
     # Each new lr compiled the whole update again (seconds per step on a real model).

@@ -597,7 +597,8 @@ def native_batch_norm(func, args, kwargs):
 #: The fused optimizer steps with their learning rate as a tensor (PyTorch's own overloads).
 _TENSOR_LR = {aten._fused_adamw_.default: aten._fused_adamw_.tensor_lr,
               aten._fused_adam_.default: aten._fused_adam_.tensor_lr,
-              aten._fused_sgd_.default: aten._fused_sgd_.tensor_lr}
+              aten._fused_sgd_.default: aten._fused_sgd_.tensor_lr,
+              aten._fused_adagrad_.default: aten._fused_adagrad_.tensor_lr}
 
 
 @handles(*_TENSOR_LR)
