@@ -171,7 +171,7 @@ class _Compiled:
     """How to run one op signature: its graph, which leaves it writes, how to rebuild returns;
     ``lifted``: the op's floats are an extra input (``scalars.py``)."""
 
-    __slots__ = ("graph", "mutated", "returns", "n_fresh", "lifted", "single", "fast")
+    __slots__ = ("graph", "mutated", "returns", "n_fresh", "lifted", "single", "result", "fast")
 
     def __init__(self, graph, mutated, returns, n_fresh, lifted=False):
         self.graph, self.mutated, self.returns, self.n_fresh = graph, mutated, returns, n_fresh
@@ -180,6 +180,9 @@ class _Compiled:
         plan, counts = returns
         self.single = (not mutated and len(plan) == 1 and plan[0][0] == "fresh"
                        and counts == [0])
+        # The one result's shape, dtype, element count and strides, for every mode's run.
+        shape, dtype = graph.out_meta[0] if self.single else ((), None)
+        self.result = (shape, dtype, _numel(shape), contiguous_strides(shape))
 
 
 class _Fallback:
@@ -400,8 +403,7 @@ def _fast_plan(entry: _Compiled):
     run, indices = direct
     if indices is not None and list(indices) == list(range(len(graph.placeholders))):
         indices = None  # every argument, in order: no list to build per run
-    shape, dtype = graph.out_meta[0]
-    return run, indices, shape, dtype, _numel(shape), contiguous_strides(shape)
+    return (run, indices, *entry.result)
 
 
 def run_op(func, args, kwargs):
@@ -432,8 +434,10 @@ def run_op(func, args, kwargs):
     if fast is None and type(mode) is Strict:
         entry.fast = _fast_plan(entry)
     if entry.single:  # one fresh tensor, nothing written: most ops
-        shape, dtype = entry.graph.out_meta[0]
-        return _fresh(outputs[0], shape, dtype)
+        shape, dtype, numel, strides = entry.result
+        storage = Storage(outputs[0], shape, dtype, numel)
+        mode.note_write(storage)
+        return dense_tensor(storage, shape, strides)
     n_fresh = entry.n_fresh
     for leaf, value in zip(entry.mutated, outputs[n_fresh:]):
         views.write(tensors[leaf], value)
