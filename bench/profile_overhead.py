@@ -13,7 +13,23 @@ Not part of run_all: a diagnostic for work on the runtime path (program/run.py, 
    the result exists, and ``to_torch`` of a fresh result waits for it);
 2. the Python and C function calls of one steady call (``sys.setprofile``): the same on a busy
    machine as on an idle one;
-3. the top of a cProfile of 2000 compiled calls (cProfile inflates Python-heavy stages).
+3. main-thread CPU time per call (``time.thread_time``: other processes' load barely moves it)
+   of the compiled call, the runner called directly, the compiled call around a stub runner
+   (Dynamo's and aot_autograd's share), and a PJRT execute alone and interleaved with other
+   work: where the compiled call's time beyond "stub + runner" goes (below);
+4. the top of a cProfile of 2000 compiled calls (cProfile inflates Python-heavy stages).
+
+What 3 showed (2026-12-02, load 8-14, medians of 7 rounds of 3000 calls): Inductor 21-28 us,
+torchtpu 87-110 us, runner alone 25-35 us, stub runner 18-20 us; an ``Executable.run`` costs
+7-8 us in a loop of its own and 18-24 us inside a compiled call, and about as much more when
+interleaved with any other work (an Inductor call, a stub compiled call, a walk over 2 MB of
+Python objects), while the Dynamo/aot frames around it slow down by some 20 us after it ran.
+The "unexplained" part of a call is therefore no work of its own (keeping results alive, host
+copies instead of DLPack, owned input copies, GC off and jax tracebacks off each changed
+nothing, and no GC collection runs in a steady loop): it is the cold-cache cost of jaxlib's
+and PJRT's native path (upload, execute, result wrapping, DLPack export) and of Dynamo's frames
+evicting each other's working sets on every call. Runner microbenchmarks run hot and miss it;
+only fewer native steps per call (fewer, larger jaxlib entries) remove it.
 
 Usage: ``.venv/bin/python bench/profile_overhead.py``
 """
@@ -48,6 +64,22 @@ def _call_counts(fn, calls: int = 20) -> tuple[float, float]:
     finally:
         sys.setprofile(None)
     return counts["call"] / calls, counts["c_call"] / calls
+
+
+def _thread_times(fns: dict, rounds: int = 7, calls: int = 3000) -> dict:
+    """Median main-thread CPU seconds per call of each of ``fns``, in interleaved rounds."""
+    import statistics
+    import time
+    samples: dict = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            for _ in range(200):
+                fn()
+            start = time.thread_time()
+            for _ in range(calls):
+                fn()
+            samples[name].append((time.thread_time() - start) / calls)
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def main() -> None:
@@ -123,6 +155,29 @@ def main() -> None:
         with torch.no_grad():
             python, native = _call_counts(fn)
         print(f"  {name:<34} {python:5.0f} Python {native:5.0f} C")
+
+    print("\nMain-thread CPU per call (time.thread_time; medians of 7 rounds of 3000 calls):")
+    real_call = GraphRunner.__call__
+    kept = [torch.randn(8)]
+
+    def stubbed():
+        GraphRunner.__call__ = lambda self, *a: [kept[0]]
+        try:
+            return compiled(x)
+        finally:
+            GraphRunner.__call__ = real_call
+    cpu = {
+        "inductor: compiled call": lambda: inductor(x),
+        "torchtpu: compiled call": lambda: compiled(x),
+        "  GraphRunner([x]) alone": lambda: runner([x]),
+        "  compiled call, stub runner": stubbed,
+        "  Executable.run alone": lambda: exe.run([buf]),
+        "  Executable.run + inductor call": lambda: (exe.run([buf]), inductor(x)),
+        "  Executable.run + stub call": lambda: (exe.run([buf]), stubbed()),
+    }
+    with torch.no_grad():
+        for name, seconds in _thread_times(cpu).items():
+            print(f"  {name:<34} {seconds * 1e6:7.1f} us")
 
     profile = cProfile.Profile()
     profile.enable()

@@ -28,8 +28,11 @@ from torchtpu_compile.lower.support import is_written, written_arguments
 from torchtpu_compile.profiling import TORCH_PROFILER, span
 
 from . import fallback, modes, rng, scalars, views
+from .fuse import Lazy
+from .modes import Strict, concrete
 from .programs import OpGraph, example, trace
-from .tensor import DEVICE, TpuTensor, new_tensor
+from .storage import Storage
+from .tensor import DEVICE, TpuTensor, _numel, contiguous_strides, dense_tensor, new_tensor
 from .transfer import download, from_cpu, to_cpu, upload
 
 aten = torch.ops.aten
@@ -113,7 +116,14 @@ def signature(func, args, kwargs):
     tensors: list = []
     key = [id(func)]
     for a in args:
-        key.append(_sig(a, tensors))
+        kind = type(a)  # the common kinds inline, as _sig keys them: a call less per argument
+        if kind is TpuTensor:
+            tensors.append(a)
+            key.append((a.dtype, a._shape))
+        elif kind is float or kind is int or kind is bool:
+            key.append((kind, a))
+        else:
+            key.append(_sig(a, tensors))
     if kwargs:
         for k, v in kwargs.items():
             key.append(k)
@@ -163,14 +173,18 @@ class _Compiled:
     """How to run one op signature: its graph, which leaves it writes, how to rebuild returns;
     ``lifted``: the op's floats are an extra input (``scalars.py``)."""
 
-    __slots__ = ("graph", "mutated", "returns", "n_fresh", "lifted", "single")
+    __slots__ = ("graph", "mutated", "returns", "n_fresh", "lifted", "single", "result", "fast")
 
     def __init__(self, graph, mutated, returns, n_fresh, lifted=False):
         self.graph, self.mutated, self.returns, self.n_fresh = graph, mutated, returns, n_fresh
         self.lifted = lifted
+        self.fast = None  # strict mode's decision, once it ran there (_fast_plan)
         plan, counts = returns
         self.single = (not mutated and len(plan) == 1 and plan[0][0] == "fresh"
                        and counts == [0])
+        # The one result's shape, dtype, element count and strides, for every mode's run.
+        shape, dtype = graph.out_meta[0] if self.single else ((), None)
+        self.result = (shape, dtype, _numel(shape), contiguous_strides(shape))
 
 
 class _Fallback:
@@ -354,7 +368,7 @@ def _rebuild(entry: _Compiled, outputs: list, args, kwargs):
 
 def _fresh(value, shape, dtype):
     t = new_tensor(value, shape, dtype)
-    modes.current().note_write(t._st)
+    (modes._current or modes.current()).note_write(t._st)  # the mode is set: no call
     return t
 
 
@@ -389,6 +403,23 @@ def _lifted_entry(func, args, kwargs, tensors, key):
     return known
 
 
+def _fast_plan(entry: _Compiled):
+    """Strict mode's whole run of ``entry``, decided once per signature: (the executable's
+    run, argument indices or None, and the shape, dtype, element count and strides of its one
+    result), or False where a run needs more than that (a written argument, several results,
+    floats as an input, index checks, a program that depends on the matmul precision or
+    rebuilds its outputs)."""
+    graph = entry.graph
+    program = graph._any_precision
+    direct = program.direct_run() if program is not None else None
+    if not entry.single or entry.lifted or graph.checked or direct is None:
+        return False
+    run, indices = direct
+    if indices is not None and list(indices) == list(range(len(graph.placeholders))):
+        indices = None  # every argument, in order: no list to build per run
+    return (run, indices, *entry.result)
+
+
 def run_op(func, args, kwargs):
     key, tensors = signature(func, args, kwargs)
     entry = _ops.get(key)
@@ -400,12 +431,27 @@ def run_op(func, args, kwargs):
     if type(entry) is _Fallback:
         return fallback.run_on_host(func, args, kwargs, entry.reason)
     values = _input_values(tensors)
+    fast = entry.fast
+    if fast and type(modes._current) is Strict and not TORCH_PROFILER._is_profiler_enabled:
+        # The per-op fast path: one execute, one new tensor, nothing else decided again.
+        run, indices, shape, dtype, numel, strides = fast
+        for value in values:
+            if type(value) is Lazy:  # left by defer-and-fuse mode: run its recording first
+                values = [concrete(v) for v in values]
+                break
+        outputs = run(values if indices is None else [values[i] for i in indices])
+        return dense_tensor(Storage(outputs[0], shape, dtype, numel), shape, strides)
     if entry.lifted:
         values.append(upload(torch.tensor(scalars.collect(args, kwargs), dtype=torch.float32)))
-    outputs = modes.current().apply(entry.graph, values)
+    mode = modes._current or modes.current()
+    outputs = mode.apply(entry.graph, values)
+    if fast is None and type(mode) is Strict:
+        entry.fast = _fast_plan(entry)
     if entry.single:  # one fresh tensor, nothing written: most ops
-        shape, dtype = entry.graph.out_meta[0]
-        return _fresh(outputs[0], shape, dtype)
+        shape, dtype, numel, strides = entry.result
+        storage = Storage(outputs[0], shape, dtype, numel)
+        mode.note_write(storage)
+        return dense_tensor(storage, shape, strides)
     n_fresh = entry.n_fresh
     for leaf, value in zip(entry.mutated, outputs[n_fresh:]):
         views.write(tensors[leaf], value)

@@ -111,8 +111,10 @@ class _Recording:
         self.done = True
         wanted = self._wanted(extra)
         if self.graphs and wanted:
-            signature = (tuple(g.id for g in self.graphs), tuple(self.refs),
-                         tuple((tuple(b.shape), str(b.dtype)) for b in self.inputs),
+            # Shapes and dtypes from each buffer's aval: its shape and dtype properties (and
+            # str of a numpy dtype) are Python calls, a dozen per input of every step.
+            signature = (tuple([g.id for g in self.graphs]), tuple(self.refs),
+                         tuple([(a.shape, a.dtype) for a in [b.aval for b in self.inputs]]),
                          tuple(wanted))
             program = _fused.get(signature)
             if program is None:

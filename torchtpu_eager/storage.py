@@ -15,6 +15,10 @@ from __future__ import annotations
 import weakref
 
 _live: weakref.WeakSet[Storage] = weakref.WeakSet()
+# WeakSet.add without its Python frame (one per storage: every eager op makes one). Removals
+# still go through the set's own callback, and add() committed nothing an iteration defers:
+# the iteration guard commits those itself when it ends.
+_live_add, _live_remove, _ref = _live.data.add, _live._remove, weakref.ref
 
 
 class Storage:
@@ -29,7 +33,7 @@ class Storage:
         self.numel = numel
         self.nbytes = numel * dtype.itemsize
         self.freed = False
-        _live.add(self)
+        _live_add(_ref(self, _live_remove))
 
     def resize_bytes(self, nbytes: int) -> None:
         """Free (``nbytes == 0``) or re-allocate (its full size) this storage's memory.

@@ -22,7 +22,13 @@ DEVICE = torch.device("tpu", 0)  # always with an index: the autograd engine ass
 _strides_of: dict = {}
 
 
-def _contiguous_strides(shape: tuple) -> tuple:
+def contiguous_strides(shape: tuple) -> tuple:
+    """The strides of a contiguous tensor of ``shape`` (kept per shape).
+
+    Example::
+
+        contiguous_strides((2, 3))      # (3, 1)
+    """
     strides = _strides_of.get(shape)
     if strides is None:
         out, running = [], 1
@@ -46,7 +52,7 @@ class TpuTensor(torch.Tensor):
     def __new__(cls, storage: Storage, size, stride=None, offset: int = 0,
                 requires_grad: bool = False):
         size = tuple(size)
-        contiguous = _contiguous_strides(size)
+        contiguous = contiguous_strides(size)
         stride = contiguous if stride is None else tuple(stride)
         t = torch.Tensor._make_wrapper_subclass(
             cls, size, strides=stride, storage_offset=offset, dtype=storage.dtype,
@@ -60,7 +66,7 @@ class TpuTensor(torch.Tensor):
         storage = self._st
         self._shape = size
         if contiguous is None:
-            contiguous = _contiguous_strides(size)
+            contiguous = contiguous_strides(size)
         # Dense: this tensor is its whole storage, in order (the common case, read directly).
         self._dense = offset == 0 and (stride == contiguous or storage.numel <= 1) and \
             (size == storage.shape or _numel(size) == storage.numel)
@@ -137,6 +143,25 @@ def _numel(shape) -> int:
     for n in shape:
         numel *= n
     return numel
+
+
+def dense_tensor(storage: Storage, shape: tuple, strides: tuple) -> TpuTensor:
+    """A tpu tensor that is all of ``storage`` (shape ``shape``, its contiguous ``strides``):
+    ``TpuTensor(storage, shape)`` with nothing computed again (the eager per-op fast path).
+
+    Example::
+
+        t = dense_tensor(storage, (2, 3), (3, 1))
+    """
+    t = _make_wrapper(TpuTensor, shape, strides=strides, storage_offset=0, dtype=storage.dtype,
+                      device=DEVICE, requires_grad=False)
+    t._st = storage
+    t._shape = shape
+    t._dense = True
+    return t
+
+
+_make_wrapper = torch.Tensor._make_wrapper_subclass
 
 
 def new_tensor(value, shape, dtype, requires_grad: bool = False) -> TpuTensor:

@@ -130,6 +130,21 @@ class Program:
         return collect_outputs(self.slots, results, buffers, defer_checks=True,
                                locations=locations, empty=_empty_buffer)
 
+    def direct_run(self):
+        """``(run, indices)`` where ``self.run(buffers)`` is nothing but ``run`` (the
+        executable's) on ``buffers`` (``indices`` None) or on ``[buffers[i] for i in indices]``:
+        no constants, host draws or output slots to rebuild. None for any other program. The
+        eager device's per-op fast path calls it directly (``torchtpu_eager/dispatch.py``).
+
+        Example::
+
+            run, indices = program.direct_run()
+            [out] = run([buffer])
+        """
+        if self.executable is None or self._extra or not self._direct:
+            return None
+        return self.executable.run, None if self._plain else self.arg_indices
+
     def __call__(self, args: list, device: str | None = None) -> list:
         """Run on tensors; the graph's outputs as tensors (results on their traced device, or
         on ``device``), rebuilt from the slots: inputs, constants, views, None."""
