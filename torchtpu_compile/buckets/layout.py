@@ -185,24 +185,25 @@ def pad(tensor: torch.Tensor, layout, real_env: dict, pad_env: dict) -> torch.Te
 def pad_plan(layout, real_env: dict, pad_env: dict, shape) -> tuple | None:
     """What ``pad`` does to a tensor of ``shape`` at these sizes, worked out once (a decode
     loop pads at the same sizes call after call): None where nothing is padded, else (real
-    factored shape, padded factored shape, padded shape)."""
+    factored shape, padded factored shape, the real region, padded shape)."""
     if not has_padding(layout):
         return None
     real = _factored(layout, real_env, shape)
     padded = _factored(layout, pad_env, shape)
     if real == padded:
         return None
-    return real, padded, [math.prod(factor_sizes(dim, pad_env)) if dim is not None else s
-                          for dim, s in zip(layout, shape)]
+    return real, padded, tuple(slice(0, r) for r in real), [
+        math.prod(factor_sizes(dim, pad_env)) if dim is not None else s
+        for dim, s in zip(layout, shape)]
 
 
 def pad_with(tensor: torch.Tensor, plan) -> torch.Tensor:
     """``pad`` by a ``pad_plan``."""
     if plan is None:
         return tensor
-    real, padded, shape = plan
+    real, padded, region, shape = plan
     out = tensor.new_zeros(padded)
-    out[tuple(slice(0, r) for r in real)] = tensor.reshape(real)
+    out[region] = tensor.reshape(real)
     return out.reshape(shape)
 
 
