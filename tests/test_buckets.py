@@ -97,6 +97,13 @@ CASES = {
     "index_put_of_padded_values": lambda x: (
         torch.zeros(3, 16, 5).index_copy(1, torch.arange(x.shape[1]), x),
         _put(torch.zeros(3, 16, 5), -1 - torch.arange(x.shape[1]), x * 2)),
+    # negative indices along the padded dim count from the real end, as eager's (not from the
+    # bucket's, into the padding): reads, writes, and writes that add
+    "negative_index_along_padded_dim": lambda x: (
+        x[:, torch.tensor([-1, -3])],
+        _put(x.clone(), torch.tensor([-1, -3]), torch.ones(3, 2, 5)),
+        torch.ops.aten.index_put(x, [None, torch.tensor([-2, -2])], torch.ones(3, 2, 5),
+                                 True)),
     # attending over the first n slots of a static cache; a bucket of 16 reaches past its 14
     "slice_of_static_dim_by_dynamic_size": lambda x: (
         torch.arange(70.0).reshape(14, 5)[: x.shape[1]] + x[0],
@@ -322,6 +329,33 @@ def test_sizes_seen_before_skip_bucket_choice_until_a_new_bucket(fresh_dynamo, m
     assert chosen == [(5,), (6,), (40,), (6,), (20,)]
     graph = next(iter(_graphs().values()))
     assert graph["buckets"] == [[8], [64]] and graph["bucket_hits"] == 7
+
+
+def test_sizes_seen_before_pad_and_cut_back_without_evaluating_sizes(fresh_dynamo, monkeypatch):
+    # A decode step pads its inputs and cuts back its outputs at the same sizes call after
+    # call: the shapes come from the layouts' size expressions once per sizes, not per call
+    # (they were most of the bucketed decode step's Python).
+    from torchtpu_compile.buckets import layout
+    evaluated = []
+
+    def counting_evaluate(expr, env):
+        evaluated.append(expr)
+        return evaluate(expr, env)
+
+    evaluate = layout.evaluate
+    monkeypatch.setattr(layout, "evaluate", counting_evaluate)
+    compiled = compile_tpu(lambda x, y: (torch.cat([x, y], 1).softmax(1), x.sum(1)))
+    y = torch.randn(3, 1, 5)
+    with config.patch(matmul_precision="highest"):
+        for i, n in enumerate((5, 6, 5, 6, 6)):
+            x = torch.randn(3, n, 5)
+            if i == 0:
+                torch._dynamo.mark_dynamic(x, 1)
+            if i == 2:
+                evaluated.clear()
+            _close(compiled(x, y), (torch.cat([x, y], 1).softmax(1), x.sum(1)))
+    assert evaluated == []  # 5 and 6 seen before
+
 
 
 @pytest.mark.parametrize("ahead", [True, False])

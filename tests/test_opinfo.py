@@ -95,3 +95,17 @@ def test_bf16_result_that_cancels_passes_only_when_as_close_as_eager_bf16():
     _compare(rounded_first, worse, torch.bfloat16, exact_out)
     with pytest.raises(AssertionError, match="against fp32 reference"):
         _compare(worse, rounded_first, torch.bfloat16, exact_out)
+
+
+def test_coverage_zoo_paragraph_counts_the_zoo_not_only_the_results():
+    # docs/coverage.md said "37 random-init models" from results older than five of the zoo's
+    # models: the paragraph counts the zoo too and names what the results lack.
+    from tests.support.opinfo.report import zoo_names, zoo_paragraph
+    passed = {"inference": {"status": "pass"}, "training": {"status": "pass"}}
+    failed = {"inference": {"status": "pass"}, "training": {"status": "fail"}}
+    text = zoo_paragraph({"gpt2": passed, "llama": failed}, ["gpt2", "llama", "detr"])
+    assert text.startswith("2 of the 3 random-init models") and "; 1 pass both" in text
+    assert "Not in these results (the zoo gained them after the run): detr;" in text
+    assert zoo_paragraph({"gpt2": passed}, None).startswith("1 random-init models")
+    zoo = zoo_names()
+    assert zoo is not None and len(zoo) == len(set(zoo)) >= 37

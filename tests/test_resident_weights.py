@@ -268,3 +268,36 @@ def test_constants_of_an_eager_device_graph_follow_the_same_rule(upload, monkeyp
     torch.testing.assert_close(download(graph.run([x])[0]), torch.tensor([1.0, 2.0, 3.0]))
     constant.data.mul_(10.0)  # nothing writes a graph's literal, but if it did, it is seen
     torch.testing.assert_close(download(graph.run([x])[0]), torch.tensor([10.0, 20.0, 30.0]))
+
+
+def _write_state(cache, count, pos, new):
+    cache.index_copy_(0, pos, new)  # a static KV cache's update
+    count.add_(1)                   # and its length
+    return cache.sum(0) * count
+
+
+@pytest.mark.parametrize("upload", UPLOADS)
+def test_state_a_graph_writes_in_place_is_resident_and_never_stale(upload, monkeypatch):
+    # A static KV cache (made by an earlier graph, as HF's prefill makes it) is passed to the
+    # decode step again and again and written in place: it stays resident like a buffer (no
+    # upload per step where the buffer is its memory), and every write, the graph's own and
+    # the user's between calls, reaches the next call.
+    _net(upload, monkeypatch)  # "copied": every upload a private copy, as on TPU
+    make = compile_tpu(lambda x: torch.zeros(6, 4) + x)
+    cache, count = make(torch.zeros(())), torch.zeros((), dtype=torch.int64)
+    if upload == "unaligned":
+        cache = _unaligned(cache)
+    expected, expected_count = cache.clone(), count.clone()
+    step = compile_tpu(_write_state)
+    before = transfer.resident_count()
+    for i in range(4):
+        pos, new = torch.tensor([i]), _new((1, 4), i)
+        torch.testing.assert_close(step(cache, count, pos, new),
+                                   _write_state(expected, expected_count, pos, new))
+        torch.testing.assert_close((cache, count), (expected, expected_count))
+        if i == 0:
+            resident = transfer.resident_count() - before
+        cache[5] = expected[5] = float(i)  # a write between calls
+    assert transfer.resident_count() - before == resident
+    # a copy is never kept: the unaligned cache's, every one when uploads copy
+    assert resident == {"aliased": 2, "unaligned": 1, "copied": 0}[upload]

@@ -23,18 +23,28 @@ if "torchtpu_eager" in sys.modules:
     torchtpu_eager.compile_support.teach_dynamo()
 
 
-def _static_inputs(kind: str) -> frozenset:
-    """Forward inputs that are parameters or buffers: they stay resident on the device."""
+def _static_inputs(kind: str, inputs: int | None = None) -> frozenset:
+    """Forward inputs that stay resident on the device: parameters and buffers, and inputs the
+    graph writes in place (a static KV cache and its length, made by an earlier graph: state
+    that the next call passes again). Resident is safe for any host tensor (transfer.py keeps
+    only a buffer that is the tensor's memory); it saves the upload at every call.
+    ``inputs``: the graph's input count, for the in-place ones (the metadata's must match)."""
     if kind == "backward":  # the metadata describes the forward's inputs, not these
         return frozenset()
     context = torch._guards.TracingContext.try_get()
     metadata = getattr(context, "fw_metadata", None)
-    return frozenset(getattr(metadata, "static_input_indices", None) or ())
+    static = frozenset(getattr(metadata, "static_input_indices", None) or ())
+    info = getattr(metadata, "input_info", None)
+    if info is not None and len(info) == inputs:
+        static |= {i for i, each in enumerate(info)
+                   if each.mutates_data and not each.mutates_metadata}
+    return static
 
 
 def _compiler(kind: str, graph_id: int, cached: bool):
     def compile_graph(gm: torch.fx.GraphModule, example_inputs):
-        name, resident = f"graph_{graph_id}/{kind}", _static_inputs(kind)
+        inputs = sum(1 for node in gm.graph.nodes if node.op == "placeholder")
+        name, resident = f"graph_{graph_id}/{kind}", _static_inputs(kind, inputs)
         if cached:  # a picklable wrapper; backward graphs are built on their first call
             from .graph_cache import RunnerOutputCode
             return RunnerOutputCode(gm=gm, name=name, resident_inputs=resident,

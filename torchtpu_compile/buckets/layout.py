@@ -179,33 +179,61 @@ def pad(tensor: torch.Tensor, layout, real_env: dict, pad_env: dict) -> torch.Te
 
         pad(torch.ones(2, 3), (None, prefix(s0)), {s0: 3}, {s0: 8}).shape == (2, 8)
     """
+    return pad_with(tensor, pad_plan(layout, real_env, pad_env, tensor.shape))
+
+
+def pad_plan(layout, real_env: dict, pad_env: dict, shape) -> tuple | None:
+    """What ``pad`` does to a tensor of ``shape`` at these sizes, worked out once (a decode
+    loop pads at the same sizes call after call): None where nothing is padded, else (real
+    factored shape, padded factored shape, the real region, padded shape)."""
     if not has_padding(layout):
-        return tensor
-    real = _factored(layout, real_env, tensor.shape)
-    padded = _factored(layout, pad_env, tensor.shape)
+        return None
+    real = _factored(layout, real_env, shape)
+    padded = _factored(layout, pad_env, shape)
     if real == padded:
+        return None
+    return real, padded, tuple(slice(0, r) for r in real), [
+        math.prod(factor_sizes(dim, pad_env)) if dim is not None else s
+        for dim, s in zip(layout, shape)]
+
+
+def pad_with(tensor: torch.Tensor, plan) -> torch.Tensor:
+    """``pad`` by a ``pad_plan``."""
+    if plan is None:
         return tensor
+    real, padded, region, shape = plan
     out = tensor.new_zeros(padded)
-    out[tuple(slice(0, r) for r in real)] = tensor.reshape(real)
-    return out.reshape([math.prod(factor_sizes(dim, pad_env)) if dim is not None else s
-                        for dim, s in zip(layout, tensor.shape)])
+    out[region] = tensor.reshape(real)
+    return out.reshape(shape)
 
 
 def unpad(tensor: torch.Tensor, layout, real_env: dict, pad_env: dict) -> torch.Tensor:
     """The real elements of a padded ``tensor``, at their real shape, contiguous as eager's
     result would be: a strided view of the padded buffer would make Dynamo guard on its
     strides, and a KV cache fed back in would be traced again with a stride symbol."""
-    if not has_padding(layout):
-        return tensor
-    real = _factored(layout, real_env, tensor.shape)
-    padded = _factored(layout, pad_env, tensor.shape)
-    real_shape = [math.prod(factor_sizes(dim, real_env)) if dim is not None else s
-                  for dim, s in zip(layout, tensor.shape)]
-    if real == padded:
-        return tensor
-    cut = tensor.reshape(padded)[tuple(slice(0, r) for r in real)]
-    return cut.contiguous().reshape(real_shape)
+    return unpad_with(tensor, unpad_plan(layout, real_env, pad_env, tensor.shape))
 
+
+def unpad_plan(layout, real_env: dict, pad_env: dict, shape) -> tuple | None:
+    """What ``unpad`` does to a padded tensor of ``shape`` at these sizes: None where it is
+    the real tensor, else (padded factored shape, the real region, real shape)."""
+    if not has_padding(layout):
+        return None
+    real = _factored(layout, real_env, shape)
+    padded = _factored(layout, pad_env, shape)
+    if real == padded:
+        return None
+    real_shape = [math.prod(factor_sizes(dim, real_env)) if dim is not None else s
+                  for dim, s in zip(layout, shape)]
+    return padded, tuple(slice(0, r) for r in real), real_shape
+
+
+def unpad_with(tensor: torch.Tensor, plan) -> torch.Tensor:
+    """``unpad`` by an ``unpad_plan``."""
+    if plan is None:
+        return tensor
+    padded, region, real_shape = plan
+    return tensor.reshape(padded)[region].contiguous().reshape(real_shape)
 
 
 def unpad_outputs(results: list, plan_outputs: list, real_env: dict, pad_env: dict) -> list:
@@ -218,16 +246,30 @@ def unpad_outputs(results: list, plan_outputs: list, real_env: dict, pad_env: di
         unpad_outputs([y], [("tensor", 0, (prefix(s0),)), ("size", s0)], {s0: 3}, {s0: 8})
         # [y[:3], 3]
     """
-    outputs = []
+    return outputs_by(results, outputs_plan(results, plan_outputs, real_env, pad_env))
+
+
+def outputs_plan(results: list, plan_outputs: list, real_env: dict, pad_env: dict) -> list:
+    """What ``unpad_outputs`` does at these sizes, worked out once: per output, ("tensor",
+    program index, ``unpad_plan``) or ("value", v)."""
+    plans = []
     for kind, *rest in plan_outputs:
         if kind == "tensor":
             index, layout = rest
-            outputs.append(unpad(results[index], layout, real_env, pad_env))
+            plans.append(("tensor", index,
+                          unpad_plan(layout, real_env, pad_env, results[index].shape)))
         elif kind == "size":
-            outputs.append(int(evaluate(rest[0], real_env)))
+            plans.append(("value", int(evaluate(rest[0], real_env))))
         else:
-            outputs.append(rest[0])
-    return outputs
+            plans.append(("value", rest[0]))
+    return plans
+
+
+def outputs_by(results: list, plans: list) -> list:
+    """``unpad_outputs`` by an ``outputs_plan``."""
+    return [unpad_with(results[rest[0]], rest[1]) if kind == "tensor" else rest[0]
+            for kind, *rest in plans]
+
 
 # --- views -------------------------------------------------------------------------------------
 

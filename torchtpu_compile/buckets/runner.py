@@ -21,7 +21,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from .. import config, counters
 from .._logging import log
 from ..profiling import trace_artifact
-from .layout import NotPaddable, has_padding, pad, unpad_outputs
+from .layout import NotPaddable, has_padding, outputs_by, outputs_plan, pad_plan, pad_with
 from .background import compile_ahead
 from .policy import bucket_size, choose
 from .trace import analyze, trace_bucket
@@ -50,6 +50,7 @@ class BucketedGraph:
         self._programs: dict = {}   # (precision, bucket key) -> (program, plan)
         self._device = False        # the results' device type (None: as traced), once known
         self._calls: dict = {}      # (precision, real sizes) -> _call_plan's tuple
+        self._shapes: dict = {}     # (precision, real sizes) -> [pad plans, outputs plan]
 
     def _analyze(self):
         if self.spec is None:
@@ -98,6 +99,7 @@ class BucketedGraph:
                   key, sizes, len(existing))
             # Another bucket can change which one serves sizes seen before (policy.choose).
             self._calls.clear()
+            self._shapes.clear()
         program, plan = self._program_for(precision, key, pad_env)
         if config.background_buckets:  # also at the first use of a bucket built ahead
             self._build_next_ahead(precision, key, len(existing) + new)
@@ -132,13 +134,21 @@ class BucketedGraph:
             call, new = self._call_plan(precision, sizes, real_env)
             if len(self._calls) >= _MAX_CALL_PLANS:
                 self._calls.clear()
+                self._shapes.clear()
             self._calls[(precision, sizes)] = call
         program, plan, pad_env, tensors, padded, sizes, key = call
         inputs = [args[i] for i in tensors]
+        # How each input is padded and each output cut back, per sizes: shapes from the
+        # layouts' size expressions, evaluated once, not at every step of a decode loop.
+        shapes = self._shapes.get((precision, sizes))
+        if shapes is None:
+            shapes = self._shapes[(precision, sizes)] = [
+                [(j, pad_plan(layout, real_env, pad_env, inputs[j].shape)) for j, layout in padded],
+                None]
         padded_elements, real_elements = 0, 0
-        for j, layout in padded:
+        for j, pad_as in shapes[0]:
             arg = inputs[j]
-            inputs[j] = pad(arg, layout, real_env, pad_env)
+            inputs[j] = pad_with(arg, pad_as)
             padded_elements += inputs[j].numel()
             real_elements += arg.numel()
         # Fresh each call: a program may alias (or, donated, overwrite) its input buffers.
@@ -150,8 +160,10 @@ class BucketedGraph:
                 "graph": self.name, "precision": precision, "dims": [str(s) for s in spec.symbols],
                 "sizes": list(sizes), "bucket": list(key), "buckets_before": others,
                 "padded_elements": padded_elements, "real_elements": real_elements})
-        return unpad_outputs(program(inputs, self._result_device()), plan.outputs, real_env,
-                             pad_env)
+        results = program(inputs, self._result_device())
+        if shapes[1] is None:
+            shapes[1] = outputs_plan(results, plan.outputs, real_env, pad_env)
+        return outputs_by(results, shapes[1])
 
     def _result_device(self) -> str | None:
         # A bucket is traced on the host (trace.py), so its program would hand back host

@@ -80,9 +80,10 @@ class Program:
         self._wrap, self._defer_checks, self._host = None, False, False
         self._plan = None            # (argument index, resident) per input, from the first call
         if result_devices is not None:
-            # Every result a host tensor (no device's own tensors, no index checks kept).
-            self._host = self._check is None and not any(device in WRAPPERS
-                                                         for device in result_devices)
+            # Every result a host tensor (no device's own tensors), but the index checks'
+            # output, kept a buffer (a static KV cache's update is checked at every step).
+            self._host = not any(device in WRAPPERS for i, device in enumerate(result_devices)
+                                 if i != self._check)
             self._wrap = self._wrappers(list(result_devices))
             # Index checks of results left on the device are read at its next synchronization.
             self._defer_checks = any(device != "cpu" for i, device in
@@ -168,7 +169,13 @@ class Program:
             if count:  # the inputs uploaded for this call alone die with it
                 memory.transient(made, count)
             if host:
-                results = host_tensors(out, self.client)
+                check = self._check
+                if check is None:
+                    results = host_tensors(out, self.client)
+                else:  # kept a buffer (index_errors reads it)
+                    kept = out.pop(check)
+                    results = host_tensors(out, self.client)
+                    results.insert(check, kept)
             else:
                 if device is None and self._wrap is not None:
                     wrap, defer = self._wrap, self._defer_checks

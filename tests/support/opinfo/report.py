@@ -191,6 +191,36 @@ def zoo_known_failures() -> dict:
     return KNOWN_FAILURES
 
 
+def zoo_names() -> list | None:
+    """The models of tests/support/zoo_full.py, or None where it does not import."""
+    try:
+        from tests.support.zoo_full import ZOO
+    except Exception:  # the report renders from JSON alone, too
+        return None
+    return list(ZOO)
+
+
+def zoo_paragraph(models: dict, zoo: list | None) -> str:
+    """What the zoo table covers: how many models the results hold, of how many the zoo has
+    (results from before models were added would otherwise claim a stale count), and which."""
+    passing = sum(1 for m in models.values()
+                  if m["inference"].get("status") == "pass"
+                  and m["training"].get("status") == "pass")
+    ran = f"{len(models)} random-init models"
+    missing = [name for name in zoo or () if name not in models]
+    if zoo is not None:
+        ran = f"{len(models)} of the {len(zoo)} random-init models"
+    text = (f"{ran} (`tests/support/zoo_full.py`), inference and {3} SGD steps (fewer where the "
+            f"note says why), compiled against eager at matmul precision `highest`; {passing} "
+            "pass both with no fallback. Errors are max |compiled - eager| over the reference's "
+            "max magnitude; training is the worst of first output, losses, gradients and "
+            "parameter change.")
+    if missing:
+        text += (f" Not in these results (the zoo gained them after the run): {', '.join(missing)}"
+                 "; `make test-full`, then `make coverage`, adds them.")
+    return text
+
+
 def zoo_steps_note(name: str) -> str:
     """Why a zoo model trains fewer steps than the others (tests/support/zoo_check.py), or ""."""
     try:
@@ -230,15 +260,7 @@ def render(results: dict, seconds: dict, models: dict, dynamic_models: dict | No
         lines += ["Sweep time: " + ", ".join(
             f"{os.path.basename(k)} {v / 60:.1f} min" for k, v in seconds.items()), ""]
     if models:
-        passing = sum(1 for m in models.values()
-                      if m["inference"].get("status") == "pass"
-                      and m["training"].get("status") == "pass")
-        lines += ["## Model zoo", "",
-                  f"{len(models)} random-init models (`tests/support/zoo_full.py`), inference and "
-                  f"{3} SGD steps (fewer where the note says why), compiled against eager at "
-                  f"matmul precision `highest`; {passing} pass both with no fallback. Errors are "
-                  "max |compiled - eager| over the reference's max magnitude; training is the "
-                  "worst of first output, losses, gradients and parameter change.", "",
+        lines += ["## Model zoo", "", zoo_paragraph(models, zoo_names()), "",
                   *zoo_table(models), ""]
     if dynamic_models:
         lines += ["## Model zoo at many lengths", "", *dynamic_zoo_section(dynamic_models), ""]
