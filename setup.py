@@ -5,8 +5,14 @@ what PyTorch only accepts from C++. Everything else is in pyproject.toml.
 Built against the installed torch with the system C++ compiler, so the build needs torch
 first and no build isolation (``make install``: ``pip install --no-build-isolation -e .``).
 """
+import os
+
 from setuptools import setup
-from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+# Importing torch autoloads an installed torchtpu, which needs the extension this builds: a
+# rebuild (a changed native.cpp, a checkout without the .so) would fail on itself.
+os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+from torch.utils.cpp_extension import BuildExtension, CppExtension  # noqa: E402
 
 setup(
     ext_modules=[CppExtension("torchtpu_compile._native", ["torchtpu_compile/csrc/native.cpp"],
