@@ -7,12 +7,14 @@ STAMP  := $(VENV)/.installed
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py torchtpu_compile/csrc/native.cpp
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first and pinned: a looser requirement would pull a multi-GB CUDA build.
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[test]'
+	# The native extension (setup.py) compiles against that torch with the system C++
+	# compiler: no build isolation, which would fetch a torch of its own. No network either.
+	$(PY) -m pip install --quiet --no-build-isolation -e '.[test]'
 	touch $(STAMP)
 
 run: install
@@ -54,4 +56,4 @@ bench: install
 	$(PY) bench/run_all.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info torchtpu_compile/_native*.so

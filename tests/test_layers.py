@@ -22,7 +22,7 @@ LAYER_NAMES = ("base", "runtime", "lower", "core", "front end")
 LAYERS = {
     **{f"torchtpu_compile.{name}": BASE for name in (
         "config", "_logging", "errors", "versions", "counters", "output_slots",
-        "index_errors", "fallback_policy", "profiling")},
+        "index_errors", "fallback_policy", "profiling", "_native")},
     "torchtpu_compile.runtime": RUNTIME,
     "torchtpu_compile.lower": LOWER,
     "torchtpu_compile.kernels": LOWER,
@@ -54,9 +54,13 @@ def _modules() -> dict:
 MODULES = _modules()
 
 
+#: Native extensions (built from csrc/ by ``make install``): modules without Python imports.
+NATIVE = ("torchtpu_compile._native",)
+
+
 def _known(name: str) -> str | None:
     """``name`` or the closest enclosing module of ours, or None for other packages."""
-    while name and name not in MODULES:
+    while name and name not in MODULES and name not in NATIVE:
         name = name.rpartition(".")[0]
     return name or None
 
@@ -73,13 +77,13 @@ def _imported(module: str, is_package: bool, node) -> list:
         else:
             source = node.module
         # "from pkg import sub" imports the submodule sub, if there is one.
-        targets = [f"{source}.{alias.name}" if f"{source}.{alias.name}" in MODULES else source
-                   for alias in node.names]
+        targets = [f"{source}.{alias.name}" if _known(f"{source}.{alias.name}") ==
+                   f"{source}.{alias.name}" else source for alias in node.names]
     return [t for t in (_known(target) for target in targets) if t]
 
 
 def _import_graph() -> dict:
-    graph = {}
+    graph = {name: set() for name in NATIVE}
     for module, (path, is_package) in MODULES.items():
         with open(path) as f:
             tree = ast.parse(f.read(), path)

@@ -162,6 +162,39 @@ def test_memory_timeline_follows_allocations_and_frees(tmp_path):
     torch.testing.assert_close(b.cpu(), host_b)
 
 
+PRIVATEUSE1 = 20  # c10::DeviceType::PrivateUse1, as the Chrome trace writes a device type
+
+
+def test_profile_memory_records_tpu_allocations_and_frees(tmp_path):
+    # profile_memory=True: each PJRT buffer made and freed is a "[memory]" event of the tpu
+    # device (PrivateUse1), whose running total is the live buffer bytes runtime/memory.py
+    # counts at that moment (the figure torch.tpu.memory_allocated() reports).
+    from torchtpu_compile.runtime import memory
+    host_a, host_b = torch.randn(1000), torch.randn(500)
+    gc.collect()  # earlier tests' buffers die now, not inside the profile
+    gc.disable()
+    try:
+        base = memory.snapshot()["allocated_bytes"]
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            a = host_a.to("tpu")
+            b = host_b.to("tpu")
+            live_both = memory.snapshot()["allocated_bytes"]
+            del a
+            live_end = memory.snapshot()["allocated_bytes"]
+    finally:
+        gc.enable()
+    path = str(tmp_path / "trace.json")
+    prof.export_chrome_trace(path)
+    with open(path) as f:
+        events = sorted((e for e in json.load(f)["traceEvents"] if e.get("name") == "[memory]"
+                         and e["args"]["Device Type"] == PRIVATEUSE1), key=lambda e: e["ts"])
+    assert [e["args"]["Bytes"] for e in events] == [host_a.nbytes, host_b.nbytes, -host_a.nbytes]
+    assert [e["args"]["Total Allocated"] for e in events] == [
+        base + host_a.nbytes, live_both, live_end]
+    assert live_end - base == host_b.nbytes
+    torch.testing.assert_close(b.cpu(), host_b)
+
+
 def test_profiled_fallback_is_a_span_of_its_own():
     x = torch.randn(2, 6)
     model = UnlowerableNet()

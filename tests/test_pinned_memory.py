@@ -1,4 +1,9 @@
-"""Pinned host memory with "tpu" registered, against what CUDA PyTorch does with pinning."""
+"""Pinned host memory with "tpu" registered, against what CUDA PyTorch does with pinning.
+
+The tpu hooks' pinned allocator (torchtpu_compile/csrc/native.cpp) serves every way PyTorch
+pins: ``Tensor.pin_memory()``, factories with ``pin_memory=True``, DataLoader's pinning
+thread; ``is_pinned()`` is true for memory it handed out and still holds.
+"""
 import gc
 
 import torch
@@ -32,6 +37,23 @@ def test_memory_reused_after_a_pinned_tensor_dies_is_not_pinned():
     fresh = [torch.empty(1024) for _ in range(8)]
     reused = [t for t in fresh if t.untyped_storage().data_ptr() == address]
     assert not any(t.is_pinned() for t in fresh), reused
+
+
+def test_factories_with_pin_memory_make_pinned_host_tensors():
+    # Before the native hooks: NotImplementedError (getPinnedMemoryAllocator).
+    empty = torch.empty(2, 3, dtype=torch.float16, pin_memory=True)
+    assert (empty.device, empty.shape, empty.dtype) == (torch.device("cpu"), (2, 3),
+                                                        torch.float16)
+    assert empty.is_pinned() and empty[1].is_pinned()
+    zeros = torch.zeros(4, 5, pin_memory=True)
+    assert zeros.is_pinned()
+    torch.testing.assert_close(zeros, torch.zeros(4, 5), rtol=0, atol=0)
+    strided = torch.empty_strided((3, 4), (1, 3), pin_memory=True)
+    assert strided.stride() == torch.empty_strided((3, 4), (1, 3)).stride()
+    assert strided.is_pinned()
+    values = torch.tensor([[1, 2], [3, 4]], pin_memory=True)
+    assert values.is_pinned() and values.tolist() == [[1, 2], [3, 4]]
+    assert not torch.empty(2, 3).is_pinned() and not torch.zeros(4, 5).is_pinned()
 
 
 def test_empty_tensor_pins():

@@ -154,8 +154,8 @@ class DeviceEvents:
     """XLA's own events (``jax.profiler``'s session: the PJRT client's execution threads) and
     the device memory figures (``runtime/memory.py``: bytes of live PJRT buffers, at each
     allocation and free), recorded while the context is open, for ``merge_into`` a Chrome
-    trace PyTorch exported. (PyTorch's ``profile_memory`` records its own allocators' events
-    only: it has no entry point for another allocator's from Python.)
+    trace PyTorch exported. (``profile_memory=True`` also gets each buffer as a tpu
+    ``[memory]`` event, from C++: ``runtime/memory.py``, ``csrc/native.cpp``.)
 
     PyTorch's profiler has no hook for another profiler's events, so the device side is a
     second session next to it; both clocks are the wall clock, and the merged events land

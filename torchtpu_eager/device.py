@@ -1,8 +1,9 @@
 """Registering "tpu" as a PyTorch device: PrivateUse1, renamed, with a Python backend.
 
-This only tells PyTorch the device exists (name, ``torch.tpu`` module, hooks, kernels for
-factories). It starts no PJRT client and imports no jax: that happens at the first op, so the
-autoload that runs at ``import torch`` costs almost nothing and changes nothing for CPU code.
+This only tells PyTorch the device exists (name, ``torch.tpu`` module, the device guard and
+hooks -- native, ``torchtpu_compile/csrc/native.cpp`` -- and kernels for factories). It starts
+no PJRT client and imports no jax: that happens at the first op, so the autoload that runs at
+``import torch`` costs almost nothing and changes nothing for CPU code.
 
 Example::
 
@@ -18,22 +19,6 @@ import torch
 NAME = "tpu"
 _lock = threading.Lock()
 _registered = False
-
-
-class _Hooks(torch._C._acc.PrivateUse1Hooks):
-    def is_available(self) -> bool:
-        return True  # the PJRT CPU client is always there when no accelerator is
-
-    def has_primary_context(self, dev_id) -> bool:
-        return True
-
-    def is_built(self) -> bool:
-        return True
-
-
-class _Guard(torch._C._acc.DeviceGuard):
-    def type_(self):
-        return torch._C._autograd.DeviceType.PrivateUse1
 
 
 def register() -> None:
@@ -54,7 +39,15 @@ def register() -> None:
             raise RuntimeError(
                 f"cannot register the 'tpu' device: PrivateUse1 is already taken by "
                 f"{current!r} in this process (another out-of-tree backend was loaded first)")
-        from . import autocast, kernels, module_conversion, pinned, serialization, tpu_module
+        try:
+            from torchtpu_compile import _native
+        except ImportError as err:
+            raise ImportError(
+                "torchtpu's native extension (torchtpu_compile/csrc/native.cpp) is not built: "
+                "run `make install`, or `pip install --no-build-isolation -e .` in the "
+                "checkout, with torch installed first") from err
+
+        from . import autocast, kernels, module_conversion, serialization, tpu_module
         if current != NAME:
             torch.utils.rename_privateuse1_backend(NAME)
             # Tensor.tpu(), Tensor.is_tpu, Module.tpu(); storages of a Python backend have no
@@ -62,11 +55,12 @@ def register() -> None:
             torch.utils.generate_methods_for_privateuse1_backend(
                 for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=False)
         torch._register_device_module(NAME, tpu_module)
-        torch._C._acc.register_python_privateuseone_hook(_Hooks())
-        torch._C._acc.register_python_privateuseone_device_guard(_Guard())
+        # The device guard and hooks, in C++ (csrc/native.cpp): PyTorch calls the guard from
+        # noexcept code, where a call into Python aborts the process, and takes the pinned
+        # host allocator (pin_memory(), torch.empty(pin_memory=True)) only from C++ hooks.
+        _native.register_device()
         kernels.register()
         module_conversion.register()  # Module.to("tpu") keeps tied weights tied
-        pinned.register()  # pin_memory() with tpu as the current accelerator (pinned.py)
         autocast.register()  # torch.autocast("tpu"): CUDA's op lists (autocast.py)
         serialization.register()
         from . import compile_support, stats  # noqa: F401  (stats: the device's counters)

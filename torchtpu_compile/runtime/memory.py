@@ -21,6 +21,7 @@ from __future__ import annotations
 import threading
 import weakref
 
+from .. import _native
 from ..profiling import TORCH_PROFILER, memory_sample
 
 # Reentrant: a buffer can die (and its callback run) while this thread is inside track().
@@ -40,8 +41,9 @@ def _released(ref) -> None:
             _count -= 1
             _freed_bytes += entry[1]
             _freed_count += 1
-            if TORCH_PROFILER._is_profiler_enabled:  # the memory timeline (profiling.py)
+            if TORCH_PROFILER._is_profiler_enabled:  # the memory timelines (profiling.py)
                 memory_sample(_bytes)
+                _native.report_memory(id(ref), -entry[1], _bytes)
 
 
 def track(buffers, sizes=None, device=None):
@@ -65,16 +67,21 @@ def track(buffers, sizes=None, device=None):
     if sizes is None:
         sizes = [buffer.nbytes for buffer in buffers]
     with _lock:
+        # The profiler's memory timeline (profile_memory=True) takes each allocation from C++;
+        # off the profiler, the one check per call is all this costs.
+        profiled = TORCH_PROFILER._is_profiler_enabled
         for buffer, nbytes in zip(buffers, sizes):
             ref = weakref.ref(buffer, _released)
             _refs[id(ref)] = (ref, nbytes)
             _bytes += nbytes
+            if profiled:  # a no-op in C++ unless the profiler records memory
+                _native.report_memory(id(ref), nbytes, _bytes)
         _count += len(sizes)
         if _bytes > _peak_bytes:
             _peak_bytes = _bytes
         if _count > _peak_count:
             _peak_count = _count
-        if TORCH_PROFILER._is_profiler_enabled:  # the memory timeline (profiling.py)
+        if profiled:  # the memory counter track DeviceEvents merges (profiling.py)
             memory_sample(_bytes)
     return buffers
 

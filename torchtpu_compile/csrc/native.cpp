@@ -1,0 +1,198 @@
+// torchtpu's native pieces: what PyTorch only takes from C++.
+//
+// * The PrivateUse1 ("tpu") device guard. PyTorch's Python-backed guard
+//   (torch._C._acc.DeviceGuard) calls into Python from noexcept methods; the autograd engine
+//   calls them while unwinding from a hook's exception, with the error still pending, and
+//   the failed Python call turns into std::terminate. This guard never calls Python: one
+//   device (index 0), one stream (the default), as the tpu device has (streams.py).
+// * The PrivateUse1 hooks, with a pinned-memory allocator: PyTorch asks the current
+//   accelerator's hooks for it in torch.empty(pin_memory=True), Tensor.pin_memory() and
+//   is_pinned() -- in CPU-only scripts too, once tpu is registered. PJRT copies from any host
+//   memory, so "pinned" is ordinary host memory whose blocks we remember.
+// * report_memory: PJRT buffer allocations and frees, for the profiler's memory timeline
+//   (profile_memory=True); only C++ can reach c10::reportMemoryUsageToProfiler.
+//
+// A plain CPython module (no pybind11): it builds in seconds and loads in a millisecond.
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/core/impl/alloc_cpu.h>
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+
+namespace {
+
+constexpr c10::DeviceType kTpu = c10::DeviceType::PrivateUse1;
+
+c10::Device tpu0() {
+  return c10::Device(kTpu, 0);
+}
+
+struct TpuGuard final : public c10::impl::DeviceGuardImplInterface {
+  c10::DeviceType type() const override {
+    return kTpu;
+  }
+  c10::Device exchangeDevice(c10::Device /*device*/) const override {
+    return tpu0();
+  }
+  c10::Device getDevice() const override {
+    return tpu0();
+  }
+  void setDevice(c10::Device /*device*/) const override {}
+  void uncheckedSetDevice(c10::Device /*device*/) const noexcept override {}
+  c10::Stream getStream(c10::Device /*device*/) const noexcept override {
+    return c10::Stream(c10::Stream::DEFAULT, tpu0());
+  }
+  c10::Stream getNewStream(c10::Device /*device*/, int /*priority*/) const override {
+    return c10::Stream(c10::Stream::DEFAULT, tpu0());
+  }
+  c10::Stream exchangeStream(c10::Stream /*stream*/) const noexcept override {
+    return c10::Stream(c10::Stream::DEFAULT, tpu0());
+  }
+  c10::DeviceIndex deviceCount() const noexcept override {
+    return 1;
+  }
+  // Ordering is issue order on the one PJRT queue: events and streams have nothing to wait
+  // for here (torch.tpu.Event/Stream wait for real, in Python, when asked to synchronize).
+  void record(void** /*event*/, const c10::Stream& /*stream*/,
+              const c10::DeviceIndex /*device_index*/,
+              const c10::EventFlag /*flag*/) const override {}
+  void block(void* /*event*/, const c10::Stream& /*stream*/) const override {}
+  bool queryEvent(void* /*event*/) const override {
+    return true;
+  }
+  void destroyEvent(void* /*event*/,
+                    const c10::DeviceIndex /*device_index*/) const noexcept override {}
+  bool queryStream(const c10::Stream& /*stream*/) const override {
+    return true;
+  }
+  void synchronizeStream(const c10::Stream& /*stream*/) const override {}
+};
+
+// Host memory that is_pinned() reports as pinned: the blocks this allocator handed out and
+// that are still alive, looked up by any address inside them (a view's storage may start
+// inside a block).
+class PinnedAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t nbytes) override {
+    void* data = nbytes ? c10::alloc_cpu(nbytes) : nullptr;
+    if (data) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      blocks_[reinterpret_cast<uintptr_t>(data)] = nbytes;
+    }
+    return {data, data, &PinnedAllocator::release, c10::Device(c10::DeviceType::CPU)};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override {
+    return &PinnedAllocator::release;
+  }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+
+  bool holds(const void* ptr) const {
+    auto address = reinterpret_cast<uintptr_t>(ptr);
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto after = blocks_.upper_bound(address);
+    if (after == blocks_.begin()) {
+      return false;
+    }
+    --after;
+    return address < after->first + after->second;
+  }
+
+  static PinnedAllocator& instance() {
+    static auto* allocator = new PinnedAllocator();  // never destroyed: tensors outlive exit
+    return *allocator;
+  }
+
+ private:
+  static void release(void* data) {
+    if (!data) {
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(instance().mutex_);
+      instance().blocks_.erase(reinterpret_cast<uintptr_t>(data));
+    }
+    c10::free_cpu(data);
+  }
+
+  mutable std::mutex mutex_;
+  std::map<uintptr_t, size_t> blocks_;  // start address -> bytes
+};
+
+struct TpuHooks final : public at::PrivateUse1HooksInterface {
+  bool isBuilt() const override {
+    return true;
+  }
+  bool isAvailable() const override {
+    return true;  // the PJRT CPU client is always there when no accelerator is
+  }
+  bool hasPrimaryContext(c10::DeviceIndex /*device_index*/) const override {
+    return true;
+  }
+  bool isPinnedPtr(const void* data) const override {
+    return PinnedAllocator::instance().holds(data);
+  }
+  c10::Allocator* getPinnedMemoryAllocator() const override {
+    return &PinnedAllocator::instance();
+  }
+};
+
+PyObject* register_device(PyObject* /*self*/, PyObject* /*args*/) {
+  if (at::isPrivateUse1HooksRegistered() ||
+      c10::impl::hasDeviceGuardImpl(kTpu)) {
+    PyErr_SetString(PyExc_RuntimeError,
+                    "cannot register the 'tpu' device: PrivateUse1 already has hooks or a "
+                    "device guard (another out-of-tree backend registered them first)");
+    return nullptr;
+  }
+  static TpuGuard guard;
+  static TpuHooks hooks;
+  c10::impl::registerDeviceGuard(kTpu, &guard);
+  at::RegisterPrivateUse1HooksInterface(&hooks);
+  Py_RETURN_NONE;
+}
+
+PyObject* report_memory(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3) {
+    PyErr_SetString(PyExc_TypeError, "report_memory(key, delta_bytes, live_bytes)");
+    return nullptr;
+  }
+  auto key = PyLong_AsUnsignedLongLongMask(args[0]);
+  auto delta = PyLong_AsLongLong(args[1]);
+  auto live = PyLong_AsLongLong(args[2]);
+  if (PyErr_Occurred()) {
+    return nullptr;
+  }
+  c10::reportMemoryUsageToProfiler(reinterpret_cast<void*>(static_cast<uintptr_t>(key)),
+                                   delta, static_cast<size_t>(live),
+                                   static_cast<size_t>(live), tpu0());
+  Py_RETURN_NONE;
+}
+
+PyMethodDef methods[] = {
+    {"register_device", register_device, METH_NOARGS,
+     "Register the tpu (PrivateUse1) device guard and hooks; once per process."},
+    {"report_memory", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(report_memory)),
+     METH_FASTCALL,
+     "report_memory(key, delta_bytes, live_bytes): one tpu allocation (delta > 0) or free "
+     "(delta < 0) for the profiler's memory timeline; a no-op unless it records memory."},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native",
+                      "torchtpu's native pieces (csrc/native.cpp)", -1, methods};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__native() {
+  return PyModule_Create(&module);
+}
