@@ -36,7 +36,19 @@ SCRIPT = textwrap.dedent("""
             w(torch.ones(4, 3, device=device)).sum().backward()
         except Exception as err:
             seen["leaf"] = [type(err).__name__, str(err)]
-        # The engine is still usable after both.
+        calls = []
+        def recomputed(t):                        # activation checkpointing's recomputation
+            calls.append(1)
+            if len(calls) > 1:
+                raise KeyError("recomputation failed")
+            return (t * 2).sin()
+        from torch.utils.checkpoint import checkpoint
+        z = torch.randn(3, device=device, requires_grad=True)
+        try:
+            checkpoint(recomputed, z, use_reentrant=False).sum().backward()
+        except Exception as err:
+            seen["recomputation"] = [type(err).__name__, str(err)]
+        # The engine is still usable after all three.
         y = torch.ones(2, device=device, requires_grad=True)
         (y * 3).sum().backward()
         seen["after"] = y.grad.cpu().tolist()
@@ -54,3 +66,4 @@ def test_exception_in_a_hook_during_a_tpu_backward_raises_as_on_cpu():
     assert results["tpu"] == results["cpu"]
     assert results["cpu"]["intermediate"] == ["ValueError", "hook failed"]
     assert results["cpu"]["leaf"][0] == "ZeroDivisionError"
+    assert results["cpu"]["recomputation"][0] == "KeyError"
