@@ -19,7 +19,8 @@ import torchtpu_compile
 from torchtpu_compile import dynamo_cache, versions
 
 # A model whose forward reads a module global (SCALE) and inlines a module function (helper),
-# so that either can change between processes.
+# so that either can change between processes. It indexes with a tensor, so its graph calls
+# our own index-check op, which must exist before a cached graph loads.
 MODEL = textwrap.dedent("""\
     import torch
     SCALE = {scale}
@@ -29,8 +30,9 @@ MODEL = textwrap.dedent("""\
         def __init__(self):
             super().__init__()
             self.lin = torch.nn.Linear(8, 8)
+            self.register_buffer("cols", torch.tensor([0, 2, 5, 7, 1, 3, 4, 6]))
         def forward(self, x):
-            return helper(torch.relu(self.lin(x))) + SCALE
+            return helper(torch.relu(self.lin(x)))[:, self.cols] + SCALE
 """)
 
 # In a fresh process: compile Tiny, call it, compare with eager; optionally damage the frame's

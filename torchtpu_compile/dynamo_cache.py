@@ -519,6 +519,9 @@ def _load_compiled_fn(level_key: str):
         deserialize_bundled_cache_entry)
 
     from . import graph_cache
+    # Our own ops (the index check) must be registered before a graph that calls them is
+    # unpickled; a fresh process has not built a decomposition table yet.
+    from .lower import index_checks  # noqa: F401
     entry = graph_cache.level_entry(level_key)
     if entry is None:
         raise Unportable("its aot_autograd entry is gone")
