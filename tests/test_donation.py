@@ -10,7 +10,7 @@ import gc
 import torch
 
 from torchtpu_compile import config
-from tests.support.donation import backward, compiled_step, donation, models, peak_of_a_step
+from tests.support.donation import backward, compiled_step, donation, models
 
 
 def test_a_shared_buffer_is_not_donated_and_stays_correct(fresh_dynamo):

@@ -8,8 +8,8 @@ plotly, whose JavaScript is inlined: the page opens from disk, with no server an
 The structured trace records compiles, not steps. Given a profiler trace of the same run as
 well (``--trace-json``: ``torch.profiler``'s Chrome trace, merged with the device's events by
 ``profiling.DeviceEvents``), the page also plots the time of each step (PyTorch's
-``ProfilerStep#N`` spans, one per ``prof.step()`` under a ``schedule``) and device memory over time (the "tpu
-memory" counter track: bytes of live PJRT buffers), with the steps marked on it.
+``ProfilerStep#N`` spans, one per ``prof.step()`` under a ``schedule``) and device memory
+over time (the "tpu memory" counter track: bytes of live PJRT buffers), the steps marked.
 
 Usage::
 
