@@ -109,8 +109,12 @@ def _build(gm, precision, name, platform, resident_inputs, rebuild_views, allow_
             def compile_donating(donate):
                 return compile_half(lowered, precision=precision, name=name, donate=donate,
                                     **convention)
-            return DonatingProgram(compile_donating({p: r for p, r, _ in candidates.values()}),
-                                   candidates, compile_donating)
+            try:
+                every = compile_donating({p: r for p, r, _ in candidates.values()})
+            except LoweringError as exc:  # XLA refused the aliasing: run without it
+                log.info("torchtpu: %s donates no buffer: %s", name, exc)
+            else:
+                return DonatingProgram(every, candidates, compile_donating)
     return compile_half(lowered, precision=precision, name=name, **convention)
 
 
