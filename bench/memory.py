@@ -9,6 +9,10 @@ first three steps (compiles included) and over steps 4-5 alone (steady state: th
 between, ``/proc/self/clear_refs``). For torchtpu the live PJRT buffer figures
 (``runtime/memory.py``) are reported too.
 
+A second row runs the same step with the model on the eager tpu device (``--child
+torchtpu-device``), once with buffer donation (the default) and once without
+(``TORCHTPU_DONATE_BUFFERS=0``), and compares the peaks of live device memory.
+
 Run one by hand with ``python bench/memory.py --child torchtpu``.
 """
 from __future__ import annotations
@@ -60,6 +64,9 @@ def _child(contender: str) -> dict:
     import torch
     import transformers  # noqa: F401  (imports before the baseline, for every contender)
     torch.set_float32_matmul_precision("highest")
+    on_device = contender == "torchtpu-device"  # the model on the eager tpu device
+    if on_device:
+        contender = "torchtpu"
     if contender == "torchtpu":
         import torchtpu_compile
         from torchtpu_compile.runtime import memory
@@ -68,6 +75,8 @@ def _child(contender: str) -> dict:
     baseline = _status_kb("VmRSS")
     can_reset = _reset_peak()
     model, ids = gpt2_train_model()
+    if on_device:
+        model, ids = model.to("tpu"), ids.to("tpu")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def step(ids):
@@ -92,6 +101,7 @@ def _child(contender: str) -> dict:
         out["device"] = memory.snapshot()
         out["stats"] = {k: v for k, v in torchtpu_compile.stats().items()
                         if isinstance(v, (int, float))}
+        out["donation"] = torchtpu_compile.stats()["donation"]
     return out
 
 
@@ -131,11 +141,39 @@ def bench_train_peak(quick: bool) -> list[dict]:
     return [row]
 
 
-BENCHMARKS = {"train_peak_memory": bench_train_peak}
+def bench_device_train_peak(quick: bool) -> list[dict]:
+    """Peak live device memory of the compiled AdamW step on the eager tpu device (parameters,
+    gradients and optimizer state are PJRT buffers), with buffer donation and without."""
+    with OtherLoad() as load:
+        runs = {"donated": _run_child("torchtpu-device"),
+                "undonated": _run_child("torchtpu-device", {"TORCHTPU_DONATE_BUFFERS": "0"})}
+    peak = {name: r["device"]["peak_allocated_bytes"] for name, r in runs.items()}
+    ratio = peak["donated"] / peak["undonated"]
+    row = result("gpt2 AdamW step on the tpu device, peak device memory (MB)",
+                 {name: value / MB for name, value in peak.items()}, notes=[
+                     "peak live PJRT buffer bytes over steps 4-5 (runtime/memory.py; the "
+                     "platform allocator's figure on TPU): " + ", ".join(
+                         f"{n} {v / MB:.0f} MB" for n, v in peak.items())
+                     + f"; donated / undonated {ratio:.2f}x (target < 1)",
+                     "peak RSS over imports, steps 4-5: " + ", ".join(
+                         f"{n} {r['steady_peak_bytes'] / MB:.0f} MB" for n, r in runs.items()),
+                     "inputs donated per run: " + ", ".join(
+                         f"{n} {r['donation']['donated_inputs']}" for n, r in runs.items()),
+                     "losses (first, last): " + ", ".join(
+                         f"{n} {r['losses'][0]:.4f}/{r['losses'][-1]:.4f}"
+                         for n, r in runs.items()),
+                 ], target=1.0, others_cpu=load.share)
+    row["unit"] = "MB"
+    return [row]
+
+
+BENCHMARKS = {"train_peak_memory": bench_train_peak,
+              "device_train_peak_memory": bench_device_train_peak}
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--child":
         print(json.dumps(_child(sys.argv[2])))
     else:
-        for row in bench_train_peak(quick=True):
-            print(json.dumps(row, indent=1))
+        for bench in BENCHMARKS.values():
+            for row in bench(quick=True):
+                print(json.dumps(row, indent=1))

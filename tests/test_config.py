@@ -24,6 +24,7 @@ FROM_ENVIRONMENT = {
     "matmul_precision": ("high", "high"),
     "strict": ("yes", True),
     "check_indices": ("off", False),
+    "donate_buffers": ("no", False),
     "cache_dir": ("/tmp/somewhere", "/tmp/somewhere"),
     "cache_max_bytes": ("1048576", 1 << 20),
     "remote_cache": ("file:///tmp/remote", "file:///tmp/remote"),

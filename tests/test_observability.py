@@ -317,3 +317,48 @@ def test_report_page_shows_each_graph_bucket_and_fallback(traced_run, tmp_path):
     assert "<td>[5]</td>" in text and "<td>[40]</td>" in text  # the two bucket decisions
     assert text.count('class="plotly-graph-div"') == 3  # compile time, buckets, largest
     assert "<script src=" not in text  # plotly inlined: opens with no network
+
+
+def test_report_plots_step_time_and_memory_from_a_profiler_trace(traced_run, tmp_path):
+    # Three profiled steps of an eager tpu loop, each growing the live device memory; the
+    # page's figures must be the trace's own: each step's span and the memory counter's peak.
+    from torchtpu_compile import report
+    from torchtpu_compile.profiling import DeviceEvents
+    kept = []
+    # A schedule makes prof.step() record its ProfilerStep span (without one it does not).
+    steps = torch.profiler.schedule(wait=0, warmup=0, active=3, repeat=1)
+    with profile(activities=[ProfilerActivity.CPU], schedule=steps) as prof, \
+            DeviceEvents() as device:
+        for i in range(3):
+            kept.append(torch.full((1000 * (i + 1),), float(i)).to("tpu") * 2)
+            prof.step()
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    device.merge_into(str(path))
+    events = json.loads(path.read_text())["traceEvents"]
+    page = tmp_path / "report.html"
+    assert report.main([str(traced_run), "--trace-json", str(path), "-o", str(page)]) == 0
+    text = page.read_text()
+    for section in report.SECTIONS:
+        assert f'<section id="{section}">' in text
+    spans = sorted((e["name"], e["dur"]) for e in events
+                   if e.get("ph") == "X" and e["name"].startswith("ProfilerStep#"))
+    assert [name for name, _ in spans] == ["ProfilerStep#0", "ProfilerStep#1", "ProfilerStep#2"]
+    steps = text.split('<section id="steps">')[1].split("</section>")[0]
+    memory = text.split('<section id="memory">')[1].split("</section>")[0]
+    for name, dur in spans:  # one row per step: its number and its duration in ms
+        number = int(name.split("#")[1])
+        assert f"<tr><td>{number}</td>" in steps and f"<td>{dur / 1e3:.3f}</td>" in steps
+    samples = [e["args"]["allocated bytes"] for e in events if e.get("name") == "tpu memory"]
+    assert samples and f"<tr><td>peak MB</td><td>{max(samples) / (1 << 20):.3f}</td>" in memory
+    assert 'class="plotly-graph-div"' in steps and 'class="plotly-graph-div"' in memory
+    assert text.count('class="plotly-graph-div"') == 5    # the three before, steps, memory
+    del kept
+
+
+def test_report_says_how_to_get_steps_without_a_profiler_trace(traced_run, tmp_path):
+    from torchtpu_compile import report
+    page = tmp_path / "report.html"
+    assert report.main([str(traced_run), "-o", str(page)]) == 0
+    steps = page.read_text().split('<section id="steps">')[1].split("</section>")[0]
+    assert "--trace-json" in steps and "plotly-graph-div" not in steps

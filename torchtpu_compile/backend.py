@@ -41,16 +41,39 @@ def _static_inputs(kind: str, inputs: int | None = None) -> frozenset:
     return static
 
 
+def _mutated_inputs(kind: str, gm: torch.fx.GraphModule) -> tuple:
+    """(graph input, graph output) for each input the graph overwrites: aot_autograd returns
+    its new value first among the outputs and copies it into the input after the call (the
+    inputs a program may donate: ``program/donation.py``). Empty where the metadata does not
+    describe this graph's inputs one to one."""
+    if kind == "backward":
+        return ()
+    context = torch._guards.TracingContext.try_get()
+    metadata = getattr(context, "fw_metadata", None)
+    indices = getattr(metadata, "mutated_inp_runtime_indices", None)
+    if not indices or getattr(metadata, "tokens", None):
+        return ()
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    info = metadata.input_info
+    if len(placeholders) < len(info):
+        return ()
+    # Data mutations only: a metadata mutation (set_, resize_) is replayed otherwise.
+    return tuple((i, k) for k, i in enumerate(indices)
+                 if info[i].mutates_data and not info[i].mutates_metadata
+                 and not info[i].mutates_storage_metadata)
+
+
 def _compiler(kind: str, graph_id: int, cached: bool):
     def compile_graph(gm: torch.fx.GraphModule, example_inputs):
         inputs = sum(1 for node in gm.graph.nodes if node.op == "placeholder")
         name, resident = f"graph_{graph_id}/{kind}", _static_inputs(kind, inputs)
+        mutated = _mutated_inputs(kind, gm)
         if cached:  # a picklable wrapper; backward graphs are built on their first call
             from .graph_cache import RunnerOutputCode
             return RunnerOutputCode(gm=gm, name=name, resident_inputs=resident,
-                                    lazy=kind == "backward")
+                                    lazy=kind == "backward", mutated_inputs=mutated)
         from .program import GraphRunner
-        return GraphRunner(gm, name=name, resident_inputs=resident)
+        return GraphRunner(gm, name=name, resident_inputs=resident, mutated_inputs=mutated)
 
     if cached:
         from .graph_cache import serializable

@@ -309,6 +309,12 @@ _SETTINGS = (
             "their dim and raise eager's error; off: XLA clamps them. Read when a program is "
             "built.",
             "compile", compiled=True),
+    Setting("donate_buffers", "TORCHTPU_DONATE_BUFFERS", True, _Flag(),
+            "A compiled graph that overwrites an input of the eager tpu device (an optimizer "
+            "step's parameters and state, batch norm's running statistics, a static KV cache) "
+            "writes the new value into that input's buffer, where nothing else holds it, "
+            "instead of holding both. Read when a graph is built.",
+            "compile"),
     # -- caches --
     Setting("cache_dir", "TORCHTPU_CACHE_DIR", None, _Folder(),
             "Level 2 of the compile cache, on host disk; None turns it off.",

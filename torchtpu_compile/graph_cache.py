@@ -77,6 +77,7 @@ class RunnerOutputCode(OutputCode):
     name: str = ""
     resident_inputs: frozenset = frozenset()
     lazy: bool = False
+    mutated_inputs: tuple = ()   # (input, output) pairs (program/donation.py)
     _runner: Any = dataclasses.field(default=None, init=False, repr=False)
     _state: bytes | None = dataclasses.field(default=None, init=False, repr=False)
 
@@ -92,7 +93,8 @@ class RunnerOutputCode(OutputCode):
         with _build_lock:
             if self._runner is None:
                 self._runner = GraphRunner(self.gm, name=self.name,
-                                           resident_inputs=self.resident_inputs)
+                                           resident_inputs=self.resident_inputs,
+                                           mutated_inputs=self.mutated_inputs)
         return self._runner
 
     def __call__(self, *args):
@@ -104,7 +106,8 @@ class RunnerOutputCode(OutputCode):
         from torch.fx._graph_pickler import GraphPickler, Options
 
         state = {"gm": self.gm, "name": self.name, "lazy": self.lazy,
-                 "resident_inputs": sorted(self.resident_inputs)}
+                 "resident_inputs": sorted(self.resident_inputs),
+                 "mutated_inputs": [list(pair) for pair in self.mutated_inputs]}
         try:
             self._state = GraphPickler.dumps(state, Options(ops_filter=None))
         except Exception as exc:  # a bypass is logged quietly by torch, then compiling goes on
@@ -124,6 +127,7 @@ class RunnerOutputCode(OutputCode):
         self._state = None
         self.gm, self.name, self.lazy = state["gm"], state["name"], state["lazy"]
         self.resident_inputs = frozenset(state["resident_inputs"])
+        self.mutated_inputs = tuple(tuple(pair) for pair in state.get("mutated_inputs", ()))
         if not self.lazy:
             self._build()
 

@@ -5,11 +5,18 @@ compile time by stage, the cache levels that answered, bucket decisions and thei
 the ops that fell back to eager PyTorch and why, and the largest programs, with plots drawn by
 plotly, whose JavaScript is inlined: the page opens from disk, with no server and no network.
 
+The structured trace records compiles, not steps. Given a profiler trace of the same run as
+well (``--trace-json``: ``torch.profiler``'s Chrome trace, merged with the device's events by
+``profiling.DeviceEvents``), the page also plots the time of each step (PyTorch's
+``ProfilerStep#N`` spans, one per ``prof.step()`` under a ``schedule``) and device memory
+over time (the "tpu memory" counter track: bytes of live PJRT buffers), the steps marked.
+
 Usage::
 
     TORCH_TRACE=/tmp/trace python train.py
     python -m torchtpu_compile.report /tmp/trace            # writes /tmp/trace/torchtpu_report.html
     python -m torchtpu_compile.report /tmp/trace -o report.html
+    python -m torchtpu_compile.report /tmp/trace --trace-json profile.json   # steps, memory
 
 The folder's newest log is read (the last run); a log file may be given instead. Without an
 argument, ``$TORCH_TRACE`` is the folder. plotly comes with the ``report`` (and ``test``) extra:
@@ -31,7 +38,8 @@ import os
 import sys
 
 #: The sections of the page, in order (their ids: the test checks each renders).
-SECTIONS = ("summary", "compile-time", "caches", "buckets", "fallbacks", "largest")
+SECTIONS = ("summary", "compile-time", "caches", "buckets", "fallbacks", "largest", "steps",
+            "memory")
 
 
 @dataclasses.dataclass
@@ -107,6 +115,50 @@ def read_trace(path: str) -> Trace:
     return trace
 
 
+@dataclasses.dataclass
+class Profile:
+    """What the page plots from a profiler trace: ``steps`` ((step number, start ms, duration
+    ms), from PyTorch's ``ProfilerStep#N`` spans) and ``memory`` ((ms, live device bytes), the
+    "tpu memory" counter track), times from the trace's first event; ``source``: the file."""
+
+    source: str
+    steps: list = dataclasses.field(default_factory=list)
+    memory: list = dataclasses.field(default_factory=list)
+
+
+#: The counter track ``profiling.DeviceEvents.merge_into`` writes, and its value's name.
+MEMORY_TRACK, MEMORY_VALUE = "tpu memory", "allocated bytes"
+_STEP = "ProfilerStep#"
+
+
+def read_profile(path: str) -> Profile:
+    """Steps and device memory from a Chrome trace (``prof.export_chrome_trace`` then
+    ``DeviceEvents.merge_into``).
+
+    Example::
+
+        profile = read_profile("trace.json")
+        [number for number, _, _ in profile.steps]     # [0, 1, 2]
+    """
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    times = [e["ts"] for e in events if isinstance(e.get("ts"), (int, float))]
+    origin = min(times) if times else 0.0
+    steps = {}
+    memory = []
+    for e in events:
+        name = e.get("name", "")
+        if e.get("ph") == "X" and name.startswith(_STEP) and name[len(_STEP):].isdigit():
+            # PyTorch writes a step's span on the CPU track and, with a device, once more
+            # there: the CPU one (the first) times the step as the program saw it.
+            steps.setdefault(int(name[len(_STEP):]),
+                             ((e["ts"] - origin) / 1e3, e.get("dur", 0) / 1e3))
+        elif e.get("ph") == "C" and name == MEMORY_TRACK:
+            memory.append(((e["ts"] - origin) / 1e3, e["args"][MEMORY_VALUE]))
+    return Profile(source=path, steps=[(n, *steps[n]) for n in sorted(steps)],
+                   memory=sorted(memory))
+
+
 def _table(columns: list, rows: list) -> str:
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in columns)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(v))}</td>" for v in row) + "</tr>"
@@ -138,8 +190,9 @@ def _seconds(program: dict) -> tuple:
     return lowering, xla, max(s.get("total", 0.0) - lowering - xla, 0.0)
 
 
-def render(trace: Trace) -> str:
-    """The report page for ``trace`` (``read_trace``), as one self-contained HTML string."""
+def render(trace: Trace, profile: Profile | None = None) -> str:
+    """The report page for ``trace`` (``read_trace``), as one self-contained HTML string;
+    with ``profile`` (``read_profile``), step times and memory over time too."""
     import plotly.graph_objects as go
 
     plot = _Plots()
@@ -207,9 +260,57 @@ def render(trace: Trace) -> str:
         ["program", "StableHLO characters", "fingerprint"],
         [(p["name"], p["stablehlo_chars"], p.get("fingerprint", "")[:16]) for p in largest])))
 
+    sections += _profile_sections(profile, plot, go)
+
     body = "".join(f'<section id="{sid}"><h2>{html.escape(title)}</h2>{content}</section>'
                    for sid, title, content in sections)
     return _PAGE.format(source=html.escape(trace.source), body=body)
+
+
+_NO_PROFILE = ("<p>No profiler trace given: run the steps under <code>torch.profiler</code> "
+               "with a <code>schedule</code> (calling <code>prof.step()</code> after each) and "
+               "<code>profiling.DeviceEvents</code>, export the Chrome trace and pass it with "
+               "<code>--trace-json</code>.</p>")
+MB = 1 << 20
+
+
+def _profile_sections(profile: Profile | None, plot, go) -> list:
+    """The "steps" and "memory" sections, from a profiler trace (or what to do without one)."""
+    if profile is None:
+        return [("steps", "Step time", _NO_PROFILE), ("memory", "Device memory over time",
+                                                      _NO_PROFILE)]
+    if profile.steps:
+        figure = go.Figure([go.Scatter(x=[n for n, _, _ in profile.steps],
+                                       y=[d for _, _, d in profile.steps],
+                                       mode="lines+markers", name="step")])
+        figure.update_layout(title="Time per step (ProfilerStep spans)", xaxis_title="step",
+                             yaxis_title="ms")
+        durations = sorted(d for _, _, d in profile.steps)
+        steps = plot(figure) + _table(["what", "value"], [
+            ("steps", len(durations)), ("median step ms", durations[len(durations) // 2]),
+            ("first step ms", profile.steps[0][2]), ("slowest step ms", durations[-1])]) + \
+            _table(["step", "start ms", "duration ms"], profile.steps)
+    else:
+        steps = (f"<p>No ProfilerStep spans in {html.escape(profile.source)}: give the "
+                 f"profiler a <code>schedule</code> and call <code>prof.step()</code> after "
+                 f"each step.</p>")
+    if profile.memory:
+        figure = go.Figure([go.Scatter(x=[t for t, _ in profile.memory],
+                                       y=[b / MB for _, b in profile.memory],
+                                       mode="lines", line_shape="hv", name=MEMORY_TRACK)])
+        for number, start, _ in profile.steps:  # where each step begins
+            figure.add_vline(x=start, line_dash="dot", line_color="gray",
+                             annotation_text=str(number))
+        figure.update_layout(title="Live device memory (MB) over time; dotted: step starts",
+                             xaxis_title="ms", yaxis_title="MB")
+        peak = max(b for _, b in profile.memory)
+        memory = plot(figure) + _table(["what", "value"], [
+            ("samples", len(profile.memory)), ("peak MB", peak / MB),
+            ("at end MB", profile.memory[-1][1] / MB)])
+    else:
+        memory = (f'<p>No "{MEMORY_TRACK}" counter in {html.escape(profile.source)}: merge '
+                  f"the device's events into it (<code>DeviceEvents.merge_into</code>).</p>")
+    return [("steps", "Step time", steps), ("memory", "Device memory over time", memory)]
 
 
 _PAGE = """<!DOCTYPE html>
@@ -234,16 +335,23 @@ def main(argv=None) -> int:
                              "(default: $TORCH_TRACE)")
     parser.add_argument("-o", "--output", help="the page to write (default: "
                         "torchtpu_report.html next to the trace)")
+    parser.add_argument("--trace-json", help="a profiler trace of the run (torch.profiler's "
+                        "Chrome trace, merged by profiling.DeviceEvents): plots step time and "
+                        "device memory over time")
     args = parser.parse_args(argv)
     if not args.trace:
         parser.error("give a TORCH_TRACE folder (or set TORCH_TRACE)")
     try:
         trace = read_trace(args.trace)
+        profile = read_profile(args.trace_json) if args.trace_json else None
     except FileNotFoundError as exc:
         parser.error(str(exc))
+    except (ValueError, KeyError) as exc:
+        parser.error(f"{args.trace_json} is not a Chrome trace (torch.profiler's "
+                     f"export_chrome_trace): {exc}")
     output = args.output or os.path.join(os.path.dirname(trace.source), "torchtpu_report.html")
     with open(output, "w") as out:
-        out.write(render(trace))
+        out.write(render(trace, profile))
     print(f"torchtpu: wrote {output} ({len(trace.programs)} programs)")
     return 0
 

@@ -12,6 +12,8 @@ Example::
 """
 from __future__ import annotations
 
+import collections
+import functools
 import sys
 
 from . import modes
@@ -40,11 +42,44 @@ def _dtype_of(buffer):
     return torch.from_numpy(np.empty((), dtype=np.dtype(name))).dtype
 
 
+def _private_buffers(tensors: list, args: list) -> list:
+    """For each tensor, whether a compiled program may take (donate) its buffer: the tensor is
+    its storage's whole buffer, already computed, and nothing else holds that buffer.
+
+    Another storage holding it (``clone`` and ``deepcopy`` share buffers), a deferred value,
+    a caller's reference, or another argument of the call on the same storage all say no.
+    """
+    storages = collections.Counter(id(a._st) for a in args if type(a) is TpuTensor)
+    private = []
+    for t in tensors:
+        storage = t._st
+        value = storage.value
+        # References: the storage's, ``value``'s and getrefcount's argument; one more is a
+        # holder we cannot see, and a donated buffer would be deleted under it.
+        private.append(t._dense and t._shape == storage.shape and storages[id(storage)] == 1
+                       and type(value) is _array_type() and sys.getrefcount(value) == 3)
+        del value
+    return private
+
+
+def _adopt(t, result) -> None:
+    """``t`` takes the buffer of ``result`` (a compiled program's new value for it)."""
+    from . import views
+    views.write(t, views.read(result))
+
+
+@functools.cache
+def _array_type():
+    from jaxlib import _jax
+    return _jax.ArrayImpl
+
+
 def register_with_runtime() -> None:
-    """Tell the runtime how to read a tpu tensor's buffer and wrap a result (idempotent; the
-    device calls it when it registers itself: light, no jax)."""
-    from torchtpu_compile.runtime.device_tensors import register_device_tensor
+    """Tell the runtime how to read a tpu tensor's buffer, wrap a result and donate a buffer
+    (idempotent; the device calls it when it registers itself: light, no jax)."""
+    from torchtpu_compile.runtime.device_tensors import register_device_tensor, register_donor
     register_device_tensor(TpuTensor, _read_buffer, DEVICE.type, _wrap_buffer)
+    register_donor(TpuTensor, DEVICE.type, _private_buffers, _adopt)
 
 
 def teach_dynamo() -> None:

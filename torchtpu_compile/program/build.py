@@ -32,7 +32,7 @@ import operator
 import torch
 import torch.fx as fx
 
-from .. import counters
+from .. import config, counters
 from .._logging import log
 from ..errors import LoweringError
 from ..fallback_policy import fall_back
@@ -45,13 +45,15 @@ from ..lower.support import (COLLECTIVE, ERROR_CHECK, analyze, describe, is_fall
                              op_name)
 from ..profiling import BuildTrace, spanning, trace_artifact, tracing
 from ..runtime.client import get_client
+from .donation import DonatingProgram, donation_candidates
 from .run import Program, compile_program
 
 
 def build_program(gm: fx.GraphModule, *, precision: str, name: str,
                   platform: str | None = None, resident_inputs: frozenset = frozenset(),
                   rebuild_views: bool = True, allow_fallback: bool = True,
-                  skip_empty: bool = True, compile=compile_program):
+                  skip_empty: bool = True, compile=compile_program,
+                  mutated_inputs: tuple = ()):
     """A runnable program for ``gm`` (static shapes, tensor inputs) at ``precision``.
 
     ``name`` names it in errors, logs and stats; ``resident_inputs``: positions of parameters
@@ -63,7 +65,10 @@ def build_program(gm: fx.GraphModule, *, precision: str, name: str,
     ``skip_empty``: a graph with nothing to compute (every output an input, a constant or
     None) gets no executable; AOT artifacts, which hold one per program, compile it anyway.
     ``compile``: the compile half (``run.compile_program``'s signature); buckets built ahead
-    pass one that compiles on their background thread.
+    pass one that compiles on their background thread. ``mutated_inputs``: (graph input,
+    graph output) pairs, each output the input's new value (aot_autograd's input mutations):
+    with ``config.donate_buffers``, the program reuses such an input's buffer for its output
+    where nothing else holds it (``donation.py``).
 
     Example::
 
@@ -74,14 +79,14 @@ def build_program(gm: fx.GraphModule, *, precision: str, name: str,
     trace = BuildTrace(name, precision) if tracing() else None  # TORCH_TRACE (profiling.py)
     with spanning("torchtpu::build " + name):
         program = _build(gm, precision, name, platform, resident_inputs, rebuild_views,
-                         allow_fallback, skip_empty, compile)
+                         allow_fallback, skip_empty, compile, mutated_inputs)
     if trace is not None:
         trace.finish(program)
     return program
 
 
 def _build(gm, precision, name, platform, resident_inputs, rebuild_views, allow_fallback,
-           skip_empty, compile_half):
+           skip_empty, compile_half, mutated_inputs=()):
     platform = platform or get_client().platform
     prepared, lowered, reasons = _lower_half(gm, precision, platform, rebuild_views,
                                              allow_fallback, skip_empty)
@@ -98,6 +103,18 @@ def _build(gm, precision, name, platform, resident_inputs, rebuild_views, allow_
                       result_devices=[_device_type(node) for node in outputs])
     if lowered is None:  # nothing to compute: outputs are inputs, None or constants
         return Program(None, name=name, **convention)
+    if mutated_inputs and config.donate_buffers and compile_half is compile_program:
+        candidates = donation_candidates(prepared, mutated_inputs)
+        if candidates:
+            def compile_donating(donate):
+                return compile_half(lowered, precision=precision, name=name, donate=donate,
+                                    **convention)
+            try:
+                every = compile_donating({p: r for p, r, _ in candidates.values()})
+            except LoweringError as exc:  # XLA refused the aliasing: run without it
+                log.info("torchtpu: %s donates no buffer: %s", name, exc)
+            else:
+                return DonatingProgram(every, candidates, compile_donating)
     return compile_half(lowered, precision=precision, name=name, **convention)
 
 

@@ -213,13 +213,14 @@ def _empty_buffer(spec: list):
 
 
 def compile_program(stablehlo, *, precision: str, name: str, replicas: tuple = (),
-                    **convention) -> Program:
+                    donate: dict | None = None, **convention) -> Program:
     """The compile half of the builder: StableHLO through the one executable cache to a
     ``Program`` (keyword arguments: its calling convention, as ``Program`` takes them).
 
     ``stablehlo``: the builder's ``LoweredModule`` (bytecode, fingerprint and devices of its
     own), or StableHLO text (tpu_dist's collectives: fingerprinted here, placed on
-    ``replicas``, one replica per device id).
+    ``replicas``, one replica per device id). ``donate`` ({program input: result}): inputs
+    whose buffers the program reuses for those results (``donation.py``).
 
     Example::
 
@@ -235,5 +236,5 @@ def compile_program(stablehlo, *, precision: str, name: str, replicas: tuple = (
             stablehlo.replicas
         lowered = stablehlo
     executable = compile_stablehlo(bytecode, fingerprint, precision, what=name,
-                                   replicas=replicas)
+                                   replicas=replicas, donate=donate)
     return Program(executable, name=name, lowered=lowered, **convention)

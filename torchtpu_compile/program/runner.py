@@ -73,7 +73,7 @@ class GraphRunner:
     """
 
     def __init__(self, gm: fx.GraphModule, name: str | None = None,
-                 resident_inputs: frozenset = frozenset()):
+                 resident_inputs: frozenset = frozenset(), mutated_inputs: tuple = ()):
         # An instance attribute, so that wrappers which copy __dict__ (torch._dynamo.disable,
         # around backward graphs) still tell aot_autograd we take boxed arguments.
         self._boxed_call = True
@@ -82,6 +82,9 @@ class GraphRunner:
         pin_rng_state_sizes(gm)
         self.static = _is_static(gm)
         self.resident_inputs = resident_inputs
+        # (input, output) pairs: the output is the input's new value (donation.py); static
+        # graphs only (a specialized graph's inputs are numbered otherwise)
+        self.mutated_inputs = tuple(mutated_inputs) if self.static else ()
         self._programs: dict = {}
         self._bucketed = None  # a BucketedGraph once called; False: compile per exact shape
         self._platform = get_client().platform
@@ -99,7 +102,8 @@ class GraphRunner:
             # tensors and probes must be real.
             with unset_fake_temporarily():
                 program = build_program(gm, precision=precision, name=label,
-                                        resident_inputs=self.resident_inputs)
+                                        resident_inputs=self.resident_inputs,
+                                        mutated_inputs=self.mutated_inputs)
             counters.record_compile(self.name, exact_shape=self._bucketed is False)
             self._programs[key] = program
         return program

@@ -33,3 +33,27 @@ def register_device_tensor(cls, read, device_type: str, wrap) -> None:
     """
     READERS[cls] = read
     WRAPPERS[device_type] = wrap
+
+
+#: tensor type -> (private(tensors, args): for each of ``tensors`` (arguments of one call,
+#: ``args``), whether nothing else holds its buffer, so that a program may reuse its memory;
+#: adopt(t, result): ``t`` now holds the buffer of ``result``, a tensor of the same device)
+DONORS: dict = {}
+#: the device types of those tensors
+DONOR_DEVICES: set = set()
+
+
+def register_donor(cls, device_type: str, private, adopt) -> None:
+    """Let compiled programs that overwrite a ``cls`` input reuse its buffer (donation).
+
+    ``private(tensors, args)`` must say False for a tensor whose buffer anything but the
+    tensor (and views sharing its storage) could still read, another argument of the call
+    included: a donated buffer is deleted. ``adopt(t, result)`` gives ``t`` the buffer of the
+    program's result, the value the program wrote for it.
+
+    Example::
+
+        register_donor(TpuTensor, "tpu", buffers_are_private, take_buffer)
+    """
+    DONORS[cls] = (private, adopt)
+    DONOR_DEVICES.add(device_type)

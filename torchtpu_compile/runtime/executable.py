@@ -43,6 +43,7 @@ class Executable:
         self._compiled_here = compiled_here
         self._result_handlers = None  # built from the first call's results
         self._output_bytes = None     # their sizes, for the memory figures (memory.py)
+        self.donated = ()             # input positions donated to outputs (donation.py)
 
     def serialize(self) -> bytes:
         """The executable's bytes, for the disk cache and AOT artifacts.
@@ -62,6 +63,8 @@ class Executable:
         if TORCH_PROFILER._is_profiler_enabled and not reentered():
             return executed(self.run, buffers)  # a span to completion (profiling.py)
         results = self.loaded.execute_sharded(buffers)
+        if self.donated:  # their memory is the outputs' now: counted once, not twice
+            memory.donated([buffers[i] for i in self.donated])
         handlers = self._result_handlers
         if handlers is not None:
             return memory.track(results.consume_with_handlers(handlers), self._output_bytes)
@@ -145,19 +148,28 @@ _levels = Levels("executable", ExecutableCodec())
 
 
 def compile_stablehlo(bytecode: bytes, fingerprint: str, precision: str,
-                      what: str = "graph", replicas: tuple = ()) -> Executable:
+                      what: str = "graph", replicas: tuple = (), donate: dict | None = None
+                      ) -> Executable:
     """Compile (or fetch from the cache) a StableHLO module given as MLIR bytecode (or text).
 
     ``fingerprint`` identifies the program with location info stripped; ``what`` names it in
     errors and logs; ``replicas`` (device ids) places a program with cross-device collectives
-    on those devices, one replica each (module doc).
+    on those devices, one replica each (module doc); ``donate`` ({input: output}): inputs
+    whose buffers the program reuses for those outputs (``donation.py``), part of the key.
     """
     key = cache_key(fingerprint, precision, replicas)
+    if donate:
+        from .donation import donation_key, with_aliasing
+        key += "|" + donation_key(donate)
     codec = ExecutableCodec(tuple(replicas)) if replicas else None  # None: one device
     exe = _levels.get(key, codec)
     if exe is None:
+        if donate:
+            bytecode = with_aliasing(bytecode, donate)
         exe, seconds = _compile(bytecode, what, key, replicas)
         _levels.put(key, exe, compute_seconds=seconds, codec=codec)
+    if donate:
+        exe.donated = tuple(sorted(donate))
     return exe
 
 

@@ -107,6 +107,34 @@ def transient(nbytes: int, count: int) -> None:
         _freed_count += count
 
 
+def donated(buffers) -> None:
+    """Count as freed the ``buffers`` a program was given to reuse (``Executable.run`` with
+    donation) that PJRT did take: deleted now, their memory is the program's outputs', which
+    are counted when they are tracked. A buffer PJRT copied instead (an external reference
+    held it) is still live and still counted.
+
+    Runs before the outputs are tracked, so that the peak sees the memory once.
+
+    Example::
+
+        memory.donated([params_buffer])
+    """
+    global _bytes, _count, _freed_bytes, _freed_count
+    with _lock:
+        for buffer in buffers:
+            if not buffer.is_deleted():
+                continue
+            for ref in weakref.getweakrefs(buffer):  # no index by buffer: none on the hot path
+                entry = _refs.pop(id(ref), None)
+                if entry is not None:
+                    _bytes -= entry[1]
+                    _count -= 1
+                    _freed_bytes += entry[1]
+                    _freed_count += 1
+        if TORCH_PROFILER._is_profiler_enabled:
+            memory_sample(_bytes)
+
+
 def snapshot() -> dict:
     """The figures now: ``allocated_bytes`` and ``allocations`` (live buffers), their peaks
     (since start or ``reset_peaks``), and totals made and freed."""
