@@ -32,18 +32,26 @@ _device = None          # the client's device (buffers on jax's host CPU device 
 _bytes = _count = _peak_bytes = _peak_count = _freed_bytes = _freed_count = 0
 
 
-def _released(ref) -> None:
+def _forget(key: int) -> bool:
+    """Count the tracked buffer of weakref id ``key`` as freed (under ``_lock``); whether it
+    was tracked. A freed buffer is reported to the profiler's memory timeline."""
     global _bytes, _count, _freed_bytes, _freed_count
+    entry = _refs.pop(key, None)
+    if entry is None:
+        return False
+    _bytes -= entry[1]
+    _count -= 1
+    _freed_bytes += entry[1]
+    _freed_count += 1
+    if TORCH_PROFILER._is_profiler_enabled:
+        _native.report_memory(key, -entry[1], _bytes)
+    return True
+
+
+def _released(ref) -> None:
     with _lock:
-        entry = _refs.pop(id(ref), None)
-        if entry is not None:
-            _bytes -= entry[1]
-            _count -= 1
-            _freed_bytes += entry[1]
-            _freed_count += 1
-            if TORCH_PROFILER._is_profiler_enabled:  # the memory timelines (profiling.py)
-                memory_sample(_bytes)
-                _native.report_memory(id(ref), -entry[1], _bytes)
+        if _forget(id(ref)) and TORCH_PROFILER._is_profiler_enabled:
+            memory_sample(_bytes)  # the memory timelines (profiling.py)
 
 
 def track(buffers, sizes=None, device=None):
@@ -119,18 +127,12 @@ def donated(buffers) -> None:
 
         memory.donated([params_buffer])
     """
-    global _bytes, _count, _freed_bytes, _freed_count
     with _lock:
         for buffer in buffers:
             if not buffer.is_deleted():
                 continue
             for ref in weakref.getweakrefs(buffer):  # no index by buffer: none on the hot path
-                entry = _refs.pop(id(ref), None)
-                if entry is not None:
-                    _bytes -= entry[1]
-                    _count -= 1
-                    _freed_bytes += entry[1]
-                    _freed_count += 1
+                _forget(id(ref))
         if TORCH_PROFILER._is_profiler_enabled:
             memory_sample(_bytes)
 
