@@ -106,31 +106,6 @@ def test_program_exported_in_training_mode_is_refused():
         aot.compile(exported, (torch.randn(3, 4),))
 
 
-def test_cli_export_inspect_run(tmp_path):
-    path = str(tmp_path / "mlp.tpu")
-    cli = [sys.executable, "-m", "torchtpu_compile.aot"]
-    env = python_env()
-    done = subprocess.run(cli + ["export", "tests.support.aot_factories:mlp", "--out", path,
-                                 "--precision", "highest"],
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    shown = subprocess.run(cli + ["inspect", path], env=env, capture_output=True, text=True,
-                           timeout=300)
-    assert shown.returncode == 0
-    for text in ("float32[5, 8]", "torch-mlir 20261001", "stablehlo.dot_general: 2",
-                 "params.safetensors", "precision highest"):
-        assert text in shown.stdout
-    ran = subprocess.run(cli + ["run", path], env=env, capture_output=True, text=True,
-                         timeout=300)
-    assert ran.returncode == 0, ran.stderr[-2000:]
-    model, (x,) = aot_factories.mlp()
-    assert f"sum={model(x).sum().item():.6g}"[:9] in ran.stdout
-    (tmp_path / "bad.tpu").write_bytes(b"not an artifact")
-    bad = subprocess.run(cli + ["inspect", str(tmp_path / "bad.tpu")], env=env,
-                         capture_output=True, text=True, timeout=300)
-    assert bad.returncode == 2 and "not a readable torchtpu artifact" in bad.stderr
-
-
 def test_the_load_path_of_static_and_bucketed_artifacts_imports_no_torch_mlir():
     # The AOT loader promises a PJRT load only; a bucketed artifact also runs through
     # buckets/runner, whose imports reach into lower/ (index checks).

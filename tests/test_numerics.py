@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import copy
 import inspect
-import json
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import torch
@@ -325,39 +323,3 @@ def run_in(tmp_path, *args):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), ROOT]))
     return subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=300)
-
-
-def test_cli_exit_codes(tmp_path):
-    cli = ["-m", "torchtpu_compile.numerics"]
-    ok = run_in(tmp_path, *cli, "factories:good", "--reference", "cpu", "--precision",
-                "highest", "--train", "--json", "good.json")
-    assert ok.returncode == 0, ok.stdout + ok.stderr
-    assert "PASSED" in ok.stdout
-    data = json.loads((tmp_path / "good.json").read_text())
-    assert data["passed"] and data["train"] and len(data["checks"]) == 5
-
-    bad = run_in(tmp_path, *cli, "factories:bad", "--reference", "cpu", "--precision",
-                 "highest", "--locate", "--json", "bad.json")
-    assert bad.returncode == 1, bad.stdout + bad.stderr
-    assert "first divergence: aten.tanh.default" in bad.stdout
-    assert "in module 1 (Tanh)" in bad.stdout  # nn.Tanh has no user source line
-    data = json.loads((tmp_path / "bad.json").read_text())
-    assert not data["passed"] and data["divergence"]["op"] == "aten.tanh.default"
-
-    usage = run_in(tmp_path, *cli, "factories:missing")
-    assert usage.returncode == 2 and "no callable 'missing'" in usage.stderr
-
-
-def test_pytest_plugin(tmp_path):
-    (tmp_path / "test_user.py").write_text(textwrap.dedent("""
-        from factories import good
-
-        def test_good(assert_numerics):
-            report = assert_numerics(*good())
-            assert report.precision == "highest" and report.reference == "cpu"
-    """))
-    result = run_in(tmp_path, "-m", "pytest", "-q", "-p", "torchtpu_compile.numerics.pytest_plugin",
-                    "--torchtpu-reference", "cpu", "--torchtpu-precision", "highest",
-                    "-p", "no:cacheprovider", "test_user.py")
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "1 passed" in result.stdout
