@@ -6,8 +6,9 @@ runs here on CPU (eager, the reference) and on tpu (eager, and compiled where th
 compiles), and the losses, parameters, optimizer state and outputs must agree: tightly in
 float32 (precision "highest"), within the low dtype's resolution under AMP or bfloat16.
 The longer variants (float16 with GradScaler, the compiled image loop, the compiled language
-model with fused and foreach AdamW, pure bfloat16) are in tests/slow/test_migration_full.py; Hugging Face in test_migration_hf.py; DDP and
-FSDP2 with torch.distributed.checkpoint in test_migration_dist.py.
+model with fused and foreach AdamW, pure bfloat16) are in tests/slow/test_migration_full.py;
+Hugging Face in test_migration_hf.py; DDP and FSDP2 with torch.distributed.checkpoint in
+test_migration_dist.py.
 """
 import pytest
 import torch
