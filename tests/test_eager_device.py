@@ -9,6 +9,7 @@ import torch
 import torchtpu_compile
 import torchtpu_eager  # noqa: F401  (registers the device; autoload does too)
 from torchtpu_compile import config
+from tests.support.helpers import train_side_by_side
 
 TPU = torch.device("tpu", 0)
 
@@ -158,12 +159,7 @@ def test_optimizers_match_cpu(optimizer):
     dev.to("tpu")
     opt_ref, opt_dev = optimizer(ref.parameters()), optimizer(dev.parameters())
     x, y = torch.randn(5, 6), torch.randn(5, 2)
-    for _ in range(3):
-        for model, opt, inp, target in ((ref, opt_ref, x, y), (dev, opt_dev, x.to("tpu"),
-                                                               y.to("tpu"))):
-            opt.zero_grad()
-            torch.nn.functional.mse_loss(model(inp), target).backward()
-            opt.step()
+    train_side_by_side([(ref, opt_ref), (dev, opt_dev)], x, y, steps=3)
     for p_ref, p_dev in zip(ref.parameters(), dev.parameters()):
         assert p_dev.device == TPU
         torch.testing.assert_close(p_dev.detach().cpu(), p_ref.detach(), atol=1e-5, rtol=1e-4)

@@ -6,6 +6,7 @@ import torch
 import torchtpu_compile
 import torchtpu_eager  # noqa: F401  (registers the device; autoload does too)
 from torchtpu_compile import config
+from tests.support.helpers import train_side_by_side
 
 TPU = torch.device("tpu", 0)
 
@@ -52,15 +53,13 @@ def test_fused_optimizer_steps_match_cpu_on_the_device_in_place(optimizer, eager
     opt_ref, opt_dev = optimizer(ref.parameters()), optimizer(dev.parameters())
     params = list(dev.parameters())
     x, y = torch.randn(5, 6), torch.randn(5, 2)
-    states = None
-    for _ in range(3):
-        for model, opt, inp, target in ((ref, opt_ref, x, y), (dev, opt_dev, x.to("tpu"),
-                                                               y.to("tpu"))):
-            opt.zero_grad()
-            torch.nn.functional.mse_loss(model(inp), target).backward()
-            opt.step()
-        if states is None:  # the state tensors after the first step, by identity
-            states = [dict(opt_dev.state[p]) for p in params]
+    states = []
+
+    def remember_first_states(step):  # the state tensors after the first step, by identity
+        if step == 0:
+            states.extend(dict(opt_dev.state[p]) for p in params)
+    train_side_by_side([(ref, opt_ref), (dev, opt_dev)], x, y, steps=3,
+                       after_step=remember_first_states)
     assert list(dev.parameters()) == params and all(p is q for p, q in zip(dev.parameters(),
                                                                             params))
     for p_ref, p_dev, first in zip(ref.parameters(), params, states):
@@ -154,15 +153,9 @@ def test_a_learning_rate_schedule_does_not_compile_a_step_per_learning_rate(opti
                  for o in opts]
     x, y = torch.randn(5, 6), torch.randn(5, 2)
     compiled = []
-    for _ in range(5):
-        for model, opt, schedule, inp, target in (
-                (ref, opts[0], schedules[0], x, y),
-                (dev, opts[1], schedules[1], x.to("tpu"), y.to("tpu"))):
-            opt.zero_grad()
-            torch.nn.functional.mse_loss(model(inp), target).backward()
-            opt.step()
-            schedule.step()
-        compiled.append(torchtpu_compile.stats()["eager_programs_compiled"])
+    train_side_by_side([(ref, opts[0], schedules[0]), (dev, opts[1], schedules[1])], x, y,
+                       steps=5, after_step=lambda step: compiled.append(
+                           torchtpu_compile.stats()["eager_programs_compiled"]))
     assert compiled[-1] == compiled[1], f"programs compiled after each step: {compiled}"
     for p_ref, p_dev in zip(ref.parameters(), dev.parameters()):
         torch.testing.assert_close(p_dev.detach().cpu(), p_ref.detach(), atol=1e-5, rtol=1e-4)

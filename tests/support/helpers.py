@@ -70,3 +70,24 @@ def run_on_path(path, fn, *args, tmp_dir=None):
                     f"{directory}/program.tpu")
                 return to_cpu(aot.load(saved)(*args))
     raise ValueError(f"unknown path {path!r}; one of {PATHS}")
+
+
+def train_side_by_side(runs, x, y, steps: int, after_step=None) -> None:
+    """Train each ``(model, optimizer[, scheduler])`` of ``runs`` for ``steps`` steps of an
+    MSE loss between ``model(x)`` and ``y``, moved to the model's device; within each step the
+    runs go one after the other, and ``after_step(i)`` is called after step ``i``.
+
+    Example::
+
+        train_side_by_side([(ref, opt_ref), (dev, opt_dev)], x, y, steps=3)
+    """
+    for i in range(steps):
+        for model, optimizer, *scheduler in runs:
+            device = next(model.parameters()).device
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(model(x.to(device)), y.to(device)).backward()
+            optimizer.step()
+            for each in scheduler:
+                each.step()
+        if after_step is not None:
+            after_step(i)
