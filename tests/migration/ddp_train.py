@@ -24,20 +24,18 @@ Run it alone: ``python -m tests.migration.ddp_train tpu [RESULTS.pt]``.
 from __future__ import annotations
 
 import os
-import socket
-import sys
-import tempfile
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-import torch.multiprocessing as mp
 import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
+
+from tests.migration import spawn_harness
 
 BACKEND = {"cpu": "gloo", "cuda": "nccl", "tpu": "tpu_dist"}
 WORLD_SIZE = 2
@@ -127,43 +125,14 @@ def worker(rank, world_size, port, device, checkpoint_dir, results_dir):
                os.path.join(results_dir, f"rank{rank}.pt"))
     dist.destroy_process_group()
     if device == "tpu":   # the suite's record of what ran where, not part of the tutorial
-        record_stats(os.path.join(results_dir, f"stats{rank}.pt"))
-
-
-def record_stats(path):
-    """torchtpu's counters of this process (host fallbacks, collectives by transport)."""
-    import torchtpu_compile
-    stats = torchtpu_compile.stats()
-    torch.save({"fallback_ops": dict(stats["fallback_ops"]),
-                "eager_fallbacks": stats["eager_fallbacks"], "tpu_dist": stats["tpu_dist"]},
-               path)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
+        spawn_harness.record_stats(os.path.join(results_dir, f"stats{rank}.pt"))
 
 
 def main(device: str) -> dict:
     """Train on 2 spawned processes; return each rank's results and the checkpoint read back
-    on the host (``dcp_to_torch_save``)."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-    with tempfile.TemporaryDirectory() as work:
-        checkpoint_dir = os.path.join(work, "checkpoint")
-        mp.spawn(worker, args=(WORLD_SIZE, free_port(), device, checkpoint_dir, work),
-                 nprocs=WORLD_SIZE, join=True)
-        dcp_to_torch_save(checkpoint_dir, os.path.join(work, "checkpoint.pt"))
-        checkpoint = torch.load(os.path.join(work, "checkpoint.pt"), weights_only=False)
-        ranks = [torch.load(os.path.join(work, f"rank{r}.pt")) for r in range(WORLD_SIZE)]
-        for r, rank in enumerate(ranks):
-            stats = os.path.join(work, f"stats{r}.pt")
-            rank["stats"] = torch.load(stats) if os.path.exists(stats) else None
-    return {"ranks": ranks, "checkpoint": checkpoint}
+    on the host."""
+    return spawn_harness.run_spawned(worker, device, WORLD_SIZE)
 
 
 if __name__ == "__main__":
-    result = main(sys.argv[1])
-    if len(sys.argv) > 2:   # where the test reads the results
-        torch.save(result, sys.argv[2])
-    print({"losses": [r["losses"] for r in result["ranks"]]})
+    spawn_harness.run_as_script(main)
