@@ -110,9 +110,16 @@ def _realtime(on: bool):
     """Every thread of this process at SCHED_FIFO priority 1 meanwhile (``on``), then back."""
     def every_thread(policy, priority):
         for tid in os.listdir("/proc/self/task"):
-            os.sched_setscheduler(int(tid), policy, os.sched_param(priority))
+            try:
+                os.sched_setscheduler(int(tid), policy, os.sched_param(priority))
+            except ProcessLookupError:  # a thread that ended meanwhile
+                pass
     if on:
-        every_thread(os.SCHED_FIFO, 1)
+        try:
+            every_thread(os.SCHED_FIFO, 1)
+        except PermissionError as exc:
+            every_thread(os.SCHED_OTHER, 0)
+            raise SystemExit(f"--realtime needs root (CAP_SYS_NICE): {exc}") from exc
     try:
         yield
     finally:
