@@ -40,6 +40,11 @@ def double_plus(x, y):  # a Pallas kernel; interpret=True is plain StableHLO on 
                           interpret=True)(x, y)
 
 
+@jax_op
+def scaled_by_rows_of(x, like):  # reads only ``like``'s shape: jax.jit drops unused inputs
+    return x * like.shape[0]
+
+
 def model(x, w):
     a, b = sin_and_fft(x.cos())
     return rms_norm(a + 1, w) * b
@@ -78,6 +83,17 @@ def test_compiled_forward_and_backward_splice_the_jax_stablehlo():
         torch.testing.assert_close(g, want, rtol=1e-5, atol=1e-5)
     stats = torchtpu_compile.stats()
     assert stats["fallback_ops"] == {} and stats["graphs_compiled"] == 2  # forward, backward
+
+
+def test_an_input_the_function_only_reads_the_shape_of_is_spliced():
+    # JAX lowers a function without the inputs it never reads unless told to keep them; the
+    # splice passes every input (it failed with "incorrect number of operands for callee").
+    x, like = torch.randn(3, 4), torch.randn(5)
+    torchtpu_compile.reset_stats()
+    with config.patch(strict=True):
+        got = compile_tpu(lambda a, b: scaled_by_rows_of(a + 1, b) * 2)(x, like)
+    torch.testing.assert_close(got, (x + 1) * 5 * 2)
+    assert torchtpu_compile.stats()["fallback_ops"] == {}
 
 
 def test_eager_device_runs_the_op_and_its_gradient_on_device():

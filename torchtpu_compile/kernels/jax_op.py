@@ -131,8 +131,11 @@ class JaxOp:
             def flat(*xs):
                 return tuple(jax.tree_util.tree_leaves(self.fn(*xs)))
 
+            # keep_unused: the splice passes every input, also one the function only reads
+            # the shape of (a random draw "like" a tensor).
             with _exact_dtypes(), jax.default_matmul_precision(_JAX_PRECISION[precision]):
-                lowered = jax.jit(flat).trace(*avals).lower(lowering_platforms=(platform,))
+                lowered = jax.jit(flat, keep_unused=True).trace(*avals).lower(
+                    lowering_platforms=(platform,))
             module = lowered.compiler_ir("stablehlo")
             self._lowered[key] = module.operation.get_asm(print_generic_op_form=True,
                                                           enable_debug_info=False)
