@@ -143,6 +143,47 @@ def bench_gpt2_train(quick: bool) -> list[dict]:
                    others_cpu=busy)]
 
 
+def bench_dropout_train(quick: bool) -> list[dict]:
+    """The GPT-2 training step with dropout 0.1 everywhere (embeddings, attention, residuals):
+    torchtpu drawing the masks inside the program (``config.random_draws="device"``, the
+    default on TPU) and on the host ("host", the default on the CPU client: a host draw and an
+    upload of every mask at each step)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from torchtpu_compile import config
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=1000, n_embd=256, n_layer=4, n_head=4, n_positions=128,
+                     resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1, use_cache=False,
+                     bos_token_id=0, eos_token_id=1, pad_token_id=1)
+    model = GPT2LMHeadModel(cfg).train()
+    model.loss_type = "ForCausalLM"
+    ids = torch.randint(0, cfg.vocab_size, (4, 128))
+
+    def step_fn(m, host_draws=False):
+        opt = torch.optim.SGD(m.parameters(), lr=1e-3)
+
+        def step():
+            # read when a graph is built
+            with config.patch(random_draws="host" if host_draws else "device"):
+                loss = m(input_ids=ids, labels=ids).loss
+                loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return step
+
+    compiled = _compiled(model)
+    fns = {k: step_fn(m) for k, m in compiled.items()}
+    fns["host draws"] = step_fn(torch.compile(copy.deepcopy(model), backend="torchtpu"), True)
+    times, busy = interleaved(fns, rounds=2 if quick else 10, warmup=1 if quick else 2)
+    host = dict(times, torchtpu=times.pop("host draws"))
+    device_vs_host = times["torchtpu"] / host["torchtpu"]
+    return [result("gpt2 train step, dropout 0.1, device draws", times, TARGET_STEADY,
+                   _fallback_note() + [f"{device_vs_host:.2f}x the host-draw step's time"],
+                   others_cpu=busy),
+            result("gpt2 train step, dropout 0.1, host draws", host, None, [],
+                   others_cpu=busy)]
+
+
 def _fresh_function(fn):
     """A copy of ``fn`` with its own code object.
 
@@ -396,6 +437,7 @@ BENCHMARKS = {
     "mlp": bench_mlp,
     "gpt2_forward": bench_gpt2_forward,
     "gpt2_train": bench_gpt2_train,
+    "dropout_train": bench_dropout_train,
     "overhead": bench_overhead,
     "cold_compile": bench_cold_compile,
     "warm_compile": bench_warm_compile,

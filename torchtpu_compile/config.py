@@ -309,6 +309,14 @@ _SETTINGS = (
             "their dim and raise eager's error; off: XLA clamps them. Read when a program is "
             "built.",
             "compile", compiled=True),
+    Setting("random_draws", "TORCHTPU_RANDOM_DRAWS", "auto", _Choice("auto", "device", "host"),
+            "Where compiled graphs draw dropout masks, rand_like, randn_like and bernoulli: "
+            "device (inside the program, JAX's threefry keyed from torch's generator at each "
+            "call: torch.manual_seed reproduces them, same distribution, not eager's bits, as "
+            "Inductor), host (from torch's generator, then uploaded: a host draw and a "
+            "transfer of every mask per call), or auto (device, except on the CPU client, "
+            "where the host draw measured faster). Read when a graph is built.",
+            "compile", compiled=True),
     Setting("donate_buffers", "TORCHTPU_DONATE_BUFFERS", True, _Flag(),
             "A compiled graph that overwrites an input of the eager tpu device (an optimizer "
             "step's parameters and state, batch norm's running statistics, a static KV cache) "

@@ -24,8 +24,10 @@ import torch
 
 from torchtpu_compile.errors import InvalidInputError, LoweringError
 from torchtpu_compile.kernels.jax_op import kernel_of
+from torchtpu_compile.lower import device_random
 from torchtpu_compile.lower.support import is_written, written_arguments
 from torchtpu_compile.profiling import TORCH_PROFILER, span
+from torchtpu_compile.runtime.client import get_client
 
 from . import fallback, modes, rng, scalars, views
 from .fuse import Lazy
@@ -616,10 +618,15 @@ def native_dropout(func, args, kwargs):
     if not train or p == 0:
         return run_op(aten.clone.default, (x,), {}), run_op(
             aten.ones_like.default, (x,), {"dtype": torch.bool})
-    # The mask is drawn on the host from the tpu generator; the arithmetic stays on device.
-    with rng.drawing_from_tpu_generator():
-        keep = torch.rand(x.shape) < (1 - p)
-    mask = from_cpu(keep)
+    # The mask is drawn on the device from a key of the tpu generator, or (config.random_draws)
+    # on the host from that generator; the arithmetic stays on device.
+    if device_random.enabled(get_client().platform):
+        with rng.drawing_from_tpu_generator():
+            key = from_cpu(device_random.KeyDraw(1)()[0])
+        mask = run_op(aten.lt.Scalar, (device_random.uniform_like(key, x), 1 - p), {})
+    else:
+        with rng.drawing_from_tpu_generator():
+            mask = from_cpu(torch.rand(x.shape) < (1 - p))
     scaled = run_op(aten.mul.Tensor, (x, mask), {})
     return run_op(aten.mul.Tensor, (scaled, 1.0 / (1 - p)), {}), mask
 

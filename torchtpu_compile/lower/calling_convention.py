@@ -11,11 +11,14 @@ and records how to rebuild the caller's view around the executable:
   through one output shows in the others as in eager PyTorch (aot_autograd leaves this
   aliasing to the backend in inference graphs);
 - tensors held by the graph (``get_attr``) become arguments, never inlined literals;
-- random ops (dropout masks, ``rand``) are drawn on the host from torch's generator and passed
-  in, so results follow ``torch.manual_seed`` exactly as eager does. So are the two RNG state
-  operators aot_autograd puts around a random op that the backward recomputes (dropout in a
-  checkpointed block): ``run_and_save_rng_state`` reads the generator's state before drawing,
-  ``run_with_rng_state`` draws again from that state.
+- random ops whose tensor argument only gives the result's shape (dropout masks, ``rand_like``,
+  ``randn_like``, ``bernoulli``) are drawn inside the program from keys drawn from torch's
+  generator (``device_random.py``), except with ``config.random_draws`` "host" (by default on
+  the CPU client); those and the other random ops (``rand`` of a size, ``randint``) are drawn
+  on the host from torch's generator and passed in, so results follow ``torch.manual_seed``
+  exactly as eager does. So are the two RNG state operators aot_autograd puts around a random
+  op that the backward recomputes (dropout in a checkpointed block): ``run_and_save_rng_state``
+  reads the generator's state before drawing, ``run_with_rng_state`` draws again from it.
 - index checks (``index_checks.py``) leave as one last output, its slot of kind "check".
 """
 from __future__ import annotations
@@ -182,11 +185,14 @@ def _new_placeholder(graph: fx.Graph, after: fx.Node | None, name: str, val) -> 
     return node
 
 
-def prepare(gm: fx.GraphModule, rebuild_views: bool = True) -> PreparedGraph:
+def prepare(gm: fx.GraphModule, rebuild_views: bool = True,
+            platform: str | None = None) -> PreparedGraph:
     """Rewrite a copy of ``gm`` to the program calling convention (``gm`` is not changed).
 
     ``rebuild_views``: outputs that alias inputs or other outputs become "view" slots (for
     callers that hold tensors; the eager device's graphs return buffers, which cannot view).
+    ``platform``: the PJRT platform the program is for, which decides where random ops draw
+    (``device_random.enabled``); None: the CPU client's choice.
     """
     gm = fx.GraphModule(gm, _copy_graph(gm.graph))
     graph = gm.graph
@@ -216,6 +222,14 @@ def prepare(gm: fx.GraphModule, rebuild_views: bool = True) -> PreparedGraph:
         constants.append(value.detach())
 
     random_inputs = []
+    from . import device_random
+    on_device = [n for n in graph.nodes if device_random.draws_on_device(n)] \
+        if device_random.enabled(platform) else []
+    if on_device:  # one key per draw, all in one input (device_random.py)
+        keys = device_random.KeyDraw(len(on_device))
+        last = _new_placeholder(graph, last, "random_keys", keys())
+        random_inputs.append(HostDraw(keys))
+        device_random.rewrite(graph, on_device, last)
     position = {n: i for i, n in enumerate(placeholders)}
     save, _ = _rng_state_ops()
     for node in list(graph.nodes):

@@ -149,7 +149,7 @@ def _lower_half(gm, precision: str, platform: str, rebuild_views: bool, allow_fa
         reasons = {node: reason for node, reason in reasons.items() if is_fallback(reason)}
     if reasons:
         return None, None, reasons
-    prepared = prepare(gm, rebuild_views=rebuild_views)
+    prepared = prepare(gm, rebuild_views=rebuild_views, platform=platform)
     if prepared.num_program_outputs == 0 and skip_empty:
         return prepared, None, {}
     try:
@@ -160,7 +160,8 @@ def _lower_half(gm, precision: str, platform: str, rebuild_views: bool, allow_fa
             raise
 
         def lower_one(one):
-            return lower_graph(prepare(one).gm, platform=platform, precision=precision)
+            return lower_graph(prepare(one, platform=platform).gm, platform=platform,
+                               precision=precision)
 
         reasons = analyze(gm, collectives_lowered=plan is not None, lower_one=lower_one)
         if not reasons:
