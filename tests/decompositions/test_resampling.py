@@ -29,14 +29,14 @@ def test_upsample_output_size_overloads():
                                rtol=1e-4, atol=1e-5)
 
 
-def test_nearest_upsampling_backward_with_and_without_scales():
+def check_nearest_upsampling_backward(dims_list=(1, 2, 3)):
     # Unlowered with scales: every nearest interpolation's backward on the eager device (RT-DETR's
     # FPN) ran on the host. Eager's source positions: float32 arithmetic, 1 / the scale given
     # (else in / out), in == out and out == 2 in as shortcuts (not for the exact variant).
     cases = [(3, 7, 2.5), (3, 7, None), (4, 8, 2.0), (5, 3, 0.6), (7, 7, 1.3), (3, 10, 3.3)]
     grads, calls = [], []
     for exact in (False, True):
-        for dims in (1, 2, 3):
+        for dims in dims_list:
             name = ("_upsample_nearest_exact%dd_backward" if exact else
                     "upsample_nearest%dd_backward") % dims
             for n_in, n_out, scale in cases:
@@ -51,9 +51,14 @@ def test_nearest_upsampling_backward_with_and_without_scales():
     check_on_both_paths(backwards, *grads, rtol=1e-5, atol=1e-5)
 
 
+def test_nearest_upsampling_backward_with_and_without_scales():
+    # 2-d here; 1-d and 3-d (the same position rule per dim) in tests/slow/test_resampling_full.py
+    check_nearest_upsampling_backward(dims_list=(2,))
+
+
 # --- grid sampling ---------------------------------------------------------------------------
 
-def test_grid_sampler_backward_every_mode_at_borders_and_pixel_centres():
+def check_grid_sampler_backward(paddings=(0, 1, 2)):
     # Unlowered: training deformable attention (RT-DETR, Deformable DETR: grid_sample,
     # bilinear, zeros) ran it in eager PyTorch, a host round trip per layer and step. The
     # grid hits borders, pixel centres and edges of both conventions, and lies outside.
@@ -66,7 +71,13 @@ def test_grid_sampler_backward_every_mode_at_borders_and_pixel_centres():
     def backwards(grad, x, grid):
         out = [aten.grid_sampler_2d_backward.default(grad, x, grid, mode, padding, align,
                                                      [True, True])
-               for mode in (0, 1) for padding in (0, 1, 2) for align in (False, True)]
+               for mode in (0, 1) for padding in paddings for align in (False, True)]
         return out + [aten.grid_sampler_2d_backward.default(grad, x, grid, 0, 0, False,
                                                             [False, True])[1]]
     check_on_both_paths(backwards, grad, x, grid, rtol=1e-5, atol=1e-5)
+
+
+def test_grid_sampler_backward_every_mode_at_borders_and_pixel_centres():
+    # zeros padding (deformable attention's); border and reflection padding in
+    # tests/slow/test_resampling_full.py
+    check_grid_sampler_backward(paddings=(0,))
