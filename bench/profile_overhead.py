@@ -31,7 +31,11 @@ and PJRT's native path (upload, execute, result wrapping, DLPack export) and of 
 evicting each other's working sets on every call. Runner microbenchmarks run hot and miss it;
 only fewer native steps per call (fewer, larger jaxlib entries) remove it.
 
-Usage: ``.venv/bin/python bench/profile_overhead.py``
+``--jit-dispatch`` runs another experiment instead (``bench/jit_dispatch.py``): the one-op call
+through jaxlib's C++ dispatch (jax.jit's fast path) driving our executable, a trimmed Python run
+path, a ``jax.jit`` floor and today's path, each inside a compiled call.
+
+Usage: ``.venv/bin/python bench/profile_overhead.py [--jit-dispatch [--bare] [--rounds N]]``
 """
 from __future__ import annotations
 
@@ -189,4 +193,16 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import argparse
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jit-dispatch", action="store_true",
+                        help="compare run paths of a compiled call (bench/jit_dispatch.py)")
+    parser.add_argument("--bare", action="store_true",
+                        help="with --jit-dispatch: also time each path outside a compiled call")
+    parser.add_argument("--rounds", type=int, default=9, help="with --jit-dispatch")
+    options = parser.parse_args()
+    if options.jit_dispatch:
+        import jit_dispatch
+        jit_dispatch.main(rounds=options.rounds, bare=options.bare)
+    else:
+        main()
