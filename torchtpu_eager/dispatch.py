@@ -545,7 +545,11 @@ def copy_(func, args, kwargs):
         return dst.copy_(to_cpu(src), **kwargs)
     if type(src) is not TpuTensor:  # host -> tpu: convert on the host, then one upload
         host = src.to(dtype=dst.dtype).expand(dst.shape)
-        views.write(dst, upload(host.contiguous()))
+        # non_blocking from pinned memory: PyTorch's promise that the source is not written
+        # until a synchronization, so the transfer may finish after this returns.
+        non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+        views.write(dst, upload(host.contiguous(),
+                                asynchronous=bool(non_blocking) and src.is_pinned()))
         return dst
     if src.dtype == dst.dtype and src.shape == dst.shape:
         views.write(dst, views.read(src))
