@@ -70,6 +70,8 @@ def dispatch(func, args, kwargs):
 
 def _classify(func):
     schema = func._schema
+    if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), _COMPOSITE_IMPLICIT):
+        return run_decomposed
     if torch.Tag.inplace_view in func.tags:  # t_, unsqueeze_, as_strided_: new geometry only
         return run_inplace_view
     if func.is_view and not any(is_written(a) for a in schema.arguments):
@@ -87,6 +89,16 @@ def _classify(func):
     if schema.returns and not all(_is_tensor_type(r.type) for r in schema.returns):
         return run_host_value
     return run_op
+
+
+_COMPOSITE_IMPLICIT = torch._C.DispatchKey.CompositeImplicitAutograd
+
+
+def run_decomposed(func, args, kwargs):
+    # PyTorch decomposes these ops (.to, .reshape, ...) at the autograd keys, which inference
+    # mode and inference tensors skip: they then reach the device whole, and are decomposed
+    # here as they would have been above it.
+    return func.decompose(*args, **kwargs)
 
 
 def _is_tensor_type(t) -> bool:
