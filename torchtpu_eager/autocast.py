@@ -146,7 +146,7 @@ def _clear_with_torch() -> None:
         return
 
     def clear_autocast_cache():
-        _cast_cache.clear()
+        clear_cast_cache()
         return original()
 
     clear_autocast_cache.__doc__ = original.__doc__
