@@ -5,6 +5,7 @@ import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import torchtpu_compile
 import torchtpu_eager  # noqa: F401  (registers the device; autoload does too)
@@ -458,3 +459,14 @@ def test_inference_mode_results_move_and_cast_as_on_cpu():
     for got, want in zip(results["tpu"], results["cpu"]):
         assert got.dtype == want.dtype and got.shape == want.shape
         torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
+
+
+def test_max_pool2d_with_the_default_stride_runs_on_the_device():
+    # F.max_pool2d(x, k) leaves the stride empty (= the kernel); torch-mlir's lowering took it
+    # for 1, the op failed to compile and ran on the host (the migration image script's pools).
+    x = torch.randn(2, 3, 9, 8)
+    with config.patch(strict=True):
+        values, indices = F.max_pool2d(x.to("tpu"), 2, return_indices=True)
+    want_values, want_indices = F.max_pool2d(x, 2, return_indices=True)
+    torch.testing.assert_close(values.cpu(), want_values, rtol=0, atol=0)
+    assert torch.equal(indices.cpu(), want_indices)
