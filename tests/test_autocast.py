@@ -179,9 +179,7 @@ def _cast_cache_scenarios(device):
 
     def inference():
         with torch.inference_mode():
-            return torch.tensor(torch.mm(torch.mm(x, w), w).tolist())   # (.cpu() of an
-                                                                         # inference tensor:
-                                                                         # not on tpu yet)
+            return torch.mm(torch.mm(x, w), w)
     run("inference mode", inference)
     (outs[0].float().sum() + outs[2].float().sum()).backward()
     with torch.no_grad():                                     # between regions: seen after
