@@ -8,6 +8,7 @@ on CPU.
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import torchtpu_compile
 import torchtpu_eager  # noqa: F401  (registers the device; autoload does too)
@@ -134,3 +135,78 @@ def test_autocast_inside_a_compiled_graph(fresh_dynamo):
     _close(out, eager_out.cpu(), torch.bfloat16)
     _close(loss, eager_loss.cpu(), torch.bfloat16)
     assert torchtpu_compile.stats()["fallback_ops"] == {}
+
+
+class _CountCasts(TorchDispatchMode):
+    """Counts the dtype casts that reach the backends (cached casts never do)."""
+
+    def __init__(self):
+        super().__init__()
+        self.casts = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._to_copy.default:
+            self.casts += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _cast_cache_scenarios(device):
+    """Cast counts and results of uses of one weight that CUDA's cast cache tells apart."""
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(8, 8).to(device))
+    x = torch.randn(8, 8).to(device)
+    frozen = torch.randn(8, 8).to(device)                    # a leaf that needs no grad
+    counts, outs = {}, []
+
+    def run(name, body, **autocast):
+        with _CountCasts() as count:
+            with torch.autocast(device, dtype=torch.bfloat16, **autocast):
+                outs.append(body())
+        counts[name] = count.casts
+
+    run("reused", lambda: torch.mm(torch.mm(x, w), w))      # w cast once
+    run("next region", lambda: torch.mm(x, w))               # the cache was cleared on exit
+
+    def nested():
+        with torch.autocast(device, dtype=torch.bfloat16):
+            y = torch.mm(x, w)
+        return torch.mm(y, w)                                 # the inner exit kept the cache
+    run("nested", nested)
+    run("cache off", lambda: torch.mm(torch.mm(x, w), w), cache_enabled=False)
+    run("not leaves", lambda: torch.mm(torch.mm(x, w * 1), w * 1))
+    run("views", lambda: torch.mm(torch.mm(x, w[:]), w[:]))
+    run("no grad", lambda: torch.mm(torch.mm(x, frozen), frozen))
+
+    def inference():
+        with torch.inference_mode():
+            return torch.mm(torch.mm(x, w), w)
+    run("inference mode", inference)
+    (outs[0].float().sum() + outs[2].float().sum()).backward()
+    with torch.no_grad():                                     # between regions: seen after
+        w.mul_(2)
+    run("after a write", lambda: torch.mm(x, w))
+    return counts, [o.cpu() for o in outs], w.grad.cpu()
+
+
+def test_weights_are_cast_once_per_autocast_region_as_cuda_does():
+    # CUDA's (and CPU's) cached_cast: a float32 leaf requiring grad is cast once per region;
+    # before the cache, tpu cast it at every op (the "reused" region: 3 casts, CPU 2), and the
+    # gradient of a reused weight, summed in float32 instead of bfloat16, differed from CPU's.
+    cpu_counts, cpu_outs, cpu_grad = _cast_cache_scenarios("cpu")
+    tpu_counts, tpu_outs, tpu_grad = _cast_cache_scenarios("tpu")
+    assert tpu_counts == cpu_counts
+    assert cpu_counts["reused"] == 2 and cpu_counts["cache off"] == 3   # the reference's rules
+    for got, want in zip(tpu_outs, cpu_outs):
+        torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(tpu_grad, cpu_grad, atol=1e-6, rtol=1e-6)
+
+
+def test_torch_clear_autocast_cache_clears_the_tpu_casts():
+    from torchtpu_eager import autocast
+    w = torch.nn.Parameter(torch.randn(4, 4, device="tpu"))
+    with torch.autocast("tpu", dtype=torch.bfloat16):
+        torch.mm(w, w)
+        assert len(autocast._cast_cache) == 1
+        torch.clear_autocast_cache()
+        assert not autocast._cast_cache
+    assert not autocast._cast_cache

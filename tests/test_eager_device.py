@@ -5,6 +5,7 @@ import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import torchtpu_compile
 import torchtpu_eager  # noqa: F401  (registers the device; autoload does too)
@@ -439,3 +440,33 @@ def test_integer_indexing_runs_on_the_device_and_masks_on_the_host():
     mask = x > 0
     torch.testing.assert_close(t[mask.to("tpu")].cpu(), x[mask])
     assert torchtpu_compile.stats()["fallback_ops"] == {"aten.index.Tensor": 1}
+
+
+def test_inference_mode_results_move_and_cast_as_on_cpu():
+    # Inference mode skips the autograd keys where PyTorch decomposes .to/.cpu/.reshape: they
+    # reached the device whole, and .cpu() of any inference tensor raised ("Cannot copy out
+    # of meta tensor").
+    torch.manual_seed(0)
+    model, x = torch.nn.Linear(3, 2), torch.randn(4, 3)
+    tpu_model = torch.nn.Linear(3, 2).to("tpu")
+    tpu_model.load_state_dict(model.state_dict())
+    results = {}
+    for device, m in (("cpu", model), ("tpu", tpu_model)):
+        with torch.inference_mode():
+            out = m(x.to(device))
+            inside = (out.cpu(), out.to(torch.bfloat16).cpu(), out.reshape(8).cpu())
+        results[device] = (*inside, out.cpu(), out.to("cpu", torch.float16))
+    for got, want in zip(results["tpu"], results["cpu"]):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
+
+
+def test_max_pool2d_with_the_default_stride_runs_on_the_device():
+    # F.max_pool2d(x, k) leaves the stride empty (= the kernel); torch-mlir's lowering took it
+    # for 1, the op failed to compile and ran on the host (the migration image script's pools).
+    x = torch.randn(2, 3, 9, 8)
+    with config.patch(strict=True):
+        values, indices = F.max_pool2d(x.to("tpu"), 2, return_indices=True)
+    want_values, want_indices = F.max_pool2d(x, 2, return_indices=True)
+    torch.testing.assert_close(values.cpu(), want_values, rtol=0, atol=0)
+    assert torch.equal(indices.cpu(), want_indices)

@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import torchtpu_eager  # noqa: F401  (registers the device; autoload does too)
+from torchtpu_compile import config
 
 
 def test_pin_memory_copies_and_is_pinned():
@@ -73,3 +74,91 @@ def test_dataloader_pins_batches():
     batches = list(DataLoader(data, batch_size=3, pin_memory=True))
     assert all(x.is_pinned() and y.is_pinned() for x, y in batches)
     torch.testing.assert_close(torch.cat([x for x, _ in batches]), data.tensors[0])
+
+
+# 256 KiB: above the CPU client's 100 KiB threshold for copying on its thread pool.
+_LARGE = 64 * 1024
+
+
+def _unaligned_pinned(n: int) -> torch.Tensor:
+    # The CPU client aliases 64-byte aligned memory instead of copying it, so only an offset
+    # view of pinned memory is transferred asynchronously here (any pinned memory on a TPU).
+    return torch.randn(n + 1).pin_memory()[1:]
+
+
+def test_non_blocking_copy_from_pinned_memory_is_asynchronous_and_correct():
+    from torchtpu_compile.runtime import transfer
+    src = _unaligned_pinned(_LARGE)
+    want = src.clone()
+    y = src.to("tpu", non_blocking=True)
+    # In flight: its source (this memory) is held until a synchronization.
+    assert [held.data_ptr() for _, held in transfer._in_flight] == [src.data_ptr()]
+    torch.tpu.synchronize()
+    assert transfer._in_flight == []
+    src.fill_(-1)                                   # allowed after synchronizing
+    torch.testing.assert_close(y.cpu(), want, rtol=0, atol=0)
+    # Read right after the copy, with no synchronize: the download waits for the transfer.
+    z = src.to("tpu", non_blocking=True)
+    torch.testing.assert_close(z.cpu(), torch.full_like(want, -1), rtol=0, atol=0)
+    # A copy into an existing tpu tensor, converting dtype on the way.
+    doubles = torch.randn(_LARGE + 1, dtype=torch.float64).pin_memory()[1:]
+    dst = torch.empty(_LARGE, device="tpu")
+    dst.copy_(doubles, non_blocking=True)
+    torch.testing.assert_close(dst.cpu(), doubles.float(), rtol=0, atol=0)
+
+
+def test_non_blocking_source_freed_right_after_the_copy():
+    from torchtpu_compile.runtime import transfer
+    src = _unaligned_pinned(_LARGE)
+    want, address = src.clone(), src.data_ptr()
+    y = src.to("tpu", non_blocking=True)
+    del src
+    gc.collect()
+    # Its memory is not handed out again while the transfer may read it: fresh pinned blocks
+    # of the same size, written at once, do not reach y.
+    others = [torch.full((_LARGE + 1,), 7.0).pin_memory() for _ in range(4)]
+    assert all(address < o.data_ptr() or address >= o.data_ptr() + o.nbytes for o in others)
+    assert transfer._in_flight and transfer._in_flight[0][1].data_ptr() == address
+    torch.testing.assert_close(y.cpu(), want, rtol=0, atol=0)
+    assert transfer._in_flight == []                 # the download synchronized
+
+
+def test_a_download_completes_earlier_non_blocking_copies():
+    # As .item() / .cpu() synchronize a CUDA stream, so a pinned staging buffer may be refilled
+    # after them.
+    staging = _unaligned_pinned(_LARGE)
+    batches = [torch.randn(_LARGE) for _ in range(3)]
+    on_device = []
+    for batch in batches:
+        staging.copy_(batch)
+        on_device.append(staging.to("tpu", non_blocking=True))
+        on_device[-1].sum().item()
+    for got, want in zip(on_device, batches):
+        torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
+
+
+def test_blocking_and_pageable_copies_are_taken_during_the_call():
+    from torchtpu_compile.runtime import transfer
+    pageable = torch.randn(_LARGE + 1)[1:]
+    aligned = torch.randn(_LARGE).pin_memory()    # would be aliased by the CPU client
+    for src, non_blocking in ((pageable, True), (_unaligned_pinned(_LARGE), False),
+                              (aligned, True)):
+        want = src.clone()
+        y = src.to("tpu", non_blocking=non_blocking)
+        assert transfer._in_flight == []
+        src.fill_(-1)
+        torch.testing.assert_close(y.cpu(), want, rtol=0, atol=0)
+
+
+def test_dataloader_pinned_batches_copied_non_blocking_match_cpu():
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(12, 5), torch.randint(0, 3, (12,)))
+    model = torch.nn.Linear(5, 3)
+    tpu_model = torch.nn.Linear(5, 3).to("tpu")
+    tpu_model.load_state_dict(model.state_dict())
+    with config.patch(matmul_precision="highest"):   # CPU's float32 matmuls
+        for x, y in DataLoader(data, batch_size=4, pin_memory=True):
+            want = torch.nn.functional.cross_entropy(model(x), y)
+            got = torch.nn.functional.cross_entropy(
+                tpu_model(x.to("tpu", non_blocking=True)), y.to("tpu", non_blocking=True))
+            torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-6)

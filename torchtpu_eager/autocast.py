@@ -8,6 +8,11 @@ PrivateUse1 the ``AutocastPrivateUse1`` dispatch key has none, so any op under
 are ordinary ``Tensor.to`` calls above autograd, so gradients flow back in the parameters'
 dtype, and compiled graphs (``torch.compile(backend="torchtpu")``) trace the same casts.
 
+The cast cache is CUDA's too (``cached_cast``): a float32 leaf that requires grad (a weight)
+is cast to the autocast dtype once per autocast region, however many ops use it; the cache is
+dropped when the outermost region exits and not used while ``torch.is_autocast_cache_enabled()``
+is false (``make_fx`` turns it off while tracing).
+
 Example::
 
     with torch.autocast("tpu", dtype=torch.bfloat16):
@@ -15,6 +20,8 @@ Example::
         loss = F.cross_entropy(y, t)   # softmax, norms and losses in float32
 """
 from __future__ import annotations
+
+import weakref
 
 import torch
 
@@ -83,12 +90,68 @@ def _eligible(value) -> bool:
         and value.is_floating_point() and value.dtype != torch.float64
 
 
-def _cast(value, dtype):
+# id(weight) -> (weakref to the weight, its cast): CUDA's autocast cache (autocast_mode.cpp's
+# cached_cast), cleared by torch.clear_autocast_cache, which torch.autocast's __exit__ calls when
+# the outermost region ends.
+_cast_cache: dict = {}
+_tpu_tensor = []  # [TpuTensor], imported at the first cast (registration must not load it)
+
+
+def _cached_cast(value, dtype):
+    """``value.to(dtype)``, once per autocast region for a weight: a float32 leaf that
+    requires grad and is a real tpu tensor (not a tracer's fake or functional one), outside
+    inference mode, as CUDA's ``cached_cast`` decides (its ``can_try_cache``)."""
+    if not _tpu_tensor:
+        from .tensor import TpuTensor
+        _tpu_tensor.append(TpuTensor)
+    if (value.dtype is torch.float32 and value.requires_grad and value.is_leaf
+            and type(value) is _tpu_tensor[0] and not value._is_view()
+            and torch.is_autocast_cache_enabled() and not torch.is_inference_mode_enabled()):
+        key = id(value)
+        entry = _cast_cache.get(key)
+        if entry is not None and entry[0]() is value:
+            return entry[1]
+        cast = value.to(dtype)
+        _cast_cache[key] = (weakref.ref(value), cast)
+        return cast
+    return value.to(dtype)
+
+
+def _cast(value, dtype, cache=False):
     if _eligible(value):
-        return value if value.dtype == dtype else value.to(dtype)
+        if value.dtype == dtype:
+            return value
+        return _cached_cast(value, dtype) if cache else value.to(dtype)
     if isinstance(value, (list, tuple)):
-        return type(value)(_cast(v, dtype) for v in value)
+        return type(value)(_cast(v, dtype, cache) for v in value)
     return value
+
+
+def clear_cast_cache() -> None:
+    """Forget every cached cast (what leaving the outermost autocast region does).
+
+    Example::
+
+        clear_cast_cache()      # also done by torch.clear_autocast_cache()
+    """
+    _cast_cache.clear()
+
+
+def _clear_with_torch() -> None:
+    # torch.autocast.__exit__ calls torch.clear_autocast_cache() (by attribute, at exit) when
+    # the outermost region ends: the one place PyTorch says a region is over, so the tpu cache
+    # is cleared there too. The C++ cache is cleared as before.
+    original = torch.clear_autocast_cache
+    if getattr(original, "_clears_tpu_casts", False):
+        return
+
+    def clear_autocast_cache():
+        clear_cast_cache()
+        return original()
+
+    clear_autocast_cache.__doc__ = original.__doc__
+    clear_autocast_cache._clears_tpu_casts = True
+    torch.clear_autocast_cache = clear_autocast_cache
 
 
 def _run(op, args, kwargs):
@@ -96,10 +159,11 @@ def _run(op, args, kwargs):
         return op(*args, **kwargs)
 
 
-def _cast_all(op, dtype_of):
+def _cast_all(op, dtype_of, cache=False):
     def kernel(*args, **kwargs):
         dtype = dtype_of(args, kwargs)
-        return _run(op, _cast(args, dtype), {k: _cast(v, dtype) for k, v in kwargs.items()})
+        return _run(op, _cast(args, dtype, cache),
+                    {k: _cast(v, dtype, cache) for k, v in kwargs.items()})
     return kernel
 
 
@@ -152,7 +216,7 @@ def kernels() -> dict:
     """Each op's autocast kernel, by ``"name.overload"``."""
     table = {}
     for name in LOWER_PRECISION_FP:
-        table[name] = _cast_all(_overload(name), _autocast_dtype)
+        table[name] = _cast_all(_overload(name), _autocast_dtype, cache=True)
     for name in FP32:
         table[name] = _cast_all(_overload(name), _float32)
     for name in FP32_SET_OPT_DTYPE:
@@ -174,3 +238,4 @@ def register() -> None:
     for name, kernel in kernels().items():
         aten.impl(name, kernel, _KEY)
     _libraries.extend([fallthrough, aten])
+    _clear_with_torch()

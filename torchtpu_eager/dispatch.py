@@ -72,6 +72,8 @@ def dispatch(func, args, kwargs):
 
 def _classify(func):
     schema = func._schema
+    if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), _COMPOSITE_IMPLICIT):
+        return run_decomposed
     if torch.Tag.inplace_view in func.tags:  # t_, unsqueeze_, as_strided_: new geometry only
         return run_inplace_view
     if func.is_view and not any(is_written(a) for a in schema.arguments):
@@ -89,6 +91,16 @@ def _classify(func):
     if schema.returns and not all(_is_tensor_type(r.type) for r in schema.returns):
         return run_host_value
     return run_op
+
+
+_COMPOSITE_IMPLICIT = torch._C.DispatchKey.CompositeImplicitAutograd
+
+
+def run_decomposed(func, args, kwargs):
+    # PyTorch decomposes these ops (.to, .reshape, ...) at the autograd keys, which inference
+    # mode and inference tensors skip: they then reach the device whole, and are decomposed
+    # here as they would have been above it.
+    return func.decompose(*args, **kwargs)
 
 
 def _is_tensor_type(t) -> bool:
@@ -547,7 +559,11 @@ def copy_(func, args, kwargs):
         return dst.copy_(to_cpu(src), **kwargs)
     if type(src) is not TpuTensor:  # host -> tpu: convert on the host, then one upload
         host = src.to(dtype=dst.dtype).expand(dst.shape)
-        views.write(dst, upload(host.contiguous()))
+        # non_blocking from pinned memory: PyTorch's promise that the source is not written
+        # until a synchronization, so the transfer may finish after this returns.
+        non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+        views.write(dst, upload(host.contiguous(),
+                                asynchronous=bool(non_blocking) and src.is_pinned()))
         return dst
     if src.dtype == dst.dtype and src.shape == dst.shape:
         views.write(dst, views.read(src))

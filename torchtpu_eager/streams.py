@@ -37,9 +37,11 @@ def synchronize_device() -> None:
         synchronize_device()        # what torch.tpu.synchronize() does
     """
     from torchtpu_compile import index_errors
+    from torchtpu_compile.runtime import transfer
 
     from . import modes
     modes.current().flush()
+    transfer.wait_uploads()  # non_blocking uploads, their tensors dead or alive
     for st in _storage.live_storages():
         value = st.value
         if value is not None and hasattr(value, "block_until_ready"):
@@ -54,6 +56,9 @@ def device_idle() -> bool:
 
         if not device_idle(): synchronize_device()
     """
+    from torchtpu_compile.runtime import transfer
+    if not transfer.uploads_done():
+        return False
     for st in _storage.live_storages():
         value = st.value
         if type(value).__name__ == "Lazy":

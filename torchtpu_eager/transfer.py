@@ -2,7 +2,11 @@
 
 Uploads copy, during the call: a tpu tensor is a value of its own, so neither a zero-copy CPU
 buffer (which would see a later write to the host tensor) nor an asynchronous transfer (which
-could read the host tensor after the write) will do. Downloads copy for the same reason.
+could read the host tensor after the write) will do. Downloads copy for the same reason. The
+exception is PyTorch's own: a ``non_blocking`` copy from pinned memory, whose caller promises
+not to write the source until it synchronizes, is transferred asynchronously
+(``runtime.transfer.upload(asynchronous=True)``); every download is such a synchronization, as
+``.cpu()`` and ``.item()`` synchronize a CUDA stream.
 
 Example::
 
@@ -22,11 +26,14 @@ from . import modes, views
 from .tensor import new_tensor
 
 
-def upload(host: torch.Tensor):
-    """A PJRT buffer holding a copy of host tensor ``host``."""
+def upload(host: torch.Tensor, asynchronous: bool = False):
+    """A PJRT buffer holding a copy of host tensor ``host``; with ``asynchronous=True`` the
+    copy may be taken after the call (the caller does not write ``host`` until
+    ``torch.tpu.synchronize()`` or a download)."""
     # A conjugate or negative bit is a lazy flag, not values: a buffer holds the values.
     host = host.detach().resolve_conj().resolve_neg()
-    return runtime_transfer.upload(host, get_client().device, copy=True)
+    return runtime_transfer.upload(host, get_client().device, copy=True,
+                                   asynchronous=asynchronous)
 
 
 def download(buffer) -> torch.Tensor:
@@ -38,6 +45,8 @@ def download(buffer) -> torch.Tensor:
     """
     if index_errors.has_pending():
         index_errors.raise_pending()
+    if runtime_transfer._in_flight:  # non_blocking uploads: done before the host goes on
+        runtime_transfer.wait_uploads()
     host = to_torch(buffer)
     return host.clone() if get_client().platform == "cpu" else host
 

@@ -14,6 +14,16 @@ CPU client, see ``aliases``), so every write to the tensor, whatever route it ta
 PJRT cannot alias: not 64-byte aligned, or any non-CPU platform) is made again at every call;
 tensors of the eager tpu device are their own device buffers and need neither (the device
 registers them in ``device_tensors.py``).
+
+Asynchronous uploads (``upload(..., asynchronous=True)``: the eager device's ``non_blocking``
+copies from pinned memory) are PyTorch's contract for such a copy: the caller does not write the
+source until it synchronizes. PJRT then transfers from the source's memory after the call
+returns (jaxlib's ``ZERO_COPY`` semantics on a buffer it cannot alias), and the source is held
+(by jaxlib until the transfer is done, and in ``_in_flight`` here until a synchronization) so
+that neither torch nor the pinned allocator reuses its memory before. ``wait_uploads`` is that
+synchronization (``torch.tpu.synchronize()``, every download). On the CPU client a 64-byte
+aligned source would be aliased for good, not copied, so it is copied during the call as a
+blocking copy is; other sources of 100 KiB or more are copied on the client's thread pool.
 """
 from __future__ import annotations
 
@@ -32,6 +42,10 @@ from .device_tensors import READERS, WRAPPERS
 # id(tensor) -> (weakref, layout, buffer) for buffers that alias their tensor's memory; layout
 # is (data_ptr, shape, strides, dtype) at upload. Cleared when the tensor dies.
 _resident: dict = {}
+# (weakref to the buffer, host tensor) of each asynchronous upload since the last wait_uploads:
+# its source, kept from reuse until the transfer is known to be done.
+_in_flight: list = []
+_ZERO_COPY = _jax.HostBufferSemantics.ZERO_COPY
 
 
 def wrapper_for(device_type: str):
@@ -73,11 +87,13 @@ def _sharding(device):
     return _shardings.setdefault(device, SingleDeviceSharding(device))
 
 
-def upload(tensor: torch.Tensor, device, copy: bool = False):
+def upload(tensor: torch.Tensor, device, copy: bool = False, asynchronous: bool = False):
     """A new jax array on ``device`` holding ``tensor``'s data (no copy where PJRT can alias).
 
     ``copy=True``: a buffer of its own, taken during the call, that no later write to
-    ``tensor`` reaches (the eager device's ``.to("tpu")``).
+    ``tensor`` reaches (the eager device's ``.to("tpu")``). With ``asynchronous=True`` too, the
+    caller promises not to write ``tensor`` until ``wait_uploads()``: the transfer may then
+    read it after the call returns (a ``non_blocking`` copy from pinned memory; module doc).
 
     Example::
 
@@ -106,12 +122,59 @@ def upload(tensor: torch.Tensor, device, copy: bool = False):
     sharding = _shardings.get(device)
     if sharding is None:
         sharding = _sharding(device)
-    # Zero-copy where the memory is aligned; jaxlib holds ``array`` until the buffer is gone.
-    # force_copy copies during the call (PJRT's "immutable only during call").
-    buffer = _jax.batched_device_put(aval, sharding, [array], [device], True, copy and not own,
-                                      enable_x64=True)  # int64 and float64 stay 64-bit
+    if asynchronous and (device.platform != "cpu" or tensor.data_ptr() % _ALIGNMENT):
+        # PJRT cannot alias this memory, so ZERO_COPY means: transfer from it after the call,
+        # holding ``array`` (and so ``tensor``) until done.
+        buffer = _jax.batched_device_put(aval, sharding, [array], [device], True, False,
+                                          _ZERO_COPY, enable_x64=True)
+        _hold_until_waited(buffer, tensor)
+    else:
+        # Zero-copy where the memory is aligned; jaxlib holds ``array`` until the buffer is
+        # gone. force_copy copies during the call (PJRT's "immutable only during call").
+        buffer = _jax.batched_device_put(aval, sharding, [array], [device], True,
+                                          copy and not own,
+                                          enable_x64=True)  # int64 and float64 stay 64-bit
     memory.track((buffer,), (array.nbytes,), device)
     return buffer
+
+
+def _hold_until_waited(buffer, tensor: torch.Tensor) -> None:
+    # Transfers that have finished let go of their sources here, so a loop that never
+    # synchronizes holds only the ones still running.
+    if _in_flight:
+        _in_flight[:] = [(ref, held) for ref, held in _in_flight
+                         if (b := ref()) is not None and not b.is_ready()]
+    _in_flight.append((weakref.ref(buffer), tensor))
+
+
+def wait_uploads() -> None:
+    """Block until every asynchronous upload so far has finished reading its source, then let
+    go of the sources: after this the caller may write them (``torch.tpu.synchronize()`` and
+    every download call it, as a CUDA stream synchronization completes earlier copies).
+
+    Example::
+
+        buf = upload(pinned, get_client().device, copy=True, asynchronous=True)
+        wait_uploads()
+        pinned.fill_(0)              # buf keeps the values it was given
+    """
+    while _in_flight:
+        ref, _ = _in_flight.pop()
+        buffer = ref()
+        # A buffer already dead needs no wait: jaxlib keeps its source until its transfer
+        # is done, and nothing reads what it transferred.
+        if buffer is not None:
+            buffer.block_until_ready()
+
+
+def uploads_done() -> bool:
+    """Whether every asynchronous upload so far has finished (no wait).
+
+    Example::
+
+        if not uploads_done(): wait_uploads()
+    """
+    return all(b is None or b.is_ready() for b in (ref() for ref, _ in _in_flight))
 
 
 def aliases(buffer, tensor: torch.Tensor, platform: str) -> bool:

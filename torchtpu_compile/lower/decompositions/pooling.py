@@ -91,9 +91,12 @@ def _window_mask(valid, rank: int, axis: int):
 def max_pool2d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     # torch-mlir gets the last window of ceil_mode wrong. Pad on the right with -inf to the
     # floor-mode size; indices come back in the unpadded input's coordinates.
-    if not ceil_mode:
-        return NotImplemented
     dims, pool = 2, aten.max_pool2d_with_indices.default
+    if not ceil_mode:
+        if stride:
+            return NotImplemented
+        # An empty stride (F.max_pool2d(x, k)'s default) is the kernel; torch-mlir takes 1.
+        return pool(x, kernel_size, _expand(kernel_size, dims), padding, dilation, False)
     kernel = _expand(kernel_size, dims)
     stride = _expand(stride, dims) if stride else kernel
     padding, dilation = _expand(padding, dims), _expand(dilation, dims)
