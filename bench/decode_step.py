@@ -3,7 +3,8 @@
 Greedy ``generate()`` of the tiny Llama of ``generation.py`` (prompt 7, 16 new tokens), with
 ``model.forward`` compiled for a backend, after two warm-up generations; one more generation
 runs under ``sys.setprofile`` and reports, per decode step: Python calls (by where they run:
-transformers, Dynamo, aot_autograd, torchtpu, the rest of torch, other), C calls, and for
+transformers, Dynamo, aot_autograd, torchtpu, the rest of torch, other), C calls, ``copy_`` calls
+between tensors (aot_autograd's write-back of a mutated KV cache) and their bytes, and for
 torchtpu the uploads (host tensors put on the device: count and bytes) and downloads. Then the
 median time per token of 5 more generations (noisy on a shared machine; compare counts).
 
@@ -52,6 +53,28 @@ class _Transfers:
         transfer._jax, transfer._to_dlpack = Jax(), download
 
 
+def _host_copies(generate) -> collections.Counter:
+    """``copy_`` calls between two tensors (aot_autograd's write-back of a mutated input, the
+    KV cache's) and their bytes, over one ``generate()`` (a run of its own: the wrapper's
+    Python calls are not in the profiled one)."""
+    import torch
+    counts = collections.Counter()
+    copy = torch.Tensor.copy_
+
+    def counted(dst, src, *args, **kwargs):
+        if dst is not src and isinstance(src, torch.Tensor):
+            counts["copies"] += 1
+            counts["copy_bytes"] += dst.numel() * dst.element_size()
+        return copy(dst, src, *args, **kwargs)
+
+    torch.Tensor.copy_ = counted
+    try:
+        generate()
+    finally:
+        torch.Tensor.copy_ = copy
+    return counts
+
+
 def main(backend: str, cache: str, device: str = "cpu") -> dict:
     import torch
     import torchtpu_compile
@@ -92,6 +115,7 @@ def main(backend: str, cache: str, device: str = "cpu") -> dict:
         model.generate(**prompt, **kwargs)
         sys.setprofile(None)
         moved = dict(transfers.counts)
+        copied = _host_copies(lambda: model.generate(**prompt, **kwargs))
         times = []
         for _ in range(5):
             start = time.perf_counter()
@@ -102,6 +126,7 @@ def main(backend: str, cache: str, device: str = "cpu") -> dict:
             "python_calls": round(sum(python.values()) / NEW_TOKENS, 1), "by_place": per_step,
             "c_calls": round(c_calls / NEW_TOKENS, 1),
             "transfers": {k: round(v / NEW_TOKENS, 2) for k, v in moved.items()},
+            "copies": {k: round(v / NEW_TOKENS, 2) for k, v in copied.items()},
             "ms_per_token": round(sorted(times)[2] / NEW_TOKENS * 1e3, 2),
             "load": round(os.getloadavg()[0], 1)}
 
