@@ -3,9 +3,12 @@
 Greedy ``generate()`` of the tiny Llama of ``generation.py`` (prompt 7, 16 new tokens), with
 ``model.forward`` compiled for a backend, after two warm-up generations; one more generation
 runs under ``sys.setprofile`` and reports, per decode step: Python calls (by where they run:
-transformers, Dynamo, aot_autograd, torchtpu, the rest of torch, other), C calls, and for
+transformers, Dynamo, aot_autograd, torchtpu, the rest of torch, other), C calls, ``copy_`` calls
+between tensors (aot_autograd's write-back of a mutated KV cache) and their bytes, and for
 torchtpu the uploads (host tensors put on the device: count and bytes) and downloads. Then the
-median time per token of 5 more generations (noisy on a shared machine; compare counts).
+median time per token of 5 more generations (noisy on a shared machine; compare counts), and
+for torchtpu the wall and main-thread CPU per token of the whole step and of the XLA program's
+execution (``Executable.run`` to its results being ready) over 5 more.
 
     python bench/decode_step.py torchtpu static        # or: inductor dynamic, eager static, ...
     python bench/decode_step.py torchtpu static tpu    # the model on the tpu device
@@ -52,6 +55,58 @@ class _Transfers:
         transfer._jax, transfer._to_dlpack = Jax(), download
 
 
+def _host_copies(generate) -> collections.Counter:
+    """``copy_`` calls between two tensors (aot_autograd's write-back of a mutated input, the
+    KV cache's) and their bytes, over one ``generate()`` (a run of its own: the wrapper's
+    Python calls are not in the profiled one)."""
+    import torch
+    counts = collections.Counter()
+    copy = torch.Tensor.copy_
+
+    def counted(dst, src, *args, **kwargs):
+        if dst is not src and isinstance(src, torch.Tensor):
+            counts["copies"] += 1
+            counts["copy_bytes"] += dst.numel() * dst.element_size()
+        return copy(dst, src, *args, **kwargs)
+
+    torch.Tensor.copy_ = counted
+    try:
+        generate()
+    finally:
+        torch.Tensor.copy_ = copy
+    return counts
+
+
+def _in_execute(generate, runs: int = 5) -> dict:
+    """Per token over ``runs`` generations: wall and main-thread CPU of the whole step and of
+    torchtpu's ``Executable.run`` (to its results being ready): the program against the rest."""
+    from torchtpu_compile.runtime import executable
+    spent = collections.Counter()
+    run = executable.Executable.run
+
+    def timed(self, buffers):
+        wall, cpu = time.perf_counter(), time.thread_time()
+        out = run(self, buffers)
+        for buffer in out:
+            getattr(buffer, "block_until_ready", lambda: None)()
+        spent["wall"] += time.perf_counter() - wall
+        spent["cpu"] += time.thread_time() - cpu
+        return out
+
+    executable.Executable.run = timed
+    try:
+        wall, cpu = time.perf_counter(), time.thread_time()
+        for _ in range(runs):
+            generate()
+        wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+    finally:
+        executable.Executable.run = run
+    tokens = runs * NEW_TOKENS
+    return {"step_wall": wall / tokens * 1e3, "step_cpu": cpu / tokens * 1e3,
+            "execute_wall": spent["wall"] / tokens * 1e3,
+            "execute_cpu": spent["cpu"] / tokens * 1e3}
+
+
 def main(backend: str, cache: str, device: str = "cpu") -> dict:
     import torch
     import torchtpu_compile
@@ -92,17 +147,22 @@ def main(backend: str, cache: str, device: str = "cpu") -> dict:
         model.generate(**prompt, **kwargs)
         sys.setprofile(None)
         moved = dict(transfers.counts)
+        copied = _host_copies(lambda: model.generate(**prompt, **kwargs))
         times = []
         for _ in range(5):
             start = time.perf_counter()
             model.generate(**prompt, **kwargs)
             times.append(time.perf_counter() - start)
+        ms = _in_execute(lambda: model.generate(**prompt, **kwargs)) \
+            if backend == "torchtpu" else {}
     per_step = {k: round(v / NEW_TOKENS, 2) for k, v in python.items()}
     return {"backend": backend, "cache": cache, "device": device,
             "python_calls": round(sum(python.values()) / NEW_TOKENS, 1), "by_place": per_step,
             "c_calls": round(c_calls / NEW_TOKENS, 1),
             "transfers": {k: round(v / NEW_TOKENS, 2) for k, v in moved.items()},
+            "copies": {k: round(v / NEW_TOKENS, 2) for k, v in copied.items()},
             "ms_per_token": round(sorted(times)[2] / NEW_TOKENS * 1e3, 2),
+            "ms_per_token_in_execute": {k: round(v, 3) for k, v in ms.items()},
             "load": round(os.getloadavg()[0], 1)}
 
 

@@ -133,6 +133,28 @@ def test_rule_matches_eager_at_every_size(name, fresh_dynamo):
     assert stats["buckets"]["compiles"] == 2 and stats["buckets"]["hits"] == 1
 
 
+def _attend_with_mask(cache, new, mask):
+    keys = torch.cat([cache, new], dim=1)                          # (b, s + 1, d)
+    scores = (keys @ new.transpose(1, 2)).squeeze(-1) + mask       # mask: (b, s + 1)
+    return torch.softmax(scores, -1).unsqueeze(1) @ keys, keys
+
+
+def test_a_mask_one_longer_than_its_cache_shares_its_bucket(fresh_dynamo):
+    # Dynamo sees the mask's length as s + 1 (the cache's s): padded to the cache's bucket
+    # plus one, its real elements a prefix, exact at every size, never compiled per shape.
+    # (Width 5: no other size equals a mask's length, which would share its symbol.)
+    compiled = compile_tpu(_attend_with_mask, dynamic=True)
+    with config.patch(matmul_precision="highest"):
+        for n in (3, 6, 7):  # one bucket (8; the mask's 9): one compile
+            cache, new = torch.randn(2, n, 5), torch.randn(2, 1, 5)
+            mask = torch.zeros(2, n + 1)
+            mask[:, 0] = -1e9
+            _close(compiled(cache, new, mask), _attend_with_mask(cache, new, mask))
+    stats = torchtpu_compile.stats()["buckets"]
+    assert stats["exact_shape_compiles"] == 0
+    assert stats["compiles"] == 1 and stats["hits"] == 2
+
+
 def test_topk_over_a_padded_dim_never_picks_the_padding(fresh_dynamo):
     # topk pads with -inf; where real elements are -inf too, the unstable sort put padding
     # among the first k, and topk returned positions past the real size. Real elements come

@@ -277,6 +277,34 @@ def test_bucketed_dynamic_graph_checks_only_real_indices():
     assert stats["exact_shape_compiles"] == 0 and stats["hits"] >= 2
 
 
+def _eager_or_error(fn, *args):
+    try:
+        return fn(*args), None
+    except IndexError as exc:
+        return None, exc
+
+
+def test_an_index_past_the_real_size_of_a_bucketed_dim_raises_as_eager():
+    # Bucket 8 serves sizes 5 and 7 (16 serves 13): an index between the real size and the
+    # bucket's, or below minus the real size, raises eager's IndexError with eager's message
+    # (the real size in it); the real ones, negative too, give eager's values.
+    def rows(x, i):
+        return x[i] * 2
+    compiled = compile_tpu(rows, dynamic=True)
+    for n in (5, 7, 13):
+        x = torch.randn(n, 3)
+        for i in (n - 1, -n, n, n + 2, -n - 1):
+            index = torch.tensor([0, i])
+            expected, error = _eager_or_error(rows, x, index)
+            if error is None:
+                torch.testing.assert_close(compiled(x, index), expected)
+            else:
+                with pytest.raises(IndexError, match=re.escape(str(error))):
+                    compiled(x, index)
+    stats = torchtpu_compile.stats()["buckets"]
+    assert stats["exact_shape_compiles"] == 0 and stats["compiles"] == 2
+
+
 def test_literal_indices_in_range_are_checked_on_the_host_once():
     # Masks and position ids built from arange: folded on the host, found in range, and no
     # check is left in the program. An index that is a literal out of range still raises.

@@ -12,6 +12,7 @@ from torch import nn
 import torchtpu_compile
 from tests.support.helpers import compile_tpu
 from torchtpu_compile import config
+from torchtpu_compile.program import run as program_run
 from torchtpu_compile.runtime import transfer
 
 UPLOADS = ("aliased", "unaligned", "copied")
@@ -42,6 +43,8 @@ def _net(upload: str, monkeypatch) -> Net:
         net.scale = _unaligned(net.scale)
     elif upload == "copied":  # as on TPU and GPU: no upload is ever the host memory
         monkeypatch.setattr(transfer, "upload", _copying(transfer.upload))
+        # nor a result (a host copy there): no input takes a result's memory
+        monkeypatch.setattr(program_run, "adopt", lambda *args: False)
     return net
 
 
@@ -301,3 +304,30 @@ def test_state_a_graph_writes_in_place_is_resident_and_never_stale(upload, monke
     assert transfer.resident_count() - before == resident
     # a copy is never kept: the unaligned cache's, every one when uploads copy
     assert resident == {"aliased": 2, "unaligned": 1, "copied": 0}[upload]
+
+
+def test_state_a_graph_writes_in_place_takes_its_new_value_with_no_copy():
+    # A static KV cache's new value is not copied back into it after each decode step (the
+    # whole cache, aot_autograd's epilogue): the cache takes the result's memory, which is
+    # then its resident buffer. Where something else sees its memory (a view, a numpy array),
+    # it is copied as eager would, and every holder reads eager's values.
+    make = compile_tpu(lambda x: torch.zeros(6, 4) + x)
+    cache, count = make(torch.zeros(())), torch.zeros((), dtype=torch.int64)
+    expected, expected_count = cache.clone(), count.clone()
+    step = compile_tpu(_write_state)
+    moved, place = [], cache.data_ptr()
+    for i in range(6):
+        if i == 3:
+            view, array = cache[2:], cache.numpy()  # holders: from here on, copies
+        pos, new = torch.tensor([i]), _new((1, 4), i)
+        torch.testing.assert_close(step(cache, count, pos, new),
+                                   _write_state(expected, expected_count, pos, new),
+                                   rtol=0, atol=0)
+        torch.testing.assert_close((cache, count), (expected, expected_count), rtol=0, atol=0)
+        moved.append(cache.data_ptr() != place)
+        place = cache.data_ptr()
+        if i >= 3:
+            torch.testing.assert_close(view, expected[2:], rtol=0, atol=0)
+            np.testing.assert_array_equal(array, expected.numpy())
+    # steps 0-2 moved the cache into their result; 3-5 copied into the memory held
+    assert moved == [True, True, True, False, False, False]

@@ -89,6 +89,8 @@ def _host_values(buffer) -> list:
 def _first_failure(codes: list, specs: list):
     for (bad, value), spec in zip(codes, specs):
         if bad:
+            if spec["size"] is None:  # known at run time only: the flag is 1 + the size
+                spec = {**spec, "size": bad - 1}
             return spec, value
     return None
 

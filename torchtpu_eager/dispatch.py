@@ -555,6 +555,8 @@ def run_host_value(func, args, kwargs):
 @handles(aten.copy_.default)
 def copy_(func, args, kwargs):
     dst, src = args[0], args[1]
+    if dst is src:  # a no-op in PyTorch (a donated input handed back: program/donation.py)
+        return dst
     if type(dst) is not TpuTensor:  # tpu -> host
         return dst.copy_(to_cpu(src), **kwargs)
     if type(src) is not TpuTensor:  # host -> tpu: convert on the host, then one upload

@@ -142,7 +142,8 @@ def _check_view_slot(value, where):
         raise _Invalid(f"{where}.ops", f"not view steps ({type(exc).__name__}: {exc})") from exc
 
 
-INDEX_CHECK = record({"op": string, "dim": integer, "size": integer},
+# size None: a bucket's dynamic dim, its size known at run time (lower/index_checks.py)
+INDEX_CHECK = record({"op": string, "dim": integer, "size": nullable(integer)},
                      {"where": nullable(string), "entry": nullable(integer)})
 
 

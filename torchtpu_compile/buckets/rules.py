@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from ..lower.index_checks import INDEX_CHECK
+from ..lower.index_checks import INDEX_CHECK, INDEX_CHECK_REAL
 from .layout import Dim, NotPaddable, dim_mask, evaluate, is_symbolic, prefix, sym_expr, \
     view_layout
 
@@ -732,11 +732,16 @@ def topk(ctx, node, x, k, dim=-1, largest=True, sorted=True):
 def index_check(ctx, node, index, size, dim, wraps, op, ignore=None):
     # lower/index_checks.py's mark. Only real indices are checked: the padding holds whatever
     # the padded computation left there, replaced by an index in range. Indexing along a
-    # dynamic dim is checked against the bucket's size (an index between the real size and
-    # the bucket's is not caught).
-    bound = size.pad if isinstance(size, Size) else size
+    # dynamic dim is checked against its real size (an input of the program), as eager
+    # checks it: an index between the real size and the bucket's raises too.
     fill = ignore if ignore is not None else 0
-    checked = INDEX_CHECK(ctx.fill(index, fill), bound, dim, wraps, op, ignore)
+    index_tensor = ctx.fill(index, fill)
+    if isinstance(size, Size):
+        real = size.real if isinstance(size.real, torch.Tensor) else \
+            torch.tensor(int(size.real), dtype=torch.int64)
+        checked = INDEX_CHECK_REAL(index_tensor, real, dim, wraps, op, ignore)
+    else:
+        checked = INDEX_CHECK(index_tensor, size, dim, wraps, op, ignore)
     return Padded(checked, index.layout)
 
 

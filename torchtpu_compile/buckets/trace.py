@@ -68,7 +68,7 @@ def analyze(gm: fx.GraphModule, known_layouts: dict) -> InputSpec:
             if layout is None:
                 layout = []
                 for expr in shape:
-                    if isinstance(expr, sympy.Symbol):
+                    if isinstance(expr, sympy.Symbol) or _grows_with_its_symbol(expr):
                         layout.append(prefix(expr))
                     elif is_symbolic(expr):
                         raise NotPaddable(f"input {node.name} has a dim {expr} whose padded "
@@ -101,6 +101,27 @@ def analyze(gm: fx.GraphModule, known_layouts: dict) -> InputSpec:
         raise NotPaddable(f"size symbols {sorted(map(str, unbound))} are bound by no input")
     symbols = sorted(binding, key=str)
     return InputSpec(kinds, layouts, symbols, binding)
+
+
+def _grows_with_its_symbol(expr) -> bool:
+    """Whether an input's dim ``expr`` is ``a * s + c`` (ints ``a >= 1`` and ``c``, one
+    symbol ``s``): a mask one longer than its cache (``s + 1``). Padded to its value at
+    ``s``'s bucket, its real elements are a prefix (``a * n + c <= a * P + c``), as a
+    symbol's are, so it shares ``s``'s bucket.
+
+    Example::
+
+        _grows_with_its_symbol(s0 + 1)      # True
+        _grows_with_its_symbol(8 - s0)      # False: it shrinks as s0 grows
+    """
+    if not is_symbolic(expr) or len(expr.free_symbols) != 1:
+        return False
+    [symbol] = expr.free_symbols
+    poly = sympy.Poly(expr, symbol) if expr.is_polynomial(symbol) else None
+    if poly is None or poly.degree() != 1:
+        return False
+    a, c = poly.all_coeffs()
+    return a.is_Integer and c.is_Integer and a >= 1
 
 
 def _fits(layout, shape) -> bool:

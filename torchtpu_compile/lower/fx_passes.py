@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from .index_checks import INDEX_CHECK
+from .index_checks import INDEX_CHECK, INDEX_CHECK_REAL
 
 aten = torch.ops.aten
 _PASSES: list = []
@@ -223,7 +223,7 @@ def fold_literal_expressions(gm):
         if not isinstance(value, torch.Tensor):
             continue
         known[node] = value
-        if node.target is INDEX_CHECK:
+        if node.target in (INDEX_CHECK, INDEX_CHECK_REAL):
             # A literal index that the host found in range (index_checks.py): nothing to check
             # at run time (masks built from arange, position ids).
             node.replace_all_uses_with(node.args[0])

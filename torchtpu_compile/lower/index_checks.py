@@ -60,6 +60,23 @@ def _index_check_fake(index, size, dim, wraps, op, ignore=None):
 INDEX_CHECK = torch.ops.torchtpu.index_check.default
 
 
+@torch.library.custom_op("torchtpu::index_check_real", mutates_args=())
+def index_check_real(index: torch.Tensor, size: torch.Tensor, dim: int, wraps: bool, op: str,
+                     ignore: int | None = None) -> torch.Tensor:
+    """``index_check`` against a size known only at run time (``size``, a 0-d int64 tensor):
+    a padded graph's dynamic dim, whose real size a bucket's program takes as an input
+    (``buckets/rules.py``). Lowered as ``index_check`` is, its row holding 1 + the size."""
+    return index_check(index, int(size), dim, wraps, op, ignore)
+
+
+@index_check_real.register_fake
+def _index_check_real_fake(index, size, dim, wraps, op, ignore=None):
+    return torch.empty_like(index)
+
+
+INDEX_CHECK_REAL = torch.ops.torchtpu.index_check_real.default
+
+
 def _out_of_range(flat, size: int, wraps: bool, ignore):
     bad = (flat < (-size if wraps else 0)) | (flat >= size)
     if ignore is not None:
@@ -264,12 +281,34 @@ def _first_out_of_range(shape: tuple, dtype, size: int, wraps: bool, ignore) -> 
         return make_fx(first, tracing_mode="fake")(torch.empty(shape, dtype=dtype))
 
 
-def _insert(graph: fx.Graph, check: fx.GraphModule, index: fx.Node) -> fx.Node:
+@functools.lru_cache(maxsize=512)
+def _first_out_of_real_range(shape: tuple, dtype, wraps: bool, ignore) -> fx.GraphModule:
+    """A graph: (index, size: int64[]) -> int64[2], (1 + size, the first index out of range)
+    or (0, 0): the size is only known at run time, and eager's message names it."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def first(index, size):
+        flat = index.reshape(-1).to(torch.int64)
+        count = flat.shape[0]
+        bad = _out_of_range(flat, size, wraps, ignore)
+        positions = torch.arange(count, dtype=torch.int64)
+        first_bad = torch.where(bad, positions, count).amin()
+        value = torch.where(positions == first_bad, flat, 0).sum()
+        return torch.stack([torch.where(first_bad < count, size + 1, 0), value])
+
+    with torch._guards.tracing(None), unset_fake_temporarily():
+        return make_fx(first, tracing_mode="fake")(torch.empty(shape, dtype=dtype),
+                                                    torch.empty((), dtype=torch.int64))
+
+
+def _insert(graph: fx.Graph, check: fx.GraphModule, *inputs: fx.Node) -> fx.Node:
     env: dict = {}
     result = None
+    placeholders = iter(inputs)
     for node in check.graph.nodes:
         if node.op == "placeholder":
-            env[node] = index
+            env[node] = next(placeholders)
         elif node.op == "output":
             result = env[node.args[0]]
         else:
@@ -298,18 +337,24 @@ def lower_marks(gm: fx.GraphModule, check: bool = True):
     """
     graph = gm.graph
     pairs, specs = [], []
-    for node in [n for n in graph.nodes if n.op == "call_function" and n.target is INDEX_CHECK]:
+    for node in [n for n in graph.nodes if n.op == "call_function" and
+                 n.target in (INDEX_CHECK, INDEX_CHECK_REAL)]:
         index, size, dim, wraps, op, *rest = node.args
         ignore = rest[0] if rest else node.kwargs.get("ignore")
         node.replace_all_uses_with(index)
         val = index.meta.get("val")
-        if check and isinstance(size, int) and \
+        real = node.target is INDEX_CHECK_REAL  # size: a node, the dim's size at run time
+        if check and (real or isinstance(size, int)) and \
                 isinstance(val, torch.Tensor) and all(isinstance(s, int) for s in val.shape):
             with graph.inserting_before(node):
-                pairs.append(_insert(graph, _first_out_of_range(
-                    tuple(val.shape), val.dtype, size, wraps, ignore), index))
-            specs.append({"op": op, "dim": dim, "size": size, "where": _where(node),
-                          "entry": node.meta.get("torchtpu_entry")})
+                if real:  # the row's flag is 1 + the size (index_errors reads it)
+                    pairs.append(_insert(graph, _first_out_of_real_range(
+                        tuple(val.shape), val.dtype, wraps, ignore), index, size))
+                else:
+                    pairs.append(_insert(graph, _first_out_of_range(
+                        tuple(val.shape), val.dtype, size, wraps, ignore), index))
+            specs.append({"op": op, "dim": dim, "size": None if real else size,
+                          "where": _where(node), "entry": node.meta.get("torchtpu_entry")})
         graph.erase_node(node)
     if not pairs:
         return None, []

@@ -116,7 +116,10 @@ class DonatingProgram:
             nbytes = 0
             for i in donating:
                 tensor = args[i]
-                DONORS[type(tensor)][1](tensor, outputs[self.candidates[i][2]])
+                graph_output = self.candidates[i][2]
+                DONORS[type(tensor)][1](tensor, outputs[graph_output])
+                # The input is its new value now: aot_autograd's copy_ of it is a no-op.
+                outputs[graph_output] = tensor
                 nbytes += tensor.numel() * tensor.element_size()
             COUNTERS.add("donated_inputs", len(donating))
             COUNTERS.add("donated_bytes", nbytes)
@@ -136,3 +139,26 @@ class DonatingProgram:
                                  for i in donating})
         self._programs[donating] = program
         return donating, program
+
+
+def host_adoptions(program, mutated_inputs) -> tuple:
+    """(argument, result) pairs for ``Program.adopt_inputs``: each mutated input
+    (``mutated_inputs``: (graph input, graph output) pairs) whose new value is a program result
+    that no other output shows. At run time a host input then takes its result's memory
+    (``transfer.adopt``) instead of aot_autograd copying the whole new value into it.
+
+    Example::
+
+        program.adopt_inputs(host_adoptions(program, ((2, 0),)))     # ((2, 0),) or ()
+    """
+    slots = program.slots
+    if not mutated_inputs or program.executable is None:
+        return ()
+    if slots is None:
+        return tuple(mutated_inputs)
+    shown = collections.Counter(slot.index for slot in slots if slot.kind == "program" or (
+        slot.kind == "view" and slot.value.get("of") == "program"))
+    return tuple((graph_input, slots[graph_output].index)
+                 for graph_input, graph_output in mutated_inputs
+                 if graph_output < len(slots) and slots[graph_output].kind == "program"
+                 and shown[slots[graph_output].index] == 1)

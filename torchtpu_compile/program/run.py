@@ -32,7 +32,7 @@ from ..runtime import memory
 from ..runtime.client import get_client
 from ..runtime.device_tensors import WRAPPERS
 from ..runtime.executable import compile_stablehlo
-from ..runtime.transfer import host_tensors, to_buffer, to_buffers, wrapper_for
+from ..runtime.transfer import adopt, host_tensors, to_buffer, to_buffers, wrapper_for
 
 
 class Program:
@@ -79,6 +79,9 @@ class Program:
         self._on_device: dict = {}   # device type -> (result wrappers, defer checks)
         self._wrap, self._defer_checks, self._host = None, False, False
         self._plan = None            # (argument index, resident) per input, from the first call
+        # (argument, result) pairs: host inputs the graph writes in place that may take their
+        # result's memory instead of a copy of it (``adopt_inputs``).
+        self._adopt = ()
         if result_devices is not None:
             # Every result a host tensor (no device's own tensors), but the index checks'
             # output, kept a buffer (a static KV cache's update is checked at every step).
@@ -176,6 +179,8 @@ class Program:
                     kept = out.pop(check)
                     results = host_tensors(out, self.client)
                     results.insert(check, kept)
+                if self._adopt:
+                    self._adopt_results(args, out, results)
             else:
                 if device is None and self._wrap is not None:
                     wrap, defer = self._wrap, self._defer_checks
@@ -185,6 +190,27 @@ class Program:
         if self._direct:
             return results
         return collect_outputs(self.slots, results, args, device, defer_checks=defer)
+
+    def adopt_inputs(self, pairs) -> None:
+        """Host inputs written in place by the program (``pairs``: (argument index, result
+        index), the result being the argument's new value, as aot_autograd's mutated inputs)
+        take the result's memory where nothing else sees theirs (``transfer.adopt``): the
+        argument itself is then returned for that result, so that aot_autograd's copy of the
+        new value into it is a no-op, and its resident buffer is the result's (no whole-cache
+        copy or upload per decode step). CPU client only: elsewhere results are host copies.
+
+        Example::
+
+            program.adopt_inputs([(3, 0)])      # argument 3's new value is result 0
+        """
+        self._adopt = tuple(pairs) if self.client.platform == "cpu" else ()
+
+    def _adopt_results(self, args: list, out: list, results: list) -> None:
+        check = self._check  # its buffer was taken out of ``out``
+        for i, r in self._adopt:
+            tensor = args[i]
+            if adopt(tensor, out[r if check is None or r < check else r - 1], results[r]):
+                results[r] = tensor
 
     def _arg_plan(self, count: int) -> list:
         """(argument index, resident) for each program input (``transfer.to_buffers``): fixed

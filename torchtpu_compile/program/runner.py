@@ -23,6 +23,7 @@ from ..lower.calling_convention import pin_rng_state_sizes
 from ..lower.precision import resolve_precision
 from ..runtime.client import get_client
 from .build import build_program
+from .donation import host_adoptions
 
 _graph_ids = itertools.count()
 
@@ -104,6 +105,10 @@ class GraphRunner:
                 program = build_program(gm, precision=precision, name=label,
                                         resident_inputs=self.resident_inputs,
                                         mutated_inputs=self.mutated_inputs)
+            base = getattr(program, "base", program)  # a DonatingProgram's first
+            if self.mutated_inputs and hasattr(base, "adopt_inputs"):
+                # a static KV cache: no copy of its new value back (donation.py)
+                base.adopt_inputs(host_adoptions(base, self.mutated_inputs))
             counters.record_compile(self.name, exact_shape=self._bucketed is False)
             self._programs[key] = program
         return program

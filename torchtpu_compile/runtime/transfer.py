@@ -39,8 +39,9 @@ from . import memory
 from .client import get_client
 from .device_tensors import READERS, WRAPPERS
 
-# id(tensor) -> (weakref, layout, buffer) for buffers that alias their tensor's memory; layout
-# is (data_ptr, shape, strides, dtype) at upload. Cleared when the tensor dies.
+# id(tensor) -> (weakref, layout, buffer, adopted) for buffers that alias their tensor's
+# memory; layout is (data_ptr, shape, strides, dtype) at upload; adopted: the tensor's memory
+# is the buffer's (``adopt``), not an upload's numpy view. Cleared when the tensor dies.
 _resident: dict = {}
 # (weakref to the buffer, host tensor) of each asynchronous upload since the last wait_uploads:
 # its source, kept from reuse until the transfer is known to be done.
@@ -257,8 +258,60 @@ def to_buffer(tensor: torch.Tensor, resident: bool = False, client=None):
         return buf
     if entry is None:
         weakref.finalize(tensor, _resident.pop, key, None)
-    _resident[key] = (weakref.ref(tensor), layout, buf)
+    _resident[key] = (weakref.ref(tensor), layout, buf, False)
     return buf
+
+
+_storage_use_count = torch._C._storage_Use_Count
+
+
+def adopt(tensor: torch.Tensor, buffer, result: torch.Tensor) -> bool:
+    """Make host tensor ``tensor`` hold ``result`` (a DLPack view of program result ``buffer``,
+    its new value) by taking ``result``'s memory, and keep ``buffer`` as its resident buffer:
+    a compiled graph's input written in place (a static KV cache) then needs neither the copy
+    of its whole new value into it after the call nor an upload at the next.
+
+    Only where nothing can tell the memory moved: a plain CPU tensor on the CPU client, not
+    requiring grad, contiguous, the whole of a storage that nothing else holds (no view, no
+    numpy array, no other tensor: storage use counts tell). False (nothing done) otherwise;
+    the caller copies as eager would.
+
+    Example::
+
+        if adopt(cache, out_buffer, new_cache):   # cache.data_ptr() == new_cache.data_ptr()
+            new_cache = cache                     # aot_autograd's copy_ is then a no-op
+    """
+    key = id(tensor)
+    entry = _resident.get(key)
+    if entry is not None and entry[3] and entry[0]() is tensor and entry[1] == (
+            tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype):
+        # Adopted at the last call, its layout unchanged since (the steady decode step): only
+        # a new holder of its memory (a view, a numpy array made since) would say no.
+        if type(result) is not _Tensor or result.shape != tensor.shape or \
+                result.dtype != tensor.dtype or \
+                _storage_use_count(tensor.untyped_storage()._cdata) != 2:
+            return False
+        tensor.set_(result)
+        _resident[key] = (entry[0], (result.data_ptr(), *entry[1][1:]), buffer, True)
+        return True
+    if type(tensor) is not _Tensor or type(result) is not _Tensor or tensor.requires_grad \
+            or not tensor.is_cpu or result.dtype != tensor.dtype \
+            or result.shape != tensor.shape or not tensor.is_contiguous() \
+            or not result.is_contiguous() or tensor.storage_offset():
+        return False
+    layout = (tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype)
+    # Holders of the storage we know: the tensor, the probe below, and an upload's numpy view
+    # where the resident buffer is one (``to_buffer``).
+    known = 3 if entry is not None and entry[1] == layout and entry[0]() is tensor else 2
+    storage = tensor.untyped_storage()
+    if storage.nbytes() != result.nbytes or _storage_use_count(storage._cdata) != known:
+        return False
+    del storage
+    tensor.set_(result)
+    if entry is None or entry[0]() is not tensor:
+        weakref.finalize(tensor, _resident.pop, key, None)
+    _resident[key] = (weakref.ref(tensor), (result.data_ptr(), *layout[1:]), buffer, True)
+    return True
 
 
 _Tensor = torch.Tensor
