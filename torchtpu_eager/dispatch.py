@@ -455,7 +455,8 @@ def _fast_plan(entry: _Compiled, args):
             return False
         results = ()
     else:
-        if not plan or any(kind != "fresh" for kind, _ in plan) or any(counts):
+        if not plan or any(kind != "fresh" for kind, _ in plan) or any(counts) or \
+                len(graph.out_meta) != len(plan):  # (an empty list also counts 0 tensors)
             return False
         results = tuple((shape, dtype, _numel(shape), contiguous_strides(shape))
                         for shape, dtype in graph.out_meta)
