@@ -131,3 +131,15 @@ def test_views_from_the_geometry_cache_match_cpu():
                 assert (g.shape, g.stride(), g.storage_offset()) == \
                     (w.shape, w.stride(), w.storage_offset())
                 assert g._st is x._st
+
+
+def test_dead_storages_leave_the_live_set():
+    # Storages are tracked without a death callback (one Python call less per op): dead
+    # references must still be swept, or the set grows with every op ever run.
+    from torchtpu_eager import storage
+    kept = storage.Storage(None, (1,), torch.float32, 1)
+    for _ in range(20000):
+        storage.Storage(None, (1,), torch.float32, 1)
+    assert len(storage._live) < 10000
+    live = storage.live_storages()
+    assert any(s is kept for s in live) and len(storage._live) == len(live)
