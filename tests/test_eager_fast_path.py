@@ -4,6 +4,7 @@ import sys
 
 import torch
 
+import torchtpu_compile
 import torchtpu_eager  # noqa: F401
 from torchtpu_eager import dispatch
 
@@ -69,3 +70,76 @@ def test_debug_and_defer_modes_do_not_take_the_fast_path():
         torch.testing.assert_close((y + 0.0).cpu(), host.sin())
     finally:
         torch.tpu.set_eager_mode("strict")
+
+
+def test_in_place_and_matmul_ops_take_the_fast_path():
+    # 25 and 27 Python calls before: an in-place add and a matmul took the general path.
+    torch.tpu.set_eager_mode("strict")
+    x, w = torch.randn(64).to(TPU), torch.randn(8, 8).to(TPU)
+    with torchtpu_compile.config.patch(matmul_precision="highest"):
+        assert _python_calls(lambda: x.add_(1.0)) <= 16
+        assert _python_calls(lambda: w @ w) <= 20
+
+
+def test_fast_in_place_and_multi_output_values_match_cpu():
+    torch.tpu.set_eager_mode("strict")
+    host = torch.randn(2, 3)
+    x = host.to(TPU)
+    alias = x.view(6)
+    for _ in range(3):  # planned on the first, fast on the next
+        out = x.mul_(2.0)
+        assert out is x
+        host.mul_(2.0)
+    x[0].add_(1.0)  # a view as the written tensor: through the storage, like any write
+    host[0].add_(1.0)
+    torch.testing.assert_close(alias.cpu(), host.view(6))
+    for _ in range(3):
+        values, indices = torch.max(x, dim=1)
+    expected = torch.max(host, dim=1)
+    torch.testing.assert_close(values.cpu(), expected.values)
+    torch.testing.assert_close(indices.cpu(), expected.indices)
+    assert values.shape == (2,) and indices.dtype == torch.int64
+
+
+def test_fast_matmul_follows_the_matmul_precision():
+    # The program of a matmul depends on the precision: a plan made under one must not run
+    # under another (medium rounds the operands to bf16 on every platform).
+    torch.tpu.set_eager_mode("strict")
+    a, b = torch.randn(16, 16), torch.randn(16, 16)
+    at, bt = a.to(TPU), b.to(TPU)
+    errors = []
+    for precision in ("highest", "highest", "medium", "medium", "highest"):
+        with torchtpu_compile.config.patch(matmul_precision=precision):
+            errors.append(((at @ bt).cpu() - a @ b).abs().max().item())
+    assert max(errors[0], errors[1], errors[4]) < 1e-4
+    assert min(errors[2], errors[3]) > 1e-3
+
+
+def test_views_from_the_geometry_cache_match_cpu():
+    # A view's geometry is decided once per call key: the second call of each takes it from
+    # the cache, with one or several results, over the base's storage. (Geometry only: the
+    # values of a view are read through its storage as before, test_eager_device.)
+    host = torch.randn(4, 6)
+    x = host.to(TPU)
+    for _ in range(2):
+        for view in (lambda t: t.split(2, dim=1), lambda t: t.unbind(0),
+                     lambda t: t.t()[1:3], lambda t: t[:, 2], lambda t: t.expand(2, 4, 6),
+                     lambda t: t.detach()):
+            got, want = view(x), view(host)
+            assert isinstance(got, tuple) == isinstance(want, tuple)
+            for g, w in zip(got, want) if isinstance(want, tuple) else [(got, want)]:
+                assert (g.shape, g.stride(), g.storage_offset()) == \
+                    (w.shape, w.stride(), w.storage_offset())
+                assert g._st is x._st
+
+
+def test_dead_storages_leave_the_live_set():
+    # Storages are tracked without a death callback (one Python call less per op): dead
+    # references must still be swept, or the set grows with every op ever run.
+    from torchtpu_eager import storage
+    kept = storage.Storage(None, (1,), torch.float32, 1)
+    for _ in range(20000):
+        storage.Storage(None, (1,), torch.float32, 1)
+    assert len(storage._live) < 10000
+    live = storage.live_storages()
+    assert any(s is kept for s in live) and len(storage._live) == len(live)

@@ -25,6 +25,7 @@ import torch
 from torchtpu_compile.errors import InvalidInputError, LoweringError
 from torchtpu_compile.kernels.jax_op import kernel_of
 from torchtpu_compile.lower import device_random
+from torchtpu_compile.lower.precision import resolve_precision
 from torchtpu_compile.lower.support import is_written, written_arguments
 from torchtpu_compile.profiling import TORCH_PROFILER, span
 from torchtpu_compile.runtime.client import get_client
@@ -32,9 +33,10 @@ from torchtpu_compile.runtime.client import get_client
 from . import fallback, modes, rng, scalars, views
 from .fuse import Lazy
 from .modes import Strict, concrete
-from .programs import OpGraph, example, trace
+from .programs import OpGraph, _platform, example, trace
 from .storage import Storage
-from .tensor import DEVICE, TpuTensor, _numel, contiguous_strides, dense_tensor, new_tensor
+from .tensor import (DEVICE, TpuTensor, _numel, contiguous_strides, dense_tensor, is_dense,
+                     new_tensor, view_tensor)
 from .transfer import download, from_cpu, to_cpu, upload
 
 aten = torch.ops.aten
@@ -187,7 +189,8 @@ class _Compiled:
     """How to run one op signature: its graph, which leaves it writes, how to rebuild returns;
     ``lifted``: the op's floats are an extra input (``scalars.py``)."""
 
-    __slots__ = ("graph", "mutated", "returns", "n_fresh", "lifted", "single", "result", "fast")
+    __slots__ = ("graph", "mutated", "returns", "n_fresh", "lifted", "single", "result", "fast",
+                 "in_place")
 
     def __init__(self, graph, mutated, returns, n_fresh, lifted=False):
         self.graph, self.mutated, self.returns, self.n_fresh = graph, mutated, returns, n_fresh
@@ -196,6 +199,12 @@ class _Compiled:
         plan, counts = returns
         self.single = (not mutated and len(plan) == 1 and plan[0][0] == "fresh"
                        and counts == [0])
+        # An in-place op (add_, mul_): (signature position, argument index) of the one tensor
+        # it writes and returns, its new value the one output; None for every other op.
+        self.in_place = None
+        if len(mutated) == 1 and n_fresh == 0 and len(plan) == 1 and plan[0][0] == "alias" \
+                and plan[0][1] is not None and plan[0][1][0] == "arg":
+            self.in_place = (mutated[0], plan[0][1][1])
         # The one result's shape, dtype, element count and strides, for every mode's run.
         shape, dtype = graph.out_meta[0] if self.single else ((), None)
         self.result = (shape, dtype, _numel(shape), contiguous_strides(shape))
@@ -417,21 +426,86 @@ def _lifted_entry(func, args, kwargs, tensors, key):
     return known
 
 
-def _fast_plan(entry: _Compiled):
-    """Strict mode's whole run of ``entry``, decided once per signature: (the executable's
-    run, argument indices or None, and the shape, dtype, element count and strides of its one
-    result), or False where a run needs more than that (a written argument, several results,
-    floats as an input, index checks, a program that depends on the matmul precision or
-    rebuilds its outputs)."""
+class _FastPlan:
+    """Strict mode's whole run of one op signature, decided once (``_fast_plan``).
+
+    ``run``: the executable's run; ``indices``: which inputs it takes (None: all, in order);
+    ``results``: (shape, dtype, element count, strides) of each fresh result, in order;
+    ``written``: the signature position of the one argument the op writes (its new value is
+    the last output; the op returns that argument, ``returned``), or None; ``precision``: the
+    matmul precision the program was built for, or None where no precision changes it.
+    """
+
+    __slots__ = ("run", "indices", "results", "written", "returned", "precision", "single")
+
+    def __init__(self, run, indices, results, written, returned, precision):
+        self.run, self.indices, self.results = run, indices, results
+        self.written, self.returned, self.precision = written, returned, precision
+        self.single = written is None and len(results) == 1  # most ops: one new tensor
+
+
+def _fast_plan(entry: _Compiled, args):
+    """The op's ``_FastPlan``, or False where a run needs more than one execute and new
+    tensors: several written arguments, a return that is a list or None, floats as an input,
+    index checks, or a program that rebuilds its outputs (constants, host draws, views)."""
     graph = entry.graph
-    program = graph._any_precision
-    direct = program.direct_run() if program is not None else None
-    if not entry.single or entry.lifted or graph.checked or direct is None:
+    if entry.lifted or graph.checked:
         return False
+    precision = None
+    program = graph._any_precision
+    if program is None:  # depends on the matmul precision: the one it was built for now
+        precision = resolve_precision(_platform())
+        program = graph._by_precision.get(precision)
+    direct = program.direct_run() if program is not None else None
+    if direct is None:
+        return False
+    plan, counts = entry.returns
+    written = returned = None
+    if entry.mutated:
+        if entry.in_place is None:
+            return False
+        written, returned = entry.in_place
+        if type(args[returned]) is not TpuTensor:
+            return False
+        results = ()
+    else:
+        if not plan or any(kind != "fresh" for kind, _ in plan) or any(counts) or \
+                len(graph.out_meta) != len(plan):  # (an empty list also counts 0 tensors)
+            return False
+        results = tuple((shape, dtype, _numel(shape), contiguous_strides(shape))
+                        for shape, dtype in graph.out_meta)
     run, indices = direct
     if indices is not None and list(indices) == list(range(len(graph.placeholders))):
         indices = None  # every argument, in order: no list to build per run
-    return (run, indices, *entry.result)
+    return _FastPlan(run, indices, results, written, returned, precision)
+
+
+def _write_in_place(target: TpuTensor, value, mode) -> None:
+    """``views.write(target, value)``, its common case inline (a dense tensor)."""
+    storage = target._st
+    if target._dense and not storage.freed:
+        storage.value = value
+        storage.shape = target._shape
+        mode.note_write(storage)
+    else:
+        views.write(target, value)
+
+
+def _fast_results(fast: _FastPlan, outputs: list, tensors: list, args):
+    """The op's return from its outputs, for the fast path's ops other than one fresh result:
+    a written argument (its new value stored) or several fresh results."""
+    written = fast.written
+    if written is not None:
+        target = tensors[written]
+        storage = target._st
+        if target._dense and not storage.freed:  # _write_in_place, inline (strict notes none)
+            storage.value = outputs[0]
+            storage.shape = target._shape
+        else:
+            views.write(target, outputs[0])
+        return args[fast.returned]
+    return tuple([dense_tensor(Storage(out, shape, dtype, numel), shape, strides)
+                  for out, (shape, dtype, numel, strides) in zip(outputs, fast.results)])
 
 
 def run_op(func, args, kwargs):
@@ -447,25 +521,34 @@ def run_op(func, args, kwargs):
     values = _input_values(tensors)
     fast = entry.fast
     if fast and type(modes._current) is Strict and not TORCH_PROFILER._is_profiler_enabled:
-        # The per-op fast path: one execute, one new tensor, nothing else decided again.
-        run, indices, shape, dtype, numel, strides = fast
-        for value in values:
-            if type(value) is Lazy:  # left by defer-and-fuse mode: run its recording first
-                values = [concrete(v) for v in values]
-                break
-        outputs = run(values if indices is None else [values[i] for i in indices])
-        return dense_tensor(Storage(outputs[0], shape, dtype, numel), shape, strides)
+        # The per-op fast path: one execute, new tensors, nothing else decided again.
+        if fast.precision is None or fast.precision == resolve_precision(_platform()):
+            for value in values:
+                if type(value) is Lazy:  # left by defer-and-fuse mode: run its recording
+                    values = [concrete(v) for v in values]
+                    break
+            indices = fast.indices
+            outputs = fast.run(values if indices is None else [values[i] for i in indices])
+            if fast.single:
+                shape, dtype, numel, strides = fast.results[0]
+                return dense_tensor(Storage(outputs[0], shape, dtype, numel), shape, strides)
+            return _fast_results(fast, outputs, tensors, args)
+        entry.fast = fast = None  # another matmul precision: plan again after this run
     if entry.lifted:
         values.append(upload(torch.tensor(scalars.collect(args, kwargs), dtype=torch.float32)))
     mode = modes._current or modes.current()
     outputs = mode.apply(entry.graph, values)
     if fast is None and type(mode) is Strict:
-        entry.fast = _fast_plan(entry)
+        entry.fast = _fast_plan(entry, args)
     if entry.single:  # one fresh tensor, nothing written: most ops
         shape, dtype, numel, strides = entry.result
         storage = Storage(outputs[0], shape, dtype, numel)
         mode.note_write(storage)
         return dense_tensor(storage, shape, strides)
+    in_place = entry.in_place
+    if in_place is not None and type(tensors[in_place[0]]) is TpuTensor:
+        _write_in_place(tensors[in_place[0]], outputs[0], mode)
+        return args[in_place[1]]
     n_fresh = entry.n_fresh
     for leaf, value in zip(entry.mutated, outputs[n_fresh:]):
         views.write(tensors[leaf], value)
@@ -482,29 +565,57 @@ def _meta_view(t: TpuTensor) -> torch.Tensor:
         t._shape, t.stride(), t.storage_offset())
 
 
-def run_view(func, args, kwargs):
-    base = args[0]
-    if type(base) is not TpuTensor:
-        return run_op(func, args, kwargs)
-    storage = base._st
-    meta = _meta_view(base)
-    out = func(meta, *args[1:], **kwargs)
+_view_geometry: dict = {}   # a view call's key (_view_key) -> its results' geometry, or None
 
-    def wrap(m):
+
+def _view_key(func, args, kwargs, base: TpuTensor):
+    """What a view's geometry depends on: the op and its arguments (``signature``), and how the
+    base views its storage."""
+    key, _ = signature(func, args, kwargs)
+    return key, base.stride(), base.storage_offset(), base._st.numel
+
+
+def _geometry_of_view(func, args, kwargs, base: TpuTensor):
+    """(size, stride, offset, dense) of each result of view op ``func`` on ``base`` (one, or a
+    list or tuple of them), from a meta tensor viewing a storage as ``base`` does; None where
+    the result cannot be a view of the storage."""
+    storage = base._st
+    out = func(_meta_view(base), *args[1:], **kwargs)
+
+    def geometry(m):
         if m.dtype != storage.dtype:  # view(dtype) reinterprets bits: compute it instead
             raise _NotAView
         if m.is_conj() or m.is_neg():
             # conj()/_neg_view only set a bit that our storage views cannot carry: compute
             # the conjugated (negated) values instead, or every later read would miss it.
             raise _NotAView
-        return TpuTensor(storage, m.shape, m.stride(), m.storage_offset())
+        size, stride, offset = tuple(m.shape), tuple(m.stride()), m.storage_offset()
+        return size, stride, offset, is_dense(size, stride, offset, storage.numel)
 
     try:
         if isinstance(out, (list, tuple)):
-            return type(out)(wrap(m) for m in out)
-        return wrap(out)
+            return type(out)(geometry(m) for m in out)
+        return geometry(out)
     except _NotAView:
+        return None
+
+
+def run_view(func, args, kwargs):
+    base = args[0]
+    if type(base) is not TpuTensor:
         return run_op(func, args, kwargs)
+    # The geometry is decided once per view call's key: the meta tensors that give it cost
+    # three dispatches, and views are a third of a training step's ops (t, detach, view).
+    key = _view_key(func, args, kwargs, base)
+    geometry = _view_geometry.get(key, _view_geometry)
+    if geometry is _view_geometry:
+        geometry = _view_geometry[key] = _geometry_of_view(func, args, kwargs, base)
+    if geometry is None:
+        return run_op(func, args, kwargs)
+    storage = base._st
+    if geometry and type(geometry[-1]) is bool:  # one result: (size, stride, offset, dense)
+        return view_tensor(storage, *geometry)
+    return type(geometry)(view_tensor(storage, *g) for g in geometry)  # split, unbind
 
 
 class _NotAView(Exception):

@@ -88,7 +88,9 @@ class _Recording:
             self.locations[entry] = caller_location()
         self.graphs.append(graph)
         self.refs.append(tuple(refs))
-        outs = [Lazy(self, entry, j) for j in range(len(graph.out_meta))]
+        count = len(graph.out_meta)
+        outs = [Lazy(self, entry, 0)] if count == 1 else \
+            [Lazy(self, entry, j) for j in range(count)]
         self.outputs.append(outs)
         return outs
 
@@ -188,10 +190,19 @@ class DeferAndFuse:
         graph.check_lowers()
 
     def apply(self, graph: OpGraph, values: list) -> list:
-        if self._should_cut(graph.id):
-            self.flush(extra=values)
-        self._last_seen[graph.id] = len(self._ids)
-        self._ids.append(graph.id)
+        gid = graph.id
+        last_seen = self._last_seen
+        # An op not seen since the last cut, with no block being matched, cuts only at the
+        # limits: checked here, a call less for it (_should_cut).
+        if gid in last_seen or self._block is not None or \
+                len(self.recording.graphs) >= self.max_ops or \
+                len(self.recording.inputs) >= self.max_inputs:
+            if self._should_cut(gid):
+                self.flush(extra=values)
+                last_seen = self._last_seen
+        ids = self._ids
+        last_seen[gid] = len(ids)
+        ids.append(gid)
         return self.recording.record(graph, values)
 
     def note_write(self, storage) -> None:

@@ -14,11 +14,22 @@ from __future__ import annotations
 
 import weakref
 
-_live: weakref.WeakSet[Storage] = weakref.WeakSet()
-# WeakSet.add without its Python frame (one per storage: every eager op makes one). Removals
-# still go through the set's own callback, and add() committed nothing an iteration defers:
-# the iteration guard commits those itself when it ends.
-_live_add, _live_remove, _ref = _live.data.add, _live._remove, weakref.ref
+# Weak references to every storage made, without a callback: a WeakSet's removal callback was a
+# Python call at every storage's death (every eager op makes one). The dead references are
+# dropped in bulk when the set has doubled since the last sweep, and by live_storages().
+_live: set = set()
+_live_add, _ref = _live.add, weakref.ref
+_sweep_at = [4096]
+
+
+def _sweep() -> list:
+    """Drop the dead references; the live storages. (A copy is iterated: another thread may
+    add a storage meanwhile, and copying the set is one step under the GIL.)"""
+    refs = list(_live)
+    storages = [ref() for ref in refs]
+    _live.difference_update([ref for ref, storage in zip(refs, storages) if storage is None])
+    _sweep_at[0] = max(4096, 2 * len(_live))
+    return [storage for storage in storages if storage is not None]
 
 
 class Storage:
@@ -33,7 +44,9 @@ class Storage:
         self.numel = numel
         self.nbytes = numel * dtype.itemsize
         self.freed = False
-        _live_add(_ref(self, _live_remove))
+        _live_add(_ref(self))
+        if len(_live) > _sweep_at[0]:
+            _sweep()
 
     def resize_bytes(self, nbytes: int) -> None:
         """Free (``nbytes == 0``) or re-allocate (its full size) this storage's memory.
@@ -59,4 +72,4 @@ class Storage:
 
 def live_storages() -> list:
     """Every storage still referenced by a tensor (for synchronize and flushes)."""
-    return list(_live)
+    return _sweep()

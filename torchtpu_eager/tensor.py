@@ -67,9 +67,7 @@ class TpuTensor(torch.Tensor):
         self._shape = size
         if contiguous is None:
             contiguous = contiguous_strides(size)
-        # Dense: this tensor is its whole storage, in order (the common case, read directly).
-        self._dense = offset == 0 and (stride == contiguous or storage.numel <= 1) and \
-            (size == storage.shape or _numel(size) == storage.numel)
+        self._dense = is_dense(size, stride, offset, storage.numel, contiguous)
 
     def _restride(self, size, stride, offset: int) -> None:
         """Give this tensor a new view of its storage, in place (``t_``, ``unsqueeze_``)."""
@@ -138,6 +136,19 @@ class TpuTensor(torch.Tensor):
         return reduce(self)
 
 
+def is_dense(size: tuple, stride: tuple, offset: int, numel: int, contiguous=None) -> bool:
+    """Whether a view (``size``, ``stride``, ``offset``) of a storage of ``numel`` elements is
+    the whole storage, in order (the common case, read directly).
+
+    Example::
+
+        is_dense((2, 3), (3, 1), 0, 6)      # True
+    """
+    if offset != 0 or _numel(size) != numel:
+        return False
+    return numel <= 1 or stride == (contiguous or contiguous_strides(size))
+
+
 def _numel(shape) -> int:
     numel = 1
     for n in shape:
@@ -162,6 +173,24 @@ def dense_tensor(storage: Storage, shape: tuple, strides: tuple) -> TpuTensor:
 
 
 _make_wrapper = torch.Tensor._make_wrapper_subclass
+
+
+def view_tensor(storage: Storage, shape: tuple, strides: tuple, offset: int,
+                dense: bool) -> TpuTensor:
+    """A tpu tensor viewing ``storage`` with a geometry decided before (``dense``: as
+    ``is_dense`` says of it): ``TpuTensor(storage, shape, strides, offset)`` with nothing
+    computed again (the eager device's views).
+
+    Example::
+
+        t = view_tensor(storage, (3, 2), (1, 3), 0, False)     # a transpose of a (2, 3)
+    """
+    t = _make_wrapper(TpuTensor, shape, strides=strides, storage_offset=offset,
+                      dtype=storage.dtype, device=DEVICE, requires_grad=False)
+    t._st = storage
+    t._shape = shape
+    t._dense = dense
+    return t
 
 
 def new_tensor(value, shape, dtype, requires_grad: bool = False) -> TpuTensor:
