@@ -129,8 +129,7 @@ FAST_TRANSFORMERS = ("gpt2", "llama", "bert", "vit")
 
 
 @pytest.mark.parametrize("precision, name",
-                         [("highest", n) for n in FAST_TRANSFORMERS] + [("medium", "gpt2"),
-                                                                        ("medium", "vit")],
+                         [("highest", n) for n in FAST_TRANSFORMERS] + [("medium", "gpt2")],
                          indirect=["precision"])
 def test_transformer(precision, name):
     model, inputs = zoo.TRANSFORMERS[name]()

@@ -2,14 +2,11 @@
 reductions over no elements, on the eager tpu device and the compile path, against eager CPU:
 where eager raises (no identity: max, min, argmax, amax, median over a dim, mode, ...) we raise,
 where it returns a value (NaN variance, a median of nothing) we return that value."""
-import subprocess
-import sys
 
 import pytest
 import torch
 
 import torchtpu_eager  # noqa: F401
-from tests.support import python_env
 from tests.support.helpers import compile_tpu
 from torchtpu_compile import config
 
@@ -40,7 +37,7 @@ CASES = {
     "amax over a nonempty dim": (lambda x: x.amax(1), (0, 3)),
 }
 # Cases whose lowering took torch-mlir down (an empty gather: a process abort): each test of
-# them runs in a subprocess (test_medians_in_a_subprocess).
+# them runs in a subprocess (tests/slow/test_decompositions_full.py).
 MEDIANS = {
     "median(dim)": (lambda x: x.median(0), (0, 3)),
     "nanmedian(dim)": (lambda x: x.nanmedian(0), (0, 3)),
@@ -114,38 +111,3 @@ def check_compile_path(name):
             compiled(x)
     else:
         _assert_same_values(_outcome(compiled, x), want)
-
-
-MEDIANS_CHILD = """
-import torch
-import tests.decompositions.test_checks as t
-from tests.support.helpers import compile_tpu
-for name in t.MEDIANS:
-    for path, check in (("tpu", t.check_eager_device), ("compile", t.check_compile_path)):
-        try:
-            check(name)
-            print(path, name, "ok")
-        except AssertionError as exc:
-            print(path, name, "FAIL", str(exc).splitlines()[0])
-for dtype in (torch.float32, torch.float16, torch.float64, torch.int64, torch.int32,
-              torch.int16, torch.uint8):
-    for fn in (torch.median, torch.nanmedian):
-        x = torch.empty(0, 3, dtype=dtype)
-        want = fn(x)
-        for path, got in (("tpu", lambda: fn(x.to("tpu")).cpu()),
-                          ("compile", lambda: compile_tpu(fn, dynamic=False)(x))):
-            got = got()
-            same = torch.equal(got, want) or bool(want.isnan() and got.isnan())
-            print(path, fn.__name__, dtype, "ok" if same else f"FAIL got {got}, eager {want}")
-"""
-
-
-def test_medians_in_a_subprocess():
-    """Medians over an empty dim raise eager's IndexError; the median of nothing is eager's
-    NaN, converted to the dtype as the host converts it."""
-    done = subprocess.run([sys.executable, "-c", MEDIANS_CHILD], capture_output=True,
-                          text=True, timeout=600, env=python_env())
-    lines = done.stdout.splitlines()
-    assert done.returncode == 0 and len(lines) == 34, \
-        f"exit status {done.returncode}\n{done.stdout}{done.stderr[-2000:]}"
-    assert all(line.endswith(" ok") for line in lines), done.stdout

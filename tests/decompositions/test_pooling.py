@@ -22,6 +22,7 @@ def test_max_pool_ceil_mode_values_and_indices(shape, kernel, stride):
 
 
 def test_3d_max_pool_indices_and_adaptive_pools_with_ties_and_nan():
+    # their gradients: tests/slow/test_decompositions_full.py
     F = torch.nn.functional
     x = randn(2, 2, 5, 6, 7)
     x[1, 1, 2, 3, :3] = NAN
@@ -35,6 +36,11 @@ def test_3d_max_pool_indices_and_adaptive_pools_with_ties_and_nan():
                 F.adaptive_avg_pool3d(x, (2, 4, 3)), F.adaptive_avg_pool3d(x[0], (3, 5, 2)))
     check_on_both_paths(pools, x, rtol=1e-5, atol=1e-6)
     check(pools, ties.float(), rtol=1e-5, atol=1e-6)  # eager's pick among equal maxima
+
+
+def check_3d_pool_gradients():
+    """The 3-d pools' backward against eager (tests/slow/test_decompositions_full.py)."""
+    F = torch.nn.functional
 
     def loss(x):
         return (F.max_pool3d(x, 3, stride=2, padding=1).pow(2).sum()

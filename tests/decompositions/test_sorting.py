@@ -91,13 +91,21 @@ def test_topk_of_equal_values_picks_the_lowest_indices():
     check_topk(scores, cases=[(30, True, True), (30, False, True)], on_device=True)
 
 
-def test_topk_sweep_against_eager_with_ties_nan_infinities_and_signed_zeros():
+def topk_sweep_inputs():
+    """Ties in long runs (also as a strided 3-d view), NaN, infinities and signed zeros, and
+    distinct values (where eager's indices are the answer too)."""
     gen = torch.Generator().manual_seed(0)
     few_values = torch.randint(0, 3, (5, 40), generator=gen).float()   # long runs of ties
     special = torch.tensor([[NAN, 1, INF, -INF, 0.0, -0.0, 1, NAN, -INF, 2, INF, 0.0],
                             [-0.0, 0.0, -0.0, 0.0, NAN, NAN, NAN, 3, 3, -1, -1, -1]])
-    distinct = torch.randn(4, 70, generator=gen)                        # eager's indices too
-    check_topk(few_values, few_values.reshape(5, 4, 10).transpose(0, 1), special, distinct)
+    distinct = torch.randn(4, 70, generator=gen)
+    return few_values, few_values.reshape(5, 4, 10).transpose(0, 1), special, distinct
+
+
+def test_topk_sweep_against_eager_with_ties_nan_infinities_and_signed_zeros():
+    # Every case on the 2-d inputs; the strided 3-d view in tests/slow/test_decompositions_full.py
+    few_values, _, special, distinct = topk_sweep_inputs()
+    check_topk(few_values, special, distinct)
     check_topk(special, cases=TOPK_CASES[1:3] + TOPK_CASES[4:6], on_device=True)
 
 

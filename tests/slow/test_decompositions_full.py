@@ -1,0 +1,58 @@
+"""The long decomposition checks behind tests/decompositions/: the medians of empty inputs
+(each lowering once took torch-mlir down, so they run in a child process), topk over a strided
+3-d view of long runs of ties, and the 3-d pools' gradients (the fast suite runs the 2-d
+inputs and the 3-d pools' forward)."""
+import subprocess
+import sys
+
+import pytest
+
+from tests.decompositions.test_pooling import check_3d_pool_gradients
+from tests.decompositions.test_sorting import check_topk, topk_sweep_inputs
+from tests.support import python_env
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fresh_dynamo")]
+
+
+MEDIANS_CHILD = """
+import torch
+import tests.decompositions.test_checks as t
+from tests.support.helpers import compile_tpu
+for name in t.MEDIANS:
+    for path, check in (("tpu", t.check_eager_device), ("compile", t.check_compile_path)):
+        try:
+            check(name)
+            print(path, name, "ok")
+        except AssertionError as exc:
+            print(path, name, "FAIL", str(exc).splitlines()[0])
+for dtype in (torch.float32, torch.float16, torch.float64, torch.int64, torch.int32,
+              torch.int16, torch.uint8):
+    for fn in (torch.median, torch.nanmedian):
+        x = torch.empty(0, 3, dtype=dtype)
+        want = fn(x)
+        for path, got in (("tpu", lambda: fn(x.to("tpu")).cpu()),
+                          ("compile", lambda: compile_tpu(fn, dynamic=False)(x))):
+            got = got()
+            same = torch.equal(got, want) or bool(want.isnan() and got.isnan())
+            print(path, fn.__name__, dtype, "ok" if same else f"FAIL got {got}, eager {want}")
+"""
+
+
+def test_medians_in_a_subprocess():
+    """Medians over an empty dim raise eager's IndexError; the median of nothing is eager's
+    NaN, converted to the dtype as the host converts it."""
+    done = subprocess.run([sys.executable, "-c", MEDIANS_CHILD], capture_output=True,
+                          text=True, timeout=600, env=python_env())
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0 and len(lines) == 34, \
+        f"exit status {done.returncode}\n{done.stdout}{done.stderr[-2000:]}"
+    assert all(line.endswith(" ok") for line in lines), done.stdout
+
+
+def test_topk_sweep_of_a_strided_view_with_long_runs_of_ties():
+    few_values, strided, special, distinct = topk_sweep_inputs()
+    check_topk(few_values, strided, special, distinct)
+
+
+def test_3d_pool_gradients():
+    check_3d_pool_gradients()
