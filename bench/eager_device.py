@@ -1,8 +1,8 @@
 """Benchmarks of the eager "tpu" device against eager CPU PyTorch, in one process.
 
 - per-op overhead in strict mode, on a chain of 100 small elementwise ops (target <= 25 us);
-- defer-and-fuse against strict, on that chain and on a small MLP training step
-  (target: fuse at least 1.5x faster than strict on both);
+- defer-and-fuse against strict, on that chain (target: at least 1.5x faster) and on a small
+  MLP training step (target: at least 2x, issue 19's);
 - a second run of a defer-and-fuse training loop compiles nothing new (cache hits only);
 - an MLP step with ``AdamW(fused=True)`` (Hugging Face Trainer's default optimizer), strict:
   the update runs on the device (target: no host fallback).
@@ -18,6 +18,7 @@ from common import interleaved, result
 CHAIN_OPS = 100
 TARGET_PER_OP_US = 25.0
 TARGET_FUSE_SPEEDUP = 1.5
+TARGET_FUSED_STEP_SPEEDUP = 2.0
 
 
 def _chain(x: torch.Tensor) -> torch.Tensor:
@@ -123,9 +124,10 @@ def bench_mlp_train(quick: bool) -> list[dict]:
                notes=[f"{calls['strict']:.0f} Python calls per step"], others_cpu=busy),
         result("MLP SGD step, defer-and-fuse", {"eager": times["cpu"], "torchtpu": times["fuse"]},
                notes=[f"defer-and-fuse {speedup:.2f}x faster than strict on the training step "
-                      f"(target >= {TARGET_FUSE_SPEEDUP}); {calls['fuse']:.0f} Python calls per "
-                      f"step"],
-               status="PASS" if speedup >= TARGET_FUSE_SPEEDUP else "MISS", others_cpu=busy),
+                      f"(target >= {TARGET_FUSED_STEP_SPEEDUP}); {calls['fuse']:.0f} Python calls "
+                      f"per step"],
+               status="PASS" if speedup >= TARGET_FUSED_STEP_SPEEDUP else "MISS",
+               others_cpu=busy),
         result("fused training loop, second run", {},
                notes=[f"5 more steps: {compiled} programs compiled, {hits} of {runs} fused "
                       f"graphs from the cache (target: 0 compiled, all hits)"],
