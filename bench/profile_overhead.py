@@ -17,7 +17,10 @@ Not part of run_all: a diagnostic for work on the runtime path (program/run.py, 
    of the compiled call, the runner called directly, the compiled call around a stub runner
    (Dynamo's and aot_autograd's share), and a PJRT execute alone and interleaved with other
    work: where the compiled call's time beyond "stub + runner" goes (below);
-4. the top of a cProfile of 2000 compiled calls (cProfile inflates Python-heavy stages).
+4. one eager tpu op in strict mode (``x + 1``) by stage, main-thread CPU: PyTorch's entry
+   into ``__torch_dispatch__``, our signature lookup, the execute with its memory bookkeeping,
+   the new wrapper tensor, against the whole op and CPU eager;
+5. the top of a cProfile of 2000 compiled calls (cProfile inflates Python-heavy stages).
 
 What 3 showed (2026-12-02, load 8-14, medians of 7 rounds of 3000 calls): Inductor 21-28 us,
 torchtpu 87-110 us, runner alone 25-35 us, stub runner 18-20 us; an ``Executable.run`` costs
@@ -183,6 +186,8 @@ def main() -> None:
         for name, seconds in _thread_times(cpu).items():
             print(f"  {name:<34} {seconds * 1e6:7.1f} us")
 
+    eager_op_stages()
+
     profile = cProfile.Profile()
     profile.enable()
     for _ in range(2000):
@@ -190,6 +195,57 @@ def main() -> None:
     profile.disable()
     print("\ncProfile, 2000 torchtpu calls, by own time:")
     pstats.Stats(profile).sort_stats("tottime").print_stats(20)
+
+
+def eager_op_stages() -> None:
+    """One eager tpu op in strict mode (``x + 1``, the per-op fast path) broken into stages,
+    in main-thread CPU per op: PyTorch's entry into ``__torch_dispatch__`` (a wrapper subclass
+    that returns a tensor it holds), a new wrapper tensor, our signature lookup, the execute
+    with its memory bookkeeping, and the whole op; with CPU eager as the reference."""
+    import torchtpu_eager  # noqa: F401  (the tpu device)
+    from torchtpu_eager import dispatch
+    from torchtpu_eager.storage import Storage
+    from torchtpu_eager.tensor import dense_tensor
+
+    torch.tpu.set_eager_mode("strict")
+    host = torch.randn(8)
+    x = host.to("tpu")
+    add = torch.ops.aten.add.Tensor
+    for _ in range(3):  # the first run plans, the next take the plan
+        y = x + 1
+    key, tensors = dispatch.signature(add, (x, 1), {})
+    fast = dispatch._ops[key].fast
+    assert fast, "x + 1 did not get a fast plan"
+    values = dispatch._input_values(tensors)
+    out = fast.run(values)[0]
+    shape, dtype, numel, strides = fast.results[0]
+
+    class Returns(torch.Tensor):  # PyTorch's entry into Python, and nothing of ours
+        @staticmethod
+        def __new__(cls, like):
+            return torch.Tensor._make_wrapper_subclass(cls, like.shape, dtype=like.dtype)
+
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            return held
+
+    held = Returns(host)
+    entry_only = Returns(host)
+    stages = {
+        "CPU eager x + 1": lambda: host + 1,
+        "tpu strict x + 1 (whole op)": lambda: x + 1,
+        "  __torch_dispatch__ entry, returns at once": lambda: entry_only + 1,
+        "  signature() lookup": lambda: dispatch.signature(add, (x, 1), {}),
+        "  execute + memory bookkeeping": lambda: fast.run(values),
+        "  new wrapper tensor + Storage": lambda: dense_tensor(Storage(out, shape, dtype, numel),
+                                                               shape, strides),
+    }
+    print("\nAn eager tpu op, strict mode (main-thread CPU per op; medians of 7 rounds of 3000):")
+    for name, seconds in _thread_times(stages).items():
+        print(f"  {name:<44} {seconds * 1e6:7.1f} us")
+    python, native = _call_counts(lambda: x + 1)
+    print(f"  Python and C calls per op: {python:.0f} Python, {native:.0f} C")
+    del y
 
 
 if __name__ == "__main__":

@@ -16,20 +16,28 @@ import weakref
 
 # Weak references to every storage made, without a callback: a WeakSet's removal callback was a
 # Python call at every storage's death (every eager op makes one). The dead references are
-# dropped in bulk when the set has doubled since the last sweep, and by live_storages().
-_live: set = set()
-_live_add, _ref = _live.add, weakref.ref
+# dropped in bulk when the table has doubled since the last sweep, and by live_storages().
+# Keyed by the reference's own id, not held in a set: a weak reference hashes as its referent,
+# and a storage made right after one died usually takes its address, so a set of dead
+# references chained them all under one hash and every insert walked the chain (40 us an op).
+_live: dict = {}
+_ref = weakref.ref
 _sweep_at = [4096]
 
 
 def _sweep() -> list:
     """Drop the dead references; the live storages. (A copy is iterated: another thread may
-    add a storage meanwhile, and copying the set is one step under the GIL.)"""
-    refs = list(_live)
-    storages = [ref() for ref in refs]
-    _live.difference_update([ref for ref, storage in zip(refs, storages) if storage is None])
+    add a storage meanwhile, and copying the table is one step under the GIL.)"""
+    entries = list(_live.items())
+    live = []
+    for key, ref in entries:
+        storage = ref()
+        if storage is None:
+            _live.pop(key, None)
+        else:
+            live.append(storage)
     _sweep_at[0] = max(4096, 2 * len(_live))
-    return [storage for storage in storages if storage is not None]
+    return live
 
 
 class Storage:
@@ -44,7 +52,8 @@ class Storage:
         self.numel = numel
         self.nbytes = numel * dtype.itemsize
         self.freed = False
-        _live_add(_ref(self))
+        ref = _ref(self)
+        _live[id(ref)] = ref
         if len(_live) > _sweep_at[0]:
             _sweep()
 
