@@ -296,10 +296,10 @@ def test_registration_leaves_cpu_and_inductor_alone():
         "import torch\n"
         "assert torch.ones(1, device='tpu').device.type == 'tpu'\n"
         "x = torch.randn(16)\n"
-        "f = torch.compile(lambda a: (a.sin() * 2).relu(), backend='inductor')\n"
-        "torch.testing.assert_close(f(x), (x.sin() * 2).relu())\n"
-        "m = torch.nn.Linear(4, 3)\n"
-        "assert torch.compile(m)(torch.randn(2, 4)).device.type == 'cpu'\n"
+        "f = torch.compile(lambda a: (a.sin() * 2).relu())\n"   # Inductor, the default
+        "y = f(x)\n"
+        "assert y.device.type == 'cpu'\n"
+        "torch.testing.assert_close(y, (x.sin() * 2).relu())\n"
         "assert (torch.arange(3) * 2).tolist() == [0, 2, 4]\n"
         "print('ok')\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

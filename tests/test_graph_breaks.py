@@ -125,7 +125,8 @@ def test_eager_device_host_fallback_is_a_strict_error():
         torch.masked_select(x, x > 2)
 
 
-def test_strict_from_the_environment_covers_graph_breaks_and_the_eager_device(tmp_path):
+def test_strict_from_the_environment_covers_graph_breaks_fallbacks_and_the_eager_device(tmp_path):
+    # One child process for the three places TORCHTPU_STRICT=1 reaches.
     script = tmp_path / "strict_breaks.py"
     script.write_text(
         "import torch\n"
@@ -141,13 +142,23 @@ def test_strict_from_the_environment_covers_graph_breaks_and_the_eager_device(tm
         "    x.nonzero()\n"
         "    print('eager fallback: no error')\n"
         "except UnsupportedOpError as e:\n"
-        "    print('eager fallback:', 'TORCHTPU_STRICT=1' in str(e))\n")
+        "    print('eager fallback:', 'TORCHTPU_STRICT=1' in str(e))\n"
+        # an op inside a compiled graph that would fall back (test_fallback's case)
+        "torch._dynamo.config.capture_dynamic_output_shape_ops = True\n"
+        "g = torch.compile(lambda x: torch.nonzero(x).float().sum(), backend='torchtpu')\n"
+        "try:\n"
+        "    g(torch.tensor([0.0, 1.0, 2.0]))\n"
+        "    print('graph fallback: no error')\n"
+        "except Exception as e:\n"
+        "    print('graph fallback:', 'TORCHTPU_STRICT=1' in str(e)\n"
+        "          and 'aten.nonzero.default' in str(e))\n")
     env = dict(os.environ, TORCHTPU_STRICT="1")
     result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "graph break: True" in result.stdout, result.stdout
     assert "eager fallback: True" in result.stdout, result.stdout
+    assert "graph fallback: True" in result.stdout, result.stdout
 
 
 def test_strict_allows_autograd_breaks_whose_backward_is_compiled():
