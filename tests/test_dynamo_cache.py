@@ -5,6 +5,7 @@ import importlib.util
 import inspect
 import itertools
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -315,3 +316,19 @@ def test_an_untested_torch_release_turns_it_off(fresh_step, monkeypatch):
         dynamo_cache.supported_torch.cache_clear()
     assert off["traced"] == 1 and off["frames_loaded"] == 0
     assert off["hits"] == off["misses"] == 0  # not even looked up
+
+
+def test_another_grad_mode_misses_without_a_warning(fresh_step, caplog):
+    # An entry stored with grad enabled, looked up under no_grad: Dynamo's guard builder
+    # asserts that the global state it guards matches the frame; that is a miss like any
+    # other, not a damaged entry ("This is a bug" was logged as a warning before).
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+    compiled, _ = fresh_step()
+    with torch.enable_grad():
+        compiled(x, w)
+    with caplog.at_level(logging.INFO, logger="torchtpu"):
+        other = _call(fresh_step, x, w)  # under no_grad
+    assert other["frames_loaded"] == 0 and other["entries_rejected"] == 1
+    assert other["traced"] == 1
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    assert "grad_mode" in caplog.text  # the info line says why

@@ -574,8 +574,16 @@ def _build_guards(code, entry: _Entry, frame, state, guards):
     live = dataclasses.replace(state, local_scope=frame.f_locals, global_scope=frame.f_globals,
                                _guards=torch._guards.GuardsSet(OrderedSet(guards)),
                                skip_guards_check=False)
-    manager = CheckFunctionManager(code, OutputGraphCommon(live),
-                                   runtime_global_scope=frame.f_globals).guard_manager
+    try:
+        manager = CheckFunctionManager(code, OutputGraphCommon(live),
+                                       runtime_global_scope=frame.f_globals).guard_manager
+    except AssertionError as exc:
+        # Dynamo checks the guards it builds against the frame and asserts they pass; here
+        # that means the stored entry was made under other global state (grad mode, ...).
+        if "Guard failed on the same frame" not in str(exc):
+            raise
+        reason = str(exc).split("reason:")[-1].strip()
+        raise Unportable(f"its guards fail on this frame ({reason})") from None
     if not manager.check(frame.f_locals):
         raise Unportable("rebuilt guards fail on this frame")
     return manager
