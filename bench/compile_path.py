@@ -53,8 +53,9 @@ def mlp() -> tuple[torch.nn.Module, torch.Tensor]:
     return torch.nn.Sequential(*layers).eval(), torch.randn(64, 1024)
 
 
-def gpt2() -> tuple[torch.nn.Module, torch.Tensor]:
-    """A small random-init GPT-2 (4 layers, width 256), batch 4 x 128 tokens, no dropout.
+def gpt2(dropout: float = 0.0) -> tuple[torch.nn.Module, torch.Tensor]:
+    """A small random-init GPT-2 (4 layers, width 256), batch 4 x 128 tokens, in eval mode;
+    ``dropout``: on embeddings, attention and residuals (0: none).
 
     Bigger than tests/support/zoo.py's, so that compute is not lost in per-call overhead, and small
     enough that Inductor compiles it in well under a minute on two cores.
@@ -62,8 +63,8 @@ def gpt2() -> tuple[torch.nn.Module, torch.Tensor]:
     from transformers import GPT2Config, GPT2LMHeadModel
     torch.manual_seed(0)
     cfg = GPT2Config(vocab_size=1000, n_embd=256, n_layer=4, n_head=4, n_positions=128,
-                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False,
-                     bos_token_id=0, eos_token_id=1, pad_token_id=1)
+                     resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout,
+                     use_cache=False, bos_token_id=0, eos_token_id=1, pad_token_id=1)
     model = GPT2LMHeadModel(cfg).eval()
     # Named explicitly: with no loss type, transformers logs a warning from inside forward,
     # which is a Dynamo graph break (two graphs instead of one for the training step).
@@ -148,16 +149,9 @@ def bench_dropout_train(quick: bool) -> list[dict]:
     torchtpu drawing the masks inside the program (``config.random_draws="device"``, the
     default on TPU) and on the host ("host", the default on the CPU client: a host draw and an
     upload of every mask at each step)."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
     from torchtpu_compile import config
-    torch.manual_seed(0)
-    cfg = GPT2Config(vocab_size=1000, n_embd=256, n_layer=4, n_head=4, n_positions=128,
-                     resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1, use_cache=False,
-                     bos_token_id=0, eos_token_id=1, pad_token_id=1)
-    model = GPT2LMHeadModel(cfg).train()
-    model.loss_type = "ForCausalLM"
-    ids = torch.randint(0, cfg.vocab_size, (4, 128))
+    model, ids = gpt2(dropout=0.1)
+    model.train()
 
     def step_fn(m, host_draws=False):
         opt = torch.optim.SGD(m.parameters(), lr=1e-3)

@@ -496,13 +496,7 @@ def _fast_results(fast: _FastPlan, outputs: list, tensors: list, args):
     a written argument (its new value stored) or several fresh results."""
     written = fast.written
     if written is not None:
-        target = tensors[written]
-        storage = target._st
-        if target._dense and not storage.freed:  # _write_in_place, inline (strict notes none)
-            storage.value = outputs[0]
-            storage.shape = target._shape
-        else:
-            views.write(target, outputs[0])
+        _write_in_place(tensors[written], outputs[0], modes._current)
         return args[fast.returned]
     return tuple([dense_tensor(Storage(out, shape, dtype, numel), shape, strides)
                   for out, (shape, dtype, numel, strides) in zip(outputs, fast.results)])

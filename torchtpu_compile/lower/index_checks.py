@@ -261,6 +261,16 @@ def with_index_checks(table: dict) -> dict:
 
 # --- 2. marks -> one program output ----------------------------------------------------------
 
+def _first_bad(index, size, wraps: bool, ignore):
+    """(whether an index is out of range, the first such index or 0), traced into the check
+    graphs below; ``size`` an int or a 0-d tensor."""
+    flat = index.reshape(-1).to(torch.int64)
+    count = flat.shape[0]
+    positions = torch.arange(count, dtype=torch.int64)
+    first_bad = torch.where(_out_of_range(flat, size, wraps, ignore), positions, count).amin()
+    return first_bad < count, torch.where(positions == first_bad, flat, 0).sum()
+
+
 @functools.lru_cache(maxsize=512)
 def _first_out_of_range(shape: tuple, dtype, size: int, wraps: bool, ignore) -> fx.GraphModule:
     """A graph: index -> int64[2], (1, the first index out of range) or (0, 0)."""
@@ -268,13 +278,8 @@ def _first_out_of_range(shape: tuple, dtype, size: int, wraps: bool, ignore) -> 
     from torch.fx.experimental.proxy_tensor import make_fx
 
     def first(index):
-        flat = index.reshape(-1).to(torch.int64)
-        count = flat.shape[0]
-        bad = _out_of_range(flat, size, wraps, ignore)
-        positions = torch.arange(count, dtype=torch.int64)
-        first_bad = torch.where(bad, positions, count).amin()
-        value = torch.where(positions == first_bad, flat, 0).sum()
-        return torch.stack([(first_bad < count).to(torch.int64), value])
+        found, value = _first_bad(index, size, wraps, ignore)
+        return torch.stack([found.to(torch.int64), value])
 
     # Traced alone: inside a compile, make_fx would take Dynamo's fake mode, with symbolic sizes.
     with torch._guards.tracing(None), unset_fake_temporarily():
@@ -289,13 +294,8 @@ def _first_out_of_real_range(shape: tuple, dtype, wraps: bool, ignore) -> fx.Gra
     from torch.fx.experimental.proxy_tensor import make_fx
 
     def first(index, size):
-        flat = index.reshape(-1).to(torch.int64)
-        count = flat.shape[0]
-        bad = _out_of_range(flat, size, wraps, ignore)
-        positions = torch.arange(count, dtype=torch.int64)
-        first_bad = torch.where(bad, positions, count).amin()
-        value = torch.where(positions == first_bad, flat, 0).sum()
-        return torch.stack([torch.where(first_bad < count, size + 1, 0), value])
+        found, value = _first_bad(index, size, wraps, ignore)
+        return torch.stack([torch.where(found, size + 1, 0), value])
 
     with torch._guards.tracing(None), unset_fake_temporarily():
         return make_fx(first, tracing_mode="fake")(torch.empty(shape, dtype=dtype),
