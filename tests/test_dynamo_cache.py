@@ -332,3 +332,26 @@ def test_another_grad_mode_misses_without_a_warning(fresh_step, caplog):
     assert other["traced"] == 1
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
     assert "grad_mode" in caplog.text  # the info line says why
+
+
+def test_a_loaded_frame_counts_as_seen_for_automatic_dynamic(fresh_step):
+    # A process that loads the static entry of length 4 and is then called at length 5 is
+    # where a process that traced length 4 would be: Dynamo makes the frame dynamic at 5
+    # (one symbolic graph, served by buckets). Before, a loaded entry left no trace in
+    # Dynamo's automatic-dynamic state: each new process traced one more static frame (a
+    # compile per process and length, a static entry more in the cache), as a decode loop's
+    # next length in every warm generate() did.
+    w = torch.randn(8, 8)
+    _call(fresh_step, torch.randn(4, 8), w)           # first process: static, saved
+    for process in range(2):                          # later processes: 4, then 5
+        compiled, eager = fresh_step()
+        traced = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        with torch.no_grad():
+            for rows in (4, 5):
+                x = torch.randn(rows, 8)
+                torch.testing.assert_close(compiled(x, w), eager(x, w), rtol=1e-5, atol=1e-5)
+        counts = torchtpu_compile.stats()["caches"]["dynamo"]["all"]
+        assert counts["frames_loaded"] == 1, (process, counts)
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - traced == 1
+        assert counts["bypasses"] == 1, (process, counts)  # the symbolic frame, not stored
+        assert counts["bytes_written"] == 0, (process, counts)  # no static frame at 5

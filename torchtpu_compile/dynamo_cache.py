@@ -23,6 +23,9 @@ the rebuilt guards must pass on the frame before the entry is used.
 
 Not cached (traced as before): frames with dynamic shapes (symbolic sizes), frames that graph
 break (resume functions), and frames whose guards read an object only identifiable by ``id``.
+A loaded entry brings the sizes its trace had seen into Dynamo's automatic-dynamic record, so a
+warm process goes dynamic at the same call a cold one does (a decode loop's next length traces
+the symbolic frame, not one more static frame per process).
 
 On by default (``TORCHTPU_DYNAMO_CACHE=0`` or ``config.dynamo_cache = False`` turns it off). It
 works on Dynamo internals (``ConvertFrameAssert``, ``CheckFunctionManager``, ``SerializedCode``)
@@ -43,6 +46,7 @@ Example::
 from __future__ import annotations
 
 import builtins
+import copy
 import dataclasses
 import enum
 import functools
@@ -351,6 +355,9 @@ class _Entry:
     fingerprints: list                 # (guard index, fingerprint)
     installed_globals: dict            # name -> how to rebuild it
     inlined_sources: list              # (filename, first line, last line, sha256)
+    # Dynamo's automatic-dynamic record of the frame when it was traced: input name ->
+    # the sizes seen so far (torch._dynamo.pgo.FrameStateSizeEntry). Filled by _patched_call.
+    sizes_seen: dict = dataclasses.field(default_factory=dict)
 
 
 def _source_lines_digest(filename: str, first: int, last: int) -> str | None:
@@ -493,6 +500,28 @@ def _require_entries(value) -> None:
 #: A frame's entries (its latest traced versions), pickled.
 _levels = Levels("dynamo", PickleCodec(check=_require_entries), folder=GRAPH_FOLDER,
                  events=("bypasses", "frames_loaded", "entries_rejected"))
+
+
+def _sizes_record(frame):
+    """Dynamo's automatic-dynamic record of ``frame``'s code (input name -> the sizes its
+    traces saw; a size seen to change is dynamic at the next trace), or None."""
+    from torch._dynamo import pgo
+    return pgo.get_code_state()[pgo.CodeId.make(frame.f_code, frame.closure)].automatic_dynamic
+
+
+def _seed_sizes(frame, entry: _Entry) -> None:
+    """Record the sizes ``entry``'s trace had seen as seen in this process too.
+
+    Dynamo decides to trace a frame with symbolic sizes when an input's size differs from what
+    earlier traces of it saw. A frame loaded from here was not traced in this process, so
+    without this the next new size traces one more static version (one more compile, and one
+    more entry stored, in every warm process of a decode loop) before the size goes dynamic.
+    """
+    if not entry.sizes_seen or not torch._dynamo.config.automatic_dynamic_shapes:
+        return
+    record = _sizes_record(frame)
+    for name, seen in entry.sizes_seen.items():
+        record[name] |= seen  # Dynamo's merge: a size that differs becomes dynamic
 
 
 def _save(code: types.CodeType, entry: _Entry, seconds: float) -> None:
@@ -659,6 +688,7 @@ def _load(frame, frame_state):
                         code.co_qualname, type(exc).__name__, exc)
             continue
         if guarded is not None:
+            _seed_sizes(frame, entry)
             _levels.count_event("frames_loaded")
             _levels.count(lookup)
             return wrap_guarded_code(guarded)
@@ -720,6 +750,8 @@ def _patched_call(original):
                           dataclasses.replace(hooks, guard_export_fn=capture),
                           frame_state, skip=skip + 1)
         if capture.entry is not None and hooks.guard_filter_fn is None:
+            capture.entry.sizes_seen = {name: copy.copy(seen)
+                                        for name, seen in _sizes_record(frame).items()}
             _save(frame.f_code, capture.entry, time.perf_counter() - start)
         return result
 
