@@ -56,6 +56,40 @@ def test_nearest_upsampling_backward_with_and_without_scales():
     check_nearest_upsampling_backward(dims_list=(2,))
 
 
+LINEAR_CASES = [(3, 7, 2.5), (3, 7, None), (4, 8, 2.0), (5, 3, 0.6), (7, 7, 1.3), (3, 10, 3.3),
+                (1, 4, None), (4, 1, None)]  # (size in, size out, scale)
+
+
+def check_linear_upsampling_backward(dims_list=(1, 2, 3), cases=LINEAR_CASES):
+    # Unlowered: every linear, bilinear and trilinear interpolation's backward on the eager
+    # device (Segformer's decoder, any UNet) ran on the host. Eager's sources and weights:
+    # float32 arithmetic, 1 / the scale given (else in / out) or (in - 1) / (out - 1) with
+    # align_corners, positions clamped at 0, equal sizes copied.
+    names = {1: "upsample_linear1d_backward", 2: "upsample_bilinear2d_backward",
+             3: "upsample_trilinear3d_backward"}
+    grads, calls = [], []
+    for corners in (False, True):
+        for dims in dims_list:
+            for n_in, n_out, scale in cases:
+                out_size = [n_out + d for d in range(dims)]
+                in_size = [2, 3] + [n_in + d for d in range(dims)]
+                calls.append((getattr(aten, names[dims]).default, out_size, in_size, corners,
+                              [scale] * dims))
+                grads.append(randn(2, 3, *out_size, seed=len(grads)))
+
+    def backwards(*grads):
+        return [op(g, out_size, in_size, corners, *scales)
+                for (op, out_size, in_size, corners, scales), g in zip(calls, grads)]
+    check_on_both_paths(backwards, *grads, rtol=1e-5, atol=1e-5)
+
+
+def test_bilinear_upsampling_backward_with_and_without_scales():
+    # 2-d, three cases here (a scale, no scale, one output); every case at every rank in
+    # tests/slow/test_resampling_full.py
+    check_linear_upsampling_backward(dims_list=(2,), cases=[(3, 7, 2.5), (5, 3, None),
+                                                            (4, 1, None)])
+
+
 # --- grid sampling ---------------------------------------------------------------------------
 
 def check_grid_sampler_backward(paddings=(0, 1, 2)):

@@ -1,6 +1,6 @@
 """Resampling: upsampling's output-size overloads (which the eager device meets) through PyTorch's
-own decompositions, and the backwards of nearest upsampling and of the grid sampler as
-scatter-adds.
+own decompositions, and the backwards of nearest and linear upsampling and of the grid sampler
+as scatter-adds.
 
 Example::
 
@@ -152,3 +152,53 @@ def grid_sampler_2d_backward(grad, x, grid, interpolation_mode, padding_mode, al
             slope_y = slope_y + value * dy.unsqueeze(1)
     grad_grid = torch.stack([(grad * slope_x).sum(1) * gx, (grad * slope_y).sum(1) * gy], -1)
     return (grad_x.reshape(x.shape) if output_mask[0] else None), grad_grid
+
+
+
+# --- backwards of linear upsampling ----------------------------------------------------------
+
+def _linear_sources(in_size: int, out_size: int, scale, align_corners: bool):
+    """(first source, second source, weight of the second) of each output position of linear
+    upsampling along one dim, as eager computes them (UpSample.h: float32 arithmetic, the
+    position clamped at 0 and the weight to [0, 1]; equal sizes copy)."""
+    out = torch.arange(out_size)
+    if out_size == in_size:
+        return out, out, torch.zeros(out_size)
+    if align_corners:
+        ratio = (in_size - 1) / (out_size - 1) if out_size > 1 else 0.0
+        position = out.to(torch.float32) * ratio  # a Python float: float32 arithmetic
+    else:
+        ratio = 1.0 / scale if scale is not None and scale > 0 else in_size / out_size
+        position = ((out.to(torch.float32) + 0.5) * ratio - 0.5).clamp(min=0)
+    first = torch.floor(position).to(torch.int64).clamp(max=in_size - 1)
+    second = torch.where(first < in_size - 1, first + 1, first)
+    return first, second, (position - first).clamp(0, 1)
+
+
+def _upsample_linear_backward(dims: int):
+    def backward(grad, output_size, input_size, align_corners, *scales):
+        # Unlowered (torch-mlir has no legalization for them); the eager device meets these
+        # overloads in every linear, bilinear or trilinear interpolation's backward. Linear
+        # interpolation is separable: one dim at a time, each output's gradient is added to
+        # its two sources with their weights.
+        compute = computing_dtype(grad.dtype)
+        out = grad.to(compute)
+        scales = list(scales) + [None] * (dims - len(scales))
+        for i in range(dims):
+            axis = grad.dim() - dims + i
+            first, second, weight = _linear_sources(input_size[axis], output_size[i],
+                                                    scales[i], align_corners)
+            shape = [1] * out.dim()
+            shape[axis] = output_size[i]
+            weight = weight.to(compute).reshape(shape)
+            target = list(out.shape)
+            target[axis] = input_size[axis]
+            out = torch.zeros(target, dtype=compute).index_add(
+                axis, first, out * (1 - weight)).index_add(axis, second, out * weight)
+        return out.to(grad.dtype)
+    return backward
+
+
+decomposition(aten.upsample_linear1d_backward.default)(_upsample_linear_backward(1))
+decomposition(aten.upsample_bilinear2d_backward.default)(_upsample_linear_backward(2))
+decomposition(aten.upsample_trilinear3d_backward.default)(_upsample_linear_backward(3))
