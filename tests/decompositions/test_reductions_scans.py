@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tests.support.decomposition_checks import INF, NAN, check, check_on_both_paths, randn
+from torchtpu_compile import config
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
@@ -93,3 +94,18 @@ def test_reduction_of_a_0d_tensor(name):
 
 def test_reductions_of_nd_tensors_keep_their_lowering():
     check(lambda x: (torch.logsumexp(x, 1), torch.var(x, 0), torch.softmax(x, -1)), randn(4, 5))
+
+
+def test_all_and_any_true_and_a_distribution_built_on_the_device():
+    # torch._assert on a tensor and torch.distributions' argument checks call _is_all_true:
+    # it ran on the host (a round trip per Normal(...) on the eager device).
+    masks = [torch.tensor([True, True]), torch.tensor([True, False]), torch.zeros(0, 3) > 0,
+             torch.tensor(False), randn(2, 3) > 0]
+    check_on_both_paths(lambda *m: [f(x) for x in m for f in (torch.ops.aten._is_all_true,
+                                                               torch.ops.aten._is_any_true)],
+                        *masks)
+    loc, scale, value = randn(4), randn(4).exp(), randn(4, seed=1)
+    with config.patch(strict=True):
+        normal = torch.distributions.Normal(loc.to("tpu"), scale.to("tpu"))
+        log_prob = normal.log_prob(value.to("tpu")).cpu()
+    torch.testing.assert_close(log_prob, torch.distributions.Normal(loc, scale).log_prob(value))
