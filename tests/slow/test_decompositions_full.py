@@ -1,13 +1,15 @@
 """The long decomposition checks behind tests/decompositions/: the medians of empty inputs
 (each lowering once took torch-mlir down, so they run in a child process), topk over a strided
-3-d view of long runs of ties, and the 3-d pools' gradients (the fast suite runs the 2-d
-inputs and the 3-d pools' forward)."""
+3-d view of long runs of ties, the 3-d pools' gradients (the fast suite runs the 2-d
+inputs and the 3-d pools' forward), and stacked, projected LSTMs and GRUs on the device (the
+fast suite runs single layers and cells)."""
 import subprocess
 import sys
 
 import pytest
 
 from tests.decompositions.test_pooling import check_3d_pool_gradients
+from tests.decompositions.test_recurrent import MORE_CASES, check_recurrent
 from tests.decompositions.test_sorting import check_topk, topk_sweep_inputs
 from tests.support import python_env
 
@@ -56,3 +58,8 @@ def test_topk_sweep_of_a_strided_view_with_long_runs_of_ties():
 
 def test_3d_pool_gradients():
     check_3d_pool_gradients()
+
+
+@pytest.mark.parametrize("name", list(MORE_CASES))
+def test_stacked_recurrent_layers_on_the_device(name):
+    check_recurrent(*MORE_CASES[name])

@@ -16,6 +16,7 @@ One module per family of ops, as JAX's lax files:
                       index_reduce, segment_reduce
     views             copies of views, as_strided(_scatter), diagonal(_scatter), unfold, roll
     pooling           max and average pools (ceil mode, divisors, 3-D, adaptive), backwards
+    recurrent         the fused LSTM and GRU cells (nn.LSTM/nn.GRU off the CPU), backwards
     resampling        upsampling (output-size overloads, nearest's backward), grid sampler's
                       backward
     convolution       transposed convolutions, convolution_backward
@@ -93,7 +94,7 @@ def _register_families() -> None:
     # first use, not when this package is imported (the backend and numerics import it early).
     from . import (amp, bessel, checks, convolution, elementwise, fft_complex,  # noqa: F401
                    foreach, indexing_scatter, linalg, normalization, optimizers, polynomials,
-                   pooling, reductions_scans, resampling, sorting, special, views)
+                   pooling, recurrent, reductions_scans, resampling, sorting, special, views)
 
 
 def _our_table() -> dict:
