@@ -158,13 +158,26 @@ def _substitute(value, values):
     return value
 
 
-def _check_devices(func, tensors) -> None:
+def _check_devices(func, tensors) -> bool:
+    """Raise where a host tensor (other than a 0-d scalar) is an argument of ``func``, as
+    PyTorch does for a CUDA op given a CPU tensor; True where ``func`` is then to run its
+    device-generic implementation instead (``_COMPOSITE``)."""
     for t in tensors:
         if type(t) is not TpuTensor and t.dim() != 0:
+            if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(),
+                                                              _COMPOSITE_EXPLICIT):
+                # No device check on CUDA either: the kernel reads its host arguments
+                # (pack_padded_sequence's lengths) and computes with the device tensors.
+                return True
             raise RuntimeError(
                 f"Expected all tensors to be on the same device, but found at least two "
                 f"devices, {DEVICE} and {t.device}! (when checking arguments of {func}). "
                 f"Move the tensor with .to('tpu'), or use a 0-dim tensor for a scalar.")
+    return False
+
+
+_COMPOSITE_EXPLICIT = torch._C.DispatchKey.CompositeExplicitAutograd
+_COMPOSITE = object()  # the _ops entry of a signature run by its CompositeExplicit kernel
 
 
 def _input_values(tensors) -> list:
@@ -506,10 +519,11 @@ def run_op(func, args, kwargs):
     key, tensors = signature(func, args, kwargs)
     entry = _ops.get(key)
     if entry is None:
-        _check_devices(func, tensors)
-        entry = _lifted_entry(func, args, kwargs, tensors, key) or \
-            _build(func, args, kwargs, tensors)
+        entry = _COMPOSITE if _check_devices(func, tensors) else \
+            _lifted_entry(func, args, kwargs, tensors, key) or _build(func, args, kwargs, tensors)
         _ops[key] = entry
+    if entry is _COMPOSITE:
+        return func._op_dk(_COMPOSITE_EXPLICIT, *args, **kwargs)
     if type(entry) is _Fallback:
         return fallback.run_on_host(func, args, kwargs, entry.reason)
     values = _input_values(tensors)
