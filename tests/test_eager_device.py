@@ -135,6 +135,25 @@ def test_mixing_devices_raises_like_cuda():
                                torch.full((2,), 3.0))
 
 
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_ctc_loss_with_lengths_on_the_host(reduction):
+    # CUDA scripts keep CTC's lengths on the host (cuDNN wants them there). On tpu tensors
+    # PyTorch's ctc_loss divided the device loss by the host target_lengths: "Expected all
+    # tensors to be on the same device".
+    torch.manual_seed(0)
+    log_probs = torch.randn(12, 2, 6).log_softmax(2)
+    targets = torch.tensor([[1, 2, 2, 3], [4, 1, 0, 0]])
+    lengths = (torch.tensor([12, 10]), torch.tensor([4, 2]))
+
+    def loss_and_grad(x, targets):
+        x = x.detach().requires_grad_()
+        loss = F.ctc_loss(x, targets, *lengths, reduction=reduction)
+        loss.backward()
+        return loss.detach().cpu(), x.grad.cpu()
+    torch.testing.assert_close(loss_and_grad(log_probs.to("tpu"), targets.to("tpu")),
+                               loss_and_grad(log_probs, targets), rtol=1e-5, atol=1e-6)
+
 def test_autograd_grads_land_on_tpu():
     w_cpu = torch.randn(4, 3, requires_grad=True)
     w = w_cpu.detach().to("tpu").requires_grad_()

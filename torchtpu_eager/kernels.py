@@ -57,6 +57,17 @@ def _copy(dst, src, non_blocking=False):
     return dispatch(torch.ops.aten.copy_.default, (dst, src), {"non_blocking": non_blocking})
 
 
+def _ctc_loss_host_lengths(log_probs, targets, input_lengths, target_lengths, blank=0,
+                           reduction=1, zero_infinity=False):
+    # ctc_loss's Tensor overload, given tensor subclasses (tpu tensors are), divides the loss by
+    # target_lengths itself; CUDA scripts keep the lengths on the host (cuDNN wants them
+    # there), so they join the loss on its device first.
+    device = log_probs.device
+    return torch.ops.aten.ctc_loss.Tensor.decompose(
+        log_probs, targets, input_lengths.to(device), target_lengths.to(device), blank,
+        reduction, zero_infinity)
+
+
 def _whole_factory(name):
     packet_name, _, overload = name.partition(".")
     op = getattr(getattr(torch.ops.aten, packet_name), overload or "default")
@@ -81,4 +92,5 @@ def register() -> None:
     for op in (torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default):
         aten.impl(op._schema.name.split("::")[1] + (op._overloadname != "default") * (
             "." + op._overloadname), _new_storage(op), "PrivateUse1")
+    aten.impl("ctc_loss.Tensor", _ctc_loss_host_lengths, "AutogradPrivateUse1")
     _libraries.extend([fallback, aten])
