@@ -820,6 +820,18 @@ def set_(func, args, kwargs):
     raise RuntimeError("Tensor.set_ is not supported on tpu tensors; assign the new tensor instead")
 
 
+
+@handles(aten._nested_tensor_from_mask.default, aten._nested_tensor_from_tensor_list.default,
+         aten._nested_from_padded.default)
+def nested_tensor(func, args, kwargs):
+    # The host fallback would build a host nested tensor that no tpu tensor can wrap (PyTorch
+    # then fails with "NestedTensorImpl doesn't support sizes. Please file an issue").
+    raise NotImplementedError(
+        f"{func}: nested tensors are not supported on the tpu device. nn.TransformerEncoder "
+        f"makes one in eval mode when given a src_key_padding_mask: build it with "
+        f"enable_nested_tensor=False (the same results, padded positions included in its "
+        f"output).")
+
 __all__ = ["dispatch", "handles", "signature", "download"]
 
 
