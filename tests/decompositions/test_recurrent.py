@@ -72,17 +72,17 @@ def test_a_packed_sequence_with_host_lengths():
     # PyTorch wants pack_padded_sequence's lengths on the host, with the data on any device
     # (CUDA scripts pass CPU lengths); on the tpu device it raised "Expected all tensors to be
     # on the same device". The op's device-generic kernel now runs, as on CUDA.
-    lengths = torch.tensor([5, 3, 2])
+    lengths = torch.tensor([4, 4, 2])
 
     def packed_lstm(x):
         torch.manual_seed(0)
-        lstm = nn.LSTM(4, 6, batch_first=True).to(x.device)
+        lstm = nn.LSTM(6, 5, batch_first=True).to(x.device)  # the first case's cells
         packed = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True)
         out, _ = nn.utils.rnn.pad_packed_sequence(lstm(packed)[0], batch_first=True)
         _weighted(out).backward()
         return out.detach().cpu(), [p.grad.cpu() for p in lstm.parameters()]
 
-    x = randn(3, 5, 4)
+    x = randn(3, 4, 6)
     with config.patch(strict=True, matmul_precision="highest"):
         actual = packed_lstm(x.to("tpu"))
     torch.testing.assert_close(actual, packed_lstm(x), rtol=1e-4, atol=1e-5)
