@@ -109,3 +109,14 @@ def test_coverage_zoo_paragraph_counts_the_zoo_not_only_the_results():
     assert zoo_paragraph({"gpt2": passed}, None).startswith("1 random-init models")
     zoo = zoo_names()
     assert zoo is not None and len(zoo) == len(set(zoo)) >= 37
+
+
+def test_coverage_names_files_from_the_checkouts_root():
+    # After the harness moved to tests/support/opinfo/, the report cut one directory too many
+    # from absolute paths in error messages: "(at support/opinfo/paths.py:97)".
+    import os
+    from tests.support.opinfo import report
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    where = os.path.join(root, "tests", "support", "opinfo", "paths.py")
+    assert report._short(f"illegal op (at {where}:97)", 200) == \
+        "illegal op (at tests/support/opinfo/paths.py:97)"

@@ -126,7 +126,8 @@ def fallback_summary(results: dict, limit: int = 40, path_wanted: str = "compile
 
 
 # Error messages name files by absolute path; the table names them from the checkout's root.
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))) + os.sep  # tests/support/opinfo/report.py -> the checkout
 
 
 def _short(text: str, limit: int) -> str:
