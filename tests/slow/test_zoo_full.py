@@ -1,5 +1,6 @@
 """The model zoo (tests/support/zoo_full.py): every model compiled against eager, inference and
-training, at matmul precision "highest". Writes build/coverage/zoo.json for docs/coverage.md
+training, at matmul precision "highest"; and every model's forward and backward on the eager
+tpu device against the CPU. Writes build/coverage/zoo.json for docs/coverage.md
 (``make coverage``): per-model errors, tolerance, Dynamo graphs and breaks, fallback ops."""
 from __future__ import annotations
 
@@ -44,6 +45,14 @@ def test_zoo_model(name):
     assert not bad, {phase: (r["status"], r.get("error"), r.get("fallback_ops"))
                      for phase, r in bad.items()}
 
+
+@pytest.mark.parametrize("name", list(zoo_full.ZOO))
+def test_zoo_model_on_the_device(name):
+    """Each model's forward and backward on the eager tpu device against the CPU: the device's
+    own pass over code we did not write (it found Segformer's bilinear backward and RT-DETR's
+    argument checks running on the host)."""
+    record = zoo_check.measure_on_device(name)
+    assert record["status"] == "pass", record
 
 DYNAMIC_RESULTS = os.environ.get("TORCHTPU_ZOO_DYNAMIC_RESULTS",
                                  os.path.join("build", "coverage", "dynamic_zoo.json"))

@@ -183,6 +183,53 @@ def measure(name: str) -> dict:
             "seconds": round(time.perf_counter() - start, 1)}
 
 
+
+# --- the eager-device pass ---------------------------------------------------------------------
+
+#: Largest error of the tpu device against the CPU: the first output over its largest value,
+#: each gradient over the largest gradient of the model (a parameter whose true gradient is
+#: zero, as an attention key's bias, holds only rounding noise on either side).
+DEVICE_TOLERANCE = {"output": 1e-4, "grad": 1e-3}
+
+
+def _forward_backward(make, device: str) -> tuple:
+    torch.manual_seed(0)
+    model, inputs = make()
+    no_dropout(model)
+    model = model.to(device)
+    inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs)
+    out = zoo.first_tensor(model(*inputs)).float()
+    # A weighted sum: a plain one hides mixed-up features and gives softmax outputs no gradient.
+    (out * torch.linspace(-1, 1, out.numel(), device=device).reshape(out.shape)).sum().backward()
+    grads = {n: p.grad.detach().cpu() for n, p in model.named_parameters() if p.grad is not None}
+    return out.detach().cpu(), grads
+
+
+def measure_on_device(name: str) -> dict:
+    """Zoo model ``name`` forward and backward on the eager tpu device against the same on the
+    CPU (strict mode off: an op that falls back is named, not failed)."""
+    make = zoo_full.ZOO[name][1]
+    start = time.perf_counter()
+    torchtpu_compile.reset_stats()
+    record = {"model": name}
+    try:
+        with torchtpu_compile.config.patch(matmul_precision=PRECISION):
+            expected_out, expected_grads = _forward_backward(make, "cpu")
+            actual_out, actual_grads = _forward_backward(make, "tpu")
+    except Exception as exc:
+        error = " ".join(str(exc).split())[:300]
+        record.update(status="fail", error=f"{type(exc).__name__}: {error}")
+        return record
+    missing = sorted(set(expected_grads) ^ set(actual_grads))
+    record.update(output_err=_err(actual_out, expected_out),
+                  grad_err=_dict_err(actual_grads, expected_grads), missing_grads=missing[:5],
+                  fallbacks=torchtpu_compile.stats()["eager_fallbacks"],
+                  seconds=round(time.perf_counter() - start, 1))
+    good = record["output_err"] <= DEVICE_TOLERANCE["output"] and \
+        record["grad_err"] <= DEVICE_TOLERANCE["grad"] and not missing
+    record["status"] = "pass" if good else "fail"
+    return record
+
 # --- the dynamic-length pass -------------------------------------------------------------------
 
 #: Calls per text model in the dynamic pass, each at a random batch size and sequence length.
