@@ -124,12 +124,11 @@ def test_precision_modes_on_mlp():
 # --- transformers models ---------------------------------------------------------------------
 
 #: One of each kind in make test (decoder, encoder, vision); every transformer, with more
-#: steps, is in tests/slow/test_models_full.py and the zoo.
+#: steps, is in tests/slow/test_models_full.py (at "medium" precision too) and the zoo.
 FAST_TRANSFORMERS = ("gpt2", "llama", "bert", "vit")
 
 
-@pytest.mark.parametrize("precision, name",
-                         [("highest", n) for n in FAST_TRANSFORMERS] + [("medium", "gpt2")],
+@pytest.mark.parametrize("precision, name", [("highest", n) for n in FAST_TRANSFORMERS],
                          indirect=["precision"])
 def test_transformer(precision, name):
     model, inputs = zoo.TRANSFORMERS[name]()
