@@ -504,7 +504,7 @@ _levels = Levels("dynamo", PickleCodec(check=_require_entries), folder=GRAPH_FOL
 
 def _sizes_record(frame):
     """Dynamo's automatic-dynamic record of ``frame``'s code (input name -> the sizes its
-    traces saw; a size seen to change is dynamic at the next trace), or None."""
+    traces saw; a size seen to change is dynamic at the next trace), made empty if none."""
     from torch._dynamo import pgo
     return pgo.get_code_state()[pgo.CodeId.make(frame.f_code, frame.closure)].automatic_dynamic
 

@@ -820,7 +820,6 @@ def set_(func, args, kwargs):
     raise RuntimeError("Tensor.set_ is not supported on tpu tensors; assign the new tensor instead")
 
 
-
 @handles(aten._nested_tensor_from_mask.default, aten._nested_tensor_from_tensor_list.default,
          aten._nested_from_padded.default)
 def nested_tensor(func, args, kwargs):
@@ -831,6 +830,7 @@ def nested_tensor(func, args, kwargs):
         f"makes one in eval mode when given a src_key_padding_mask: build it with "
         f"enable_nested_tensor=False (the same results, padded positions included in its "
         f"output).")
+
 
 __all__ = ["dispatch", "handles", "signature", "download"]
 

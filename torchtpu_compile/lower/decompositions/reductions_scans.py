@@ -58,7 +58,6 @@ for _op in (aten.sum.dim_IntList, aten.mean.dim, aten.amax.default, aten.amin.de
     decomposition(_op)(_over_one_element(_op))
 
 
-
 # --- all / any of a bool tensor, as a 0-d tensor -----------------------------------------------
 # torch._assert on a tensor and every torch.distributions argument check call these (unlowered:
 # a host round trip per Normal(...) built on the eager device).
@@ -71,6 +70,7 @@ def is_all_true(x):
 @decomposition(aten._is_any_true.default)
 def is_any_true(x):
     return torch.any(x)
+
 
 # --- scans: a log-depth prefix combine (Hillis-Steele) of shifted copies ---------------------
 

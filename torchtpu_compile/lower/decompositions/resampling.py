@@ -60,22 +60,36 @@ def _nearest_sources(in_size: int, out_size: int, scale, exact: bool):
     return torch.floor(position * factor).to(torch.int64).clamp(max=in_size - 1)
 
 
+def _scatter_back(grad, output_size, input_size, scales, taps):
+    """The backward of a separable upsampling: one spatial dim at a time, each output's
+    gradient added to the input positions it read. ``taps(in_size, out_size, scale, dtype)``
+    gives a dim's (sources, weight) pairs, a weight None or a tensor over the outputs in
+    ``dtype`` (the one the gradient is summed in)."""
+    dims = len(output_size)
+    compute = computing_dtype(grad.dtype)
+    out = grad.to(compute)
+    scales = list(scales) + [None] * (dims - len(scales))
+    for i in range(dims):
+        axis = grad.dim() - dims + i
+        target = list(out.shape)
+        target[axis] = input_size[axis]
+        shape = [1] * out.dim()
+        shape[axis] = output_size[i]
+        summed = torch.zeros(target, dtype=compute)
+        for source, weight in taps(input_size[axis], output_size[i], scales[i], compute):
+            summed = summed.index_add(
+                axis, source, out if weight is None else out * weight.reshape(shape))
+        out = summed
+    return out.to(grad.dtype)
+
+
 def _upsample_nearest_backward(exact: bool):
     def backward(grad, output_size, input_size, *scales):
         # Unlowered with scales (torch-mlir leaves a torch.constant.int); the eager device
-        # meets these overloads in every nearest interpolation's backward. Each output's
-        # gradient added to the input position it copied, one spatial dim at a time.
-        dims = len(output_size)
-        compute = computing_dtype(grad.dtype)
-        out = grad.to(compute)
-        scales = list(scales) + [None] * (dims - len(scales))
-        for i in range(dims):
-            axis = grad.dim() - dims + i
-            source = _nearest_sources(input_size[axis], output_size[i], scales[i], exact)
-            target = list(out.shape)
-            target[axis] = input_size[axis]
-            out = torch.zeros(target, dtype=compute).index_add(axis, source, out)
-        return out.to(grad.dtype)
+        # meets these overloads in every nearest interpolation's backward.
+        return _scatter_back(grad, output_size, input_size, scales,
+                             lambda n_in, n_out, scale, dtype: [
+                                 (_nearest_sources(n_in, n_out, scale, exact), None)])
     return backward
 
 
@@ -154,7 +168,6 @@ def grid_sampler_2d_backward(grad, x, grid, interpolation_mode, padding_mode, al
     return (grad_x.reshape(x.shape) if output_mask[0] else None), grad_grid
 
 
-
 # --- backwards of linear upsampling ----------------------------------------------------------
 
 def _linear_sources(in_size: int, out_size: int, scale, align_corners: bool):
@@ -175,30 +188,20 @@ def _linear_sources(in_size: int, out_size: int, scale, align_corners: bool):
     return first, second, (position - first).clamp(0, 1)
 
 
-def _upsample_linear_backward(dims: int):
-    def backward(grad, output_size, input_size, align_corners, *scales):
-        # Unlowered (torch-mlir has no legalization for them); the eager device meets these
-        # overloads in every linear, bilinear or trilinear interpolation's backward. Linear
-        # interpolation is separable: one dim at a time, each output's gradient is added to
-        # its two sources with their weights.
-        compute = computing_dtype(grad.dtype)
-        out = grad.to(compute)
-        scales = list(scales) + [None] * (dims - len(scales))
-        for i in range(dims):
-            axis = grad.dim() - dims + i
-            first, second, weight = _linear_sources(input_size[axis], output_size[i],
-                                                    scales[i], align_corners)
-            shape = [1] * out.dim()
-            shape[axis] = output_size[i]
-            weight = weight.to(compute).reshape(shape)
-            target = list(out.shape)
-            target[axis] = input_size[axis]
-            out = torch.zeros(target, dtype=compute).index_add(
-                axis, first, out * (1 - weight)).index_add(axis, second, out * weight)
-        return out.to(grad.dtype)
-    return backward
+def _linear_taps(in_size: int, out_size: int, scale, align_corners: bool, dtype):
+    first, second, weight = _linear_sources(in_size, out_size, scale, align_corners)
+    weight = weight.to(dtype)
+    return [(first, 1 - weight), (second, weight)]
 
 
-decomposition(aten.upsample_linear1d_backward.default)(_upsample_linear_backward(1))
-decomposition(aten.upsample_bilinear2d_backward.default)(_upsample_linear_backward(2))
-decomposition(aten.upsample_trilinear3d_backward.default)(_upsample_linear_backward(3))
+def _upsample_linear_backward(grad, output_size, input_size, align_corners, *scales):
+    # Unlowered (torch-mlir has no legalization for them); the eager device meets these
+    # overloads in every linear, bilinear or trilinear interpolation's backward: each output's
+    # gradient goes to its two sources with their weights.
+    return _scatter_back(grad, output_size, input_size, scales,
+                         lambda n_in, n_out, scale, dtype: _linear_taps(
+                             n_in, n_out, scale, align_corners, dtype))
+
+
+decomposition(aten.upsample_linear1d_backward.default, aten.upsample_bilinear2d_backward.default,
+              aten.upsample_trilinear3d_backward.default)(_upsample_linear_backward)
