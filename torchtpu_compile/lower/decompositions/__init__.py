@@ -17,6 +17,8 @@ One module per family of ops, as JAX's lax files:
     views             copies of views, as_strided(_scatter), diagonal(_scatter), unfold, roll
     pooling           max and average pools (ceil mode, divisors, 3-D, adaptive), backwards
     recurrent         the fused LSTM and GRU cells (nn.LSTM/nn.GRU off the CPU), backwards
+    attention         nn.MultiheadAttention's and nn.TransformerEncoderLayer's fused inference
+                      kernels (their eval-mode fast path), masked softmax
     resampling        upsampling (output-size overloads, nearest's backward), grid sampler's
                       backward
     convolution       transposed convolutions, convolution_backward
@@ -92,9 +94,10 @@ def decomposition_table(ours: bool = True) -> dict:
 def _register_families() -> None:
     # Each family module registers its decompositions (and checks) when imported: here, on
     # first use, not when this package is imported (the backend and numerics import it early).
-    from . import (amp, bessel, checks, convolution, elementwise, fft_complex,  # noqa: F401
-                   foreach, indexing_scatter, linalg, normalization, optimizers, polynomials,
-                   pooling, recurrent, reductions_scans, resampling, sorting, special, views)
+    from . import (amp, attention, bessel, checks, convolution, elementwise,  # noqa: F401
+                   fft_complex, foreach, indexing_scatter, linalg, normalization, optimizers,
+                   polynomials, pooling, recurrent, reductions_scans, resampling, sorting,
+                   special, views)
 
 
 def _our_table() -> dict:
