@@ -90,6 +90,28 @@ def test_bilinear_upsampling_backward_with_and_without_scales():
                                                             (4, 1, None)])
 
 
+def check_bicubic_upsampling_backward(cases=LINEAR_CASES):
+    # Unlowered: bicubic interpolation's backward (ViT-style position embeddings resized to
+    # another image size) ran on the host. Eager's taps: four per dim, the position unclamped
+    # (it may fall before 0), each source clamped into the input, A = -0.75.
+    grads, calls = [], []
+    for corners in (False, True):
+        for n_in, n_out, scale in cases:
+            out_size, in_size = [n_out, n_out + 2], [2, 3, n_in, n_in + 1]
+            calls.append((out_size, in_size, corners, [scale, scale]))
+            grads.append(randn(2, 3, *out_size, seed=len(grads)))
+
+    def backwards(*grads):
+        return [aten.upsample_bicubic2d_backward.default(g, out_size, in_size, corners, *scales)
+                for (out_size, in_size, corners, scales), g in zip(calls, grads)]
+    check_on_both_paths(backwards, *grads, rtol=1e-5, atol=1e-5)
+
+
+def test_bicubic_upsampling_backward_with_and_without_scales():
+    # One case here (a scale, sources before 0); every case in tests/slow/test_resampling_full.py
+    check_bicubic_upsampling_backward(cases=[(3, 7, 2.5)])
+
+
 # --- grid sampling ---------------------------------------------------------------------------
 
 def check_grid_sampler_backward(paddings=(0, 1, 2)):

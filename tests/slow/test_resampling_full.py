@@ -1,9 +1,10 @@
 """The resampling backwards of tests/decompositions/test_resampling.py over every variant:
-nearest and linear upsampling's 1-d and 3-d forms (linear: every case) and the grid sampler's
-border and reflection padding (the fast suite runs 2-d and zeros padding)."""
+nearest and linear upsampling's 1-d and 3-d forms (linear and bicubic: every case) and the grid
+sampler's border and reflection padding (the fast suite runs 2-d and zeros padding)."""
 import pytest
 
-from tests.decompositions.test_resampling import (check_grid_sampler_backward,
+from tests.decompositions.test_resampling import (check_bicubic_upsampling_backward,
+                                                  check_grid_sampler_backward,
                                                   check_linear_upsampling_backward,
                                                   check_nearest_upsampling_backward)
 
@@ -16,6 +17,10 @@ def test_nearest_upsampling_backward_every_rank():
 
 def test_linear_upsampling_backward_every_rank():
     check_linear_upsampling_backward(dims_list=(1, 2, 3))
+
+
+def test_bicubic_upsampling_backward_every_case():
+    check_bicubic_upsampling_backward()
 
 
 def test_grid_sampler_backward_every_padding():

@@ -1,6 +1,6 @@
 """Resampling: upsampling's output-size overloads (which the eager device meets) through PyTorch's
-own decompositions, and the backwards of nearest and linear upsampling and of the grid sampler
-as scatter-adds.
+own decompositions, and the backwards of nearest, linear and bicubic upsampling and of the grid
+sampler as scatter-adds.
 
 Example::
 
@@ -170,19 +170,25 @@ def grid_sampler_2d_backward(grad, x, grid, interpolation_mode, padding_mode, al
 
 # --- backwards of linear upsampling ----------------------------------------------------------
 
+def _source_positions(in_size: int, out_size: int, scale, align_corners: bool):
+    """The real-valued input position each output position reads (UpSample.h's
+    area_pixel_compute_source_index, in float32), before any clamping."""
+    out = torch.arange(out_size).to(torch.float32)
+    if align_corners:
+        ratio = (in_size - 1) / (out_size - 1) if out_size > 1 else 0.0
+        return out * ratio  # a Python float: float32 arithmetic
+    ratio = 1.0 / scale if scale is not None and scale > 0 else in_size / out_size
+    return (out + 0.5) * ratio - 0.5
+
+
 def _linear_sources(in_size: int, out_size: int, scale, align_corners: bool):
     """(first source, second source, weight of the second) of each output position of linear
     upsampling along one dim, as eager computes them (UpSample.h: float32 arithmetic, the
     position clamped at 0 and the weight to [0, 1]; equal sizes copy)."""
-    out = torch.arange(out_size)
     if out_size == in_size:
+        out = torch.arange(out_size)
         return out, out, torch.zeros(out_size)
-    if align_corners:
-        ratio = (in_size - 1) / (out_size - 1) if out_size > 1 else 0.0
-        position = out.to(torch.float32) * ratio  # a Python float: float32 arithmetic
-    else:
-        ratio = 1.0 / scale if scale is not None and scale > 0 else in_size / out_size
-        position = ((out.to(torch.float32) + 0.5) * ratio - 0.5).clamp(min=0)
+    position = _source_positions(in_size, out_size, scale, align_corners).clamp(min=0)
     first = torch.floor(position).to(torch.int64).clamp(max=in_size - 1)
     second = torch.where(first < in_size - 1, first + 1, first)
     return first, second, (position - first).clamp(0, 1)
@@ -205,3 +211,39 @@ def _upsample_linear_backward(grad, output_size, input_size, align_corners, *sca
 
 decomposition(aten.upsample_linear1d_backward.default, aten.upsample_bilinear2d_backward.default,
               aten.upsample_trilinear3d_backward.default)(_upsample_linear_backward)
+
+
+# --- backward of bicubic upsampling ----------------------------------------------------------
+
+_CUBIC_A = -0.75  # UpSample.h's cubic convolution coefficient
+
+
+def _cubic_taps(in_size: int, out_size: int, scale, align_corners: bool, dtype):
+    """The four (source, weight) taps of each output position of bicubic upsampling along one
+    dim, as eager computes them (UpSample.h: the position unclamped, each source clamped into
+    the input, float32 weights)."""
+    position = _source_positions(in_size, out_size, scale, align_corners)
+    first = torch.floor(position)
+    t = position - first
+    a = _CUBIC_A
+
+    def near(x):  # |x| <= 1
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def far(x):  # 1 < |x| < 2
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
+    weights = [far(t + 1), near(t), near(1 - t), far(2 - t)]
+    first = first.to(torch.int64)
+    return [((first + k - 1).clamp(0, in_size - 1), weight.to(dtype))
+            for k, weight in enumerate(weights)]
+
+
+@decomposition(aten.upsample_bicubic2d_backward.default)
+def upsample_bicubic2d_backward(grad, output_size, input_size, align_corners, *scales):
+    # Unlowered; the eager device met it in every bicubic interpolation's backward (ViT-style
+    # position embeddings resized to another image size): each output's gradient goes to its
+    # sixteen sources, one dim at a time.
+    return _scatter_back(grad, output_size, input_size, scales,
+                         lambda n_in, n_out, scale, dtype: _cubic_taps(
+                             n_in, n_out, scale, align_corners, dtype))
