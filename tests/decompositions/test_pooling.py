@@ -50,6 +50,19 @@ def check_3d_pool_gradients():
     check(lambda x: torch.autograd.grad(loss(x), x)[0], x)
 
 
+def test_adaptive_avg_pool2d_backward_of_sizes_that_do_not_divide():
+    # torch-mlir lowers only output sizes that divide the input's: a 7x7 pool of a 10x10 map
+    # ran on the host in every training step. Batched, unbatched, and a size that divides.
+    calls = [((2, 3, 10, 10), (7, 7)), ((3, 5, 9), (3, 4)), ((1, 2, 8, 6), (4, 3))]
+    xs = [randn(*shape, seed=i) for i, (shape, _) in enumerate(calls)]
+    grads = [randn(*shape[:-2], *out, seed=10 + i) for i, (shape, out) in enumerate(calls)]
+
+    def backwards(*tensors):
+        return [aten._adaptive_avg_pool2d_backward.default(g, x)
+                for g, x in zip(tensors[:3], tensors[3:])]
+    check_on_both_paths(backwards, *grads, *xs, rtol=1e-6, atol=1e-6)
+
+
 # --- average pooling -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs", [

@@ -212,14 +212,22 @@ def adaptive_avg_pool3d(x, output_size):
     return out.to(x.dtype)
 
 
-@decomposition(aten._adaptive_avg_pool3d_backward.default)
-def adaptive_avg_pool3d_backward(grad, x):
-    # The forward's per-dim means, transposed: each window's gradient, over its length,
-    # added back at the positions it read.
-    dims = 3
-    windows = [_adaptive_windows(n, size) for n, size in zip(x.shape[-dims:], grad.shape[-dims:])]
-    per_dim = [valid.sum(1) for _, valid in windows]
-    return _spread_back(grad, x.shape, windows, per_dim)
+def _adaptive_avg_pool_backward(dims: int):
+    def backward(grad, x):
+        # The forward's per-dim means, transposed: each window's gradient, over its length,
+        # added back at the positions it read.
+        windows = [_adaptive_windows(n, size)
+                   for n, size in zip(x.shape[-dims:], grad.shape[-dims:])]
+        per_dim = [valid.sum(1) for _, valid in windows]
+        return _spread_back(grad, x.shape, windows, per_dim)
+    backward.__name__ = f"adaptive_avg_pool{dims}d_backward"
+    return backward
+
+
+# 2-D: torch-mlir lowers only output sizes that divide the input's; the others (a 7x7 pool of
+# a 10x10 map) ran on the host.
+decomposition(aten._adaptive_avg_pool2d_backward.default)(_adaptive_avg_pool_backward(2))
+decomposition(aten._adaptive_avg_pool3d_backward.default)(_adaptive_avg_pool_backward(3))
 
 
 def _spread_back(grad, in_shape, windows: list, per_dim_divisors: list):
