@@ -366,3 +366,19 @@ def test_reading_a_setting_is_cheap():
         _ = config.matmul_precision
     per_read = (time.perf_counter() - start) / 10000
     assert per_read < 5e-6, per_read
+
+
+def test_torch_compile_options_are_an_error_and_mode_a_warning(caplog):
+    # Dynamo hands a backend torch.compile's options and mode; both were silently ignored, so
+    # options={"matmul_precision": "highest"} compiled at the default precision.
+    import torch
+
+    from tests.support.helpers import compile_tpu
+    with pytest.raises(Exception, match="the torchtpu backend takes no options.*"
+                                        "config.matmul_precision = 'highest'"):
+        compile_tpu(torch.sin, options={"matmul_precision": "highest"})(torch.ones(3))
+    with caplog.at_level("WARNING", logger="torchtpu"):
+        out = compile_tpu(torch.sin, mode="reduce-overhead")(torch.ones(3))
+    assert torch.equal(out, torch.sin(torch.ones(3)))
+    assert any("ignoring torch.compile arguments {'mode': 'reduce-overhead'}" in r.getMessage()
+               for r in caplog.records)

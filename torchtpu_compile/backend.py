@@ -87,6 +87,31 @@ def _decompositions() -> dict:
     return decomposition_table()
 
 
+def _check_compile_arguments(arguments: dict) -> None:
+    """``torch.compile``'s ``mode`` and ``options``, which Dynamo hands every backend.
+
+    ``mode`` chooses among Inductor's code generators and CUDA graphs; a compiled call here
+    always replays one XLA executable, so it changes nothing: ignored with a warning, as
+    PyTorch's other backends do. ``options`` would be settings, and ignoring them could change
+    numbers (a precision), so they are an error, as unknown options are for Inductor.
+    """
+    from ._logging import warn_once
+    from .errors import ConfigError
+    arguments = dict(arguments)
+    options = arguments.pop("options", None)
+    if options:
+        raise ConfigError(
+            f"torch.compile(backend='torchtpu', options={options!r}): the torchtpu backend "
+            f"takes no options; its settings are torchtpu_compile.config's, set in code or "
+            f"in the environment: e.g. torchtpu_compile.config.matmul_precision = 'highest' "
+            f"before the first call, or TORCHTPU_MATMUL_PRECISION=highest (every setting: "
+            f"docs/configuration.md)")
+    if arguments:
+        warn_once(("compile arguments", tuple(sorted(arguments))),
+                  "torchtpu backend ignoring torch.compile arguments %s: a compiled call runs "
+                  "one XLA executable whatever the mode", arguments)
+
+
 def torchtpu_backend(gm: torch.fx.GraphModule, example_inputs, **options):
     """Compile a Dynamo FX graph for the PJRT device.
 
@@ -95,6 +120,7 @@ def torchtpu_backend(gm: torch.fx.GraphModule, example_inputs, **options):
         compiled = torch.compile(torch.nn.Linear(4, 4), backend="torchtpu")
         compiled(torch.randn(2, 4))
     """
+    _check_compile_arguments(options)
     from functorch.compile import min_cut_rematerialization_partition
     from torch._dynamo.backends.common import aot_autograd
     from torch.nn.attention import SDPBackend, sdpa_kernel
