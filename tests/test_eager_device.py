@@ -135,6 +135,24 @@ def test_mixing_devices_raises_like_cuda():
                                torch.full((2,), 3.0))
 
 
+@pytest.mark.parametrize("strict", [False, True])
+def test_inputs_eager_rejects_raise_its_error_and_nothing_else(strict, caplog):
+    # A shape error printed fake tensor's 20-line ERROR traceback and a "runs on the host"
+    # warning, counted as a fallback, before eager's error; under TORCHTPU_STRICT=1 it was an
+    # UnsupportedOpError saying the op "cannot run on the tpu device".
+    a, b = torch.ones(2, 3, device="tpu"), torch.ones(4, 5, device="tpu")
+    before = dict(torchtpu_compile.stats()["fallback_ops"])
+    with config.patch(strict=strict), caplog.at_level("WARNING"):
+        with pytest.raises(RuntimeError) as raised:
+            a @ b
+        assert type(raised.value) is RuntimeError
+        assert str(raised.value) == "mat1 and mat2 shapes cannot be multiplied (2x3 and 4x5)"
+        with pytest.raises(RuntimeError, match=r"^mean\(\): could not infer output dtype"):
+            torch.arange(3, device="tpu").mean()
+    assert [r.getMessage() for r in caplog.records] == []
+    assert torchtpu_compile.stats()["fallback_ops"] == before
+    torch.testing.assert_close((a @ a.T).cpu(), torch.full((2, 2), 3.0))  # still runs
+
 
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 def test_ctc_loss_with_lengths_on_the_host(reduction):

@@ -33,7 +33,7 @@ from torchtpu_compile.runtime.client import get_client
 from . import fallback, modes, rng, scalars, views
 from .fuse import Lazy
 from .modes import Strict, concrete
-from .programs import OpGraph, _platform, example, trace
+from .programs import OpGraph, _platform, example, meta_kernel_failed, trace
 from .storage import Storage
 from .tensor import (DEVICE, TpuTensor, _numel, contiguous_strides, dense_tensor, is_dense,
                      new_tensor, view_tensor)
@@ -349,6 +349,11 @@ def _build(func, args, kwargs, tensors, lift_floats=False):
             AssertionError, IndexError) as exc:
         if lift_floats:
             return None
+        if meta_kernel_failed():
+            # Likely inputs eager rejects: raise its error (its own words, as on CUDA), not
+            # a fallback warning; nothing is kept for the signature. Where eager accepts them
+            # after all, the op falls back as any op that does not lower.
+            fallback.raise_eagers_error(func, args, kwargs)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return _Fallback(first[:300])
     n_fresh = len(graph.out_meta) - len(written)

@@ -70,6 +70,21 @@ def _to_device(value, originals: dict):
     return value
 
 
+def raise_eagers_error(func, args, kwargs) -> None:
+    """Run ``func`` on host copies of its arguments, nothing written back: re-raise the error
+    eager raises for them, or return if it raises none.
+
+    Example::
+
+        raise_eagers_error(aten.mm.default, (a, b), {})
+        # RuntimeError: mat1 and mat2 shapes cannot be multiplied (2x3 and 4x5)
+    """
+    originals: dict = {}
+    host_args = _to_host(tuple(args), originals)
+    host_kwargs = {k: _to_host(v, originals) for k, v in kwargs.items()}
+    func(*host_args, **host_kwargs)
+
+
 def run_on_host(func, args, kwargs, reason: str | None):
     """Run ``func`` on host copies; ``reason`` set means "does not lower": the fallback policy
     applies (``torchtpu_compile.fallback_policy``: strict error, else counted and warned)."""

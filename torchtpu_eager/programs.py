@@ -17,8 +17,11 @@ Example::
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
+import logging
+import threading
 
 import torch
 import torch.fx as fx
@@ -113,11 +116,54 @@ def trace(fn, examples: list, label: str) -> OpGraph:
     # attention kernels do not lower; the math formulation does (as in the backend).
     include, exclude = _top_level_keys()
     with torch._C._ForceDispatchKeyGuard(include, exclude), sdpa_kernel(SDPBackend.MATH), \
-            torch.no_grad(), one_op_at_a_time():
+            torch.no_grad(), one_op_at_a_time(), _quiet_meta_failures():
         gm = make_fx(torch.func.functionalize(fn, remove="mutations"),
                      decomposition_table=_decompositions(), tracing_mode="fake")(*examples)
     normalize(gm)
     return OpGraph(gm, label)
+
+
+class _MetaFailureFilter(logging.Filter):
+    """Notes, and drops, fake tensor's log of a failed meta kernel while this thread traces an
+    op.
+
+    A meta kernel fails for inputs eager rejects (shapes that do not multiply, the mean of
+    integers); the op then raises eager's error, as on CUDA (``meta_kernel_failed``). Fake
+    tensor logs the failure with its traceback first, at ERROR: twenty lines before every
+    shape error a user makes.
+    """
+
+    tracing = threading.local()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(self.tracing, "on", False) and \
+                str(record.msg).startswith("failed while attempting to run meta"):
+            self.tracing.meta_failed = True
+            return False
+        return True
+
+
+def meta_kernel_failed() -> bool:
+    """Whether a meta kernel raised during this thread's last ``trace`` (a sign, not proof,
+    that eager rejects the op's inputs: a decomposition can also call an op wrongly)."""
+    return getattr(_meta_failure_filter().tracing, "meta_failed", False)
+
+
+@functools.cache
+def _meta_failure_filter() -> _MetaFailureFilter:
+    quiet = _MetaFailureFilter()
+    logging.getLogger("torch._subclasses.fake_tensor").addFilter(quiet)
+    return quiet
+
+
+@contextlib.contextmanager
+def _quiet_meta_failures():
+    tracing = _meta_failure_filter().tracing
+    before, tracing.on, tracing.meta_failed = getattr(tracing, "on", False), True, False
+    try:
+        yield
+    finally:
+        tracing.on = before
 
 
 @functools.cache
