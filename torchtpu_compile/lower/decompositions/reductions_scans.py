@@ -1,5 +1,6 @@
-"""Reductions and scans: reductions of 0-d tensors (on which torch-mlir crashes), the cumulative
-ops (which it does not lower) as log-depth prefix combines, histograms as scatter-adds.
+"""Reductions and scans: reductions of 0-d tensors (on which torch-mlir crashes), sums of
+half-width floats accumulated in float32 (as eager), the cumulative ops (which
+torch-mlir does not lower) as log-depth prefix combines, histograms as scatter-adds.
 
 Checks of reductions over no elements run before these: checks.py.
 
@@ -49,13 +50,44 @@ def _over_one_element(op):
     return decompose
 
 
-for _op in (aten.sum.dim_IntList, aten.mean.dim, aten.amax.default, aten.amin.default,
-            aten.aminmax.default, aten.logsumexp.default, aten.var.correction,
-            aten.std.correction, aten.var_mean.correction, aten.std_mean.correction,
-            aten._softmax.default, aten._log_softmax.default, aten.prod.dim_int,
-            aten.argmax.default, aten.argmin.default, aten.any.dim, aten.any.dims, aten.all.dim,
-            aten.all.dims, aten.max.dim, aten.min.dim, aten.linalg_vector_norm.default):
-    decomposition(_op)(_over_one_element(_op))
+# --- sums and products of half-width floats, accumulated in float32 -------------------------
+
+_HALF_WIDTHS = (torch.bfloat16, torch.float16)
+
+#: The reductions that accumulate: eager (CPU and CUDA alike) sums a bf16 or f16 tensor in
+#: float32 and rounds once; an XLA reduce in the tensor's own dtype rounds at every addition.
+#: (Not prod: the CPU multiplies bf16 in bf16.)
+_ACCUMULATING = (aten.sum.default, aten.sum.dim_IntList, aten.nansum.default, aten.mean.default,
+                 aten.mean.dim, aten.linalg_vector_norm.default)
+
+
+def _in_float32(op, inner):
+    """``inner`` (a decomposition of ``op``, or None for the op as it is), except that a
+    half-width result accumulates in float32: the input in that dtype (a ``dtype=`` casts
+    first, as eager), reduced in float32, rounded once."""
+    def decompose(x, *args, **kwargs):
+        dtype = kwargs.get("dtype") or x.dtype
+        if dtype in _HALF_WIDTHS and x.is_floating_point():
+            kwargs = {k: v for k, v in kwargs.items() if k != "dtype"}
+            return op(x.to(dtype).to(torch.float32), *args, **kwargs).to(dtype)
+        if inner is not None:
+            return inner(x, *args, **kwargs)
+        base = torch_mlir_table().get(op)
+        return base(x, *args, **kwargs) if base is not None else NotImplemented
+    decompose.__name__ = f"{op.__name__.replace('.', '_')}_in_float32"
+    return decompose
+
+
+_OVER_ONE_ELEMENT = (
+    aten.sum.dim_IntList, aten.mean.dim, aten.amax.default, aten.amin.default,
+    aten.aminmax.default, aten.logsumexp.default, aten.var.correction, aten.std.correction,
+    aten.var_mean.correction, aten.std_mean.correction, aten._softmax.default,
+    aten._log_softmax.default, aten.prod.dim_int, aten.argmax.default, aten.argmin.default,
+    aten.any.dim, aten.any.dims, aten.all.dim, aten.all.dims, aten.max.dim, aten.min.dim,
+    aten.linalg_vector_norm.default)
+for _op in dict.fromkeys(_OVER_ONE_ELEMENT + _ACCUMULATING):
+    _decompose = _over_one_element(_op) if _op in _OVER_ONE_ELEMENT else None
+    decomposition(_op)(_in_float32(_op, _decompose) if _op in _ACCUMULATING else _decompose)
 
 
 # --- all / any of a bool tensor, as a 0-d tensor -----------------------------------------------
