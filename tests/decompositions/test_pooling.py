@@ -81,6 +81,16 @@ def test_avg_pool3d_divisor_override():
                                  count_include_pad=False, divisor_override=2), randn(1, 2, 4, 4, 4))
 
 
+def test_half_width_average_pools_sum_in_float32():
+    # Eager sums each window in float32; a bf16 reduce_window rounded at every addition (6x
+    # eager's error for an 8x8 window of values in [0.5, 1.5)). One rounding apart at most.
+    x = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(0)) + 0.5
+    F = torch.nn.functional
+    check_on_both_paths(lambda x: (F.avg_pool2d(x.bfloat16(), 8),
+                                   F.avg_pool2d(x.half(), 8, ceil_mode=True, stride=6)),
+                        x, rtol=4e-3, atol=0)
+
+
 AVG_POOL_BACKWARDS = [  # (dims, kernel, stride, padding, ceil_mode, count_include_pad, divisor)
     (2, 2, 2, 0, True, True, None),      # RT-DETR's ResNet shortcut, on an odd size
     (2, 3, 2, 1, True, False, None), (2, 3, 2, 1, False, True, None),

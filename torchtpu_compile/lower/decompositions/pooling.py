@@ -260,7 +260,11 @@ def _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, div
               dims, pool):
     # torch-mlir ignores divisor_override and gets ceil_mode's clipped last window wrong. A
     # sum over zero-padded windows, divided by the window sizes PyTorch uses: counted on a
-    # ones mask (the padded region included or not), or the override.
+    # ones mask (the padded region included or not), or the override. Half-width floats sum
+    # in float32, as eager's kernels (a window summed in bf16 rounds at every addition).
+    if computing_dtype(x.dtype) != x.dtype:
+        return pool(x.to(computing_dtype(x.dtype)), kernel_size, stride, padding, ceil_mode,
+                    count_include_pad, divisor_override).to(x.dtype)
     kernel = _expand(kernel_size, dims)
     stride = _expand(stride, dims) if stride else kernel
     padding = _expand(padding, dims)
