@@ -14,6 +14,7 @@ import threading
 
 import torch
 
+from .common import computing_dtype
 from .registry import decomposition
 
 aten = torch.ops.aten
@@ -145,9 +146,13 @@ def scatter_reduce(self, dim, index, src, reduce, include_self=True):
     count = torch.zeros(n, dtype=torch.int64).index_put((flat,), torch.ones_like(flat), True)
     hit = count > 0
     if reduce in ("sum", "mean"):
-        total = torch.zeros_like(target).index_put((flat,), values, True)
+        # Half-width floats accumulate in float32, as the CPU kernel (a bf16 sum of a
+        # thousand ones stalls at 512).
+        compute = computing_dtype(self.dtype)
+        total = torch.zeros(n, dtype=compute).index_put((flat,), values.to(compute), True)
         if include_self:
-            total, count = total + target, count + 1
+            total, count = total + target.to(compute), count + 1
+        total = total.to(self.dtype)  # the mean divides the rounded sum by a rounded count
         if reduce == "mean":
             divisor = count.clamp(min=1).to(total.dtype)
             total = total / divisor if total.is_floating_point() else \
@@ -215,6 +220,16 @@ def segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, ax
         return out / count   # 0 / 0: NaN for an empty segment, as eager
     fill = {"sum": 0.0, "prod": 1.0, "max": float("-inf"), "min": float("inf")}[reduce]
     return torch.where(empty, torch.full_like(out, fill), out)
+
+
+@decomposition(aten.scatter_add.default)
+def scatter_add(self, dim, index, src):
+    # torch-mlir lowers it, accumulating in the tensor's dtype; the CPU kernel sums half-width
+    # floats in float32 (a bf16 sum of a thousand ones gave 512).
+    compute = computing_dtype(self.dtype)
+    if compute == self.dtype:
+        return NotImplemented
+    return self.to(compute).scatter_add(dim, index, src.to(compute)).to(self.dtype)
 
 
 @decomposition(aten.scatter.reduce, aten.scatter.value_reduce)
