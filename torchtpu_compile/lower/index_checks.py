@@ -243,8 +243,10 @@ def _checked(op, rule, inner):
     def decompose(*args, **kwargs):
         if _called_by_user():
             args = rule(*args)
-            if inner is None:  # traced as the op itself: this call re-enters one layer down
-                return op(*args, **kwargs)
+            result = NotImplemented if inner is None else inner(*args, **kwargs)
+            # Traced as the op itself (no decomposition, or one declining these inputs): with
+            # the marked indices, re-entering one layer down.
+            return op(*args, **kwargs) if result is NotImplemented else result
         elif inner is None:
             return NotImplemented
         return inner(*args, **kwargs)
