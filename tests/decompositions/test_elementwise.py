@@ -11,7 +11,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.support.decomposition_checks import INF, NAN, check, randn
+from tests.support.decomposition_checks import INF, NAN, check, check_on_both_paths, randn
 from tests.support.helpers import PATHS, compile_tpu, run_on_path
 from torchtpu_compile import config
 
@@ -230,3 +230,21 @@ def test_floor_division_property(dtype):
             for g, e in zip(compiled(a, b), fn(a, b)):
                 assert torch.equal(g, e), (a.tolist(), b.tolist(), g.tolist(), e.tolist())
         check()
+
+
+def test_shifts_gcd_and_lcm():
+    # The shift operators, gcd and lcm ran on the host; bitwise_right_shift shifted uint8
+    # arithmetically (200 >> 3 gave 249). Shifts past the width give eager's 0 or -1. A uint8
+    # literal (a where's 0, a full_like) did not lower either.
+    x = torch.tensor([1, 3, -8, -1, 2**20], dtype=torch.int32)
+    shift = torch.tensor([31, 32, 1, 40, 5], dtype=torch.int32)
+    small = torch.tensor([200, 255, 7], dtype=torch.uint8)
+    a = torch.tensor([12, -18, 0, 7, -4, 0, 2**40])
+    b = torch.tensor([18, 12, 0, 0, -6, -5, 3 * 2**20])
+
+    def integer_ops(x, shift, small, a, b):
+        return (x << shift, x >> shift, x << 3, x >> 33, small >> small.remainder(9),
+                torch.bitwise_right_shift(small, 3), small << 1, torch.gcd(a, b),
+                torch.lcm(a, b), torch.gcd(a.int(), b.int()), torch.where(small > 100, small, 0),
+                torch.full_like(small, 255) - small)
+    check_on_both_paths(integer_ops, x, shift, small, a, b)

@@ -245,3 +245,31 @@ def fold_literal_expressions(gm):
     for node in reversed(list(gm.graph.nodes)):  # the literals the folds left unused
         if node in known and not node.users:
             gm.graph.erase_node(node)
+
+
+#: Factories of one value: the literal torch-mlir makes for them has the result's dtype.
+_SPLAT_FACTORIES = {aten.full.default, aten.scalar_tensor.default}
+
+
+@fx_pass
+def uint8_literals_as_constants(gm):
+    # torch-mlir cannot legalize a uint8 literal (torch.vtensor.literal of ui8), and folds a
+    # conversion of an int32 one back into it: a uint8 full_like, a where with a 0 on uint8, a
+    # uint8 scalar in a decomposition ran on the host. Such a value is made on the host and
+    # held by the graph instead, which the calling convention passes in as an argument.
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in _SPLAT_FACTORIES or \
+                node.kwargs.get("dtype") != torch.uint8:
+            continue
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor) or \
+                not all(isinstance(size, int) for size in val.shape):
+            continue
+        fill = node.args[1] if node.target is aten.full.default else node.args[0]
+        name = f"_uint8_literal_{node.name}"
+        gm.register_buffer(name, torch.full(tuple(val.shape), fill, dtype=torch.uint8))
+        with gm.graph.inserting_before(node):
+            held = gm.graph.get_attr(name)
+        held.meta = dict(node.meta)
+        node.replace_all_uses_with(held)
+        gm.graph.erase_node(node)

@@ -1,7 +1,7 @@
 """Elementwise decompositions: arithmetic torch-mlir lowers wrongly (remainder's sign, integer
-floor division in float64, fmax/fmin and clamp's bounds without broadcasting), floats read bit
-by bit (nextafter, frexp), short formulas (hypot, angle, inductor's fma) and dropout's random
-mask.
+floor division in float64, fmax/fmin and clamp's bounds without broadcasting, uint8 right
+shifts) or not at all (the shift operators, gcd, lcm), floats read bit by bit (nextafter,
+frexp), short formulas (hypot, angle, inductor's fma) and dropout's random mask.
 
 Example::
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from .jax_functions import builds, jax_function
 from .registry import decomposition
 
 aten = torch.ops.aten
@@ -24,7 +25,10 @@ def _as_tensor(value, like):
     ``torch.constant.float`` that scalar overloads such as ``fmod.Scalar`` leave behind."""
     if isinstance(value, torch.Tensor):
         return value
-    return torch.scalar_tensor(value, dtype=torch.result_type(like, value))
+    dtype = torch.result_type(like, value)
+    if dtype == torch.uint8:  # nor a uint8 literal: an int64 one, converted
+        return torch.scalar_tensor(value, dtype=torch.int64).to(dtype)
+    return torch.scalar_tensor(value, dtype=dtype)
 
 
 @decomposition(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)
@@ -86,6 +90,51 @@ def _ignoring_nan(pick, a, b):
     if not a.is_floating_point():
         return pick(a, b)
     return torch.where(b.isnan(), a, torch.where(a.isnan(), b, pick(a, b)))
+
+
+@decomposition(aten.__lshift__.Tensor, aten.__lshift__.Scalar,
+               aten.bitwise_left_shift.Tensor_Scalar)
+def lshift(x, other):
+    # The operator spellings (x << n) and the scalar overload do not lower; the tensor one
+    # does, with eager's answer for a shift past the width (0).
+    return aten.bitwise_left_shift.Tensor(x, _as_tensor(other, x))
+
+
+@decomposition(aten.__rshift__.Tensor, aten.__rshift__.Scalar,
+               aten.bitwise_right_shift.Tensor_Scalar)
+def rshift(x, other):
+    # As lshift: past the width, 0, or -1 for a negative x (arithmetic shift).
+    return aten.bitwise_right_shift.Tensor(x, _as_tensor(other, x))
+
+
+@decomposition(aten.bitwise_right_shift.Tensor)
+def bitwise_right_shift(x, other):
+    # torch-mlir shifts uint8 arithmetically, as if signed: 200 >> 3 gave 249 (eager: 25).
+    # In int32 a uint8 value is non-negative, where the arithmetic shift is the logical one.
+    if x.dtype != torch.uint8:
+        return NotImplemented
+    return aten.bitwise_right_shift.Tensor(x.to(torch.int32), other.to(torch.int32)) \
+        .to(torch.uint8)
+
+
+@decomposition(aten.gcd.default)
+def gcd(a, b):
+    # Unlowered; JAX's Euclid loop (a while loop in the program), non-negative as eager's.
+    return jax_function("gcd")(a, b)
+
+
+@decomposition(aten.lcm.default)
+def lcm(a, b):
+    # Unlowered; eager's formula: |a / gcd * b|, 0 where the gcd is 0.
+    g = gcd(a, b)
+    quotient = torch.div(a, torch.where(g == 0, torch.ones_like(g), g), rounding_mode="trunc")
+    return torch.where(g == 0, torch.zeros_like(g), (quotient * b).abs())
+
+
+@builds("gcd")
+def _gcd_fn():
+    import jax.numpy as jnp
+    return jnp.gcd
 
 
 @decomposition("prims::fma")
