@@ -107,3 +107,17 @@ def test_a_model_with_an_rnn_keeps_its_tied_weights_and_parameters():
     model.to("cpu")
     assert model.decoder.weight is model.encoder.weight
     assert dict(model.named_parameters()) == weights
+
+
+def test_module_cpu_brings_a_tpu_model_back_keeping_its_parameters():
+    # CUDA's model.cpu() keeps each Parameter (and so tied weights), as model.to("cpu") does;
+    # on tpu it made new Parameters and untied them.
+    model = Tied().to("tpu")
+    weight = model.embed.weight
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    assert model.cpu() is model
+    assert model.embed.weight is weight is model.head.weight and weight.device.type == "cpu"
+    before = weight.detach().clone()
+    model(torch.tensor([[0, 3]])).sum().backward()
+    optimizer.step()
+    assert not torch.equal(weight.detach(), before)

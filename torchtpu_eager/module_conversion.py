@@ -1,4 +1,5 @@
-"""``Module.to("tpu")`` and ``Module.tpu()`` keep each Parameter object, as on CUDA.
+"""``Module.to("tpu")``, ``Module.tpu()`` and ``Module.cpu()`` of a tpu model keep each
+Parameter object, as on CUDA.
 
 ``Module._apply`` keeps a parameter's identity by assigning ``param.data`` only where the old
 and new tensors have "compatible shallow-copy types" (CPU and CUDA do; a PrivateUse1 tensor
@@ -123,7 +124,7 @@ def _convert(original, self, args, kwargs):
 
 
 def register() -> None:
-    """Wrap ``Module.to`` and ``Module.tpu`` (idempotent)."""
+    """Wrap ``Module.to``, ``Module.tpu`` and ``Module.cpu`` (idempotent)."""
     module = torch.nn.Module
     if getattr(module.to, "_torchtpu", False):
         return
@@ -144,3 +145,12 @@ def register() -> None:
         def tpu(self, *args, **kwargs):
             return _converted(original_tpu, self, args, kwargs)
         setattr(module, NAME, tpu)
+    original_cpu = module.cpu
+
+    @functools.wraps(original_cpu)
+    def cpu(self):
+        if not _involves_tpu(self, None):
+            return original_cpu(self)
+        return _converted(original_cpu, self, (), {})
+
+    module.cpu = cpu
