@@ -8,10 +8,13 @@ import sys
 
 import pytest
 
+from tests.decompositions.test_indexing_scatter import (BAG_INDICES, BAG_OFFSETS, bag_weights,
+                                                        every_bag, every_bag_backward)
 from tests.decompositions.test_pooling import check_3d_pool_gradients
 from tests.decompositions.test_recurrent import MORE_CASES, check_recurrent
 from tests.decompositions.test_sorting import check_topk, topk_sweep_inputs
 from tests.support import python_env
+from tests.support.decomposition_checks import check_on_both_paths, randn
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fresh_dynamo")]
 
@@ -63,3 +66,12 @@ def test_3d_pool_gradients():
 @pytest.mark.parametrize("name", list(MORE_CASES))
 def test_stacked_recurrent_layers_on_the_device(name):
     check_recurrent(*MORE_CASES[name])
+
+
+def test_embedding_bag_every_mode_and_gradient_on_both_paths():
+    # Every mode with and without padding, and every gradient (the fast suite: a few).
+    check_on_both_paths(every_bag, bag_weights(), BAG_INDICES, BAG_OFFSETS, randn(14, seed=1),
+                        rtol=1e-6, atol=1e-6)
+    check_on_both_paths(every_bag_backward, randn(7, 3, seed=2), randn(7, 3),
+                        BAG_INDICES.long(), BAG_OFFSETS[:-1].long(), randn(14, seed=1),
+                        rtol=1e-6, atol=1e-6)
