@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
+
+import torchtpu_compile
 
 from tests.support.decomposition_checks import NAN, check, randn
 from tests.support.helpers import compile_tpu
@@ -225,3 +228,19 @@ def test_embedding_bag_module_trains_on_the_device():
     with config.patch(strict=True):
         bag(text.to("tpu"), offsets.to("tpu")).square().sum().backward()
     torch.testing.assert_close(bag.weight.grad.cpu(), want, rtol=1e-6, atol=1e-6)
+
+
+def test_embedding_bag_of_varying_lengths_compiles_per_bucket():
+    # A text classifier's batches hold a different number of tokens each: one program per
+    # bucket, not per length, in every mode, with eager's values.
+    def bags(w, text, offsets):
+        return [F.embedding_bag(text, w, offsets, mode=mode, padding_idx=3)
+                for mode in ("sum", "mean", "max")]
+    compiled = compile_tpu(bags, dynamic=True)
+    w = randn(12, 4)
+    for n in (5, 7, 6):
+        text = torch.randint(0, 12, (n,), generator=torch.Generator().manual_seed(n))
+        offsets = torch.tensor([0, 2, 2, n - 1])
+        torch.testing.assert_close(compiled(w, text, offsets), bags(w, text, offsets))
+    buckets = torchtpu_compile.stats()["buckets"]
+    assert buckets["exact_shape_compiles"] == 0 and buckets["compiles"] == 1, buckets

@@ -120,13 +120,16 @@ def put(x, index, source, accumulate=False):
 # --- embedding bags --------------------------------------------------------------------------
 
 _SUM, _MEAN, _MAX = 0, 1, 2
+_NEVER = 1 << 62   # the position of nothing, past any real one
+#: Largest (bags x indices x dim) reduction the max mode may build.
+_DENSE_BAG_LIMIT = 1 << 28
 
 
 def _bag_of_each_index(offsets, n: int, bags: int):
     """``offset2bag``: the bag each of ``n`` indices belongs to, from the bags' first offsets
     (one count at each start, then a running sum). Past the last start is the last bag, as on
     CPU, which ignores ``include_last_offset``'s final offset."""
-    starts = offsets[:bags].to(torch.int64).clamp(0, n)
+    starts = offsets[:bags].to(torch.int64)
     counts = torch.zeros(n + 1, dtype=torch.int64).index_add(0, starts, torch.ones_like(starts))
     return (torch.cumsum(counts, 0)[:n] - 1).clamp(min=0)
 
@@ -157,6 +160,8 @@ def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sp
             per_sample_weights is not None and mode != _SUM):
         return NotImplemented
     n, dim = indices.shape[0], weight.shape[1]
+    if mode == _MAX and isinstance(n, int) and bags * n * dim > _DENSE_BAG_LIMIT:
+        return NotImplemented   # max's (bags x n x dim) reduction: beyond this, the host
     itype = indices.dtype
     bag = _bag_of_each_index(offsets, n, bags)
     keep = _kept(indices, padding_idx)
@@ -166,7 +171,8 @@ def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sp
         out, chosen = _bag_max(rows, bag, keep, bags)
         max_indices = torch.zeros(bags, dim, dtype=itype)
         if n:
-            max_indices = torch.where(chosen < n, indices[chosen.clamp(max=n - 1)], max_indices)
+            found = chosen < _NEVER
+            max_indices = torch.where(found, indices[torch.where(found, chosen, 0)], max_indices)
         return out, bag.to(itype), size, max_indices
     acc = _accumulating(weight.dtype)
     scale = keep.to(acc)
@@ -183,25 +189,25 @@ def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sp
 
 
 def _bag_max(rows, bag, keep, bags: int):
-    """(each bag's maximum per column, the position it came from: ``n`` for an empty bag)."""
+    """(each bag's maximum per column, the position it came from: ``_NEVER`` for an empty
+    bag). Bags are runs of positions: each bag's values are reduced over a (bags x n) mask, a
+    fused reduction, not a dense scatter table (scatter_reduce's amax compares every source
+    element with every target element, columns included)."""
     n, dim = rows.shape
     if n == 0:
-        return rows.new_zeros(bags, dim), torch.zeros(bags, dim, dtype=torch.int64)
-    where_bag = bag[:, None].expand(n, dim)
-    kept = keep[:, None].expand(n, dim)
-    values = torch.where(kept & ~torch.isnan(rows), rows, float("-inf"))
-    best = torch.full((bags, dim), float("-inf"), dtype=rows.dtype).scatter_reduce(
-        0, where_bag, values, "amax")
-    position = torch.arange(n)[:, None].expand(n, dim)
-    never = torch.full((), n, dtype=torch.int64)
-    hit = kept & (values == best.gather(0, where_bag))
-    chosen = torch.full((bags, dim), n, dtype=torch.int64).scatter_reduce(
-        0, where_bag, torch.where(hit, position, never), "amin")
-    first = torch.full((bags,), n, dtype=torch.int64).scatter_reduce(
-        0, bag, torch.where(keep, torch.arange(n), never), "amin")
-    first_is_nan = (first < n)[:, None] & torch.isnan(rows[first.clamp(max=n - 1)])
+        return rows.new_zeros(bags, dim), torch.full((bags, dim), _NEVER, dtype=torch.int64)
+    member = (bag[None, :] == torch.arange(bags)[:, None]) & keep[None, :]       # bags x n
+    values = torch.where(torch.isnan(rows), float("-inf"), rows)[None]          # 1 x n x dim
+    best = torch.where(member[:, :, None], values, float("-inf")).amax(1)        # bags x dim
+    never = torch.full((), _NEVER, dtype=torch.int64)
+    hit = member[:, :, None] & (values == best[:, None, :])
+    chosen = torch.where(hit, torch.arange(n)[None, :, None], never).amin(1)
+    first = torch.where(member, torch.arange(n)[None, :], never).amin(1)         # bags
+    first_found = first < _NEVER
+    first_is_nan = first_found[:, None] & torch.isnan(rows[torch.where(first_found, first, 0)])
     chosen = torch.where(first_is_nan, first[:, None].expand(bags, dim), chosen)
-    out = torch.where(chosen < n, rows.gather(0, chosen.clamp(max=n - 1)),
+    found = chosen < _NEVER
+    out = torch.where(found, rows.gather(0, torch.where(found, chosen, 0)),
                       torch.zeros((), dtype=rows.dtype))
     return out, chosen
 
