@@ -11,7 +11,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.support.decomposition_checks import INF, NAN, check, randn
+from tests.support.decomposition_checks import INF, NAN, check, check_on_both_paths, randn
 from tests.support.helpers import PATHS, compile_tpu, run_on_path
 from torchtpu_compile import config
 
@@ -33,6 +33,15 @@ def test_remainder_of_integers():
 
 def test_fmod_with_a_scalar():
     check(lambda x: torch.fmod(x, 0.7), randn(4, 3))
+
+
+def test_reciprocal_and_erf_of_integers_and_bools():
+    # torch-mlir lowers them for floats only; eager computes integer and bool inputs in the
+    # default float dtype. AveragedModel's SWA step divides 1 by its int64 count on the device.
+    ints = torch.tensor([[1, -2, 0], [7, 3, -1]])
+    ops = lambda x: (torch.reciprocal(x), 1 / x, torch.erf(x), torch.erfc(x))  # noqa: E731
+    for x in (ints, ints > 0):
+        check_on_both_paths(ops, x, rtol=1e-6, atol=1e-6)
 
 
 def test_fmax_fmin_broadcast_and_ignore_nan():

@@ -97,6 +97,27 @@ def fma(a, b, c):
     return a * b + c
 
 
+def _integral(x) -> bool:
+    return not (x.is_floating_point() or x.is_complex())
+
+
+@decomposition(aten.reciprocal.default)
+def reciprocal(x):
+    # torch-mlir lowers it for floats only; eager computes an integer or bool input in the
+    # default float dtype (AveragedModel's SWA step divides 1 by its int64 count).
+    if not _integral(x):
+        return NotImplemented
+    return torch.reciprocal(x.to(torch.get_default_dtype()))
+
+
+@decomposition(aten.erf.default)
+def erf(x):
+    # As reciprocal: floats only in torch-mlir (erfc is 1 - erf).
+    if not _integral(x):
+        return NotImplemented
+    return torch.erf(x.to(torch.get_default_dtype()))
+
+
 @decomposition(aten.fmax.default)
 def fmax(a, b):
     # torch-mlir's lowering builds a comparison of the unbroadcast shapes and fails to verify.
