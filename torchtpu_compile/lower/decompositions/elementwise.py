@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from .common import computing_dtype
 from .registry import decomposition
 
 aten = torch.ops.aten
@@ -116,6 +117,24 @@ def erf(x):
     if not _integral(x):
         return NotImplemented
     return torch.erf(x.to(torch.get_default_dtype()))
+
+
+@decomposition(aten.lerp.Scalar)
+def lerp_scalar(start, end, weight):
+    # The weight as a 0-d tensor, so that the eager device lifts a new weight into a program
+    # input (an EMA, or SWA's 1 / (n + 1), changes it every step; PyTorch's reference picks
+    # its formula in Python and compiled one program per weight). Eager's kernel: a weight
+    # under 0.5 in magnitude steps from start, the others back from end.
+    if start.is_complex():
+        return NotImplemented
+    compute = computing_dtype(start.dtype)
+    start_, end_ = start.to(compute), end.to(compute)
+    diff = end_ - start_
+    # The weight in a tensor slot (liftable) of a product with data, which the tracer cannot
+    # fold into a constant (it folds ones_like(x) * w, and the comparison below with it);
+    # where diff is NaN the result is NaN either way.
+    w = (diff == diff).to(compute) * weight
+    return torch.where(w.abs() < 0.5, start_ + w * diff, end_ - diff * (1 - w)).to(start.dtype)
 
 
 @decomposition(aten.fmax.default)
