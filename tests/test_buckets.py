@@ -84,6 +84,9 @@ CASES = {
     "sort_topk": lambda x: (*_row_sort(x), x.topk(2, dim=1).values),
     "arange_and_size_as_value": lambda x: (x + torch.arange(x.shape[1])[None, :, None],
                                            x / x.shape[1], x * (x.shape[1] - 1)),
+    # a size in an op whose default overload takes Scalars (positions clamped to the length)
+    "clamp_by_size": lambda x: (x.clamp(max=x.shape[1] - 4), x.clamp(-x.shape[1], 1.0),
+                                x.clamp_min(x.shape[1] * 0.1), x.clamp_max(x.shape[1] / 9)),
     "index_from_real_end": lambda x: (x[:, -1], x[:, -2:], x[:, 1:] - x[:, :-1]),
     "contraction_over_dynamic_dim": lambda x: x.transpose(1, 2) @ x,
     "merged_dims": lambda x: (x.reshape(-1, 5).sum(0), x.reshape(-1).amax()),

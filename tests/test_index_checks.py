@@ -314,3 +314,23 @@ def test_literal_indices_in_range_are_checked_on_the_host_once():
     compiled = compile_tpu(lambda t: t[torch.arange(2, 6)] * 1)
     with pytest.raises(IndexError, match="index 4 is out of bounds for dimension 0 with size 4"):
         compiled(X)
+
+
+def _bag(w, i):
+    return F.embedding_bag(i, w, torch.tensor([0, 1], device=i.device), mode="max")
+
+
+def test_embedding_bag_raises_eager_error_on_both_paths():
+    # nn.EmbeddingBag lowers now (it ran on the host, which raised): its indices are checked,
+    # with the error of CPU's general kernel (its fast float sum and mean word it otherwise).
+    for bad in (4, -1):
+        expected = str(_cpu_error(_bag, [0, bad]))
+        assert expected.startswith("embedding_bag: Expected idx >= 0 && idx < num_embeddings")
+        with pytest.raises(RuntimeError, match=re.escape(expected + " (aten.embedding_bag")):
+            compile_tpu(_bag)(X, torch.tensor([0, bad]))
+    out = _bag(X.to("tpu"), torch.tensor([-1, 0]).to("tpu"))
+    with pytest.raises(RuntimeError, match=re.escape(expected)) as info:
+        out.cpu()
+    assert "return F.embedding_bag(i, w" in str(info.value)
+    torch.testing.assert_close(_bag(X.to("tpu"), torch.tensor([3, 0]).to("tpu")).cpu(),
+                               _bag(X, torch.tensor([3, 0])))

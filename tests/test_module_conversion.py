@@ -68,3 +68,56 @@ def test_moving_a_model_while_its_graph_is_alive_works_as_before():
     assert all(p.device.type == "cpu" for p in model.parameters())
     torch.testing.assert_close(model(x), expected)
     out.sum().backward()  # the tpu graph still runs backward on its own parameters
+
+
+class TiedRNN(torch.nn.Module):
+    # pytorch/examples' word_language_model: an RNN between a tied embedding and decoder.
+    def __init__(self, kind):
+        super().__init__()
+        self.encoder = torch.nn.Embedding(7, 4)
+        self.rnn = getattr(torch.nn, kind)(4, 4)
+        self.decoder = torch.nn.Linear(4, 7)
+        self.decoder.weight = self.encoder.weight
+
+    def forward(self, idx):
+        out, _ = self.rnn(self.encoder(idx))
+        return self.decoder(out)
+
+
+def test_a_model_with_an_rnn_keeps_its_tied_weights_and_parameters():
+    # nn.LSTM/GRU/RNN keep weak references to their weights (_flat_weight_refs), which
+    # RNNBase._apply drops before converting; the move used to see them, refuse to swap, and
+    # untie the embedding from the decoder (with a warning).
+    for kind in ("GRU", "RNN", "LSTM"):
+        torch.manual_seed(0)
+        model = TiedRNN(kind)
+        weights = dict(model.named_parameters())
+        model.to("tpu")
+        assert model.decoder.weight is model.encoder.weight, kind
+        assert dict(model.named_parameters()) == weights, kind
+        assert all(p.device.type == "tpu" for p in model.parameters())
+        assert all(w is getattr(model.rnn, n)     # the RNN's own list follows the move
+                   for w, n in zip(model.rnn._flat_weights, model.rnn._flat_weights_names))
+    # An optimizer built before the move steps the moved (tpu) weights.
+    optimizer = torch.optim.SGD(weights.values(), lr=1.0)
+    before = model.decoder.weight.detach().cpu()
+    model.encoder.weight.grad = torch.ones(7, 4, device="tpu")
+    optimizer.step()
+    torch.testing.assert_close(model.decoder.weight.detach().cpu(), before - 1)
+    model.to("cpu")
+    assert model.decoder.weight is model.encoder.weight
+    assert dict(model.named_parameters()) == weights
+
+
+def test_module_cpu_brings_a_tpu_model_back_keeping_its_parameters():
+    # CUDA's model.cpu() keeps each Parameter (and so tied weights), as model.to("cpu") does;
+    # on tpu it made new Parameters and untied them.
+    model = Tied().to("tpu")
+    weight = model.embed.weight
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    assert model.cpu() is model
+    assert model.embed.weight is weight is model.head.weight and weight.device.type == "cpu"
+    before = weight.detach().clone()
+    model(torch.tensor([[0, 3]])).sum().backward()
+    optimizer.step()
+    assert not torch.equal(weight.detach(), before)

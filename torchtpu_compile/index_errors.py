@@ -43,6 +43,9 @@ _EAGER_ERRORS = {
     "aten.put": (IndexError, "out of range: tried to access index {value} on a tensor of "
                              "{size} elements."),
     "aten.nll_loss": (IndexError, "Target {value} is out of bounds."),
+    # CPU's general kernel's (its fast float sum and mean say it otherwise, by position).
+    "aten.embedding_bag": (RuntimeError, "embedding_bag: Expected idx >= 0 && idx < "
+                                         "num_embeddings but found idx to be {value}"),
 }
 #: gather, scatter, scatter_add, scatter_reduce, index_add.
 _GATHER_ERROR = (RuntimeError, "index {value} is out of bounds for dimension {dim} with size "

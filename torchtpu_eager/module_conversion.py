@@ -1,4 +1,5 @@
-"""``Module.to("tpu")`` and ``Module.tpu()`` keep each Parameter object, as on CUDA.
+"""``Module.to("tpu")``, ``Module.tpu()`` and ``Module.cpu()`` of a tpu model keep each
+Parameter object, as on CUDA.
 
 ``Module._apply`` keeps a parameter's identity by assigning ``param.data`` only where the old
 and new tensors have "compatible shallow-copy types" (CPU and CUDA do; a PrivateUse1 tensor
@@ -12,7 +13,10 @@ conversions that involve tpu only, so what a CPU-only script does is unchanged.
 A swap needs each parameter held by its module and autograd alone: moving a model while an
 autograd graph still holds its weights (``out = model(x); model.cpu()``), or while a weak
 reference points at one, cannot swap. That conversion goes PyTorch's plain way instead, as it
-did before (new Parameter objects), with a warning, rather than failing half-way.
+did before (new Parameter objects), with a warning, rather than failing half-way. The weak
+references every ``nn.LSTM``/``GRU``/``RNN`` keeps to its own weights (``_flat_weight_refs``)
+do not count: ``RNNBase._apply`` drops them before converting and makes them again after, so
+they are dropped before the check too (a tied word language model came untied).
 
 Example::
 
@@ -87,7 +91,26 @@ def move_in_place(tensor: torch.Tensor, device) -> None:
     torch.utils.swap_tensors(tensor, moved)
 
 
+def _drop_rnn_weight_refs(module: torch.nn.Module) -> list:
+    """Clear the weak references RNN modules keep to their weights, as ``RNNBase._apply``
+    does first thing; returns the modules, whose references ``_apply`` makes again."""
+    rnns = [m for m in module.modules() if isinstance(m, torch.nn.RNNBase)]
+    for rnn in rnns:
+        rnn._flat_weight_refs = []
+    return rnns
+
+
 def _converted(original, self, args, kwargs):
+    rnns = _drop_rnn_weight_refs(self)
+    try:
+        return _convert(original, self, args, kwargs)
+    finally:
+        for rnn in rnns:    # _apply remade them, unless a conversion failed before reaching it
+            if not rnn._flat_weight_refs:
+                rnn._init_flat_weights()
+
+
+def _convert(original, self, args, kwargs):
     blocked = _unswappable(self)
     if blocked is not None:
         warn_once(("module conversion", type(self).__name__, blocked),
@@ -101,7 +124,7 @@ def _converted(original, self, args, kwargs):
 
 
 def register() -> None:
-    """Wrap ``Module.to`` and ``Module.tpu`` (idempotent)."""
+    """Wrap ``Module.to``, ``Module.tpu`` and ``Module.cpu`` (idempotent)."""
     module = torch.nn.Module
     if getattr(module.to, "_torchtpu", False):
         return
@@ -122,3 +145,12 @@ def register() -> None:
         def tpu(self, *args, **kwargs):
             return _converted(original_tpu, self, args, kwargs)
         setattr(module, NAME, tpu)
+    original_cpu = module.cpu
+
+    @functools.wraps(original_cpu)
+    def cpu(self):
+        if not _involves_tpu(self, None):
+            return original_cpu(self)
+        return _converted(original_cpu, self, (), {})
+
+    module.cpu = cpu

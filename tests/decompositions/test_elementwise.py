@@ -11,6 +11,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import torchtpu_compile
 from tests.support.decomposition_checks import INF, NAN, check, check_on_both_paths, randn
 from tests.support.helpers import PATHS, compile_tpu, run_on_path
 from torchtpu_compile import config
@@ -33,6 +34,37 @@ def test_remainder_of_integers():
 
 def test_fmod_with_a_scalar():
     check(lambda x: torch.fmod(x, 0.7), randn(4, 3))
+
+
+def test_reciprocal_and_erf_of_integers_and_bools():
+    # torch-mlir lowers them for floats only; eager computes integer and bool inputs in the
+    # default float dtype. AveragedModel's SWA step divides 1 by its int64 count on the device.
+    ints = torch.tensor([[1, -2, 0], [7, 3, -1]])
+    ops = lambda x: (torch.reciprocal(x), 1 / x, torch.erf(x), torch.erfc(x))  # noqa: E731
+    for x in (ints, ints > 0):
+        check_on_both_paths(ops, x, rtol=1e-6, atol=1e-6)
+
+
+def test_lerp_with_a_new_weight_each_call_compiles_once():
+    # An EMA or SWA average (AveragedModel: _foreach_lerp_ with 1 / (n + 1)) passes a new
+    # Python weight every step: each step compiled a program, as PyTorch's reference picks its
+    # formula from the weight in Python. Values: eager's bits, both formulas, inf and NaN.
+    start, end = randn(64), randn(64, seed=1)
+    start[:3], end[1], end[2] = INF, NAN, -INF
+    for weight in (0.3, 0.7, -0.6, 0.5, 1.7, 0.49999997):
+        check(lambda a, b, w=weight: torch.lerp(a, b, w), start, end, rtol=0, atol=0)
+        got = torch.lerp(start.to("tpu"), end.to("tpu"), weight).cpu()
+        torch.testing.assert_close(got, torch.lerp(start, end, weight), rtol=0, atol=0,
+                                   equal_nan=True)
+    averaged = [torch.zeros(3, device="tpu"), torch.zeros(2, device="tpu")]
+    current = [torch.ones(3, device="tpu"), torch.ones(2, device="tpu")]
+    torch._foreach_lerp_(averaged, current, 1.0)
+    torch._foreach_lerp_(averaged, current, 0.5)   # the second weight: traced with it lifted
+    before = torchtpu_compile.stats()["eager_programs_compiled"]
+    for n in range(2, 6):
+        torch._foreach_lerp_(averaged, current, 1 / (n + 1))
+    assert torchtpu_compile.stats()["eager_programs_compiled"] == before
+    torch.testing.assert_close(averaged[1].cpu(), torch.ones(2))
 
 
 def test_fmax_fmin_broadcast_and_ignore_nan():

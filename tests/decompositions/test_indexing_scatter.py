@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
+
+import torchtpu_compile
 
 from tests.support.decomposition_checks import NAN, check, check_on_both_paths, randn
+from tests.support.helpers import compile_tpu
 from torchtpu_compile import config
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
+aten = torch.ops.aten
 
 
 # --- indexing --------------------------------------------------------------------------------
@@ -124,6 +129,121 @@ def test_segment_reduce_with_empty_segments_initial_and_offsets():
             out.append(torch.segment_reduce(rows, reduce, offsets=offsets, axis=1))
         return out
     check(segments, data, lengths, rows, offsets)
+
+
+# --- embedding bags --------------------------------------------------------------------------
+
+#: Weights with a tie (rows 1 and 4) and a NaN, indices (every one twice: CPU's
+#: scale_grad_by_freq divides by a neighbour's count, see below) with empty bags.
+BAG_INDICES = torch.tensor([1, 2, 4, 5, 0, 3, 3, 6, 6, 1, 2, 4, 5, 0], dtype=torch.int32)
+BAG_OFFSETS = torch.tensor([0, 2, 2, 5, 7, 7, 11, 14], dtype=torch.int32)
+
+
+def bag_weights():
+    w = randn(7, 3)
+    w[4] = w[1]
+    w[6, 0] = NAN
+    return w
+
+
+def every_bag(w, idx, offsets, per_sample):
+    # Every mode and output: without padding, then with padding and a last offset.
+    outs = []
+    for mode in (0, 1, 2):
+        outs.append(aten._embedding_bag(w, idx, offsets[:-1], False, mode, False, None, False,
+                                        -1))
+        outs.append(aten._embedding_bag(w, idx, offsets, False, mode, False, None, True, 2))
+    outs.append(aten._embedding_bag_forward_only(w, idx, offsets[:-1], False, 0, False,
+                                                 per_sample, False, -1))
+    return outs
+
+
+def every_bag_backward(grad, w, idx, offsets, per_sample):
+    outs = []
+    for mode, freq, pad in ((0, False, -1), (0, True, 2), (1, False, -1), (1, True, 2),
+                            (2, False, -1), (2, False, 2)):
+        _, offset2bag, size, max_indices = aten._embedding_bag(w, idx, offsets, freq, mode,
+                                                               False, None, False, pad)
+        outs.append(aten._embedding_bag_backward(grad, idx, offsets, offset2bag, size,
+                                                 max_indices, w.shape[0], freq, mode, False,
+                                                 None, pad))
+    _, offset2bag, size, max_indices = aten._embedding_bag(w, idx, offsets, False, 0, False,
+                                                           per_sample, False, 2)
+    outs.append(aten._embedding_bag_backward(grad, idx, offsets, offset2bag, size, max_indices,
+                                             w.shape[0], False, 0, False, per_sample, 2))
+    outs.append(aten._embedding_bag_per_sample_weights_backward(grad, w, idx, offsets,
+                                                                offset2bag, 0, 2))
+    return outs
+
+
+def a_few_bags(grad, w, idx, offsets, per_sample):
+    # Each mode once (max with a tie and a NaN, mean with padding and a last offset, sum with
+    # per-sample weights), every output, and the gradients of max and of the weighted sum.
+    outs = [aten._embedding_bag(w, idx, offsets[:-1], False, 2, False, None, False, -1),
+            aten._embedding_bag(w, idx, offsets, False, 1, False, None, True, 2),
+            aten._embedding_bag(w, idx, offsets[:-1], False, 0, False, per_sample, False, -1)]
+    _, offset2bag, size, max_indices = outs[0]
+    outs.append(aten._embedding_bag_backward(grad, idx, offsets[:-1], offset2bag, size,
+                                             max_indices, 7, False, 2, False, None))
+    outs.append(aten._embedding_bag_backward(grad, idx, offsets[:-1], outs[2][1], outs[2][2],
+                                             outs[2][3], 7, False, 0, False, per_sample))
+    outs.append(aten._embedding_bag_per_sample_weights_backward(grad, w, idx, offsets[:-1],
+                                                                outs[2][1], 0))
+    return outs
+
+
+def test_embedding_bag_each_mode_and_gradient_as_cpu_computes_them():
+    # Unlowered: nn.EmbeddingBag (text classification) ran on the host, both ways. Every
+    # output as CPU's, empty bags, max's ties (the first position wins) and NaN (one first in
+    # its bag stays, as CPU compares each value with the running maximum), int32 indices.
+    # Every mode with and without padding, on both paths: tests/slow/test_decompositions_full.py.
+    check(a_few_bags, randn(7, 3, seed=2), bag_weights(), BAG_INDICES, BAG_OFFSETS,
+          randn(14, seed=1), rtol=1e-6, atol=1e-6)
+
+
+def test_embedding_bag_scales_by_each_index_own_frequency():
+    # scale_grad_by_freq divides each row's gradient by how often its index occurs, as the
+    # documentation says and nn.Embedding does. CPU's bag kernel divides the k-th distinct
+    # index's by the count of the k-th *sorted* index instead (indices 4 and 5 here get 1/2,
+    # not 1): we follow the documented meaning (the other tests use indices whose counts are
+    # equal, where both agree).
+    grad = randn(3, 3, seed=2)
+    idx, offsets = torch.tensor([1, 2, 4, 5, 0, 3, 3, 1, 2]), torch.tensor([0, 2, 5])
+    bag = torch.tensor([0, 0, 1, 1, 1, 2, 2, 2, 2])
+    want = aten.embedding_dense_backward(grad[bag], idx, 7, -1, True)
+    got = compile_tpu(lambda g, i, o: aten._embedding_bag_backward(
+        g, i, o, i.new_empty(0), i.new_zeros(3), i.new_zeros(3), 7, True, 0, False, None))(
+        grad, idx, offsets)
+    torch.testing.assert_close(got, want)
+
+
+def test_embedding_bag_module_trains_on_the_device():
+    # nn.EmbeddingBag's autograd on the tpu device, strict: nothing may run on the host.
+    torch.manual_seed(0)
+    bag = torch.nn.EmbeddingBag(9, 4, mode="mean", padding_idx=0)
+    text, offsets = torch.tensor([3, 0, 8, 1, 1, 5, 2]), torch.tensor([0, 3, 3])
+    bag(text, offsets).square().sum().backward()
+    want = bag.weight.grad.clone()
+    bag.to("tpu").weight.grad = None
+    with config.patch(strict=True):
+        bag(text.to("tpu"), offsets.to("tpu")).square().sum().backward()
+    torch.testing.assert_close(bag.weight.grad.cpu(), want, rtol=1e-6, atol=1e-6)
+
+
+def test_embedding_bag_of_varying_lengths_compiles_per_bucket():
+    # A text classifier's batches hold a different number of tokens each: one program per
+    # bucket, not per length, in every mode, with eager's values.
+    def bags(w, text, offsets):
+        return [F.embedding_bag(text, w, offsets, mode=mode, padding_idx=3)
+                for mode in ("sum", "mean", "max")]
+    compiled = compile_tpu(bags, dynamic=True)
+    w = randn(12, 4)
+    for n in (5, 7, 6):
+        text = torch.randint(0, 12, (n,), generator=torch.Generator().manual_seed(n))
+        offsets = torch.tensor([0, 2, 2, n - 1])
+        torch.testing.assert_close(compiled(w, text, offsets), bags(w, text, offsets))
+    buckets = torchtpu_compile.stats()["buckets"]
+    assert buckets["exact_shape_compiles"] == 0 and buckets["compiles"] == 1, buckets
 
 
 def test_half_width_scatter_sums_accumulate_in_float32():

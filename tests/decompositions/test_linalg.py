@@ -76,6 +76,21 @@ def test_cholesky_and_triangular_solves_through_jax():
     check_on_both_paths(factor_and_solve, a, b, not_definite, rtol=1e-4, atol=1e-5)
 
 
+def matrix_exps(a):
+    return torch.linalg.matrix_exp(a), torch.matrix_exp(a[:, :, :0, :0])
+
+
+#: Batched, norms from small to large (several squarings).
+MATRIX_EXP_INPUT = randn(3, 2, 5, 5) * torch.tensor([0.1, 1.0, 3.0]).view(3, 1, 1, 1)
+
+
+def test_matrix_exp_through_jax():
+    # Unlowered: nn.utils.parametrizations.orthogonal (square weights) ran matrix_exp on the
+    # host every forward. The eager device and the parametrization's gradient:
+    # tests/slow/test_decompositions_full.py.
+    check(matrix_exps, MATRIX_EXP_INPUT, rtol=2e-5, atol=1e-5)
+
+
 def test_householder_qr_pieces_through_jax():
     a, c, c2 = randn(3, 5, 4), randn(3, 5, 2, seed=1), randn(3, 2, 5, seed=2)
     check_on_both_paths(lambda a, c, c2: (

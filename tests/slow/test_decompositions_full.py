@@ -7,11 +7,17 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
+from tests.decompositions.test_indexing_scatter import (BAG_INDICES, BAG_OFFSETS, bag_weights,
+                                                        every_bag, every_bag_backward)
+from tests.decompositions.test_linalg import MATRIX_EXP_INPUT, matrix_exps
 from tests.decompositions.test_pooling import check_3d_pool_gradients
 from tests.decompositions.test_recurrent import MORE_CASES, check_recurrent
 from tests.decompositions.test_sorting import check_topk, topk_sweep_inputs
 from tests.support import python_env
+from tests.support.decomposition_checks import check_on_both_paths, randn
+from torchtpu_compile import config
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fresh_dynamo")]
 
@@ -63,3 +69,26 @@ def test_3d_pool_gradients():
 @pytest.mark.parametrize("name", list(MORE_CASES))
 def test_stacked_recurrent_layers_on_the_device(name):
     check_recurrent(*MORE_CASES[name])
+
+
+def test_embedding_bag_every_mode_and_gradient_on_both_paths():
+    # Every mode with and without padding, and every gradient (the fast suite: a few).
+    check_on_both_paths(every_bag, bag_weights(), BAG_INDICES, BAG_OFFSETS, randn(14, seed=1),
+                        rtol=1e-6, atol=1e-6)
+    check_on_both_paths(every_bag_backward, randn(7, 3, seed=2), randn(7, 3),
+                        BAG_INDICES.long(), BAG_OFFSETS[:-1].long(), randn(14, seed=1),
+                        rtol=1e-6, atol=1e-6)
+
+
+def test_matrix_exp_and_the_orthogonal_parametrization_on_the_device():
+    check_on_both_paths(matrix_exps, MATRIX_EXP_INPUT, rtol=2e-5, atol=1e-5)
+    torch.manual_seed(0)
+    layer = torch.nn.utils.parametrizations.orthogonal(torch.nn.Linear(6, 6))
+    x = randn(3, 6)
+    layer(x).square().sum().backward()
+    want = layer.parametrizations.weight.original.grad.clone()
+    layer.to("tpu").parametrizations.weight.original.grad = None
+    with config.patch(matmul_precision="highest", strict=True):  # matrix_exp of a block matrix
+        layer(x.to("tpu")).square().sum().backward()
+    torch.testing.assert_close(layer.parametrizations.weight.original.grad.cpu(), want,
+                               rtol=1e-4, atol=1e-5)

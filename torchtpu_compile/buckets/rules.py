@@ -196,15 +196,37 @@ def _prefix_dim(x: Padded, d: int, what: str) -> Dim | None:
 
 
 def _tensor_overload(op):
-    # A Size used as a value is a traced tensor: the Scalar overload becomes the Tensor one.
+    # A Size used as a value is a traced tensor: the Scalar overload becomes the Tensor one
+    # (clamp, clamp_min and clamp_max take their Scalars in their default overload).
     name = op._overloadname
-    if "Scalar" not in name:
+    if "Scalar" in name:
+        candidate = name.replace("Scalar", "Tensor")
+    elif name == "default" and any(str(a.type) in ("number", "Optional[number]")
+                                   for a in op._schema.arguments):
+        candidate = "Tensor"
+    else:
         return op
     packet = getattr(aten, op._schema.name.split("::")[1])
-    candidate = name.replace("Scalar", "Tensor")
     if candidate in packet.overloads():
         return getattr(packet, candidate)
     raise NotPaddable(f"{op} takes a size as a scalar value")
+
+
+def _numbers_as_tensors(op, args, kwargs):
+    """``op``'s Scalar arguments given as plain numbers, as 0-d tensors (for its Tensor
+    overload, with the same type promotion: a 0-d tensor promotes as a number does)."""
+    scalar = {i: a.name for i, a in enumerate(op._schema.arguments)
+              if str(a.type) in ("number", "Optional[number]")}
+
+    def wrap(value):
+        if isinstance(value, (bool, int, float)):
+            return aten.scalar_tensor.default(
+                value, dtype=torch.float64 if isinstance(value, float) else torch.int64)
+        return value
+
+    args = tuple(wrap(a) if i in scalar else a for i, a in enumerate(args))
+    kwargs = {k: wrap(v) if k in scalar.values() else v for k, v in kwargs.items()}
+    return args, kwargs
 
 
 # --- generic rules (used by the tracer for ops without their own) -------------------------------
@@ -213,6 +235,8 @@ def pointwise(ctx, node, *args, **kwargs):
     """Elementwise ops: padding stays padding; sizes used as values are the real ones."""
     op = node.target
     if any(isinstance(a, Size) for a in list(args) + list(kwargs.values())):
+        if op._overloadname == "default":   # clamp's other bound, a number, as a tensor too
+            args, kwargs = _numbers_as_tensors(op, args, kwargs)
         op = _tensor_overload(op)
     tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, Padded)]
     result = op(*unwrap(args, ctx, real=True), **unwrap(kwargs, ctx, real=True))

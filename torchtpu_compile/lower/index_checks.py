@@ -157,6 +157,11 @@ def _embedding(weight, indices, *rest):
     return (weight, mark(indices, weight, 0, "aten.embedding"), *rest)
 
 
+@index_rule(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
+def _embedding_bag(weight, indices, *rest):
+    return (weight, mark(indices, weight, 0, "aten.embedding_bag"), *rest)
+
+
 def _dim_rule(name: str, wraps: bool = False):
     """The rule of an op taking (self, dim, index, ...)."""
     def rule(x, dim, index, *rest):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from .common import computing_dtype
 from .jax_functions import builds, jax_function
 from .registry import decomposition
 
@@ -144,6 +145,45 @@ def fma(a, b, c):
     # torch-mlir does not legalize; as its own definition says, a * b + c. Without it every
     # Adam/AdamW step graph was cut around an eager fma per parameter.
     return a * b + c
+
+
+def _integral(x) -> bool:
+    return not (x.is_floating_point() or x.is_complex())
+
+
+@decomposition(aten.reciprocal.default)
+def reciprocal(x):
+    # torch-mlir lowers it for floats only; eager computes an integer or bool input in the
+    # default float dtype (AveragedModel's SWA step divides 1 by its int64 count).
+    if not _integral(x):
+        return NotImplemented
+    return torch.reciprocal(x.to(torch.get_default_dtype()))
+
+
+@decomposition(aten.erf.default)
+def erf(x):
+    # As reciprocal: floats only in torch-mlir (erfc is 1 - erf).
+    if not _integral(x):
+        return NotImplemented
+    return torch.erf(x.to(torch.get_default_dtype()))
+
+
+@decomposition(aten.lerp.Scalar)
+def lerp_scalar(start, end, weight):
+    # The weight as a 0-d tensor, so that the eager device lifts a new weight into a program
+    # input (an EMA, or SWA's 1 / (n + 1), changes it every step; PyTorch's reference picks
+    # its formula in Python and compiled one program per weight). Eager's kernel: a weight
+    # under 0.5 in magnitude steps from start, the others back from end.
+    if start.is_complex():
+        return NotImplemented
+    compute = computing_dtype(start.dtype)
+    start_, end_ = start.to(compute), end.to(compute)
+    diff = end_ - start_
+    # The weight in a tensor slot (liftable) of a product with data, which the tracer cannot
+    # fold into a constant (it folds ones_like(x) * w, and the comparison below with it);
+    # where diff is NaN the result is NaN either way.
+    w = (diff == diff).to(compute) * weight
+    return torch.where(w.abs() < 0.5, start_ + w * diff, end_ - diff * (1 - w)).to(start.dtype)
 
 
 @decomposition(aten.fmax.default)

@@ -1,7 +1,7 @@
 """Indexing and scatter: negative indices wrapped (torch-mlir's gather reads them as they are),
 take and put as flat index_select and index_put, index_put as one scatter of rows, and the
 scatter reductions torch-mlir leaves unlowered (scatter_reduce, scatter with a reduce,
-index_reduce, segment_reduce).
+index_reduce, segment_reduce), and embedding bags (forward and backward) built on them.
 
 Example::
 
@@ -116,6 +116,148 @@ def put(x, index, source, accumulate=False):
     flat = index.reshape(-1)
     flat = torch.where(flat < 0, flat + x.numel(), flat)
     return x.reshape(-1).index_put((flat,), source.reshape(-1), accumulate).reshape(x.shape)
+
+
+# --- embedding bags --------------------------------------------------------------------------
+
+_SUM, _MEAN, _MAX = 0, 1, 2
+_NEVER = 1 << 62   # the position of nothing, past any real one
+#: Largest (bags x indices x dim) reduction the max mode may build.
+_DENSE_BAG_LIMIT = 1 << 28
+
+
+def _bag_of_each_index(offsets, n: int, bags: int):
+    """``offset2bag``: the bag each of ``n`` indices belongs to, from the bags' first offsets
+    (one count at each start, then a running sum). Past the last start is the last bag, as on
+    CPU, which ignores ``include_last_offset``'s final offset."""
+    starts = offsets[:bags].to(torch.int64)
+    counts = torch.zeros(n + 1, dtype=torch.int64).index_add(0, starts, torch.ones_like(starts))
+    return (torch.cumsum(counts, 0)[:n] - 1).clamp(min=0)
+
+
+def _kept(indices, padding_idx: int):
+    """Which indices count (all but ``padding_idx``'s)."""
+    if padding_idx >= 0:
+        return indices != padding_idx
+    return torch.ones(indices.shape, dtype=torch.bool)
+
+
+def _accumulating(dtype):
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+@decomposition(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
+def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                  per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+    # Unlowered (text classification's nn.EmbeddingBag ran on the host, both ways). Each
+    # index's row, weighted (padding 0, per-sample weights) and added into its bag; mean
+    # divides by the bag's count; max keeps CPU's pick: the first position holding the bag's
+    # largest value, except that a NaN in a bag's first position stays (CPU compares each
+    # value with the running maximum, and nothing is greater than NaN). Empty bags give 0.
+    # The other outputs are CPU's too (offset2bag empty on its fast sum path; bag_size and
+    # max_indices zeros for sum, max_indices = bag_size for mean).
+    bags = offsets.shape[0] - (1 if include_last_offset else 0)
+    if indices.dim() != 1 or offsets.dim() != 1 or bags < 1 or (
+            per_sample_weights is not None and mode != _SUM):
+        return NotImplemented
+    n, dim = indices.shape[0], weight.shape[1]
+    if mode == _MAX and isinstance(n, int) and bags * n * dim > _DENSE_BAG_LIMIT:
+        return NotImplemented   # max's (bags x n x dim) reduction: beyond this, the host
+    itype = indices.dtype
+    bag = _bag_of_each_index(offsets, n, bags)
+    keep = _kept(indices, padding_idx)
+    rows = weight.index_select(0, indices)
+    size = torch.zeros(bags, dtype=torch.int64).index_add(0, bag, keep.to(torch.int64)).to(itype)
+    if mode == _MAX:
+        out, chosen = _bag_max(rows, bag, keep, bags)
+        max_indices = torch.zeros(bags, dim, dtype=itype)
+        if n:
+            found = chosen < _NEVER
+            max_indices = torch.where(found, indices[torch.where(found, chosen, 0)], max_indices)
+        return out, bag.to(itype), size, max_indices
+    acc = _accumulating(weight.dtype)
+    scale = keep.to(acc)
+    if per_sample_weights is not None:
+        scale = scale * per_sample_weights.to(acc)
+    out = torch.zeros(bags, dim, dtype=acc).index_add(0, bag, rows.to(acc) * scale[:, None])
+    if mode == _MEAN:
+        out = out / size.clamp(min=1).to(acc)[:, None]
+        return out.to(weight.dtype), bag.to(itype), size, size
+    fast = padding_idx < 0 and weight.dtype in (torch.float32, torch.float16, torch.bfloat16)
+    offset2bag = indices.new_zeros(0) if fast else bag.to(itype)
+    zeros = torch.zeros(bags, dtype=itype)
+    return out.to(weight.dtype), offset2bag, zeros, zeros
+
+
+def _bag_max(rows, bag, keep, bags: int):
+    """(each bag's maximum per column, the position it came from: ``_NEVER`` for an empty
+    bag). Bags are runs of positions: each bag's values are reduced over a (bags x n) mask, a
+    fused reduction, not a dense scatter table (scatter_reduce's amax compares every source
+    element with every target element, columns included)."""
+    n, dim = rows.shape
+    if n == 0:
+        return rows.new_zeros(bags, dim), torch.full((bags, dim), _NEVER, dtype=torch.int64)
+    member = (bag[None, :] == torch.arange(bags)[:, None]) & keep[None, :]       # bags x n
+    values = torch.where(torch.isnan(rows), float("-inf"), rows)[None]          # 1 x n x dim
+    best = torch.where(member[:, :, None], values, float("-inf")).amax(1)        # bags x dim
+    never = torch.full((), _NEVER, dtype=torch.int64)
+    hit = member[:, :, None] & (values == best[:, None, :])
+    chosen = torch.where(hit, torch.arange(n)[None, :, None], never).amin(1)
+    first = torch.where(member, torch.arange(n)[None, :], never).amin(1)         # bags
+    first_found = first < _NEVER
+    first_is_nan = first_found[:, None] & torch.isnan(rows[torch.where(first_found, first, 0)])
+    chosen = torch.where(first_is_nan, first[:, None].expand(bags, dim), chosen)
+    found = chosen < _NEVER
+    out = torch.where(found, rows.gather(0, torch.where(found, chosen, 0)),
+                      torch.zeros((), dtype=rows.dtype))
+    return out, chosen
+
+
+@decomposition(aten._embedding_bag_backward.default)
+def embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices,
+                           num_weights, scale_grad_by_freq, mode, sparse,
+                           per_sample_weights, padding_idx=-1):
+    # Unlowered. The dense gradient: sum and mean send each bag's gradient back to its rows
+    # (times the per-sample weight, over the bag's count for mean, over the index's frequency
+    # with scale_grad_by_freq; padding gets nothing); max sends it to the row each column
+    # came from. offset2bag is made again from the offsets (CPU's fast path leaves it empty).
+    if sparse or indices.dim() != 1:
+        return NotImplemented
+    n, (bags, dim) = indices.shape[0], grad.shape
+    acc = _accumulating(grad.dtype)
+    if mode == _MAX:
+        nonempty = (bag_size > 0)[:, None]
+        flat = (maximum_indices.to(torch.int64) * dim + torch.arange(dim)).reshape(-1)
+        values = torch.where(nonempty, grad.to(acc), torch.zeros((), dtype=acc)).reshape(-1)
+        out = torch.zeros(num_weights * dim, dtype=acc).index_add(0, flat, values)
+        return out.reshape(num_weights, dim).to(grad.dtype)
+    bag = _bag_of_each_index(offsets, n, bags)
+    keep = _kept(indices, padding_idx)
+    scale = keep.to(acc)
+    if per_sample_weights is not None:
+        scale = scale * per_sample_weights.to(acc)
+    if mode == _MEAN:
+        count = torch.zeros(bags, dtype=acc).index_add(0, bag, keep.to(acc))
+        scale = scale / count.clamp(min=1)[bag]
+    idx = indices.to(torch.int64)
+    if scale_grad_by_freq:
+        freq = torch.zeros(num_weights, dtype=acc).index_add(0, idx, torch.ones(n, dtype=acc))
+        scale = scale / freq[idx]
+    rows = grad.to(acc)[bag] * scale[:, None]
+    return torch.zeros(num_weights, dim, dtype=acc).index_add(0, idx, rows).to(grad.dtype)
+
+
+@decomposition(aten._embedding_bag_per_sample_weights_backward.default)
+def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode,
+                                              padding_idx=-1):
+    # Unlowered: each per-sample weight's gradient is its row dotted with its bag's gradient.
+    if mode != _SUM or indices.dim() != 1:
+        return NotImplemented
+    bag = _bag_of_each_index(offsets, indices.shape[0], grad.shape[0])
+    acc = _accumulating(grad.dtype)
+    dots = (grad.to(acc)[bag] * weight.index_select(0, indices).to(acc)).sum(-1)
+    return torch.where(_kept(indices, padding_idx), dots, torch.zeros((), dtype=acc)) \
+        .to(grad.dtype)
 
 
 # --- scatter reductions ----------------------------------------------------------------------

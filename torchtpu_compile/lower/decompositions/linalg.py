@@ -147,6 +147,12 @@ def _householder_product_fn():
     return jax.lax.linalg.householder_product
 
 
+@builds("matrix_exp")
+def _matrix_exp_fn():
+    import jax.scipy.linalg
+    return jax.scipy.linalg.expm
+
+
 @builds("triangular_solve")
 def _triangular_solve_fn(left, lower, unit):
     import jax
@@ -215,6 +221,18 @@ def linalg_cholesky_ex(a, upper=False, check_errors=False):
         return a.clone(), torch.zeros(a.shape[:-2], dtype=torch.int32)
     lower, info = jax_function("cholesky")(a)
     return (lower.mT if upper else lower), info
+
+
+@decomposition(aten.linalg_matrix_exp.default)
+def linalg_matrix_exp(a):
+    # Unlowered (nn.utils.parametrizations.orthogonal's default map for square weights): JAX's
+    # scaling and squaring of a Pade approximant, batched; its backward is matrix_exp of a
+    # block matrix, so it lowers too.
+    if not _is_real_float(a):
+        return NotImplemented
+    if a.numel() == 0:
+        return a.clone()
+    return jax_function("matrix_exp")(a)
 
 
 @decomposition(aten.cholesky.default)
