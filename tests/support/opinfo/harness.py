@@ -63,7 +63,8 @@ def _sample_call(sample):
 
 
 def _compare(actual, expected, dtype, reference_fp32=None, what="output"):
-    """Raise AssertionError naming the first mismatch; fp32 reference rescues bf16 rounding."""
+    """Raise AssertionError naming the first mismatch; a wider reference (fp32 for bf16, fp64
+    for fp32) rescues rounding where eager rounds more."""
     tol = TOLERANCES[dtype]
     actual_flat, actual_spec = tree_flatten(actual)
     expected_flat, expected_spec = tree_flatten(expected)
@@ -82,7 +83,7 @@ def _compare(actual, expected, dtype, reference_fp32=None, what="output"):
                                        msg=lambda m, i=i: f"{what} {i}: {m}")
         except AssertionError:
             # XLA keeps bf16 intermediates in f32 where CPU kernels round each step: a result
-            # within tolerance of the fp32 answer is a pass.
+            # within tolerance of the wider answer is a pass.
             if ref_flat is None or not isinstance(ref_flat[i], torch.Tensor):
                 raise
             ref = ref_flat[i].to(e.dtype) if ref_flat[i].is_floating_point() else ref_flat[i]
@@ -91,7 +92,7 @@ def _compare(actual, expected, dtype, reference_fp32=None, what="output"):
             try:
                 torch.testing.assert_close(
                     a, ref, **tol, equal_nan=True,
-                    msg=lambda m, i=i: f"{what} {i} (against fp32 reference): {m}")
+                    msg=lambda m, i=i: f"{what} {i} (against the wider reference): {m}")
             except AssertionError:
                 # Elementwise tolerances fail where a result cancels (a bf16 convolution's
                 # rounding before its bias is added): then, as torch._dynamo.utils.same judges
@@ -102,8 +103,8 @@ def _compare(actual, expected, dtype, reference_fp32=None, what="output"):
 
 
 def _as_close_as_eager(actual, eager, exact) -> bool:
-    """Whether ``actual`` is no farther from ``exact`` (the fp32 answer) than ``eager`` (eager
-    CPU at the same low precision), in root-mean-square error over ``exact``'s finite elements;
+    """Whether ``actual`` is no farther from ``exact`` (the wider answer) than ``eager`` (eager
+    CPU at the same precision), in root-mean-square error over ``exact``'s finite elements;
     a NaN or infinity where ``exact`` is finite fails."""
     if not (actual.is_floating_point() and exact.is_floating_point()):
         return False
@@ -120,14 +121,20 @@ def _as_close_as_eager(actual, eager, exact) -> bool:
     return errors[0] <= errors[1]
 
 
-def _fp32_reference(fn, args, kwargs):
-    """(the op's result, its arguments after the call) on fp32 copies of bf16 inputs, or
-    (None, None) when that is not meaningful."""
+#: The dtype a sample's wider reference is computed in.
+_WIDER = {torch.bfloat16: torch.float32, torch.float32: torch.float64}
+
+
+def _wider_reference(fn, args, kwargs, dtype=torch.bfloat16):
+    """(the op's result, its arguments after the call) on copies of ``dtype`` inputs in the
+    next wider dtype (bf16: fp32; fp32: fp64), or (None, None) when that is not meaningful."""
+    wide = _WIDER[dtype]
+
     def up(value):
-        if isinstance(value, torch.Tensor) and value.dtype is torch.bfloat16:
-            return value.float()
-        if isinstance(value, torch.dtype) and value is torch.bfloat16:
-            return torch.float32
+        if isinstance(value, torch.Tensor) and value.dtype is dtype:
+            return value.to(wide)
+        if isinstance(value, torch.dtype) and value is dtype:
+            return wide
         return value
     args, kwargs = tree_map(up, (args, kwargs))
     try:
@@ -180,12 +187,21 @@ def check(op, path: str, dtype: torch.dtype, max_samples: int = 3) -> Result:
             torch.manual_seed(index)  # random ops draw from torch's generator on both sides
             expected = fn(*args, **kwargs)
             expected_arguments = (args, kwargs)
-            reference, reference_arguments = _fp32_reference(fn, *_sample_call(sample)) \
+            reference, reference_arguments = _wider_reference(fn, *_sample_call(sample)) \
                 if dtype is torch.bfloat16 else (None, None)
             args, kwargs = _sample_call(sample)
             torch.manual_seed(index)
             outcome = run(fn, args, kwargs)
-            _compare(outcome.value, expected, dtype, reference)
+            try:
+                _compare(outcome.value, expected, dtype, reference)
+            except AssertionError:
+                if dtype is not torch.float32:
+                    raise
+                # fp32 too: a result that cancels, nearer the fp64 answer than eager's, passes
+                # (matrix_exp through JAX's Pade approximant against LAPACK-free CPU code).
+                torch.manual_seed(index)
+                reference, _ = _wider_reference(fn, *_sample_call(sample), dtype)
+                _compare(outcome.value, expected, dtype, reference)
             # What the op wrote into its arguments (in-place ops, out=, batch norm's running
             # statistics, whose schema does not even declare the write) counts as output.
             _compare(outcome.arguments, expected_arguments, dtype, reference_arguments,

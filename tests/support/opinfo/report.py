@@ -250,7 +250,8 @@ def render(results: dict, seconds: dict, models: dict, dynamic_models: dict | No
         "or `dynamo` (Dynamo runs the call eagerly whatever the backend). Skips come from "
         "`tests/support/opinfo/skips.py`, each with a category (`xla-unsupported`, `ours`, "
         "`test-artifact`) and reason. Tolerances: fp32 rtol 1e-4, atol 1e-5; bf16 rtol "
-        "5e-2, atol 1e-2 against eager bf16 or, where eager rounds more, an fp32 reference.",
+        "5e-2, atol 1e-2 against eager bf16; where eager rounds more, against a wider reference "
+        "(fp32 for bf16, fp64 for fp32).",
         "",
         "## Totals",
         "",
