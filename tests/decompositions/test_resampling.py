@@ -29,11 +29,13 @@ def test_upsample_output_size_overloads():
                                rtol=1e-4, atol=1e-5)
 
 
-def check_nearest_upsampling_backward(dims_list=(1, 2, 3)):
+NEAREST_CASES = [(3, 7, 2.5), (3, 7, None), (4, 8, 2.0), (5, 3, 0.6), (7, 7, 1.3), (3, 10, 3.3)]
+
+
+def check_nearest_upsampling_backward(dims_list=(1, 2, 3), cases=NEAREST_CASES):
     # Unlowered with scales: every nearest interpolation's backward on the eager device (RT-DETR's
     # FPN) ran on the host. Eager's source positions: float32 arithmetic, 1 / the scale given
     # (else in / out), in == out and out == 2 in as shortcuts (not for the exact variant).
-    cases = [(3, 7, 2.5), (3, 7, None), (4, 8, 2.0), (5, 3, 0.6), (7, 7, 1.3), (3, 10, 3.3)]
     grads, calls = [], []
     for exact in (False, True):
         for dims in dims_list:
@@ -52,8 +54,10 @@ def check_nearest_upsampling_backward(dims_list=(1, 2, 3)):
 
 
 def test_nearest_upsampling_backward_with_and_without_scales():
-    # 2-d here; 1-d and 3-d (the same position rule per dim) in tests/slow/test_resampling_full.py
-    check_nearest_upsampling_backward(dims_list=(2,))
+    # 2-d, three cases here (a scale, no scale, the out == 2 in shortcut); every case at every
+    # rank in tests/slow/test_resampling_full.py
+    check_nearest_upsampling_backward(dims_list=(2,),
+                                      cases=[(3, 7, 2.5), (5, 3, None), (4, 8, 2.0)])
 
 
 LINEAR_CASES = [(3, 7, 2.5), (3, 7, None), (4, 8, 2.0), (5, 3, 0.6), (7, 7, 1.3), (3, 10, 3.3),

@@ -2,7 +2,7 @@
 (each lowering once took torch-mlir down, so they run in a child process), topk over a strided
 3-d view of long runs of ties, the 3-d pools' gradients (the fast suite runs the 2-d
 inputs and the 3-d pools' forward), and stacked, projected LSTMs and GRUs on the device (the
-fast suite runs single layers and cells)."""
+fast suite runs single layers and cells), igamma in bf16."""
 import subprocess
 import sys
 
@@ -15,6 +15,7 @@ from tests.decompositions.test_linalg import MATRIX_EXP_INPUT, matrix_exps
 from tests.decompositions.test_pooling import check_3d_pool_gradients
 from tests.decompositions.test_recurrent import MORE_CASES, check_recurrent
 from tests.decompositions.test_sorting import check_topk, topk_sweep_inputs
+from tests.decompositions.test_special import check_igamma_in_bf16
 from tests.support import python_env
 from tests.support.decomposition_checks import check_on_both_paths, randn
 from torchtpu_compile import config
@@ -92,3 +93,7 @@ def test_matrix_exp_and_the_orthogonal_parametrization_on_the_device():
         layer(x.to("tpu")).square().sum().backward()
     torch.testing.assert_close(layer.parametrizations.weight.original.grad.cpu(), want,
                                rtol=1e-4, atol=1e-5)
+
+
+def test_igamma_in_bf16():
+    check_igamma_in_bf16()
