@@ -135,6 +135,32 @@ def test_mixing_devices_raises_like_cuda():
                                torch.full((2,), 3.0))
 
 
+def test_masked_assignment_of_many_values_stays_on_the_device():
+    # x[mask] = values with a value per selected row (the DQN tutorial's
+    # next_state_values[non_final_mask] = ...) ran on the host, x and values both ways.
+    def assign(device):
+        x = torch.arange(15.0).reshape(5, 3).to(device)
+        mask = torch.tensor([True, False, True, True, False]).to(device)
+        rows, row = torch.arange(9.0).reshape(3, 3).to(device), torch.tensor([1.0, 2, 3])
+        a, b, c = x.clone(), x.clone(), x.clone()
+        a[mask] = rows
+        b[mask] = row.to(device)
+        c.index_put_((mask,), rows, accumulate=True)
+        flat = torch.zeros(4).to(device)
+        flat[torch.tensor([True, False, True, False]).to(device)] = torch.tensor([3.0, 4]).to(
+            device)
+        with pytest.raises(RuntimeError) as raised:
+            x.clone()[mask] = torch.ones(2, 3).to(device)
+        return [t.cpu() for t in (a, b, c, flat)], str(raised.value)
+    expected = assign("cpu")
+    before = dict(torchtpu_compile.stats()["fallback_ops"])
+    with config.patch(strict=True):
+        actual = assign("tpu")
+    torch.testing.assert_close(actual[0], expected[0], rtol=0, atol=0)
+    assert actual[1] == expected[1]  # eager's "shape mismatch" message
+    assert torchtpu_compile.stats()["fallback_ops"] == before
+
+
 @pytest.mark.parametrize("strict", [False, True])
 def test_inputs_eager_rejects_raise_its_error_and_nothing_else(strict, caplog):
     # A shape error printed fake tensor's 20-line ERROR traceback and a "runs on the host"

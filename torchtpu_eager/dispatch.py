@@ -842,18 +842,57 @@ __all__ = ["dispatch", "handles", "signature", "download"]
 
 @handles(aten.index_put_.default, aten.index_put.default)
 def index_put_with_mask(func, args, kwargs):
-    # x[mask] = v with a full-shape bool mask and one value is a select, with no
-    # data-dependent shape: the common masked assignment stays on the device.
+    """``x[mask] = v`` (and ``index_put(..., accumulate=True)``) with one boolean mask over
+    ``x``'s leading dims, on the device: a select, with no data-dependent shape.
+
+    One value per selected element (``v`` of shape (count, ...)) is placed by a running count
+    of the mask; the count is read back once to check it against ``v`` (eager's "shape
+    mismatch" where they differ), as CUDA syncs for the mask's nonzero. A value broadcast to
+    every selected element needs no count. Anything else is the op as traced.
+    """
     self, indices, values = args[0], args[1], args[2]
     accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
     mask = indices[0] if len(indices) == 1 else None
-    if (mask is None or accumulate or mask.dtype != torch.bool or mask.shape != self.shape
-            or values.numel() != 1 or type(mask) is not TpuTensor):
+    if (mask is None or type(mask) is not TpuTensor or mask.dtype != torch.bool
+            or mask.dim() == 0 or mask.numel() == 0
+            or tuple(mask.shape) != tuple(self.shape[:mask.dim()])):
         return run_op(func, args, kwargs)
-    value = values.reshape(()) if values.dim() else values
-    if type(value) is not TpuTensor:
-        value = from_cpu(value)
-    selected = run_op(aten.where.self, (mask, value.to(self.dtype), self), {})
+    if values.numel() == 1 and type(values) is not TpuTensor:
+        values = from_cpu(values)
+    if type(values) is not TpuTensor or (values.dtype != self.dtype and values.numel() != 1):
+        return run_op(func, args, kwargs)
+    values = values.to(self.dtype)
+    rest = tuple(self.shape[mask.dim():])
+    mask_shape = tuple(mask.shape) + (1,) * len(rest)
+    broadcast_mask = aten.view.default(mask, list(mask_shape))
+    try:
+        if values.dim() <= len(rest) or values.shape[0] == 1:  # one value set for every element
+            per_element = values if values.dim() <= len(rest) else values[0]
+            torch.broadcast_shapes(tuple(per_element.shape), rest)
+            source = per_element
+        elif values.dim() == len(rest) + 1:
+            torch.broadcast_shapes(tuple(values.shape[1:]), rest)
+            flat = aten.view.default(mask, [-1])
+            position = aten.sub.Tensor(aten.cumsum.default(flat, 0), 1)
+            count = int(to_cpu(aten.select.int(position, 0, -1))) + 1
+            if count != values.shape[0]:
+                fallback.raise_eagers_error(func, args, kwargs)
+                return run_op(func, args, kwargs)
+            if count == 0:  # nothing selected, nothing to place
+                return aten.clone.default(self) if func is aten.index_put.default else self
+            rows = aten.index_select.default(values, 0, aten.clamp_min.default(position, 0))
+            source = aten.view.default(aten.expand.default(
+                rows, [flat.shape[0], *rest]), list(mask.shape) + list(rest))
+        else:
+            return run_op(func, args, kwargs)
+    except RuntimeError:  # values that do not broadcast: eager's error
+        fallback.raise_eagers_error(func, args, kwargs)
+        return run_op(func, args, kwargs)
+    if accumulate:
+        zero = aten.zeros_like.default(self)
+        selected = aten.add.Tensor(self, aten.where.self(broadcast_mask, source, zero))
+    else:
+        selected = aten.where.self(broadcast_mask, source, self)
     if func is aten.index_put.default:
         return selected
     views.write(self, views.read(selected))
