@@ -145,7 +145,15 @@ class _MetaFailureFilter(logging.Filter):
 
 def meta_kernel_failed() -> bool:
     """Whether a meta kernel raised during this thread's last ``trace`` (a sign, not proof,
-    that eager rejects the op's inputs: a decomposition can also call an op wrongly)."""
+    that eager rejects the op's inputs: a decomposition can also call an op wrongly).
+
+    Example::
+
+        try:
+            trace(lambda a, b: (a @ b,), [example((2, 3), f32), example((4, 5), f32)], "mm")
+        except RuntimeError:
+            meta_kernel_failed()   # True: mm's meta kernel refused the shapes
+    """
     return getattr(_meta_failure_filter().tracing, "meta_failed", False)
 
 
