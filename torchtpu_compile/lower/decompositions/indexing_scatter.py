@@ -181,7 +181,8 @@ def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sp
         scale = scale * per_sample_weights.to(acc)
     out = torch.zeros(bags, dim, dtype=acc).index_add(0, bag, rows.to(acc) * scale[:, None])
     if mode == _MEAN:
-        out = out / size.clamp(min=1).to(acc)[:, None]
+        # CPU's kernel rounds each bag's sum to the weight's dtype, then divides.
+        out = out.to(weight.dtype).to(acc) / size.clamp(min=1).to(acc)[:, None]
         return out.to(weight.dtype), bag.to(itype), size, size
     fast = padding_idx < 0 and weight.dtype in (torch.float32, torch.float16, torch.bfloat16)
     offset2bag = indices.new_zeros(0) if fast else bag.to(itype)
