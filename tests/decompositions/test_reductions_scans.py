@@ -123,3 +123,14 @@ def test_half_width_sums_accumulate_in_float32():
                 x.half().mean(1))
     # One rounding apart at most: eager's and ours add in different orders.
     check_on_both_paths(reductions, x, rtol=4e-3, atol=0)
+
+
+def test_half_width_scans_accumulate_in_float32():
+    # Eager scans bf16 in float32 and rounds each result once; the scan in bf16 rounded at
+    # every step (a cumsum of 3000 values ~3x eager's error). One bf16 step apart at most.
+    x = torch.rand(2, 3000, generator=torch.Generator().manual_seed(0)) + 0.5
+
+    def scans(x):
+        b = x.bfloat16()
+        return (b.cumsum(1), b.logcumsumexp(1), b[:, :200].cumprod(1), x.half().cumsum(1))
+    check_on_both_paths(scans, x, rtol=2 ** -7, atol=0)
