@@ -151,7 +151,10 @@ def test_masked_assignment_of_many_values_stays_on_the_device():
             device)
         with pytest.raises(RuntimeError) as raised:
             x.clone()[mask] = torch.ones(2, 3).to(device)
-        return [t.cpu() for t in (a, b, c, flat)], str(raised.value)
+        column = torch.zeros(5, 1).to(device)  # a row of 3 does not fit a column: eager raises
+        with pytest.raises(RuntimeError, match="shape mismatch"):
+            column[mask] = row.to(device)
+        return [t.cpu() for t in (a, b, c, flat, column)], str(raised.value)
     expected = assign("cpu")
     before = dict(torchtpu_compile.stats()["fallback_ops"])
     with config.patch(strict=True):

@@ -840,6 +840,13 @@ def nested_tensor(func, args, kwargs):
 __all__ = ["dispatch", "handles", "signature", "download"]
 
 
+def _broadcasts_to(shape: tuple, target: tuple) -> bool:
+    try:
+        return torch.broadcast_shapes(shape, target) == target
+    except RuntimeError:
+        return False
+
+
 @handles(aten.index_put_.default, aten.index_put.default)
 def index_put_with_mask(func, args, kwargs):
     """``x[mask] = v`` (and ``index_put(..., accumulate=True)``) with one boolean mask over
@@ -863,31 +870,29 @@ def index_put_with_mask(func, args, kwargs):
         return run_op(func, args, kwargs)
     values = values.to(self.dtype)
     rest = tuple(self.shape[mask.dim():])
-    mask_shape = tuple(mask.shape) + (1,) * len(rest)
-    broadcast_mask = aten.view.default(mask, list(mask_shape))
-    try:
-        if values.dim() <= len(rest) or values.shape[0] == 1:  # one value set for every element
-            per_element = values if values.dim() <= len(rest) else values[0]
-            torch.broadcast_shapes(tuple(per_element.shape), rest)
-            source = per_element
-        elif values.dim() == len(rest) + 1:
-            torch.broadcast_shapes(tuple(values.shape[1:]), rest)
-            flat = aten.view.default(mask, [-1])
-            position = aten.sub.Tensor(aten.cumsum.default(flat, 0), 1)
-            count = int(to_cpu(aten.select.int(position, 0, -1))) + 1
-            if count != values.shape[0]:
-                fallback.raise_eagers_error(func, args, kwargs)
-                return run_op(func, args, kwargs)
-            if count == 0:  # nothing selected, nothing to place
-                return aten.clone.default(self) if func is aten.index_put.default else self
-            rows = aten.index_select.default(values, 0, aten.clamp_min.default(position, 0))
-            source = aten.view.default(aten.expand.default(
-                rows, [flat.shape[0], *rest]), list(mask.shape) + list(rest))
-        else:
-            return run_op(func, args, kwargs)
-    except RuntimeError:  # values that do not broadcast: eager's error
-        fallback.raise_eagers_error(func, args, kwargs)
+    while values.dim() > len(rest) + 1 and values.shape[0] == 1:  # eager drops leading 1s
+        values = values[0]
+    shared = values.dim() <= len(rest) or values.shape[0] == 1  # one value set for every element
+    element = values if values.dim() <= len(rest) else values[0] if shared else None
+    element_shape = tuple(values.shape[1:]) if element is None else tuple(element.shape)
+    if values.dim() > len(rest) + 1 or not _broadcasts_to(element_shape, rest):
+        fallback.raise_eagers_error(func, args, kwargs)  # eager's "shape mismatch"
         return run_op(func, args, kwargs)
+    broadcast_mask = aten.view.default(mask, list(mask.shape) + [1] * len(rest))
+    if shared:
+        source = element
+    else:
+        flat = aten.view.default(mask, [-1])
+        position = aten.sub.Tensor(aten.cumsum.default(flat, 0), 1)
+        count = int(to_cpu(aten.select.int(position, 0, -1))) + 1
+        if count != values.shape[0]:
+            fallback.raise_eagers_error(func, args, kwargs)
+            return run_op(func, args, kwargs)
+        if count == 0:  # nothing selected, nothing to place
+            return aten.clone.default(self) if func is aten.index_put.default else self
+        rows = aten.index_select.default(values, 0, aten.clamp_min.default(position, 0))
+        source = aten.view.default(aten.expand.default(
+            rows, [flat.shape[0], *rest]), list(mask.shape) + list(rest))
     if accumulate:
         zero = aten.zeros_like.default(self)
         selected = aten.add.Tensor(self, aten.where.self(broadcast_mask, source, zero))
