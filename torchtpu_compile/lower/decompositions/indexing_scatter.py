@@ -142,10 +142,6 @@ def _kept(indices, padding_idx: int):
     return torch.ones(indices.shape, dtype=torch.bool)
 
 
-def _accumulating(dtype):
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-
-
 @decomposition(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
 def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
                   per_sample_weights=None, include_last_offset=False, padding_idx=-1):
@@ -175,7 +171,7 @@ def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sp
             found = chosen < _NEVER
             max_indices = torch.where(found, indices[torch.where(found, chosen, 0)], max_indices)
         return out, bag.to(itype), size, max_indices
-    acc = _accumulating(weight.dtype)
+    acc = computing_dtype(weight.dtype)
     scale = keep.to(acc)
     if per_sample_weights is not None:
         scale = scale * per_sample_weights.to(acc)
@@ -225,7 +221,7 @@ def embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum
     if sparse or indices.dim() != 1:
         return NotImplemented
     n, (bags, dim) = indices.shape[0], grad.shape
-    acc = _accumulating(grad.dtype)
+    acc = computing_dtype(grad.dtype)
     if mode == _MAX:
         nonempty = (bag_size > 0)[:, None]
         flat = (maximum_indices.to(torch.int64) * dim + torch.arange(dim)).reshape(-1)
@@ -255,7 +251,7 @@ def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, of
     if mode != _SUM or indices.dim() != 1:
         return NotImplemented
     bag = _bag_of_each_index(offsets, indices.shape[0], grad.shape[0])
-    acc = _accumulating(grad.dtype)
+    acc = computing_dtype(grad.dtype)
     dots = (grad.to(acc)[bag] * weight.index_select(0, indices).to(acc)).sum(-1)
     return torch.where(_kept(indices, padding_idx), dots, torch.zeros((), dtype=acc)) \
         .to(grad.dtype)
