@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from .common import computing_dtype
 from .registry import decomposition, torch_mlir_table
 
 aten = torch.ops.aten
@@ -52,8 +53,6 @@ def _over_one_element(op):
 
 # --- sums and products of half-width floats, accumulated in float32 -------------------------
 
-_HALF_WIDTHS = (torch.bfloat16, torch.float16)
-
 #: The reductions that accumulate: eager (CPU and CUDA alike) sums a bf16 or f16 tensor in
 #: float32 and rounds once; an XLA reduce in the tensor's own dtype rounds at every addition.
 #: (Not prod: the CPU multiplies bf16 in bf16.)
@@ -67,9 +66,9 @@ def _in_float32(op, inner):
     first, as eager), reduced in float32, rounded once."""
     def decompose(x, *args, **kwargs):
         dtype = kwargs.get("dtype") or x.dtype
-        if dtype in _HALF_WIDTHS and x.is_floating_point():
+        if computing_dtype(dtype) != dtype and x.is_floating_point():
             kwargs = {k: v for k, v in kwargs.items() if k != "dtype"}
-            return op(x.to(dtype).to(torch.float32), *args, **kwargs).to(dtype)
+            return op(x.to(dtype).to(computing_dtype(dtype)), *args, **kwargs).to(dtype)
         if inner is not None:
             return inner(x, *args, **kwargs)
         base = torch_mlir_table().get(op)
@@ -147,15 +146,14 @@ def _scan_dtype(x, dtype):
     return x
 
 
-def _half_widths_in_float32(scan):
-    # Eager's CPU kernels scan bf16 and f16 in float32 and round each result once; a scan in
-    # bf16 rounds at every step (a cumsum of 3000 values ~3x eager's error).
-    def decompose(x, dim, *args, **kwargs):
-        if x.dtype in _HALF_WIDTHS:
-            return scan(x.to(torch.float32), dim, *args, **kwargs).to(x.dtype)
-        return scan(x, dim, *args, **kwargs)
-    decompose.__name__ = scan.__name__
-    return decompose
+def _accumulating_scan(x, dim: int, combine):
+    """Inclusive scan of ``x`` along ``dim`` by the associative ``combine(earlier, later)``.
+
+    Eager's CPU kernels scan bf16 and f16 in float32 and round each result once; a scan in
+    bf16 rounds at every step (a cumsum of 3000 values ~3x eager's error).
+    """
+    scanned = _scan((x.to(computing_dtype(x.dtype)),), dim, lambda a, b: (combine(a[0], b[0]),))
+    return scanned[0].to(x.dtype)
 
 
 @decomposition(aten.cumsum.default)
@@ -165,11 +163,7 @@ def cumsum(x, dim, *, dtype=None):
     x = _scan_dtype(x, dtype)
     if x.dim() == 0:
         return x.clone()
-    return _half_widths_in_float32(_sum_scan)(x, dim % x.dim())
-
-
-def _sum_scan(x, dim):
-    return _scan((x,), dim, lambda a, b: (a[0] + b[0],))[0]
+    return _accumulating_scan(x, dim % x.dim(), torch.add)
 
 
 @decomposition(aten.cumprod.default)
@@ -178,26 +172,22 @@ def cumprod(x, dim, *, dtype=None):
     x = _scan_dtype(x, dtype)
     if x.dim() == 0:
         return x.clone()
-    return _half_widths_in_float32(_product_scan)(x, dim % x.dim())
+    return _accumulating_scan(x, dim % x.dim(), torch.mul)
 
 
-def _product_scan(x, dim):
-    return _scan((x,), dim, lambda a, b: (a[0] * b[0],))[0]
+def _log_add_exp(a, b):
+    hi, lo = torch.maximum(a, b), torch.minimum(a, b)
+    # -inf with -inf stays -inf (hi - hi would be NaN).
+    safe = torch.where(hi == float("-inf"), torch.zeros_like(hi), hi)
+    return torch.where(hi == float("-inf"), hi, safe + torch.log1p(torch.exp(lo - safe)))
 
 
 @decomposition(aten.logcumsumexp.default)
 @_static_length
-@_half_widths_in_float32
 def logcumsumexp(x, dim):
     if x.dim() == 0:
         return x.clone()
-
-    def combine(a, b):
-        hi, lo = torch.maximum(a[0], b[0]), torch.minimum(a[0], b[0])
-        # -inf with -inf stays -inf (hi - hi would be NaN).
-        safe = torch.where(hi == float("-inf"), torch.zeros_like(hi), hi)
-        return (torch.where(hi == float("-inf"), hi, safe + torch.log1p(torch.exp(lo - safe))),)
-    return _scan((x,), dim % x.dim(), combine)[0]
+    return _accumulating_scan(x, dim % x.dim(), _log_add_exp)
 
 
 def _cumulative_extreme(x, dim, later_wins):
