@@ -23,3 +23,34 @@ def test_fft_family_through_jax():
         torch.stft(x.flatten(), 4, window=torch.ones(4, device=x.device),
                    return_complex=True)), x, z,
         rtol=1e-4, atol=1e-4)
+
+
+def test_moduli_of_complex_tensors():
+    # torch-mlir converted each complex element to its real part before abs and vector_norm:
+    # |re| for the modulus, wrong norms, no error.
+    z = torch.complex(randn(3, 5, seed=3), randn(3, 5, seed=4))
+    check_on_both_paths(lambda z: (
+        z.abs(), torch.linalg.vector_norm(z, dim=1), torch.linalg.norm(z), z.norm(),
+        torch.nn.functional.l1_loss(z.abs(), z.real)), z, rtol=1e-5, atol=1e-5)
+    check_on_both_paths(lambda z: (
+        torch.linalg.vector_norm(z, ord=1),
+        torch.linalg.vector_norm(z, ord=float("inf"), dim=0, keepdim=True)), z,
+        rtol=1e-5, atol=1e-5)
+
+
+def test_complex_operand_to_real_result_stays_out_of_xla_unless_known_right():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torchtpu_compile.lower.support import rule_violation
+    aten = torch.ops.aten
+    z = torch.complex(randn(4), randn(4, seed=1))
+    real = torch.float32
+    graph = make_fx(lambda z: (aten.abs.default(z), aten.angle.default(z),
+                               aten._to_copy.default(z, dtype=real),
+                               aten.abs.default(aten._to_copy.default(z, dtype=real))))(z).graph
+    reasons = {n.target: rule_violation(n) for n in graph.nodes if n.op == "call_function"}
+    abs_nodes = [n for n in graph.nodes if n.target is aten.abs.default]
+    assert "imaginary part" in rule_violation(abs_nodes[0])
+    assert rule_violation(abs_nodes[1]) is None            # abs of a real tensor
+    assert "imaginary part" in reasons[aten.angle.default]
+    assert reasons[aten._to_copy.default] is None

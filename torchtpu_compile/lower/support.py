@@ -123,6 +123,31 @@ def random_from_graph_values(node):
     return None
 
 
+#: ATen ops with a complex operand and a real result that torch-mlir lowers right: the parts,
+#: and the cast (which keeps the real part, as eager's does).
+_COMPLEX_TO_REAL_LOWERED_RIGHT = frozenset({
+    torch.ops.aten.real.default, torch.ops.aten.imag.default, torch.ops.aten._to_copy.default,
+    torch.ops.prims.convert_element_type.default})
+
+
+@never_lower
+def complex_to_real(node):
+    # torch-mlir lowers abs and vector_norm of a complex tensor by converting each element to
+    # its real part first: a wrong value, no error. Any other such op stays out of XLA until a
+    # decomposition (fft_complex.py, reductions_scans.py) computes it from the moduli.
+    if node.target.namespace not in ("aten", "prims") or \
+            node.target in _COMPLEX_TO_REAL_LOWERED_RIGHT:
+        return None
+    val = node.meta.get("val")
+    outputs = val if isinstance(val, (tuple, list)) else (val,)
+    if not any(isinstance(o, torch.Tensor) and o.is_floating_point() for o in outputs):
+        return None
+    inputs = [a.meta.get("val") for a in node.all_input_nodes]
+    if any(isinstance(i, torch.Tensor) and i.is_complex() for i in inputs):
+        return "torch-mlir would drop the imaginary part of its complex input"
+    return None
+
+
 def _is_op(node: fx.Node) -> bool:
     return node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
 

@@ -107,6 +107,20 @@ def _complex_fn():
     return jax.lax.complex
 
 
+@builds("abs")
+def _abs_fn():
+    import jax.numpy as jnp
+    return jnp.abs
+
+
+@decomposition(aten.abs.default)
+def abs_(x):
+    # The modulus: torch-mlir converts a complex operand to its real part before its abs.
+    if x.dtype != torch.complex64:
+        return NotImplemented
+    return jax_function("abs")(x)
+
+
 @decomposition(aten._conj.default, aten._conj_physical.default, aten.conj_physical.default)
 def conj(x):
     # The conjugate view of a complex tensor, as a value (a functional graph has no views).

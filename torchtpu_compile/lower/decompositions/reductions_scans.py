@@ -84,9 +84,34 @@ _OVER_ONE_ELEMENT = (
     aten._log_softmax.default, aten.prod.dim_int, aten.argmax.default, aten.argmin.default,
     aten.any.dim, aten.any.dims, aten.all.dim, aten.all.dims, aten.max.dim, aten.min.dim,
     aten.linalg_vector_norm.default)
+
+
+def _of_moduli(op, inner):
+    """``inner``, except that the norm of a complex tensor is the norm of its elements'
+    moduli: torch-mlir converts each complex element to its real part first."""
+    def decompose(x, *args, **kwargs):
+        if x.is_complex() and kwargs.get("dtype") is None:
+            return op(torch.abs(x), *args, **kwargs)
+        return inner(x, *args, **kwargs)
+    decompose.__name__ = inner.__name__
+    return decompose
+
+
+#: Reductions whose result is real for a complex input.
+_OF_MODULI = (aten.linalg_vector_norm.default,)
+
+
+def _reduction_decomposition(op):
+    decompose = _over_one_element(op) if op in _OVER_ONE_ELEMENT else None
+    if op in _ACCUMULATING:
+        decompose = _in_float32(op, decompose)
+    if op in _OF_MODULI:
+        decompose = _of_moduli(op, decompose)
+    return decompose
+
+
 for _op in dict.fromkeys(_OVER_ONE_ELEMENT + _ACCUMULATING):
-    _decompose = _over_one_element(_op) if _op in _OVER_ONE_ELEMENT else None
-    decomposition(_op)(_in_float32(_op, _decompose) if _op in _ACCUMULATING else _decompose)
+    decomposition(_op)(_reduction_decomposition(_op))
 
 
 # --- all / any of a bool tensor, as a 0-d tensor -----------------------------------------------
