@@ -130,3 +130,14 @@ def test_region_after_a_fallback_gets_the_dtype_it_was_traced_with():
     assert UNLOWERABLE.replace("scaled_sigmoid", "column_sums") in torchtpu_compile.stats()[
         "fallback_ops"]
     torch.testing.assert_close(out.float(), fn(x).float(), rtol=2e-2, atol=0)
+
+
+def test_fallback_op_that_conjugates_inside_matches_eager_on_the_first_call():
+    # linalg.pinv of a complex matrix takes U.mH inside its CPU kernel. Run from inside a
+    # dispatch handler (the tpu device's host fallback; aot_autograd's mode around every
+    # compiled function's first call), PyTorch excluded the Conjugate key, and the kernel's
+    # next op ignored the conjugate bit: a wrong result, no error.
+    a = torch.complex(torch.randn(4, 3), torch.randn(4, 3))
+    expected = torch.linalg.pinv(a)
+    torch.testing.assert_close(compile_tpu(torch.linalg.pinv)(a), expected)
+    torch.testing.assert_close(torch.linalg.pinv(a.to("tpu")).cpu(), expected)

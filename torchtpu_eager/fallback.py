@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from torchtpu_compile.fallback_policy import fall_back
+from torchtpu_compile.host_semantics import eager_semantics
 from torchtpu_compile.lower.support import written_arguments
 from torchtpu_compile.profiling import TORCH_PROFILER, around, reentered
 
@@ -82,7 +83,8 @@ def raise_eagers_error(func, args, kwargs) -> None:
     originals: dict = {}
     host_args = _to_host(tuple(args), originals)
     host_kwargs = {k: _to_host(v, originals) for k, v in kwargs.items()}
-    func(*host_args, **host_kwargs)
+    with eager_semantics():
+        func(*host_args, **host_kwargs)
 
 
 def run_on_host(func, args, kwargs, reason: str | None):
@@ -103,7 +105,8 @@ def run_on_host(func, args, kwargs, reason: str | None):
     else:
         host_args = _to_host(tuple(args), originals)
     host_kwargs = {k: _to_host(v, originals) for k, v in kwargs.items()}
-    out = func(*host_args, **host_kwargs)
+    with eager_semantics():
+        out = func(*host_args, **host_kwargs)
     # Written arguments (in-place, out=) get their new values back. The schema says which:
     # version counters do not move here, below the ADInplaceOrView key.
     for _, value in written_arguments(func, host_args, host_kwargs):

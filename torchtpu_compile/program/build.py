@@ -36,6 +36,7 @@ from .. import config, counters
 from .._logging import log
 from ..errors import LoweringError
 from ..fallback_policy import fall_back
+from ..host_semantics import eager_semantics
 from ..lower import lower_graph
 from ..lower.cache import lower_graph_cached
 from ..lower.calling_convention import prepare
@@ -270,5 +271,6 @@ class PartitionedProgram:
         self.name = name
 
     def __call__(self, args: list) -> list:
-        out = self.gm(*args)
+        with eager_semantics():
+            out = self.gm(*args)
         return list(out) if isinstance(out, (tuple, list)) else [out]
