@@ -25,8 +25,10 @@ from . import paths, skips
 #: for XLA's own exp/log/erf approximations (a few ulp) and reduction order. bf16 uses the
 #: numerics policy's rtol (torchtpu_compile.numerics.policy) and an atol at bf16's resolution
 #: near 1, since sums that cancel keep bf16 rounding in absolute terms.
-TOLERANCES = {torch.float32: dict(rtol=1e-4, atol=1e-5), torch.bfloat16: dict(rtol=5e-2, atol=1e-2)}
-DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
+TOLERANCES = {torch.float32: dict(rtol=1e-4, atol=1e-5),
+              torch.complex64: dict(rtol=1e-4, atol=1e-5),
+              torch.bfloat16: dict(rtol=5e-2, atol=1e-2)}
+DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.complex64: "c64"}
 
 
 @dataclasses.dataclass
@@ -86,7 +88,8 @@ def _compare(actual, expected, dtype, reference_fp32=None, what="output"):
             # within tolerance of the wider answer is a pass.
             if ref_flat is None or not isinstance(ref_flat[i], torch.Tensor):
                 raise
-            ref = ref_flat[i].to(e.dtype) if ref_flat[i].is_floating_point() else ref_flat[i]
+            wide = ref_flat[i]
+            ref = wide.to(e.dtype) if wide.is_floating_point() or wide.is_complex() else wide
             if a.shape != ref.shape or a.dtype != e.dtype:
                 raise
             try:
@@ -122,7 +125,8 @@ def _as_close_as_eager(actual, eager, exact) -> bool:
 
 
 #: The dtype a sample's wider reference is computed in.
-_WIDER = {torch.bfloat16: torch.float32, torch.float32: torch.float64}
+_WIDER = {torch.bfloat16: torch.float32, torch.float32: torch.float64,
+          torch.complex64: torch.complex128}
 
 
 def _wider_reference(fn, args, kwargs, dtype=torch.bfloat16):
@@ -195,7 +199,7 @@ def check(op, path: str, dtype: torch.dtype, max_samples: int = 3) -> Result:
             try:
                 _compare(outcome.value, expected, dtype, reference)
             except AssertionError:
-                if dtype is not torch.float32:
+                if dtype not in (torch.float32, torch.complex64):
                     raise
                 # fp32 too: a result that cancels, nearer the fp64 answer than eager's, passes
                 # (matrix_exp through JAX's Pade approximant against LAPACK-free CPU code).

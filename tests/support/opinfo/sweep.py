@@ -50,7 +50,7 @@ def _worker(jobs: list, max_samples: int) -> None:
     from .harness import check, entry_name
     torchtpu_compile.config.matmul_precision = "highest"  # fp32 comparisons at fp32 tolerance
     by_name = {entry_name(op): op for op in op_db}
-    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "c64": torch.complex64}
     for name, path, dtype in jobs:
         print(json.dumps({"start": [name, path, dtype]}), flush=True)
         result = check(by_name[name], path, dtypes[dtype], max_samples=max_samples)
