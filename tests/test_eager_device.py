@@ -492,6 +492,23 @@ def test_inplace_view_ops_change_the_tensors_geometry():
                                torch.stft(signal, 20, return_complex=True))
 
 
+def test_assigning_data_rebinds_the_tensor_to_the_new_storage():
+    # PyTorch's `.data` setter copies only the C++ metadata: x took y's shape over its own old
+    # values (a parameter replaced by `p.data = ...` kept training its old weights).
+    for device in ("cpu", "tpu"):
+        x = torch.arange(12.0, device=device).requires_grad_()
+        base = torch.zeros(4, 6, device=device)
+        x.data = base[1:, ::2]
+        base.add_(3)  # x views base's storage now
+        p = torch.nn.Parameter(torch.arange(4.0, device=device))
+        p.data = p.data.half()
+        if device == "cpu":
+            want = (x.detach().clone(), x.stride(), p.detach().clone())
+    assert x.requires_grad and x.stride() == want[1] and p.dtype == torch.float16
+    torch.testing.assert_close(x.detach().cpu(), want[0])
+    torch.testing.assert_close(p.detach().cpu(), want[2])
+
+
 def test_integer_indexing_runs_on_the_device_and_masks_on_the_host():
     # aten.index is tagged data-dependent for its boolean masks; integer indices (negative
     # ones too) are a static gather and ran on the host for nothing.
