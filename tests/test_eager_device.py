@@ -1,4 +1,5 @@
 """The eager "tpu" device against eager CPU PyTorch: device API, tensors, views, autograd, RNG."""
+import contextlib
 import io
 import subprocess
 import sys
@@ -507,6 +508,58 @@ def test_assigning_data_rebinds_the_tensor_to_the_new_storage():
     assert x.requires_grad and x.stride() == want[1] and p.dtype == torch.float16
     torch.testing.assert_close(x.detach().cpu(), want[0])
     torch.testing.assert_close(p.detach().cpu(), want[2])
+
+
+def _results(fn):
+    """``fn(device)`` on the host and on tpu: (value, or eager's error) for each."""
+    out = []
+    for device in ("cpu", "tpu"):
+        try:
+            out.append(fn(device))
+        except RuntimeError as exc:
+            out.append(str(exc))
+    return out
+
+
+def _out_into(make_out, shape):
+    def fn(device):
+        out = make_out(device)
+        with pytest.warns(UserWarning, match="was resized") if out.numel() else \
+                contextlib.nullcontext():
+            assert torch.add(torch.arange(12.0, device=device).reshape(shape), 1, out=out) is out
+        return out.shape, out.stride(), out.storage_offset(), out.cpu()
+    return fn
+
+
+@pytest.mark.parametrize("make_out, shape", [
+    (lambda d: torch.empty(0, device=d), (3, 4)),
+    (lambda d: torch.zeros(5, device=d), (12,)),
+], ids=["empty", "too_small"])
+def test_out_of_another_shape_is_resized_as_eager(make_out, shape):
+    # The result's buffer was stored under the out tensor's old shape: an empty out= stayed
+    # empty, a (5,) one read back 12 values.
+    cpu, tpu = _results(_out_into(make_out, shape))
+    assert cpu[:3] == tpu[:3]
+    torch.testing.assert_close(tpu[3], cpu[3])
+
+
+def test_resize_set_and_their_views():
+    def fn(device):
+        x = torch.arange(4.0, device=device)
+        x.resize_(2, 3)  # grows: the old values first
+        z = torch.arange(12.0, device=device)
+        z.resize_as_(torch.zeros(2, 2, device=device))  # was traced: a (12,) under (2, 2)
+        s, base = torch.zeros(3, device=device), torch.zeros(4, 4, device=device)
+        s.set_(base.t()[1:])
+        s.add_(1)  # reaches base
+        return (x.shape, x.flatten()[:4].cpu(), z.shape, z.stride(), z.cpu(), s.shape,
+                s.stride(), base.cpu())
+    cpu, tpu = _results(fn)
+    for got, want in zip(tpu, cpu):
+        if isinstance(want, torch.Tensor):
+            torch.testing.assert_close(got, want)
+        else:
+            assert got == want
 
 
 def test_integer_indexing_runs_on_the_device_and_masks_on_the_host():

@@ -19,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import warnings
 
 import torch
 
@@ -203,11 +204,14 @@ class _Compiled:
     ``lifted``: the op's floats are an extra input (``scalars.py``)."""
 
     __slots__ = ("graph", "mutated", "returns", "n_fresh", "lifted", "single", "result", "fast",
-                 "in_place")
+                 "in_place", "resized")
 
-    def __init__(self, graph, mutated, returns, n_fresh, lifted=False):
+    def __init__(self, graph, mutated, returns, n_fresh, lifted=False, resized=()):
         self.graph, self.mutated, self.returns, self.n_fresh = graph, mutated, returns, n_fresh
         self.lifted = lifted
+        # (signature position, new shape) of each out= tensor whose shape is not the result's:
+        # eager resizes it (out_resize below); every run of the signature does.
+        self.resized = resized
         self.fast = None  # strict mode's decision, once it ran there (_fast_plan)
         plan, counts = returns
         self.single = (not mutated and len(plan) == 1 and plan[0][0] == "fresh"
@@ -216,7 +220,7 @@ class _Compiled:
         # it writes and returns, its new value the one output; None for every other op.
         self.in_place = None
         if len(mutated) == 1 and n_fresh == 0 and len(plan) == 1 and plan[0][0] == "alias" \
-                and plan[0][1] is not None and plan[0][1][0] == "arg":
+                and plan[0][1] is not None and plan[0][1][0] == "arg" and not resized:
             self.in_place = (mutated[0], plan[0][1][1])
         # The one result's shape, dtype, element count and strides, for every mode's run.
         shape, dtype = graph.out_meta[0] if self.single else ((), None)
@@ -357,7 +361,52 @@ def _build(func, args, kwargs, tensors, lift_floats=False):
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return _Fallback(first[:300])
     n_fresh = len(graph.out_meta) - len(written)
-    return _Compiled(graph, written, (plan, list(shapes)), n_fresh, lifted=lift_floats)
+    resized = tuple((leaf, shape) for leaf, (shape, _) in zip(written, graph.out_meta[n_fresh:])
+                    if tuple(shape) != tuple(tensors[leaf].shape))
+    return _Compiled(graph, written, (plan, list(shapes)), n_fresh, lifted=lift_floats,
+                     resized=resized)
+
+
+def out_resize(t: TpuTensor, shape: tuple) -> None:
+    """Resize out= tensor ``t`` to its result's ``shape`` as eager's ``resize_output`` does,
+    with eager's warning where it had elements. Without this the result's buffer was stored
+    under the old shape (an empty out= stayed empty; a (5,) out read back 12 values)."""
+    if t.numel() > 0:
+        warnings.warn(
+            f"An output with one or more elements was resized since it had shape "
+            f"{list(t.shape)}, which does not match the required output shape {list(shape)}. "
+            f"This behavior is deprecated, and in a future PyTorch release outputs will not be "
+            f"resized unless they have zero elements. You can explicitly reuse an out tensor t "
+            f"by resizing it, inplace, to zero elements with t.resize_(0).", stacklevel=2)
+    resize(t, shape, keep=False)
+
+
+def resize(t: TpuTensor, shape, keep: bool = True) -> None:
+    """Give ``t`` the contiguous ``shape`` at its storage offset, as eager's ``resize_``:
+    over its own storage where that holds it (its values stay), else over a larger one
+    (``keep``: holding its storage's values first, as eager's grown storage does).
+
+    Eager grows a storage in place, under every view of it. A device buffer cannot grow under
+    its views (their geometry is decided against its size): a tensor that is its whole storage
+    (``torch.empty(0)``, the usual out=) gets a new one; a view of a larger storage raises
+    rather than leave its base without the values."""
+    shape = tuple(shape)
+    offset, numel, storage = t.storage_offset(), _numel(shape), t._st
+    if offset + numel > storage.numel:
+        if not t._dense:
+            raise RuntimeError(
+                f"tpu: resizing a view (shape {list(t.shape)}, storage offset {offset}) of a "
+                f"storage of {storage.numel} elements to {list(shape)} would grow the storage "
+                f"under its other views, which the device cannot do. Resize a tensor that is "
+                f"its whole storage, or pass an out= of shape {list(shape)}.")
+        old, storage = storage, Storage(None, (numel,), storage.dtype, numel)
+        if keep and old.numel:
+            flat = (old.numel,)
+            views.write(view_tensor(storage, flat, (1,), 0, False),
+                        views.read(view_tensor(old, flat, (1,), 0, True)))
+    strides = contiguous_strides(shape)
+    t._become(view_tensor(storage, shape, strides, offset,
+                          is_dense(shape, strides, offset, storage.numel)))
 
 
 def _trace_lifted(fn, examples, label, args, kwargs):
@@ -563,6 +612,8 @@ def run_op(func, args, kwargs):
         _write_in_place(tensors[in_place[0]], outputs[0], mode)
         return args[in_place[1]]
     n_fresh = entry.n_fresh
+    for leaf, shape in entry.resized:
+        out_resize(tensors[leaf], shape)
     for leaf, value in zip(entry.mutated, outputs[n_fresh:]):
         views.write(tensors[leaf], value)
     return _rebuild(entry, outputs, args, kwargs)
@@ -810,19 +861,29 @@ def fused_step_with_tensor_lr(func, args, kwargs):
                   {**kwargs, "lr": from_cpu(torch.tensor(lr, dtype=torch.float32))})
 
 
-@handles(aten.resize_.default)
+@handles(aten.resize_.default, aten.resize_as_.default)
 def resize_(func, args, kwargs):
-    t, size = args[0], tuple(args[1])
-    if tuple(t.shape) == size:
-        return t
-    raise RuntimeError(f"resizing a tpu tensor from {list(t.shape)} to {list(size)} is not "
-                       f"supported; allocate a new tensor (or pass an out= tensor of the result's "
-                       f"shape)")
+    # Traced as an op (resize_as_), the new shape's values were written under the old shape.
+    t = args[0]
+    size = tuple(args[1].shape if func is aten.resize_as_.default else args[1])
+    if any(n < 0 for n in size):
+        fallback.raise_eagers_error(func, args, kwargs)
+    if tuple(t.shape) != size:
+        resize(t, size)
+    return t
 
 
 @handles(aten.set_.source_Tensor)
 def set_(func, args, kwargs):
-    raise RuntimeError("Tensor.set_ is not supported on tpu tensors; assign the new tensor instead")
+    # t views source's storage as source does: a write through either reaches the other.
+    t, source = args[0], args[1]
+    if type(source) is not TpuTensor or source.dtype != t.dtype:
+        fallback.raise_eagers_error(func, args, kwargs)
+        raise RuntimeError(f"tpu: set_ takes a tpu tensor of the same dtype ({t.dtype}), not "
+                           f"{source.dtype} on {source.device}")
+    if source is not t:
+        t._become(source)
+    return t
 
 
 @handles(aten._nested_tensor_from_mask.default, aten._nested_tensor_from_tensor_list.default,
