@@ -562,6 +562,30 @@ def test_resize_set_and_their_views():
             assert got == want
 
 
+@pytest.mark.parametrize("write", [
+    lambda x: x[1:].add_(x[:-1]),
+    lambda x: x[1:].copy_(x[:-1]),
+    lambda x: torch.add(x[:-1], 1, out=x[1:]),
+    lambda x: x.add_(x[0]),
+    lambda x: x[:3].unsqueeze(0).expand(2, 3).add_(1),
+    lambda x: x[:3].expand(2, 3).copy_(torch.ones(2, 3, device=x.device)),
+    lambda x: x[:3].expand(2, 3).fill_(1),  # eager allows this one
+], ids=["partial_add_", "partial_copy_", "partial_out", "dense_and_element", "expanded_add_",
+        "expanded_copy_", "expanded_fill_"])
+def test_writes_through_overlapping_memory_raise_as_eager(write):
+    # Ops run on functional values here, so these returned a value where eager raises
+    # "unsupported operation: ... refer to a single memory location".
+    def fn(device):
+        x = torch.arange(12.0, device=device)
+        write(x)
+        return x.cpu()
+    cpu, tpu = _results(fn)
+    if isinstance(cpu, str):
+        assert tpu == cpu
+    else:
+        torch.testing.assert_close(tpu, cpu)
+
+
 def test_integer_indexing_runs_on_the_device_and_masks_on_the_host():
     # aten.index is tagged data-dependent for its boolean masks; integer indices (negative
     # ones too) are a static gather and ran on the host for nothing.

@@ -569,6 +569,67 @@ def _fast_results(fast: _FastPlan, outputs: list, tensors: list, args):
                   for out, (shape, dtype, numel, strides) in zip(outputs, fast.results)])
 
 
+def _may_overlap(tensors: list, written) -> bool:
+    """Whether a written tensor (signature positions ``written``) may overlap itself (a zero
+    stride: an expanded view) or shares its storage with another argument. Rare, and then
+    eager's memory-overlap checks decide (``check_overlap``)."""
+    for i in written:
+        w = tensors[i]
+        if type(w) is not TpuTensor:
+            continue
+        storage = w._st
+        for t in tensors:
+            if t is not w and type(t) is TpuTensor and t._st is storage:
+                return True
+        if not w._dense and 0 in w.stride():
+            return True
+    return False
+
+
+_overlap_errors: dict = {}   # (signature, geometries, storage pattern) -> eager's error or None
+
+
+def check_overlap(func, args, kwargs, key, tensors) -> None:
+    """Raise eager's error where it refuses to write through overlapping memory: a write to an
+    expanded view ("more than one element of the written-to tensor refers to a single memory
+    location"), or an input that partly overlaps the written tensor (``x[1:].add_(x[:-1])``,
+    "some elements of the input tensor and the written-to tensor refer to a single memory
+    location"). Each op runs on functional values here, so without this it returned a value
+    where eager raises. Eager itself decides: the op runs once on host tensors that alias as
+    the arguments do (their values do not matter to the check), per geometry."""
+    storages: dict = {}
+    geometry = tuple((tuple(t.stride()), t.storage_offset(), storages.setdefault(id(t._st),
+                                                                               len(storages)))
+                     if type(t) is TpuTensor else None for t in tensors)
+    check = (key, geometry)
+    if check not in _overlap_errors:
+        bases: dict = {}
+
+        def host(value):
+            if type(value) is TpuTensor:
+                storage = value._st
+                if id(storage) not in bases:  # uninitialized: only the memory layout matters
+                    bases[id(storage)] = torch.empty(storage.numel, dtype=storage.dtype)
+                return bases[id(storage)].as_strided(value.shape, value.stride(),
+                                                     value.storage_offset())
+            if isinstance(value, (list, tuple)):
+                return type(value)(host(v) for v in value)
+            if isinstance(value, torch.device) and value.type == "tpu":
+                return _CPU
+            return value
+
+        message = None
+        try:
+            func(*host(tuple(args)), **{k: host(v) for k, v in kwargs.items()})
+        except RuntimeError as exc:  # others (the values are not the real ones) are not ours
+            if str(exc).startswith("unsupported operation:"):
+                message = str(exc)
+        _overlap_errors[check] = message
+    message = _overlap_errors[check]
+    if message is not None:
+        raise RuntimeError(message)
+
+
 def run_op(func, args, kwargs):
     key, tensors = signature(func, args, kwargs)
     entry = _ops.get(key)
@@ -580,6 +641,8 @@ def run_op(func, args, kwargs):
         return func._op_dk(_COMPOSITE_EXPLICIT, *args, **kwargs)
     if type(entry) is _Fallback:
         return fallback.run_on_host(func, args, kwargs, entry.reason)
+    if entry.mutated and _may_overlap(tensors, entry.mutated):
+        check_overlap(func, args, kwargs, key, tensors)
     values = _input_values(tensors)
     fast = entry.fast
     if fast and type(modes._current) is Strict and not TORCH_PROFILER._is_profiler_enabled:
@@ -742,6 +805,8 @@ def copy_(func, args, kwargs):
         views.write(dst, upload(host.contiguous(),
                                 asynchronous=bool(non_blocking) and src.is_pinned()))
         return dst
+    if dst._st is src._st or (not dst._dense and 0 in dst.stride()):
+        check_overlap(func, args, kwargs, signature(func, args, kwargs)[0], [dst, src])
     if src.dtype == dst.dtype and src.shape == dst.shape:
         views.write(dst, views.read(src))
         return dst
