@@ -602,6 +602,20 @@ def test_integer_indexing_runs_on_the_device_and_masks_on_the_host():
     assert torchtpu_compile.stats()["fallback_ops"] == {"aten.index.Tensor": 1}
 
 
+def test_host_index_tensors_index_a_tpu_tensor_as_on_cuda():
+    # ATen's index kernels take indices on the host; `x[idx] = v` with a host idx raised a
+    # device mismatch. The values must still be on the device, as on CUDA.
+    x = torch.arange(12.0).reshape(3, 4)
+    t = x.to("tpu")
+    i = torch.tensor([0, 2])
+    torch.testing.assert_close(t[i].cpu(), x[i])
+    x[i] = torch.arange(4.0)
+    t[i] = torch.arange(4.0, device="tpu")
+    torch.testing.assert_close(t.cpu(), x)
+    with pytest.raises(RuntimeError, match="same device"):
+        t[i] = torch.ones(4)
+
+
 def test_inference_mode_results_move_and_cast_as_on_cpu():
     # Inference mode skips the autograd keys where PyTorch decomposes .to/.cpu/.reshape: they
     # reached the device whole, and .cpu() of any inference tensor raised ("Cannot copy out

@@ -159,12 +159,23 @@ def _substitute(value, values):
     return value
 
 
-def _check_devices(func, tensors) -> bool:
+#: Ops whose indices may be host tensors (uploaded), as on CUDA: ATen's index kernels take
+#: "indices ... either on cpu or on the same device as the indexed tensor"; ``x[idx] = v``
+#: with a host ``idx`` raised a device mismatch.
+_HOST_INDICES = frozenset(id(op) for op in (
+    aten.index.Tensor, aten.index_put.default, aten.index_put_.default,
+    aten._index_put_impl_.default, aten._unsafe_index.Tensor, aten._unsafe_index_put.default))
+
+
+def _check_devices(func, tensors, args=()) -> bool:
     """Raise where a host tensor (other than a 0-d scalar) is an argument of ``func``, as
     PyTorch does for a CUDA op given a CPU tensor; True where ``func`` is then to run its
     device-generic implementation instead (``_COMPOSITE``)."""
+    indices = args[1] if id(func) in _HOST_INDICES and len(args) > 1 else ()
     for t in tensors:
         if type(t) is not TpuTensor and t.dim() != 0:
+            if any(t is index for index in indices):
+                continue
             if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(),
                                                               _COMPOSITE_EXPLICIT):
                 # No device check on CUDA either: the kernel reads its host arguments
@@ -634,7 +645,7 @@ def run_op(func, args, kwargs):
     key, tensors = signature(func, args, kwargs)
     entry = _ops.get(key)
     if entry is None:
-        entry = _COMPOSITE if _check_devices(func, tensors) else \
+        entry = _COMPOSITE if _check_devices(func, tensors, args) else \
             _lifted_entry(func, args, kwargs, tensors, key) or _build(func, args, kwargs, tensors)
         _ops[key] = entry
     if entry is _COMPOSITE:
