@@ -580,23 +580,6 @@ def _fast_results(fast: _FastPlan, outputs: list, tensors: list, args):
                   for out, (shape, dtype, numel, strides) in zip(outputs, fast.results)])
 
 
-def _may_overlap(tensors: list, written) -> bool:
-    """Whether a written tensor (signature positions ``written``) may overlap itself (a zero
-    stride: an expanded view) or shares its storage with another argument. Rare, and then
-    eager's memory-overlap checks decide (``check_overlap``)."""
-    for i in written:
-        w = tensors[i]
-        if type(w) is not TpuTensor:
-            continue
-        storage = w._st
-        for t in tensors:
-            if t is not w and type(t) is TpuTensor and t._st is storage:
-                return True
-        if not w._dense and 0 in w.stride():
-            return True
-    return False
-
-
 _overlap_errors: dict = {}   # (signature, geometries, storage pattern) -> eager's error or None
 
 
@@ -652,8 +635,18 @@ def run_op(func, args, kwargs):
         return func._op_dk(_COMPOSITE_EXPLICIT, *args, **kwargs)
     if type(entry) is _Fallback:
         return fallback.run_on_host(func, args, kwargs, entry.reason)
-    if entry.mutated and _may_overlap(tensors, entry.mutated):
-        check_overlap(func, args, kwargs, key, tensors)
+    if entry.mutated:
+        # A written tensor that may overlap itself (a zero stride: an expanded view) or shares
+        # its storage with another argument: rare, and then eager decides (check_overlap).
+        # Inline: no Python call on the per-op path.
+        for i in entry.mutated:
+            w = tensors[i]
+            if type(w) is TpuTensor:
+                overlaps = not w._dense and 0 in w.stride()
+                for t in tensors:
+                    if overlaps or (t is not w and type(t) is TpuTensor and t._st is w._st):
+                        check_overlap(func, args, kwargs, key, tensors)
+                        break
     values = _input_values(tensors)
     fast = entry.fast
     if fast and type(modes._current) is Strict and not TORCH_PROFILER._is_profiler_enabled:
