@@ -586,6 +586,25 @@ def test_writes_through_overlapping_memory_raise_as_eager(write):
         torch.testing.assert_close(tpu, cpu)
 
 
+@pytest.mark.parametrize("write", [
+    lambda d: torch.ones(3, dtype=torch.long, device=d).mul_(2.5),
+    lambda d: torch.ones(3, dtype=torch.bool, device=d).mul_(torch.ones(3, dtype=torch.long,
+                                                                        device=d)),
+    lambda d: torch.add(torch.ones(3, device=d), 1, out=torch.empty(3, dtype=torch.long,
+                                                                   device=d)),
+    lambda d: torch.ones(3, dtype=torch.half, device=d).add_(torch.ones(3, device=d)),  # fine
+], ids=["long_mul_float", "bool_mul_long", "float_out_long", "half_add_float"])
+def test_results_an_output_cannot_hold_raise_as_eager(write):
+    # Traced, a pointwise op's result was cast to its in-place or out= output's dtype without
+    # a word (2.5 * 1 stored as 2) where eager raises "result type Float can't be cast to the
+    # desired output type Long".
+    cpu, tpu = _results(lambda d: write(d).cpu())
+    if isinstance(cpu, str):
+        assert tpu == cpu
+    else:
+        torch.testing.assert_close(tpu, cpu)
+
+
 def test_integer_indexing_runs_on_the_device_and_masks_on_the_host():
     # aten.index is tagged data-dependent for its boolean masks; integer indices (negative
     # ones too) are a static gather and ran on the host for nothing.

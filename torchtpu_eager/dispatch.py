@@ -311,8 +311,58 @@ def _functional_variant(func):
     return twin
 
 
+def _pointwise_twin(func):
+    """The functional overload of pointwise op ``func`` that computes what it writes
+    (``mul_.Tensor`` -> ``mul.Tensor``, ``mul.out`` -> ``mul.Tensor``, ``exp.out`` ->
+    ``exp.default``): same arguments, less the out= ones. None where there is none."""
+    schema = func._schema
+    names = [a.name for a in schema.arguments if not (is_written(a) and a.kwarg_only)]
+    packet = getattr(aten, func.overloadpacket.__name__.rstrip("_"), None)
+    for overload in packet.overloads() if packet is not None else ():
+        twin = getattr(packet, overload)
+        arguments = twin._schema.arguments
+        if [a.name for a in arguments] == names and not any(is_written(a) for a in arguments):
+            return twin
+    return None
+
+
+def _check_output_casts(func, args, kwargs) -> None:
+    """Raise eager's error where pointwise op ``func`` would write a result of a dtype its
+    output cannot hold: eager's TensorIterator refuses ("result type Float can't be cast to
+    the desired output type Long": ``int_tensor.mul_(2.5)``, ``torch.add(f, 1, out=long)``).
+    Traced, the result was cast to the output's dtype without a word. The result's dtype comes
+    from the op's functional twin on meta tensors; eager itself raises the error (once per
+    signature: the op is about to fail)."""
+    twin = _pointwise_twin(func)
+    if twin is None:
+        return
+
+    def meta(value):
+        if isinstance(value, torch.Tensor):
+            return torch.empty(value.shape, dtype=value.dtype, device="meta")
+        if isinstance(value, (list, tuple)):
+            return type(value)(meta(v) for v in value)
+        return value
+
+    outs = written_arguments(func, args, kwargs)
+    names = {name for name, _ in outs}
+    try:
+        result = twin(*meta(tuple(args)), **{k: meta(v) for k, v in kwargs.items()
+                                             if k not in names})
+    except Exception:  # the twin's own errors are the op's, raised when it is traced
+        return
+    results = result if isinstance(result, (list, tuple)) else (result,)
+    for produced, (_, target) in zip(results, outs):
+        if isinstance(target, torch.Tensor) and isinstance(produced, torch.Tensor) and \
+                not torch.can_cast(produced.dtype, target.dtype):
+            fallback.raise_eagers_error(func, args, kwargs)
+            return
+
+
 def _build(func, args, kwargs, tensors, lift_floats=False):
     written = _written_leaves(func, args, kwargs)
+    if written and torch.Tag.pointwise in func.tags:
+        _check_output_casts(func, args, kwargs)
     plan = _return_plan(func, args, kwargs)
     twin = _functional_variant(func)
     shapes: list = []   # number of tensors per fresh return, filled while tracing
