@@ -474,6 +474,20 @@ def test_conjugate_and_negative_views_are_computed_not_aliased():
     torch.testing.assert_close(torch.fft.ifft(real.to("tpu")).cpu(), torch.fft.ifft(real))
 
 
+def test_writes_into_computed_views_raise():
+    # view(dtype) (like conj()) is computed as a new tensor: a write into it stayed in the
+    # copy, and the base silently kept its values where eager writes through.
+    x = torch.zeros(4, device="tpu")
+    bits = x.view(torch.int32)
+    torch.testing.assert_close((bits + 1).cpu(), torch.ones(4, dtype=torch.int32))
+    with pytest.raises(RuntimeError, match="computes as a new tensor rather than a view"):
+        bits[0] = 1065353216
+    with pytest.raises(RuntimeError, match="computes as a new tensor rather than a view"):
+        bits.add_(1)
+    bits.clone().add_(1)  # a copy is the caller's own
+    torch.testing.assert_close(x.cpu(), torch.zeros(4))
+
+
 def test_inplace_view_ops_change_the_tensors_geometry():
     # t_(), unsqueeze_(), transpose_() change the tensor's own size and strides; they were
     # traced as ops, which wrote transposed values under the old size (stft was wrong).

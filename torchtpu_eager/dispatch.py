@@ -611,7 +611,7 @@ def _fast_plan(entry: _Compiled, args):
 def _write_in_place(target: TpuTensor, value, mode) -> None:
     """``views.write(target, value)``, its common case inline (a dense tensor)."""
     storage = target._st
-    if target._dense and not storage.freed:
+    if target._dense and not storage.freed and storage.stands_for is None:
         storage.value = value
         storage.shape = target._shape
         mode.note_write(storage)
@@ -791,8 +791,12 @@ def run_view(func, args, kwargs):
     geometry = _view_geometry.get(key, _view_geometry)
     if geometry is _view_geometry:
         geometry = _view_geometry[key] = _geometry_of_view(func, args, kwargs, base)
-    if geometry is None:
-        return run_op(func, args, kwargs)
+    if geometry is None:  # computed: a write to it is refused (views.check_writable)
+        out = run_op(func, args, kwargs)
+        for t in (out if isinstance(out, (list, tuple)) else (out,)):
+            if type(t) is TpuTensor:
+                t._st.stands_for = str(func)
+        return out
     storage = base._st
     if geometry and type(geometry[-1]) is bool:  # one result: (size, stride, offset, dense)
         return view_tensor(storage, *geometry)
