@@ -1,4 +1,5 @@
 """The eager "tpu" device against eager CPU PyTorch: device API, tensors, views, autograd, RNG."""
+import contextlib
 import io
 import subprocess
 import sys
@@ -473,6 +474,20 @@ def test_conjugate_and_negative_views_are_computed_not_aliased():
     torch.testing.assert_close(torch.fft.ifft(real.to("tpu")).cpu(), torch.fft.ifft(real))
 
 
+def test_writes_into_computed_views_raise():
+    # view(dtype) (like conj()) is computed as a new tensor: a write into it stayed in the
+    # copy, and the base silently kept its values where eager writes through.
+    x = torch.zeros(4, device="tpu")
+    bits = x.view(torch.int32)
+    torch.testing.assert_close((bits + 1).cpu(), torch.ones(4, dtype=torch.int32))
+    with pytest.raises(RuntimeError, match="computes as a new tensor rather than a view"):
+        bits[0] = 1065353216
+    with pytest.raises(RuntimeError, match="computes as a new tensor rather than a view"):
+        bits.add_(1)
+    bits.clone().add_(1)  # a copy is the caller's own
+    torch.testing.assert_close(x.cpu(), torch.zeros(4))
+
+
 def test_inplace_view_ops_change_the_tensors_geometry():
     # t_(), unsqueeze_(), transpose_() change the tensor's own size and strides; they were
     # traced as ops, which wrote transposed values under the old size (stft was wrong).
@@ -492,6 +507,118 @@ def test_inplace_view_ops_change_the_tensors_geometry():
                                torch.stft(signal, 20, return_complex=True))
 
 
+def test_assigning_data_rebinds_the_tensor_to_the_new_storage():
+    # PyTorch's `.data` setter copies only the C++ metadata: x took y's shape over its own old
+    # values (a parameter replaced by `p.data = ...` kept training its old weights).
+    for device in ("cpu", "tpu"):
+        x = torch.arange(12.0, device=device).requires_grad_()
+        base = torch.zeros(4, 6, device=device)
+        x.data = base[1:, ::2]
+        base.add_(3)  # x views base's storage now
+        p = torch.nn.Parameter(torch.arange(4.0, device=device))
+        p.data = p.data.half()
+        if device == "cpu":
+            want = (x.detach().clone(), x.stride(), p.detach().clone())
+    assert x.requires_grad and x.stride() == want[1] and p.dtype == torch.float16
+    torch.testing.assert_close(x.detach().cpu(), want[0])
+    torch.testing.assert_close(p.detach().cpu(), want[2])
+
+
+def _results(fn):
+    """``fn(device)`` on the host and on tpu: (value, or eager's error) for each."""
+    out = []
+    for device in ("cpu", "tpu"):
+        try:
+            out.append(fn(device))
+        except RuntimeError as exc:
+            out.append(str(exc))
+    return out
+
+
+def _out_into(make_out, shape):
+    def fn(device):
+        out = make_out(device)
+        with pytest.warns(UserWarning, match="was resized") if out.numel() else \
+                contextlib.nullcontext():
+            assert torch.add(torch.arange(12.0, device=device).reshape(shape), 1, out=out) is out
+        return out.shape, out.stride(), out.storage_offset(), out.cpu()
+    return fn
+
+
+@pytest.mark.parametrize("make_out, shape", [
+    (lambda d: torch.empty(0, device=d), (3, 4)),
+    (lambda d: torch.zeros(5, device=d), (12,)),
+], ids=["empty", "too_small"])
+def test_out_of_another_shape_is_resized_as_eager(make_out, shape):
+    # The result's buffer was stored under the out tensor's old shape: an empty out= stayed
+    # empty, a (5,) one read back 12 values.
+    cpu, tpu = _results(_out_into(make_out, shape))
+    assert cpu[:3] == tpu[:3]
+    torch.testing.assert_close(tpu[3], cpu[3])
+
+
+def test_resize_set_and_their_views():
+    def fn(device):
+        x = torch.arange(4.0, device=device)
+        x.resize_(2, 3)  # grows: the old values first
+        z = torch.arange(12.0, device=device)
+        z.resize_as_(torch.zeros(2, 2, device=device))  # was traced: a (12,) under (2, 2)
+        s, base = torch.zeros(3, device=device), torch.zeros(4, 4, device=device)
+        s.set_(base.t()[1:])
+        s.add_(1)  # reaches base
+        return (x.shape, x.flatten()[:4].cpu(), z.shape, z.stride(), z.cpu(), s.shape,
+                s.stride(), base.cpu())
+    cpu, tpu = _results(fn)
+    for got, want in zip(tpu, cpu):
+        if isinstance(want, torch.Tensor):
+            torch.testing.assert_close(got, want)
+        else:
+            assert got == want
+
+
+@pytest.mark.parametrize("write", [
+    lambda x: x[1:].add_(x[:-1]),
+    lambda x: x[1:].copy_(x[:-1]),
+    lambda x: torch.add(x[:-1], 1, out=x[1:]),
+    lambda x: x.add_(x[0]),
+    lambda x: x[:3].unsqueeze(0).expand(2, 3).add_(1),
+    lambda x: x[:3].expand(2, 3).copy_(torch.ones(2, 3, device=x.device)),
+    lambda x: x[:3].expand(2, 3).fill_(1),  # eager allows this one
+], ids=["partial_add_", "partial_copy_", "partial_out", "dense_and_element", "expanded_add_",
+        "expanded_copy_", "expanded_fill_"])
+def test_writes_through_overlapping_memory_raise_as_eager(write):
+    # Ops run on functional values here, so these returned a value where eager raises
+    # "unsupported operation: ... refer to a single memory location".
+    def fn(device):
+        x = torch.arange(12.0, device=device)
+        write(x)
+        return x.cpu()
+    cpu, tpu = _results(fn)
+    if isinstance(cpu, str):
+        assert tpu == cpu
+    else:
+        torch.testing.assert_close(tpu, cpu)
+
+
+@pytest.mark.parametrize("write", [
+    lambda d: torch.ones(3, dtype=torch.long, device=d).mul_(2.5),
+    lambda d: torch.ones(3, dtype=torch.bool, device=d).mul_(torch.ones(3, dtype=torch.long,
+                                                                        device=d)),
+    lambda d: torch.add(torch.ones(3, device=d), 1, out=torch.empty(3, dtype=torch.long,
+                                                                   device=d)),
+    lambda d: torch.ones(3, dtype=torch.half, device=d).add_(torch.ones(3, device=d)),  # fine
+], ids=["long_mul_float", "bool_mul_long", "float_out_long", "half_add_float"])
+def test_results_an_output_cannot_hold_raise_as_eager(write):
+    # Traced, a pointwise op's result was cast to its in-place or out= output's dtype without
+    # a word (2.5 * 1 stored as 2) where eager raises "result type Float can't be cast to the
+    # desired output type Long".
+    cpu, tpu = _results(lambda d: write(d).cpu())
+    if isinstance(cpu, str):
+        assert tpu == cpu
+    else:
+        torch.testing.assert_close(tpu, cpu)
+
+
 def test_integer_indexing_runs_on_the_device_and_masks_on_the_host():
     # aten.index is tagged data-dependent for its boolean masks; integer indices (negative
     # ones too) are a static gather and ran on the host for nothing.
@@ -506,6 +633,20 @@ def test_integer_indexing_runs_on_the_device_and_masks_on_the_host():
     mask = x > 0
     torch.testing.assert_close(t[mask.to("tpu")].cpu(), x[mask])
     assert torchtpu_compile.stats()["fallback_ops"] == {"aten.index.Tensor": 1}
+
+
+def test_host_index_tensors_index_a_tpu_tensor_as_on_cuda():
+    # ATen's index kernels take indices on the host; `x[idx] = v` with a host idx raised a
+    # device mismatch. The values must still be on the device, as on CUDA.
+    x = torch.arange(12.0).reshape(3, 4)
+    t = x.to("tpu")
+    i = torch.tensor([0, 2])
+    torch.testing.assert_close(t[i].cpu(), x[i])
+    x[i] = torch.arange(4.0)
+    t[i] = torch.arange(4.0, device="tpu")
+    torch.testing.assert_close(t.cpu(), x)
+    with pytest.raises(RuntimeError, match="same device"):
+        t[i] = torch.ones(4)
 
 
 def test_inference_mode_results_move_and_cast_as_on_cpu():

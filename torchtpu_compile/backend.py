@@ -132,7 +132,7 @@ def torchtpu_backend(gm: torch.fx.GraphModule, example_inputs, **options):
     # Inside the scope, aot_autograd first looks for this graph's result in the graph cache
     # and, on a miss, saves what it builds (graph_cache.py).
     with spanning("torchtpu::backend_compile", graph=graph_id), \
-            graph_cache.scope(gm) as cached:
+            graph_cache.scope(gm, example_inputs) as cached:
         aot = aot_autograd(
             fw_compiler=_compiler("forward", graph_id, cached),
             bw_compiler=_compiler("backward", graph_id, cached),

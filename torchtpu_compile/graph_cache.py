@@ -222,8 +222,33 @@ class _StoreAdapter:
         self.saved = True
 
 
+def _input_aliasing(example_inputs) -> str | None:
+    """Which example inputs share a storage, and where each starts in it: "" where none do;
+    None where a storage cannot be told (then the graph is not cached).
+
+    aot_autograd compiles inputs that alias and are mutated through a "synthetic base" (one
+    input, the others views of it in the graph): a different result from the one for the same
+    graph on separate inputs, under the same torch key. Served the separate-input entry, a
+    graph that wrote ``w`` (a view of ``x``) returned values computed from ``x`` before the
+    write. (Inductor reads real memory, where the write shows anyway; a program's inputs are
+    values.)
+    """
+    from torch.multiprocessing.reductions import StorageWeakRef
+    groups: dict = {}
+    try:
+        for i, t in enumerate(example_inputs):
+            if isinstance(t, torch.Tensor):
+                groups.setdefault(StorageWeakRef(t.untyped_storage()), []).append(
+                    (i, t.storage_offset()))
+    except Exception as exc:  # a storage torch cannot name: not worth a wrong hit
+        log.debug("graph not cached: input storage unknown (%s)", exc)
+        return None
+    shared = sorted(g for g in groups.values() if len(g) > 1)
+    return repr(shared) if shared else ""
+
+
 @contextlib.contextmanager
-def scope(gm: torch.fx.GraphModule):
+def scope(gm: torch.fx.GraphModule, example_inputs=()):
     """Let aot_autograd, run inside this block, look up and save its result in our levels.
 
     The block patches torch's AOTAutogradCache storage for its duration (one Dynamo graph's
@@ -234,7 +259,8 @@ def scope(gm: torch.fx.GraphModule):
     """
     _last_entry.key = None
     held = _held_tensors_digest(gm) if enabled() else None
-    if held is None:
+    aliasing = _input_aliasing(example_inputs) if held is not None else None
+    if aliasing is None:
         yield False
         return
     from torch._dynamo.utils import counters as torch_counters
@@ -242,7 +268,7 @@ def scope(gm: torch.fx.GraphModule):
 
     salt = hashlib.sha256("|".join((
         versions.stack_versions(), versions.source_digest(*_KEYED_SOURCES),
-        held, graph_fingerprint(gm))).encode()).hexdigest()
+        held, graph_fingerprint(gm)) + ((aliasing,) if aliasing else ())).encode()).hexdigest()
     adapter = _StoreAdapter(salt)
     patched = {"get_remote_cache": staticmethod(lambda: adapter),
                # torch also writes every entry to its own folder; ours are in our levels only.

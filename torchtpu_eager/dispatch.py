@@ -19,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import warnings
 
 import torch
 
@@ -158,12 +159,23 @@ def _substitute(value, values):
     return value
 
 
-def _check_devices(func, tensors) -> bool:
+#: Ops whose indices may be host tensors (uploaded), as on CUDA: ATen's index kernels take
+#: "indices ... either on cpu or on the same device as the indexed tensor"; ``x[idx] = v``
+#: with a host ``idx`` raised a device mismatch.
+_HOST_INDICES = frozenset(id(op) for op in (
+    aten.index.Tensor, aten.index_put.default, aten.index_put_.default,
+    aten._index_put_impl_.default, aten._unsafe_index.Tensor, aten._unsafe_index_put.default))
+
+
+def _check_devices(func, tensors, args=()) -> bool:
     """Raise where a host tensor (other than a 0-d scalar) is an argument of ``func``, as
     PyTorch does for a CUDA op given a CPU tensor; True where ``func`` is then to run its
     device-generic implementation instead (``_COMPOSITE``)."""
+    indices = args[1] if id(func) in _HOST_INDICES and len(args) > 1 else ()
     for t in tensors:
         if type(t) is not TpuTensor and t.dim() != 0:
+            if any(t is index for index in indices):
+                continue
             if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(),
                                                               _COMPOSITE_EXPLICIT):
                 # No device check on CUDA either: the kernel reads its host arguments
@@ -203,11 +215,14 @@ class _Compiled:
     ``lifted``: the op's floats are an extra input (``scalars.py``)."""
 
     __slots__ = ("graph", "mutated", "returns", "n_fresh", "lifted", "single", "result", "fast",
-                 "in_place")
+                 "in_place", "resized")
 
-    def __init__(self, graph, mutated, returns, n_fresh, lifted=False):
+    def __init__(self, graph, mutated, returns, n_fresh, lifted=False, resized=()):
         self.graph, self.mutated, self.returns, self.n_fresh = graph, mutated, returns, n_fresh
         self.lifted = lifted
+        # (signature position, new shape) of each out= tensor whose shape is not the result's:
+        # eager resizes it (out_resize below); every run of the signature does.
+        self.resized = resized
         self.fast = None  # strict mode's decision, once it ran there (_fast_plan)
         plan, counts = returns
         self.single = (not mutated and len(plan) == 1 and plan[0][0] == "fresh"
@@ -216,7 +231,7 @@ class _Compiled:
         # it writes and returns, its new value the one output; None for every other op.
         self.in_place = None
         if len(mutated) == 1 and n_fresh == 0 and len(plan) == 1 and plan[0][0] == "alias" \
-                and plan[0][1] is not None and plan[0][1][0] == "arg":
+                and plan[0][1] is not None and plan[0][1][0] == "arg" and not resized:
             self.in_place = (mutated[0], plan[0][1][1])
         # The one result's shape, dtype, element count and strides, for every mode's run.
         shape, dtype = graph.out_meta[0] if self.single else ((), None)
@@ -296,8 +311,58 @@ def _functional_variant(func):
     return twin
 
 
+def _pointwise_twin(func):
+    """The functional overload of pointwise op ``func`` that computes what it writes
+    (``mul_.Tensor`` -> ``mul.Tensor``, ``mul.out`` -> ``mul.Tensor``, ``exp.out`` ->
+    ``exp.default``): same arguments, less the out= ones. None where there is none."""
+    schema = func._schema
+    names = [a.name for a in schema.arguments if not (is_written(a) and a.kwarg_only)]
+    packet = getattr(aten, func.overloadpacket.__name__.rstrip("_"), None)
+    for overload in packet.overloads() if packet is not None else ():
+        twin = getattr(packet, overload)
+        arguments = twin._schema.arguments
+        if [a.name for a in arguments] == names and not any(is_written(a) for a in arguments):
+            return twin
+    return None
+
+
+def _check_output_casts(func, args, kwargs) -> None:
+    """Raise eager's error where pointwise op ``func`` would write a result of a dtype its
+    output cannot hold: eager's TensorIterator refuses ("result type Float can't be cast to
+    the desired output type Long": ``int_tensor.mul_(2.5)``, ``torch.add(f, 1, out=long)``).
+    Traced, the result was cast to the output's dtype without a word. The result's dtype comes
+    from the op's functional twin on meta tensors; eager itself raises the error (once per
+    signature: the op is about to fail)."""
+    twin = _pointwise_twin(func)
+    if twin is None:
+        return
+
+    def meta(value):
+        if isinstance(value, torch.Tensor):
+            return torch.empty(value.shape, dtype=value.dtype, device="meta")
+        if isinstance(value, (list, tuple)):
+            return type(value)(meta(v) for v in value)
+        return value
+
+    outs = written_arguments(func, args, kwargs)
+    names = {name for name, _ in outs}
+    try:
+        result = twin(*meta(tuple(args)), **{k: meta(v) for k, v in kwargs.items()
+                                             if k not in names})
+    except Exception:  # the twin's own errors are the op's, raised when it is traced
+        return
+    results = result if isinstance(result, (list, tuple)) else (result,)
+    for produced, (_, target) in zip(results, outs):
+        if isinstance(target, torch.Tensor) and isinstance(produced, torch.Tensor) and \
+                not torch.can_cast(produced.dtype, target.dtype):
+            fallback.raise_eagers_error(func, args, kwargs)
+            return
+
+
 def _build(func, args, kwargs, tensors, lift_floats=False):
     written = _written_leaves(func, args, kwargs)
+    if written and torch.Tag.pointwise in func.tags:
+        _check_output_casts(func, args, kwargs)
     plan = _return_plan(func, args, kwargs)
     twin = _functional_variant(func)
     shapes: list = []   # number of tensors per fresh return, filled while tracing
@@ -357,7 +422,52 @@ def _build(func, args, kwargs, tensors, lift_floats=False):
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return _Fallback(first[:300])
     n_fresh = len(graph.out_meta) - len(written)
-    return _Compiled(graph, written, (plan, list(shapes)), n_fresh, lifted=lift_floats)
+    resized = tuple((leaf, shape) for leaf, (shape, _) in zip(written, graph.out_meta[n_fresh:])
+                    if tuple(shape) != tuple(tensors[leaf].shape))
+    return _Compiled(graph, written, (plan, list(shapes)), n_fresh, lifted=lift_floats,
+                     resized=resized)
+
+
+def out_resize(t: TpuTensor, shape: tuple) -> None:
+    """Resize out= tensor ``t`` to its result's ``shape`` as eager's ``resize_output`` does,
+    with eager's warning where it had elements. Without this the result's buffer was stored
+    under the old shape (an empty out= stayed empty; a (5,) out read back 12 values)."""
+    if t.numel() > 0:
+        warnings.warn(
+            f"An output with one or more elements was resized since it had shape "
+            f"{list(t.shape)}, which does not match the required output shape {list(shape)}. "
+            f"This behavior is deprecated, and in a future PyTorch release outputs will not be "
+            f"resized unless they have zero elements. You can explicitly reuse an out tensor t "
+            f"by resizing it, inplace, to zero elements with t.resize_(0).", stacklevel=2)
+    resize(t, shape, keep=False)
+
+
+def resize(t: TpuTensor, shape, keep: bool = True) -> None:
+    """Give ``t`` the contiguous ``shape`` at its storage offset, as eager's ``resize_``:
+    over its own storage where that holds it (its values stay), else over a larger one
+    (``keep``: holding its storage's values first, as eager's grown storage does).
+
+    Eager grows a storage in place, under every view of it. A device buffer cannot grow under
+    its views (their geometry is decided against its size): a tensor that is its whole storage
+    (``torch.empty(0)``, the usual out=) gets a new one; a view of a larger storage raises
+    rather than leave its base without the values."""
+    shape = tuple(shape)
+    offset, numel, storage = t.storage_offset(), _numel(shape), t._st
+    if offset + numel > storage.numel:
+        if not t._dense:
+            raise RuntimeError(
+                f"tpu: resizing a view (shape {list(t.shape)}, storage offset {offset}) of a "
+                f"storage of {storage.numel} elements to {list(shape)} would grow the storage "
+                f"under its other views, which the device cannot do. Resize a tensor that is "
+                f"its whole storage, or pass an out= of shape {list(shape)}.")
+        old, storage = storage, Storage(None, (numel,), storage.dtype, numel)
+        if keep and old.numel:
+            flat = (old.numel,)
+            views.write(view_tensor(storage, flat, (1,), 0, False),
+                        views.read(view_tensor(old, flat, (1,), 0, True)))
+    strides = contiguous_strides(shape)
+    t._become(view_tensor(storage, shape, strides, offset,
+                          is_dense(shape, strides, offset, storage.numel)))
 
 
 def _trace_lifted(fn, examples, label, args, kwargs):
@@ -501,7 +611,7 @@ def _fast_plan(entry: _Compiled, args):
 def _write_in_place(target: TpuTensor, value, mode) -> None:
     """``views.write(target, value)``, its common case inline (a dense tensor)."""
     storage = target._st
-    if target._dense and not storage.freed:
+    if target._dense and not storage.freed and storage.stands_for is None:
         storage.value = value
         storage.shape = target._shape
         mode.note_write(storage)
@@ -520,17 +630,73 @@ def _fast_results(fast: _FastPlan, outputs: list, tensors: list, args):
                   for out, (shape, dtype, numel, strides) in zip(outputs, fast.results)])
 
 
+_overlap_errors: dict = {}   # (signature, geometries, storage pattern) -> eager's error or None
+
+
+def check_overlap(func, args, kwargs, key, tensors) -> None:
+    """Raise eager's error where it refuses to write through overlapping memory: a write to an
+    expanded view ("more than one element of the written-to tensor refers to a single memory
+    location"), or an input that partly overlaps the written tensor (``x[1:].add_(x[:-1])``,
+    "some elements of the input tensor and the written-to tensor refer to a single memory
+    location"). Each op runs on functional values here, so without this it returned a value
+    where eager raises. Eager itself decides: the op runs once on host tensors that alias as
+    the arguments do (their values do not matter to the check), per geometry."""
+    storages: dict = {}
+    geometry = tuple((tuple(t.stride()), t.storage_offset(), storages.setdefault(id(t._st),
+                                                                               len(storages)))
+                     if type(t) is TpuTensor else None for t in tensors)
+    check = (key, geometry)
+    if check not in _overlap_errors:
+        bases: dict = {}
+
+        def host(value):
+            if type(value) is TpuTensor:
+                storage = value._st
+                if id(storage) not in bases:  # uninitialized: only the memory layout matters
+                    bases[id(storage)] = torch.empty(storage.numel, dtype=storage.dtype)
+                return bases[id(storage)].as_strided(value.shape, value.stride(),
+                                                     value.storage_offset())
+            if isinstance(value, (list, tuple)):
+                return type(value)(host(v) for v in value)
+            if isinstance(value, torch.device) and value.type == "tpu":
+                return _CPU
+            return value
+
+        message = None
+        try:
+            func(*host(tuple(args)), **{k: host(v) for k, v in kwargs.items()})
+        except RuntimeError as exc:  # others (the values are not the real ones) are not ours
+            if str(exc).startswith("unsupported operation:"):
+                message = str(exc)
+        _overlap_errors[check] = message
+    message = _overlap_errors[check]
+    if message is not None:
+        raise RuntimeError(message)
+
+
 def run_op(func, args, kwargs):
     key, tensors = signature(func, args, kwargs)
     entry = _ops.get(key)
     if entry is None:
-        entry = _COMPOSITE if _check_devices(func, tensors) else \
+        entry = _COMPOSITE if _check_devices(func, tensors, args) else \
             _lifted_entry(func, args, kwargs, tensors, key) or _build(func, args, kwargs, tensors)
         _ops[key] = entry
     if entry is _COMPOSITE:
         return func._op_dk(_COMPOSITE_EXPLICIT, *args, **kwargs)
     if type(entry) is _Fallback:
         return fallback.run_on_host(func, args, kwargs, entry.reason)
+    if entry.mutated:
+        # A written tensor that may overlap itself (a zero stride: an expanded view) or shares
+        # its storage with another argument: rare, and then eager decides (check_overlap).
+        # Inline: no Python call on the per-op path.
+        for i in entry.mutated:
+            w = tensors[i]
+            if type(w) is TpuTensor:
+                overlaps = not w._dense and 0 in w.stride()
+                for t in tensors:
+                    if overlaps or (t is not w and type(t) is TpuTensor and t._st is w._st):
+                        check_overlap(func, args, kwargs, key, tensors)
+                        break
     values = _input_values(tensors)
     fast = entry.fast
     if fast and type(modes._current) is Strict and not TORCH_PROFILER._is_profiler_enabled:
@@ -563,6 +729,8 @@ def run_op(func, args, kwargs):
         _write_in_place(tensors[in_place[0]], outputs[0], mode)
         return args[in_place[1]]
     n_fresh = entry.n_fresh
+    for leaf, shape in entry.resized:
+        out_resize(tensors[leaf], shape)
     for leaf, value in zip(entry.mutated, outputs[n_fresh:]):
         views.write(tensors[leaf], value)
     return _rebuild(entry, outputs, args, kwargs)
@@ -623,8 +791,12 @@ def run_view(func, args, kwargs):
     geometry = _view_geometry.get(key, _view_geometry)
     if geometry is _view_geometry:
         geometry = _view_geometry[key] = _geometry_of_view(func, args, kwargs, base)
-    if geometry is None:
-        return run_op(func, args, kwargs)
+    if geometry is None:  # computed: a write to it is refused (views.check_writable)
+        out = run_op(func, args, kwargs)
+        for t in (out if isinstance(out, (list, tuple)) else (out,)):
+            if type(t) is TpuTensor:
+                t._st.stands_for = str(func)
+        return out
     storage = base._st
     if geometry and type(geometry[-1]) is bool:  # one result: (size, stride, offset, dense)
         return view_tensor(storage, *geometry)
@@ -691,6 +863,8 @@ def copy_(func, args, kwargs):
         views.write(dst, upload(host.contiguous(),
                                 asynchronous=bool(non_blocking) and src.is_pinned()))
         return dst
+    if dst._st is src._st or (not dst._dense and 0 in dst.stride()):
+        check_overlap(func, args, kwargs, signature(func, args, kwargs)[0], [dst, src])
     if src.dtype == dst.dtype and src.shape == dst.shape:
         views.write(dst, views.read(src))
         return dst
@@ -810,19 +984,29 @@ def fused_step_with_tensor_lr(func, args, kwargs):
                   {**kwargs, "lr": from_cpu(torch.tensor(lr, dtype=torch.float32))})
 
 
-@handles(aten.resize_.default)
+@handles(aten.resize_.default, aten.resize_as_.default)
 def resize_(func, args, kwargs):
-    t, size = args[0], tuple(args[1])
-    if tuple(t.shape) == size:
-        return t
-    raise RuntimeError(f"resizing a tpu tensor from {list(t.shape)} to {list(size)} is not "
-                       f"supported; allocate a new tensor (or pass an out= tensor of the result's "
-                       f"shape)")
+    # Traced as an op (resize_as_), the new shape's values were written under the old shape.
+    t = args[0]
+    size = tuple(args[1].shape if func is aten.resize_as_.default else args[1])
+    if any(n < 0 for n in size):
+        fallback.raise_eagers_error(func, args, kwargs)
+    if tuple(t.shape) != size:
+        resize(t, size)
+    return t
 
 
 @handles(aten.set_.source_Tensor)
 def set_(func, args, kwargs):
-    raise RuntimeError("Tensor.set_ is not supported on tpu tensors; assign the new tensor instead")
+    # t views source's storage as source does: a write through either reaches the other.
+    t, source = args[0], args[1]
+    if type(source) is not TpuTensor or source.dtype != t.dtype:
+        fallback.raise_eagers_error(func, args, kwargs)
+        raise RuntimeError(f"tpu: set_ takes a tpu tensor of the same dtype ({t.dtype}), not "
+                           f"{source.dtype} on {source.device}")
+    if source is not t:
+        t._become(source)
+    return t
 
 
 @handles(aten._nested_tensor_from_mask.default, aten._nested_tensor_from_tensor_list.default,

@@ -43,7 +43,8 @@ def _sweep() -> list:
 class Storage:
     """Flat device memory of ``numel`` elements of ``dtype``; its buffer has shape ``shape``."""
 
-    __slots__ = ("value", "shape", "dtype", "numel", "nbytes", "freed", "__weakref__")
+    __slots__ = ("value", "shape", "dtype", "numel", "nbytes", "freed", "stands_for",
+                 "__weakref__")
 
     def __init__(self, value, shape: tuple, dtype, numel: int):
         self.value = value
@@ -52,6 +53,9 @@ class Storage:
         self.numel = numel
         self.nbytes = numel * dtype.itemsize
         self.freed = False
+        # The view op whose result this storage holds computed, not viewed (view(dtype),
+        # conj(), real): a write to it would not reach the base (views.check_writable).
+        self.stands_for = None
         ref = _ref(self)
         _live[id(ref)] = ref
         if len(_live) > _sweep_at[0]:

@@ -40,6 +40,7 @@ def contiguous_strides(shape: tuple) -> tuple:
 
 
 _dispatch = None
+_DATA = torch._C.TensorBase.data  # PyTorch's own `.data` (getter and setter)
 
 
 class TpuTensor(torch.Tensor):
@@ -76,6 +77,27 @@ class TpuTensor(torch.Tensor):
         with no_dispatch():  # the wrapper's own sizes, as as_strided_ sets them on any tensor
             torch.ops.aten.as_strided_.default(self, size, stride, offset)
         self._set_geometry(size, stride, offset)
+
+    def _become(self, other: TpuTensor) -> None:
+        """Make this tensor view ``other``'s storage as ``other`` does (its size, stride,
+        offset and dtype), keeping its identity, autograd state and version counter: ``x.data
+        = y``, and an ``out=`` tensor resized to its result."""
+        _DATA.__set__(self, other)  # the C++ geometry and dtype (TensorImpl.shallow_copy_from)
+        self._st = other._st
+        self._set_geometry(other._shape, tuple(other.stride()), other.storage_offset())
+
+    @property
+    def data(self):
+        return _DATA.__get__(self)
+
+    @data.setter
+    def data(self, new) -> None:
+        # PyTorch's setter copies only the C++ tensor's metadata: the storage a TpuTensor reads
+        # is a Python attribute, so `x.data = y` gave x y's shape over x's old values.
+        if type(new) is not TpuTensor:
+            _DATA.__set__(self, new)  # PyTorch's own error (a tensor of another device)
+            return
+        self._become(new)
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):

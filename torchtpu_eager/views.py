@@ -116,9 +116,24 @@ def read(t):
     return modes.current().apply(graph, [value])[0]
 
 
+def check_writable(storage) -> None:
+    """Raise where ``storage`` holds a view op's computed result (``Storage.stands_for``).
+
+    The device computes the views a strided view of one typed buffer cannot be (``view(dtype)``,
+    ``conj()``, ``_neg_view``, ``real``/``imag`` of complex): eager writes through them to
+    their base, here the write was kept in the copy and the base silently kept its values."""
+    raise RuntimeError(
+        f"tpu: writing into the result of {storage.stands_for}, which the tpu device computes "
+        f"as a new tensor rather than a view (a device buffer has one dtype and no conjugate "
+        f"or negative bit): eager would write through it to its base, which would not change "
+        f"here. Write the base instead, or clone() the view before writing to it.")
+
+
 def write(t, value) -> None:
     """Make ``value`` (with ``t``'s shape and dtype) the contents of ``t``, through its view."""
     storage = t._st
+    if storage.stands_for is not None:
+        check_writable(storage)
     if storage.freed:
         raise RuntimeError(f"tpu: writing into a tensor of shape {list(t._shape)} whose storage "
                            f"was freed (untyped_storage().resize_(0)); re-allocate it first")

@@ -14,6 +14,7 @@ import itertools
 
 import torch
 import torch.fx as fx
+from torch._C._dynamo.guards import compute_overlapping_tensors
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -62,6 +63,38 @@ def specialize(gm: fx.GraphModule, args: list) -> fx.GraphModule:
         if not isinstance(original, torch.Tensor):
             node.meta["val"] = original
     return traced
+
+
+def refuse_written_aliases(args: list, mutated_inputs: tuple, name: str) -> None:
+    """Raise where an input the graph writes overlaps another input's memory in this call.
+
+    Such a graph was compiled for separate inputs: aot_autograd compiles inputs that alias and
+    are written through one "synthetic base", but Dynamo does not compile again when a later
+    call passes aliasing inputs (Inductor reads real memory, where the write shows anyway). A
+    program's inputs are values: its results missed the write (``w.add_(1); return x * 1``
+    with ``w = x[:4]`` returned x before the write), with no error. Views are what alias
+    (the same tensor twice is deduplicated above us), so calls without one cost a scan."""
+    if not any(isinstance(a, torch.Tensor) and a._base is not None for a in args):
+        return
+    groups: dict = {}
+    for k, a in enumerate(args):
+        if isinstance(a, torch.Tensor):
+            root = a._base if a._base is not None else a
+            groups.setdefault(id(root), []).append(k)
+    written = {i for i, _ in mutated_inputs}
+    for members in groups.values():
+        if len(members) > 1 and written.intersection(members):
+            overlapping = {members[k] for k in compute_overlapping_tensors(
+                [args[m] for m in members])}
+            if written & overlapping and len(overlapping) > 1:
+                shapes = [list(args[k].shape) for k in sorted(overlapping)]
+                raise RuntimeError(
+                    f"torchtpu: {name} writes an input that overlaps the memory of another "
+                    f"in this call (inputs of shapes {shapes}, views of one tensor); the graph "
+                    f"was compiled for inputs that do not overlap, and its results would miss "
+                    f"the write. Pass separate tensors (clone one), or call "
+                    f"torch._dynamo.reset() so that the function is compiled again for these "
+                    f"inputs.")
 
 
 class GraphRunner:
@@ -133,6 +166,8 @@ class GraphRunner:
         # wrapper, backward graphs with positional args; graph inputs are never lists.
         boxed = len(call_args) == 1 and type(call_args[0]) is list
         args = call_args[0] if boxed else list(call_args)
+        if self.mutated_inputs:
+            refuse_written_aliases(args, self.mutated_inputs, self.name)
         precision = resolve_precision(self._platform)
         outputs = None
         if not self.static and config.buckets and self._bucketed is not False:

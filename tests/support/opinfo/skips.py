@@ -69,8 +69,6 @@ SKIPS: dict = {
     "tensor_split": Skip("test-artifact", "its tensor_indices_or_sections argument must be a CPU "
                          "tensor (on CUDA too), and the harness moves every tensor of a sample "
                          "to the device", paths=("eager",)),
-    "resize_": Skip("ours", "resize_ to a new shape is not supported on the tpu device (a clear "
-                    "error; docs/eager.md, known limits)", paths=("eager",)),
     "nn.functional.scaled_dot_product_attention": Skip(
         "test-artifact", "its third sample has dropout_p=0.5: the tpu device draws from its own "
         "generator, independent of the CPU one, so the mask differs by design",
