@@ -584,8 +584,10 @@ def test_resize_set_and_their_views():
     lambda x: x[:3].unsqueeze(0).expand(2, 3).add_(1),
     lambda x: x[:3].expand(2, 3).copy_(torch.ones(2, 3, device=x.device)),
     lambda x: x[:3].expand(2, 3).fill_(1),  # eager allows this one
+    # disjoint views of one storage: allowed (the check's host run once raised IndexError)
+    lambda x: x[:5].index_add_(0, torch.tensor([1, 2], device=x.device), x[5:7]),
 ], ids=["partial_add_", "partial_copy_", "partial_out", "dense_and_element", "expanded_add_",
-        "expanded_copy_", "expanded_fill_"])
+        "expanded_copy_", "expanded_fill_", "disjoint_index_add_"])
 def test_writes_through_overlapping_memory_raise_as_eager(write):
     # Ops run on functional values here, so these returned a value where eager raises
     # "unsupported operation: ... refer to a single memory location".
