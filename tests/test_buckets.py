@@ -77,7 +77,10 @@ def _put(buffer, index, values):
 CASES = {
     "sum_mean": lambda x: (x.sum(1), x.mean(1), x.mean(), x.sum()),
     "var_std": lambda x: (x.var(1), x.std(1, correction=0), torch.var_mean(x, 1)[0]),
-    "max_argmax": lambda x: (x.amax(1), x.argmax(1), x.min(1).values, x.logsumexp(1)),
+    # a position in the flattened tensor (argmax()) counts real elements only, the padding
+    # of dim 1 lying between them: it was the position in the padded tensor
+    "max_argmax": lambda x: (x.amax(1), x.argmax(1), x.min(1).values, x.logsumexp(1),
+                             x.argmax(), x.argmin(keepdim=True)),
     "softmax": lambda x: (torch.softmax(x, 1), torch.log_softmax(x, 1)),
     "layer_norm_over_dynamic_dim": lambda x: F.layer_norm(x.transpose(1, 2), (x.shape[1],)),
     "cumsum": lambda x: (x.cumsum(1), x.reshape(-1).cumsum(0)),
