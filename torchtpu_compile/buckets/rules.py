@@ -748,9 +748,10 @@ def sort(ctx, node, x, *args, **kwargs):
     if x.layout[dim] is None:
         return _wrap(node.target(x.tensor, *args, **kwargs), x.layout)
     _prefix_dim(x, dim, "sort")
-    # Padding sorts behind every real element (stable, so real infinities stay first); the
-    # positions returned are real positions, since the real elements are a prefix.
-    fill = lowest(x.tensor.dtype) if descending else highest(x.tensor.dtype)
+    # Padding sorts behind every real element (stable, so real infinities, and NaN, the
+    # largest, stay first); the positions returned are real positions, since the real
+    # elements are a prefix.
+    fill = lowest(x.tensor.dtype) if descending else _last_ascending(x.tensor.dtype)
     values, indices = aten.sort.stable(ctx.fill(x, fill, [dim]), stable=True, dim=dim,
                                        descending=descending)
     return [Padded(values, x.layout), Padded(indices, x.layout)]
@@ -766,9 +767,15 @@ def topk(ctx, node, x, k, dim=-1, largest=True, sorted=True):
     if isinstance(k, Size):
         raise NotPaddable("topk with a dynamic k")
     # Padding never beats a real element: topk takes the lowest index among equal values,
-    # and the real elements are a prefix (real infinities stay first).
-    fill = lowest(x.tensor.dtype) if largest else highest(x.tensor.dtype)
+    # and the real elements are a prefix (real infinities and NaN stay first).
+    fill = lowest(x.tensor.dtype) if largest else _last_ascending(x.tensor.dtype)
     return _wrap(aten.topk.default(ctx.fill(x, fill, [dim]), k, dim, largest, sorted), layout)
+
+
+def _last_ascending(dtype):
+    # Eager orders NaN above +inf: a padding of +inf sorted before a real NaN (ascending sort
+    # and topk(largest=False) of [1, nan] gave [1, inf]).
+    return math.nan if dtype.is_floating_point else highest(dtype)
 
 
 # --- indexing ----------------------------------------------------------------------------------
