@@ -225,15 +225,28 @@ def test_floor_division_of_every_integer_dtype(dtype, path):
         assert torch.equal(g, e), f"output {i}: {g.tolist()} != {e.tolist()}"
 
 
-def test_float_floor_division_is_unchanged():
-    # Floats keep torch-mlir's lowering; integer dividends with float divisors are floats.
-    a = torch.tensor([7.5, -7.5, 1e20, -3.0, 0.0])
-    b = torch.tensor([2.0, 2.0, 3.0, -2.0, 5.0])
-    fn = lambda a, b: (a // b, torch.div(a, b, rounding_mode="floor"),  # noqa: E731
-                       torch.arange(5) // 2.5)
+# Dividends and divisors where a remainder from a rounded quotient goes wrong: large quotients,
+# an infinite divisor or dividend, signed zeros, a quotient that rounds up to the next integer.
+FLOAT_DIVIDENDS = torch.tensor([1e20, 7.0, -1e30, 1.0, -1.0, 3.0, -0.0, INF, 7.5, NAN, 5.0])
+FLOAT_DIVISORS = torch.tensor([3.0, 0.1, 7.0, 0.1, 0.1, INF, -3.0, 2.0, -2.0, 1.0, 0.0])
+
+
+def _float_divisions(a, b):
+    return (torch.fmod(a, b), torch.remainder(a, b), a // b,
+            torch.div(a, b, rounding_mode="floor"), a // 0.1, torch.arange(5) // 2.5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_float_fmod_remainder_and_floor_division_as_the_cpu_kernel(dtype):
+    # torch-mlir's fmod is a - trunc(a / b) * b: fmod(1e20, 3) gave 2.2e12 (eager 2),
+    # fmod(3, inf) NaN (eager 3); its floor division floor(a / b): 1.0 // 0.1 gave 10 (eager
+    # 9), inf // 2 inf (eager NaN). Now StableHLO's exact remainder and the kernel's formula.
+    a, b = FLOAT_DIVIDENDS.to(dtype), FLOAT_DIVISORS.to(dtype)
     with config.patch(strict=True):
-        got = compile_tpu(fn)(a, b)
-    torch.testing.assert_close(got, fn(a, b))
+        got = compile_tpu(_float_divisions, dynamic=dtype == torch.float32)(a, b)
+    torch.testing.assert_close(got, _float_divisions(a, b), rtol=0, atol=0, equal_nan=True)
+    got = torch.fmod(a.to("tpu"), b.to("tpu")).cpu()
+    torch.testing.assert_close(got, torch.fmod(a, b), rtol=0, atol=0, equal_nan=True)
 
 
 def _nonzero(dtype):

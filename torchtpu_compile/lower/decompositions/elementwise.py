@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from ..fx_passes import C_FMOD
 from .common import computing_dtype
 from .jax_functions import builds, jax_function
 from .registry import decomposition
@@ -37,15 +38,21 @@ def remainder(a, b):
     # torch-mlir's lowering gives the C remainder (sign of the dividend) for floats; Python's
     # takes the divisor's sign. From fmod, as the CPU kernel does, to keep its rounding.
     a, b = _as_tensor(a, b), _as_tensor(b, a)
-    mod = torch.fmod(a, b)
+    mod = _c_fmod(a, b)
     # logical_xor, not !=: torch-mlir compares booleans as signed, which XLA rejects.
     wrong_sign = (mod != 0) & torch.logical_xor(mod < 0, b < 0)
     return torch.where(wrong_sign, mod + b, mod)
 
 
-@decomposition(aten.fmod.Scalar)
-def fmod_scalar(a, b):
-    return torch.fmod(a, _as_tensor(b, a))
+def _c_fmod(a, b):
+    """C's fmod, exact (``fx_passes.c_fmod``: torch-mlir's own fmod is not)."""
+    a, b = _promoted(a, b)
+    return C_FMOD(a, b)
+
+
+@decomposition(aten.fmod.Tensor, aten.fmod.Scalar)
+def fmod(a, b):
+    return _c_fmod(a, _as_tensor(b, a))
 
 
 def _is_integer(dtype: torch.dtype) -> bool:
@@ -56,8 +63,11 @@ def _is_integer(dtype: torch.dtype) -> bool:
 def div_mode(a, b, *, rounding_mode=None):
     # torch-mlir floors integer quotients in float64: int64 beyond 2**53 loses its low digits
     # (and TPUs have no float64). Integers are floored exactly here; floats stay torch-mlir's.
-    if rounding_mode != "floor" or not _is_integer(torch.result_type(a, b)):
+    if rounding_mode != "floor":
         return NotImplemented
+    dtype = torch.result_type(a, b)
+    if not _is_integer(dtype):
+        return _floor_divide_floats(a, b, dtype)
     return _floor_divide_integers(_as_tensor(a, b), _as_tensor(b, a))
 
 
@@ -78,6 +88,24 @@ def _floor_divide_integers(a, b):
     # logical_xor, not !=: see remainder.
     rounds_down = (rest != 0) & torch.logical_xor(rest < 0, b < 0)
     return quotient - rounds_down.to(quotient.dtype)
+
+
+def _floor_divide_floats(a, b, dtype):
+    """a // b as the CPU kernel computes it (div_floor_floating, in float32 for half widths):
+    from the exact remainder, not floor(a / b), whose rounded quotient can reach the next
+    integer (1.0 // 0.1 is 9, floor(1.0 / 0.1) is 10; inf // 2 is NaN)."""
+    wide = computing_dtype(dtype)
+    # A Python scalar enters at the computing dtype, as the kernel's unrounded scalar does.
+    a, b = (v.to(wide) if isinstance(v, torch.Tensor) else torch.scalar_tensor(v, dtype=wide)
+            for v in (a, b))
+    mod = _c_fmod(a, b)
+    div = (a - mod) / b
+    div = torch.where((mod != 0) & torch.logical_xor(b < 0, mod < 0), div - 1, div)
+    floor = torch.floor(div)
+    floor = torch.where(div - floor > 0.5, floor + 1, floor)
+    zero = torch.copysign(torch.zeros_like(div), a / b)
+    result = torch.where(b == 0, a / b, torch.where(div != 0, floor, zero))
+    return result.to(dtype)
 
 
 def _promoted(a, b):
