@@ -249,6 +249,15 @@ def test_float_fmod_remainder_and_floor_division_as_the_cpu_kernel(dtype):
     torch.testing.assert_close(got, torch.fmod(a, b), rtol=0, atol=0, equal_nan=True)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_round_to_decimals_of_half_widths_computes_in_float32(dtype):
+    # round(bf16 0.35, 1) gave 0.4: 0.35 is 0.3496 in bf16, but 3.496 rounds to 3.5 in bf16.
+    x = torch.tensor([0.35, 0.25, 2.675, -0.05, 15.0, 25.0, 1234.5, -0.0, INF, NAN]).to(dtype)
+    fn = lambda x: (torch.round(x, decimals=1), torch.round(x, decimals=2),  # noqa: E731
+                    torch.round(x, decimals=-1))
+    check_on_both_paths(fn, x)
+
+
 def _nonzero(dtype):
     info = torch.iinfo(dtype)
     return st.integers(info.min, info.max).filter(lambda v: v != 0)
