@@ -258,6 +258,15 @@ def test_round_to_decimals_of_half_widths_computes_in_float32(dtype):
     check_on_both_paths(fn, x)
 
 
+def test_pow_by_half_and_minus_two_as_the_cpu_kernel():
+    # The kernel takes x ** 0.5 as sqrt and x ** -0.5 as rsqrt (not for float16): (-inf) **
+    # 0.5 gave inf (eager NaN), (-0) ** 0.5 gave 0 (eager -0), (-0) ** -0.5 inf (eager -inf).
+    x = torch.tensor([-INF, -0.0, 0.0, INF, NAN, -2.0, 4.0, 0.25])
+    fn = lambda x: (x ** 0.5, x ** -0.5, torch.pow(x, -2), x.bfloat16() ** 0.5,  # noqa: E731
+                    x.half() ** 0.5)
+    check_on_both_paths(fn, x)
+
+
 def _nonzero(dtype):
     info = torch.iinfo(dtype)
     return st.integers(info.min, info.max).filter(lambda v: v != 0)

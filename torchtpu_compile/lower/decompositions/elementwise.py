@@ -270,6 +270,18 @@ def round_decimals(x, *, decimals=0):
     return (torch.round(value / scale) * scale).to(x.dtype)
 
 
+@decomposition(aten.pow.Tensor_Scalar)
+def pow_scalar(x, exponent):
+    # The CPU kernel takes x ** 0.5 as sqrt and x ** -0.5 as rsqrt (float32, float64, bf16:
+    # not float16) and x ** -2 as 1 / (x * x); std::pow differs at the edges: (-inf) ** 0.5
+    # is inf there, NaN in eager; (-0) ** 0.5 is 0, eager -0; (-0) ** -0.5 inf, eager -inf.
+    if x.dtype in (torch.float32, torch.float64, torch.bfloat16) and exponent in (0.5, -0.5):
+        return torch.sqrt(x) if exponent == 0.5 else torch.rsqrt(x)
+    if x.is_floating_point() and exponent == -2:
+        return torch.reciprocal(x * x)
+    return NotImplemented
+
+
 # --- floats bit by bit -----------------------------------------------------------------------
 
 _SAME_WIDTH_INT = {torch.float32: torch.int32, torch.float64: torch.int64,
