@@ -75,6 +75,13 @@ def test_fmax_fmin_broadcast_and_ignore_nan():
     check(torch.fmax, torch.tensor([1, 5, 3]), torch.tensor([4]))
 
 
+def test_clamp_of_integers_with_a_float_bound_lowers():
+    # Eager clamps in the promoted float dtype; torch-mlir's clamp wants one dtype, and the op
+    # ran in eager PyTorch (an error under TORCHTPU_STRICT=1).
+    check(lambda x: (x.clamp(min=2.5), x.clamp(-1.5, 1), x.clamp(max=0.5)),
+          torch.tensor([1, 2, 3, -5]))
+
+
 def test_clamp_with_broadcast_tensor_bounds():
     x = randn(5, 6)
     check(lambda x, lo, hi: torch.clamp(x, lo, hi), x, randn(5, 1) - 1, randn(6) + 1)

@@ -225,6 +225,19 @@ def fmin(a, b):
     return _ignoring_nan(torch.minimum, a, b)
 
 
+@decomposition(aten.clamp.default)
+def clamp_scalar(x, min=None, max=None):
+    # An integer tensor with a float bound is clamped in the promoted float dtype, as eager;
+    # torch-mlir's clamp requires one dtype, so the op ran in eager PyTorch (a fallback).
+    dtype = x.dtype
+    for bound in (min, max):
+        if bound is not None:
+            dtype = torch.promote_types(dtype, torch.result_type(x, bound))
+    if dtype == x.dtype:
+        return NotImplemented
+    return torch.clamp(x.to(dtype), min, max)
+
+
 @decomposition(aten.clamp.Tensor)
 def clamp_tensor(x, min=None, max=None):
     # torch-mlir's clamp.Tensor does not broadcast its bounds (a [5, 1] bound on [5, 5] fails).
