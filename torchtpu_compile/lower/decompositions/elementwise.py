@@ -208,10 +208,13 @@ def lerp_scalar(start, end, weight):
     start_, end_ = start.to(compute), end.to(compute)
     diff = end_ - start_
     # The weight in a tensor slot (liftable) of a product with data, which the tracer cannot
-    # fold into a constant (it folds ones_like(x) * w, and the comparison below with it);
-    # where diff is NaN the result is NaN either way.
-    w = (diff == diff).to(compute) * weight
-    return torch.where(w.abs() < 0.5, start_ + w * diff, end_ - diff * (1 - w)).to(start.dtype)
+    # fold into a constant (it folds ones_like(x) * w, and the comparison below with it).
+    # Where diff is NaN eager's result is NaN; XLA turns the product of a converted predicate
+    # into a select of 0, so NaN is put back explicitly (lerp(0, nan, 1.0) gave 0).
+    nan = diff.isnan()
+    w = nan.logical_not().to(compute) * weight
+    out = torch.where(w.abs() < 0.5, start_ + w * diff, end_ - diff * (1 - w))
+    return torch.where(nan, diff, out).to(start.dtype)
 
 
 @decomposition(aten.fmax.default)
