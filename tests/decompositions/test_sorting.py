@@ -183,4 +183,5 @@ def test_searchsorted_and_bucketize_search_as_the_cpu_kernel_with_nan():
     with config.patch(strict=True):
         actual = compile_tpu(_searches, dynamic=True)(s, v, s2d, v2d)
     torch.testing.assert_close(actual, _searches(s, v, s2d, v2d), rtol=0, atol=0)
-    check_on_both_paths(lambda s, v: torch.searchsorted(s, v), s, v)  # one program on the device
+    # on the device, strict: a 0-d value too (its index was read as a Python int)
+    check_on_both_paths(lambda s, v: (torch.searchsorted(s, v), torch.bucketize(v[0], s)), s, v)

@@ -220,7 +220,9 @@ def _binary_search(sequence, values, right):
         searching = start < end
         mid = start + (end - start) // 2
         at = mid.clamp(max=n - 1)
-        mid_value = sequence[at] if sequence.dim() == 1 else sequence.gather(-1, at)
+        # (a 0-d index would be read as a Python int: data-dependent)
+        mid_value = sequence[at.reshape(-1)].reshape(at.shape) if sequence.dim() == 1 \
+            else sequence.gather(-1, at)
         stops = mid_value > values if right else mid_value >= values
         start = torch.where(searching & ~stops, mid + 1, start)
         end = torch.where(searching & stops, mid, end)
