@@ -55,6 +55,25 @@ def fmod(a, b):
     return _c_fmod(a, _as_tensor(b, a))
 
 
+def _with_an_unrounded_scalar(op):
+    """``op(x, scalar)`` of a bf16/f16 tensor and a Python number computed in float32 with the
+    number as a float32, as the CPU mul and div kernels do (TensorIterator's original scalar):
+    converting the number to the tensor's dtype first rounded it (bf16 0.1 is 0.1001), and
+    x * 0.1 came out 1 ulp from eager's in about a quarter of the elements."""
+    def decompose(x, other, **kwargs):
+        if not isinstance(x, torch.Tensor) or computing_dtype(x.dtype) == x.dtype or \
+                type(other) not in (int, float):
+            return NotImplemented
+        return op(x.to(computing_dtype(x.dtype)), other, **kwargs).to(x.dtype)
+    decompose.__name__ = f"{op._schema.name.split('::')[1]}_with_an_unrounded_scalar"
+    return decompose
+
+
+# (add and sub round the number to the tensor's dtype in eager too)
+for _op in (aten.mul.Tensor, aten.div.Tensor):
+    decomposition(_op)(_with_an_unrounded_scalar(_op))
+
+
 def _is_integer(dtype: torch.dtype) -> bool:
     return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
 
