@@ -29,7 +29,7 @@ def _graphs(kind=None):
 
 
 def _close(actual, expected):
-    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5, equal_nan=True)
 
 
 # --- policy ------------------------------------------------------------------------------------
@@ -77,11 +77,17 @@ def _put(buffer, index, values):
 CASES = {
     "sum_mean": lambda x: (x.sum(1), x.mean(1), x.mean(), x.sum()),
     "var_std": lambda x: (x.var(1), x.std(1, correction=0), torch.var_mean(x, 1)[0]),
-    "max_argmax": lambda x: (x.amax(1), x.argmax(1), x.min(1).values, x.logsumexp(1)),
+    # a position in the flattened tensor (argmax()) counts real elements only, the padding
+    # of dim 1 lying between them: it was the position in the padded tensor
+    "max_argmax": lambda x: (x.amax(1), x.argmax(1), x.min(1).values, x.logsumexp(1),
+                             x.argmax(), x.argmin(keepdim=True)),
     "softmax": lambda x: (torch.softmax(x, 1), torch.log_softmax(x, 1)),
     "layer_norm_over_dynamic_dim": lambda x: F.layer_norm(x.transpose(1, 2), (x.shape[1],)),
     "cumsum": lambda x: (x.cumsum(1), x.reshape(-1).cumsum(0)),
-    "sort_topk": lambda x: (*_row_sort(x), x.topk(2, dim=1).values),
+    # NaN sorts after +inf: padding must not come before it (ascending, or smallest first)
+    "sort_topk": lambda x: (*_row_sort(x), x.topk(2, dim=1).values,
+                            *_row_sort(torch.where(x > 1, math.nan, x)),
+                            torch.where(x > 0, math.nan, x).topk(2, dim=1, largest=False).values),
     "arange_and_size_as_value": lambda x: (x + torch.arange(x.shape[1])[None, :, None],
                                            x / x.shape[1], x * (x.shape[1] - 1)),
     # a size in an op whose default overload takes Scalars (positions clamped to the length)

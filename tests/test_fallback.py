@@ -58,6 +58,17 @@ def _(x):
     return x.new_empty(x.shape[1:], dtype=torch.float32)
 
 
+@torch.library.custom_op("torchtpu_test::doubled", mutates_args=(), tags=(torch.Tag.pointwise,))
+def doubled(x: torch.Tensor) -> torch.Tensor:
+    """Unlowerable but pointwise: a bucketed graph pads through it and cuts at it."""
+    return x * 2
+
+
+@doubled.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
 @pytest.fixture(autouse=True)
 def fresh_stats():
     torchtpu_compile.reset_stats()
@@ -141,3 +152,16 @@ def test_fallback_op_that_conjugates_inside_matches_eager_on_the_first_call():
     expected = torch.linalg.pinv(a)
     torch.testing.assert_close(compile_tpu(torch.linalg.pinv)(a), expected)
     torch.testing.assert_close(torch.linalg.pinv(a.to("tpu")).cpu(), expected)
+
+
+def test_a_fallback_in_a_bucketed_graph_runs():
+    # A bucket's program with a fallback region raised TypeError (it was handed the result
+    # device that every other program takes).
+    fn = lambda x: doubled(x.exp()) + 1  # noqa: E731
+    compiled = compile_tpu(fn, dynamic=True)
+    for n in (3, 5):
+        x = torch.randn(2, n)
+        torch.testing.assert_close(compiled(x), fn(x))
+    stats = torchtpu_compile.stats()
+    assert stats["fallback_ops"] == {"torchtpu_test.doubled.default": 1}
+    assert stats["buckets"]["exact_shape_compiles"] == 0

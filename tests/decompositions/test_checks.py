@@ -111,3 +111,26 @@ def check_compile_path(name):
             compiled(x)
     else:
         _assert_same_values(_outcome(compiled, x), want)
+
+
+def test_an_integer_to_a_negative_power_raises_eagers_error():
+    # torch-mlir computed it (2 ** -1 gave 0); eager's meta function refuses it.
+    x = torch.tensor([1, 2, 3])
+    fn = lambda x: x ** -1  # noqa: E731
+    want = _outcome(fn, x)
+    got = _outcome(fn, x.to("tpu"))
+    assert isinstance(got, RuntimeError) and str(got) == str(want)
+    with pytest.raises(RuntimeError, match="Integers to negative integer powers"):
+        compile_tpu(fn, dynamic=False)(x)
+    torch.testing.assert_close(_outcome(lambda x: x ** -1.0, x.to("tpu")), x ** -1.0)
+
+
+@pytest.mark.parametrize("fn", [lambda m: m - 0, lambda m: 1 - m, lambda m: m - m],
+                         ids=["mask - 0", "1 - mask", "mask - mask"])
+def test_a_bool_subtracted_raises_eagers_error(fn):
+    # Eager's sub_check; traced, a bool minus a number was computed on 0 and 1.
+    mask = torch.tensor([True, False])
+    want = _outcome(fn, mask)
+    got = _outcome(fn, mask.to("tpu"))
+    assert isinstance(want, RuntimeError) and isinstance(got, RuntimeError)
+    assert str(got) == str(want)

@@ -51,7 +51,8 @@ def test_lerp_with_a_new_weight_each_call_compiles_once():
     # formula from the weight in Python. Values: eager's bits, both formulas, inf and NaN.
     start, end = randn(64), randn(64, seed=1)
     start[:3], end[1], end[2] = INF, NAN, -INF
-    for weight in (0.3, 0.7, -0.6, 0.5, 1.7, 0.49999997):
+    end[3] = NAN  # a finite start: NaN (XLA made the product with 0 a select: 0 at weight 1)
+    for weight in (0.3, 0.7, -0.6, 0.5, 1.7, 0.49999997, 1.0):
         check(lambda a, b, w=weight: torch.lerp(a, b, w), start, end, rtol=0, atol=0)
         got = torch.lerp(start.to("tpu"), end.to("tpu"), weight).cpu()
         torch.testing.assert_close(got, torch.lerp(start, end, weight), rtol=0, atol=0,
@@ -73,6 +74,13 @@ def test_fmax_fmin_broadcast_and_ignore_nan():
     check(torch.fmax, a, b)
     check(torch.fmin, a, b)
     check(torch.fmax, torch.tensor([1, 5, 3]), torch.tensor([4]))
+
+
+def test_clamp_of_integers_with_a_float_bound_lowers():
+    # Eager clamps in the promoted float dtype; torch-mlir's clamp wants one dtype, and the op
+    # ran in eager PyTorch (an error under TORCHTPU_STRICT=1).
+    check(lambda x: (x.clamp(min=2.5), x.clamp(-1.5, 1), x.clamp(max=0.5)),
+          torch.tensor([1, 2, 3, -5]))
 
 
 def test_clamp_with_broadcast_tensor_bounds():
@@ -225,15 +233,54 @@ def test_floor_division_of_every_integer_dtype(dtype, path):
         assert torch.equal(g, e), f"output {i}: {g.tolist()} != {e.tolist()}"
 
 
-def test_float_floor_division_is_unchanged():
-    # Floats keep torch-mlir's lowering; integer dividends with float divisors are floats.
-    a = torch.tensor([7.5, -7.5, 1e20, -3.0, 0.0])
-    b = torch.tensor([2.0, 2.0, 3.0, -2.0, 5.0])
-    fn = lambda a, b: (a // b, torch.div(a, b, rounding_mode="floor"),  # noqa: E731
-                       torch.arange(5) // 2.5)
+# Dividends and divisors where a remainder from a rounded quotient goes wrong: large quotients,
+# an infinite divisor or dividend, signed zeros, a quotient that rounds up to the next integer.
+FLOAT_DIVIDENDS = torch.tensor([1e20, 7.0, -1e30, 1.0, -1.0, 3.0, -0.0, INF, 7.5, NAN, 5.0])
+FLOAT_DIVISORS = torch.tensor([3.0, 0.1, 7.0, 0.1, 0.1, INF, -3.0, 2.0, -2.0, 1.0, 0.0])
+
+
+def _float_divisions(a, b):
+    return (torch.fmod(a, b), torch.remainder(a, b), a // b,
+            torch.div(a, b, rounding_mode="floor"), a // 0.1, torch.arange(5) // 2.5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_float_fmod_remainder_and_floor_division_as_the_cpu_kernel(dtype):
+    # torch-mlir's fmod is a - trunc(a / b) * b: fmod(1e20, 3) gave 2.2e12 (eager 2),
+    # fmod(3, inf) NaN (eager 3); its floor division floor(a / b): 1.0 // 0.1 gave 10 (eager
+    # 9), inf // 2 inf (eager NaN). Now StableHLO's exact remainder and the kernel's formula.
+    a, b = FLOAT_DIVIDENDS.to(dtype), FLOAT_DIVISORS.to(dtype)
     with config.patch(strict=True):
-        got = compile_tpu(fn)(a, b)
-    torch.testing.assert_close(got, fn(a, b))
+        got = compile_tpu(_float_divisions, dynamic=dtype == torch.float32)(a, b)
+    torch.testing.assert_close(got, _float_divisions(a, b), rtol=0, atol=0, equal_nan=True)
+    got = torch.fmod(a.to("tpu"), b.to("tpu")).cpu()
+    torch.testing.assert_close(got, torch.fmod(a, b), rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_round_to_decimals_of_half_widths_computes_in_float32(dtype):
+    # round(bf16 0.35, 1) gave 0.4: 0.35 is 0.3496 in bf16, but 3.496 rounds to 3.5 in bf16.
+    x = torch.tensor([0.35, 0.25, 2.675, -0.05, 15.0, 25.0, 1234.5, -0.0, INF, NAN]).to(dtype)
+    fn = lambda x: (torch.round(x, decimals=1), torch.round(x, decimals=2),  # noqa: E731
+                    torch.round(x, decimals=-1))
+    check_on_both_paths(fn, x)
+
+
+def test_pow_by_half_and_minus_two_as_the_cpu_kernel():
+    # The kernel takes x ** 0.5 as sqrt and x ** -0.5 as rsqrt (not for float16): (-inf) **
+    # 0.5 gave inf (eager NaN), (-0) ** 0.5 gave 0 (eager -0), (-0) ** -0.5 inf (eager -inf).
+    x = torch.tensor([-INF, -0.0, 0.0, INF, NAN, -2.0, 4.0, 0.25])
+    fn = lambda x: (x ** 0.5, x ** -0.5, torch.pow(x, -2), x.bfloat16() ** 0.5,  # noqa: E731
+                    x.half() ** 0.5)
+    check_on_both_paths(fn, x)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_width_times_a_python_number_uses_the_number_unrounded(dtype):
+    # Eager's mul and div kernels take the Python number as a float32 (bf16 0.1 is 0.1001):
+    # x * 0.1 was 1 ulp off in about a quarter of the elements.
+    x = torch.linspace(-3, 3, 97).to(dtype)
+    check_on_both_paths(lambda x: (x * 0.1, x / 0.3, x * 257), x)
 
 
 def _nonzero(dtype):

@@ -163,3 +163,25 @@ def test_searchsorted_left_right_and_isin():
     empty = torch.tensor([])
     check(lambda s, v, i: torch.searchsorted(s, v, sorter=i), empty, empty,
           torch.tensor([], dtype=torch.int64))
+
+
+def _searches(s, v, s2d, v2d):
+    return (torch.searchsorted(s, v), torch.searchsorted(s, v, side="right"),
+            torch.bucketize(v, s), torch.bucketize(v, s, right=True, out_int32=True),
+            torch.searchsorted(s2d, v2d), torch.bucketize(v, s[:0]))
+
+
+def test_searchsorted_and_bucketize_search_as_the_cpu_kernel_with_nan():
+    # The CPU kernel's binary search goes right at a NaN, of the values (a NaN value lands at
+    # the end) or of the sequence (torch.sort puts NaN last). Counting put a NaN value at 0;
+    # bucketize, lowered whole, put everything at the end past a NaN boundary; compiled at
+    # exact shapes (dynamic=True), the graph was not decomposed at all. (The static compile
+    # path decomposes as the device does.)
+    s = torch.tensor([1.0, 2.0, 2.0, NAN, NAN])
+    v = torch.tensor([NAN, 0.0, 2.0, 2.5, INF, -INF])
+    s2d, v2d = torch.tensor([[1.0, NAN], [0.0, 3.0]]), torch.tensor([[NAN, 0.5], [3.0, 4.0]])
+    with config.patch(strict=True):
+        actual = compile_tpu(_searches, dynamic=True)(s, v, s2d, v2d)
+    torch.testing.assert_close(actual, _searches(s, v, s2d, v2d), rtol=0, atol=0)
+    # on the device, strict: a 0-d value too (its index was read as a Python int)
+    check_on_both_paths(lambda s, v: (torch.searchsorted(s, v), torch.bucketize(v[0], s)), s, v)

@@ -577,8 +577,29 @@ def _reduction(kind: str, dims_at: int | None, keepdim_at: int | None, positions
                                          dtype=kwargs.get("dtype"))
             return Padded(aten.div.Tensor(total, _count(ctx, x, node, dims)), layout)
         filled = ctx.fill(x, _IDENTITY[kind](x.tensor.dtype), padded)
-        return _wrap(node.target(filled, *unwrap(args, ctx), **unwrap(kwargs, ctx)), layout)
+        result = node.target(filled, *unwrap(args, ctx), **unwrap(kwargs, ctx))
+        if positions and dims_arg is None and rank > 1:
+            result = _real_flat_position(ctx, x, node, result)
+        return _wrap(result, layout)
     return rule
+
+
+def _real_flat_position(ctx, x: Padded, node, flat):
+    """A position in the flattened padded tensor (argmax/argmin without a dim) as the
+    position in the flattened real one: padding of any dim but the first lies between real
+    elements, so the padded position (row * padded width + column) is not eager's."""
+    shape = [sym_expr(s) for s in node.args[0].meta["val"].shape]
+    padded_shape = list(x.tensor.shape)
+    real, padded_stride, real_stride = None, 1, _as_tensor(1)
+    for d in reversed(range(len(padded_shape))):
+        coordinate = aten.floor_divide.Scalar(flat, padded_stride)
+        if d:
+            coordinate = aten.remainder.Scalar(coordinate, padded_shape[d])
+        term = aten.mul.Tensor(coordinate, real_stride)
+        real = term if real is None else aten.add.Tensor(real, term)
+        real_stride = aten.mul.Tensor(real_stride, _as_tensor(ctx.real_size(x, d, shape[d])))
+        padded_stride *= padded_shape[d]
+    return real
 
 
 def _wrap(result, layout):
@@ -727,9 +748,10 @@ def sort(ctx, node, x, *args, **kwargs):
     if x.layout[dim] is None:
         return _wrap(node.target(x.tensor, *args, **kwargs), x.layout)
     _prefix_dim(x, dim, "sort")
-    # Padding sorts behind every real element (stable, so real infinities stay first); the
-    # positions returned are real positions, since the real elements are a prefix.
-    fill = lowest(x.tensor.dtype) if descending else highest(x.tensor.dtype)
+    # Padding sorts behind every real element (stable, so real infinities, and NaN, the
+    # largest, stay first); the positions returned are real positions, since the real
+    # elements are a prefix.
+    fill = lowest(x.tensor.dtype) if descending else _last_ascending(x.tensor.dtype)
     values, indices = aten.sort.stable(ctx.fill(x, fill, [dim]), stable=True, dim=dim,
                                        descending=descending)
     return [Padded(values, x.layout), Padded(indices, x.layout)]
@@ -745,9 +767,15 @@ def topk(ctx, node, x, k, dim=-1, largest=True, sorted=True):
     if isinstance(k, Size):
         raise NotPaddable("topk with a dynamic k")
     # Padding never beats a real element: topk takes the lowest index among equal values,
-    # and the real elements are a prefix (real infinities stay first).
-    fill = lowest(x.tensor.dtype) if largest else highest(x.tensor.dtype)
+    # and the real elements are a prefix (real infinities and NaN stay first).
+    fill = lowest(x.tensor.dtype) if largest else _last_ascending(x.tensor.dtype)
     return _wrap(aten.topk.default(ctx.fill(x, fill, [dim]), k, dim, largest, sorted), layout)
+
+
+def _last_ascending(dtype):
+    # Eager orders NaN above +inf: a padding of +inf sorted before a real NaN (ascending sort
+    # and topk(largest=False) of [1, nan] gave [1, inf]).
+    return math.nan if dtype.is_floating_point else highest(dtype)
 
 
 # --- indexing ----------------------------------------------------------------------------------

@@ -126,6 +126,34 @@ def compare_with_itself(gm):
         gm.graph.erase_node(node)
 
 
+@torch.library.custom_op("torchtpu::c_fmod", mutates_args=(), tags=(torch.Tag.pointwise,))
+def c_fmod(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """C's fmod (the dividend's sign), exact, of two tensors of one dtype. Decompositions
+    call it for fmod and remainder: torch-mlir lowers ``aten.fmod`` as ``a - trunc(a / b) *
+    b`` (fmod(1e20, 3) gave 2.2e12, not 2; fmod(3, inf) NaN, not 3) and ``aten.remainder``
+    as StableHLO's exact remainder, C's fmod, not eager's remainder. ``c_fmod_as_remainder``
+    lowers it so; where a graph runs in eager PyTorch, this body runs.
+    """
+    return torch.fmod(a, b)
+
+
+@c_fmod.register_fake
+def _c_fmod_fake(a, b):
+    return torch.fmod(a, b)
+
+
+C_FMOD = torch.ops.torchtpu.c_fmod.default
+
+
+@fx_pass
+def c_fmod_as_remainder(gm):
+    # Here, after every decomposition: a graph holding aten.remainder would have it
+    # decomposed again into eager's remainder by any later trace (buckets, exact shapes).
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is C_FMOD:
+            node.target = aten.remainder.Tensor
+
+
 def _host_device(value):
     if isinstance(value, torch.device) and value.type != "cpu":
         return torch.device("cpu")

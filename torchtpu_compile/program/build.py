@@ -270,7 +270,12 @@ class PartitionedProgram:
         self.gm = fused
         self.name = name
 
-    def __call__(self, args: list) -> list:
+    def __call__(self, args: list, device: str | None = None) -> list:
+        """The outputs, on ``device`` where given (as ``Program``: a bucket's program runs on
+        host tensors, its results go to the graph's device)."""
         with eager_semantics():
             out = self.gm(*args)
-        return list(out) if isinstance(out, (tuple, list)) else [out]
+        out = list(out) if isinstance(out, (tuple, list)) else [out]
+        if device is None:
+            return out
+        return [o.to(device) if isinstance(o, torch.Tensor) else o for o in out]

@@ -56,9 +56,15 @@ def _concrete_key(args) -> tuple:
 
 def specialize(gm: fx.GraphModule, args: list) -> fx.GraphModule:
     """Re-trace a graph with symbolic sizes or scalar inputs at the concrete ``args``."""
+    from ..lower.decompositions import decomposition_table
+    from ..lower.index_checks import unchecked
     concrete = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
-    with torch.no_grad():
-        traced = make_fx(fx.Interpreter(gm).run, tracing_mode="fake")(*concrete)
+    # Ops the table leaves whole at a symbolic size (scans, searchsorted: they unroll over it)
+    # are decomposed now that sizes are concrete, as buckets/trace.py does for a bucket;
+    # lowered whole, they missed eager's semantics (bucketize's NaN, half-width scans).
+    with torch.no_grad(), unchecked():
+        traced = make_fx(fx.Interpreter(gm).run, decomposition_table=decomposition_table(),
+                         tracing_mode="fake")(*concrete)
     for node, original in zip((n for n in traced.graph.nodes if n.op == "placeholder"), args):
         if not isinstance(original, torch.Tensor):
             node.meta["val"] = original

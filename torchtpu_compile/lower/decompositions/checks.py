@@ -1,5 +1,6 @@
 """Checks run before decompositions (``@checked_first``): eager's error where eager raises,
-eager's value where it has one, for reductions over no elements.
+eager's value where it has one, for reductions over no elements (and an integer to a negative
+power, a bool subtracted, which eager refuses).
 
 An XLA reduction of an empty window gives the reduction's initial value: max of nothing is
 -inf, a variance divides 0 by ``N - correction`` < 0. Eager PyTorch instead raises for reductions
@@ -138,3 +139,32 @@ def _correction_at_most_count(op):
 for _op in (aten.var.correction, aten.std.correction, aten.var_mean.correction,
             aten.std_mean.correction):
     checked_first(_op)(_correction_at_most_count(_op))
+
+
+@checked_first(aten.pow.Tensor_Scalar)
+def _integer_to_a_negative_power(base, exponent):
+    # Eager's meta function raises (NumPy's rule); torch-mlir computed 2 ** -1 as 0.
+    if not base.is_floating_point() and not base.is_complex() and \
+            isinstance(exponent, (int, bool)) and exponent < 0:
+        raise invalid_input(RuntimeError, "Integers to negative integer powers are not allowed.")
+    return None
+
+
+def _is_bool(value) -> bool:
+    return value.dtype == torch.bool if isinstance(value, torch.Tensor) else \
+        isinstance(value, bool)
+
+
+@checked_first(aten.sub.Tensor, aten.sub.Scalar, aten.rsub.Tensor, aten.rsub.Scalar)
+def _subtraction_of_bools(a, b, alpha=1):
+    # Eager's sub_check; traced, the subtraction went through on 0 and 1.
+    if _is_bool(a) and _is_bool(b):
+        raise invalid_input(RuntimeError, "Subtraction, the `-` operator, with two bool tensors "
+                                          "is not supported. Use the `^` or `logical_xor()` "
+                                          "operator instead.")
+    if _is_bool(a) or _is_bool(b):
+        raise invalid_input(RuntimeError, "Subtraction, the `-` operator, with a bool tensor is "
+                                          "not supported. If you are trying to invert a mask, "
+                                          "use the `~` or `logical_not()` operator instead.")
+    return None
+

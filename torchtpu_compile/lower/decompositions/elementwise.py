@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from ..fx_passes import C_FMOD
 from .common import computing_dtype
 from .jax_functions import builds, jax_function
 from .registry import decomposition
@@ -37,15 +38,40 @@ def remainder(a, b):
     # torch-mlir's lowering gives the C remainder (sign of the dividend) for floats; Python's
     # takes the divisor's sign. From fmod, as the CPU kernel does, to keep its rounding.
     a, b = _as_tensor(a, b), _as_tensor(b, a)
-    mod = torch.fmod(a, b)
+    mod = _c_fmod(a, b)
     # logical_xor, not !=: torch-mlir compares booleans as signed, which XLA rejects.
     wrong_sign = (mod != 0) & torch.logical_xor(mod < 0, b < 0)
     return torch.where(wrong_sign, mod + b, mod)
 
 
-@decomposition(aten.fmod.Scalar)
-def fmod_scalar(a, b):
-    return torch.fmod(a, _as_tensor(b, a))
+def _c_fmod(a, b):
+    """C's fmod, exact (``fx_passes.c_fmod``: torch-mlir's own fmod is not)."""
+    a, b = _promoted(a, b)
+    return C_FMOD(a, b)
+
+
+@decomposition(aten.fmod.Tensor, aten.fmod.Scalar)
+def fmod(a, b):
+    return _c_fmod(a, _as_tensor(b, a))
+
+
+def _with_an_unrounded_scalar(op):
+    """``op(x, scalar)`` of a bf16/f16 tensor and a Python number computed in float32 with the
+    number as a float32, as the CPU mul and div kernels do (TensorIterator's original scalar):
+    converting the number to the tensor's dtype first rounded it (bf16 0.1 is 0.1001), and
+    x * 0.1 came out 1 ulp from eager's in about a quarter of the elements."""
+    def decompose(x, other, **kwargs):
+        if not isinstance(x, torch.Tensor) or computing_dtype(x.dtype) == x.dtype or \
+                type(other) not in (int, float):
+            return NotImplemented
+        return op(x.to(computing_dtype(x.dtype)), other, **kwargs).to(x.dtype)
+    decompose.__name__ = f"{op._schema.name.split('::')[1]}_with_an_unrounded_scalar"
+    return decompose
+
+
+# (add and sub round the number to the tensor's dtype in eager too)
+for _op in (aten.mul.Tensor, aten.div.Tensor):
+    decomposition(_op)(_with_an_unrounded_scalar(_op))
 
 
 def _is_integer(dtype: torch.dtype) -> bool:
@@ -56,8 +82,11 @@ def _is_integer(dtype: torch.dtype) -> bool:
 def div_mode(a, b, *, rounding_mode=None):
     # torch-mlir floors integer quotients in float64: int64 beyond 2**53 loses its low digits
     # (and TPUs have no float64). Integers are floored exactly here; floats stay torch-mlir's.
-    if rounding_mode != "floor" or not _is_integer(torch.result_type(a, b)):
+    if rounding_mode != "floor":
         return NotImplemented
+    dtype = torch.result_type(a, b)
+    if not _is_integer(dtype):
+        return _floor_divide_floats(a, b, dtype)
     return _floor_divide_integers(_as_tensor(a, b), _as_tensor(b, a))
 
 
@@ -78,6 +107,24 @@ def _floor_divide_integers(a, b):
     # logical_xor, not !=: see remainder.
     rounds_down = (rest != 0) & torch.logical_xor(rest < 0, b < 0)
     return quotient - rounds_down.to(quotient.dtype)
+
+
+def _floor_divide_floats(a, b, dtype):
+    """a // b as the CPU kernel computes it (div_floor_floating, in float32 for half widths):
+    from the exact remainder, not floor(a / b), whose rounded quotient can reach the next
+    integer (1.0 // 0.1 is 9, floor(1.0 / 0.1) is 10; inf // 2 is NaN)."""
+    wide = computing_dtype(dtype)
+    # A Python scalar enters at the computing dtype, as the kernel's unrounded scalar does.
+    a, b = (v.to(wide) if isinstance(v, torch.Tensor) else torch.scalar_tensor(v, dtype=wide)
+            for v in (a, b))
+    mod = _c_fmod(a, b)
+    div = (a - mod) / b
+    div = torch.where((mod != 0) & torch.logical_xor(b < 0, mod < 0), div - 1, div)
+    floor = torch.floor(div)
+    floor = torch.where(div - floor > 0.5, floor + 1, floor)
+    zero = torch.copysign(torch.zeros_like(div), a / b)
+    result = torch.where(b == 0, a / b, torch.where(div != 0, floor, zero))
+    return result.to(dtype)
 
 
 def _promoted(a, b):
@@ -180,10 +227,13 @@ def lerp_scalar(start, end, weight):
     start_, end_ = start.to(compute), end.to(compute)
     diff = end_ - start_
     # The weight in a tensor slot (liftable) of a product with data, which the tracer cannot
-    # fold into a constant (it folds ones_like(x) * w, and the comparison below with it);
-    # where diff is NaN the result is NaN either way.
-    w = (diff == diff).to(compute) * weight
-    return torch.where(w.abs() < 0.5, start_ + w * diff, end_ - diff * (1 - w)).to(start.dtype)
+    # fold into a constant (it folds ones_like(x) * w, and the comparison below with it).
+    # Where diff is NaN eager's result is NaN; XLA turns the product of a converted predicate
+    # into a select of 0, so NaN is put back explicitly (lerp(0, nan, 1.0) gave 0).
+    nan = diff.isnan()
+    w = nan.logical_not().to(compute) * weight
+    out = torch.where(w.abs() < 0.5, start_ + w * diff, end_ - diff * (1 - w))
+    return torch.where(nan, diff, out).to(start.dtype)
 
 
 @decomposition(aten.fmax.default)
@@ -195,6 +245,19 @@ def fmax(a, b):
 @decomposition(aten.fmin.default)
 def fmin(a, b):
     return _ignoring_nan(torch.minimum, a, b)
+
+
+@decomposition(aten.clamp.default)
+def clamp_scalar(x, min=None, max=None):
+    # An integer tensor with a float bound is clamped in the promoted float dtype, as eager;
+    # torch-mlir's clamp requires one dtype, so the op ran in eager PyTorch (a fallback).
+    dtype = x.dtype
+    for bound in (min, max):
+        if bound is not None:
+            dtype = torch.promote_types(dtype, torch.result_type(x, bound))
+    if dtype == x.dtype:
+        return NotImplemented
+    return torch.clamp(x.to(dtype), min, max)
 
 
 @decomposition(aten.clamp.Tensor)
@@ -224,6 +287,34 @@ def angle(x):
         return NotImplemented
     x = x if x.is_floating_point() else x.to(torch.get_default_dtype())
     return torch.where(x < 0, torch.pi, 0.0).to(x.dtype) + x * 0
+
+
+@decomposition(aten.round.decimals)
+def round_decimals(x, *, decimals=0):
+    # The CPU kernel: nearbyint(x * 10^d) / 10^d (for d < 0: nearbyint(x / 10^-d) * 10^-d),
+    # in float32 for half widths. torch-mlir's computes in the half width: round(bf16 0.35, 1)
+    # gave 0.4, eager 0.3. (In float32, XLA divides by a scalar as a product with its
+    # reciprocal, as for any x / c: 1 ulp from eager's quotient at times.)
+    if not x.is_floating_point() or decimals == 0:
+        return NotImplemented
+    wide = computing_dtype(x.dtype)
+    scale = torch.scalar_tensor(float(10 ** abs(decimals)), dtype=wide)
+    value = x.to(wide)
+    if decimals > 0:
+        return (torch.round(value * scale) / scale).to(x.dtype)
+    return (torch.round(value / scale) * scale).to(x.dtype)
+
+
+@decomposition(aten.pow.Tensor_Scalar)
+def pow_scalar(x, exponent):
+    # The CPU kernel takes x ** 0.5 as sqrt and x ** -0.5 as rsqrt (float32, float64, bf16:
+    # not float16) and x ** -2 as 1 / (x * x); std::pow differs at the edges: (-inf) ** 0.5
+    # is inf there, NaN in eager; (-0) ** 0.5 is 0, eager -0; (-0) ** -0.5 inf, eager -inf.
+    if x.dtype in (torch.float32, torch.float64, torch.bfloat16) and exponent in (0.5, -0.5):
+        return torch.sqrt(x) if exponent == 0.5 else torch.rsqrt(x)
+    if x.is_floating_point() and exponent == -2:
+        return torch.reciprocal(x * x)
+    return NotImplemented
 
 
 # --- floats bit by bit -----------------------------------------------------------------------

@@ -194,15 +194,42 @@ def mode(x, dim=-1, keepdim=False):
 @decomposition(aten.searchsorted.Tensor)
 def searchsorted(sorted_sequence, values, *, out_int32=False, right=False, side=None,
                  sorter=None):
-    # No lowering. The insertion point is the count of sequence elements below the value
-    # (at or below it, for right=True): one comparison per pair, fine at OpInfo's sizes.
     dtype = torch.int32 if out_int32 else torch.int64
-    if sorted_sequence.numel() == 0 or values.numel() == 0:  # XLA aborts on an empty gather
+    n = sorted_sequence.shape[-1]
+    if isinstance(n, torch.SymInt):
+        # The search unrolls over log2 of the length: at a symbolic length that would
+        # specialize it. Left whole, the graph compiles at its exact shape.
+        return NotImplemented
+    if n == 0 or values.numel() == 0:  # XLA aborts on an empty gather
         return torch.zeros(values.shape, dtype=dtype)
     if sorter is not None:
         sorted_sequence = sorted_sequence.gather(-1, sorter)
-    right = right or side == "right"
-    seq = sorted_sequence.unsqueeze(-2) if sorted_sequence.dim() > 1 else sorted_sequence
-    v = values.unsqueeze(-1)
-    below = (seq <= v) if right else (seq < v)
-    return below.sum(-1).to(dtype)
+    return _binary_search(sorted_sequence, values, right or side == "right").to(dtype)
+
+
+def _binary_search(sequence, values, right):
+    """The CPU kernel's search (cus_lower_bound / cus_upper_bound), every value at once, with
+    its comparisons: a step goes right unless ``sequence[mid] >= value`` (``>`` for
+    ``right``). A count of the elements below each value agrees only without NaN: a NaN value
+    goes right at every step (to the end) and a NaN in the sequence sends the search right
+    wherever it meets one; counting put a NaN value at 0."""
+    n = sequence.shape[-1]
+    start = torch.zeros(values.shape, dtype=torch.int64)
+    end = torch.full(values.shape, n, dtype=torch.int64)
+    for _ in range(n.bit_length()):
+        searching = start < end
+        mid = start + (end - start) // 2
+        at = mid.clamp(max=n - 1)
+        # (a 0-d index would be read as a Python int: data-dependent)
+        mid_value = sequence[at.reshape(-1)].reshape(at.shape) if sequence.dim() == 1 \
+            else sequence.gather(-1, at)
+        stops = mid_value > values if right else mid_value >= values
+        start = torch.where(searching & ~stops, mid + 1, start)
+        end = torch.where(searching & stops, mid, end)
+    return start
+
+
+@decomposition(aten.bucketize.Tensor)
+def bucketize(values, boundaries, *, out_int32=False, right=False):
+    # PyTorch's own decomposition returns the values' dtype for empty boundaries.
+    return searchsorted(boundaries, values, out_int32=out_int32, right=right)
