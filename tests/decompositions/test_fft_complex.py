@@ -54,3 +54,13 @@ def test_complex_operand_to_real_result_stays_out_of_xla_unless_known_right():
     assert rule_violation(abs_nodes[1]) is None            # abs of a real tensor
     assert "imaginary part" in reasons[aten.angle.default]
     assert reasons[aten._to_copy.default] is None
+
+
+def test_complex_constants_are_made_on_the_host():
+    # torch-mlir cannot legalize a complex literal: a complex graph holding zeros or ones
+    # (block_diag's, circular padding's) failed to lower as a whole, with an error.
+    a = torch.complex(randn(2, 2, seed=5), randn(2, 2, seed=6))
+    b = torch.complex(randn(1, 3, seed=7), randn(1, 3, seed=8))
+    check_on_both_paths(lambda a, b: (
+        torch.block_diag(a, b), torch.nn.functional.pad(a.unsqueeze(0), (1, 1), mode="circular"),
+        torch.cat([b, torch.ones(1, 3, dtype=b.dtype, device=b.device)])), a, b)

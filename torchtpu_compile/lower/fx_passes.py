@@ -275,27 +275,38 @@ def fold_literal_expressions(gm):
             gm.graph.erase_node(node)
 
 
-#: Factories of one value: the literal torch-mlir makes for them has the result's dtype.
-_SPLAT_FACTORIES = {aten.full.default, aten.scalar_tensor.default}
+#: Dtypes whose literals torch-mlir cannot legalize (torch.vtensor.literal of ui8 or of a
+#: complex type).
+_HOST_LITERAL_DTYPES = (torch.uint8, torch.complex64)
+
+#: Factories of one value, with where that value is: a number, or the argument at an index.
+_FILL_OF = {
+    aten.full.default: 1, aten.full_like.default: 1, aten.new_full.default: 2,
+    aten.scalar_tensor.default: 0, aten.zeros.default: 0.0, aten.zeros_like.default: 0.0,
+    aten.new_zeros.default: 0.0, aten.ones.default: 1.0, aten.ones_like.default: 1.0,
+    aten.new_ones.default: 1.0}
 
 
 @fx_pass
-def uint8_literals_as_constants(gm):
-    # torch-mlir cannot legalize a uint8 literal (torch.vtensor.literal of ui8), and folds a
-    # conversion of an int32 one back into it: a uint8 full_like, a where with a 0 on uint8, a
-    # uint8 scalar in a decomposition ran on the host. Such a value is made on the host and
-    # held by the graph instead, which the calling convention passes in as an argument.
+def unlegalizable_literals_as_constants(gm):
+    # torch-mlir cannot legalize a uint8 or complex literal, and folds a conversion of an int32
+    # one back into it: a uint8 full_like, a where with a 0 on uint8, a uint8 scalar in a
+    # decomposition ran on the host, and a complex graph with zeros in it (block_diag) failed
+    # to lower as a whole. Such a value is made on the host and held by the graph instead,
+    # which the calling convention passes in as an argument.
     for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target not in _SPLAT_FACTORIES or \
-                node.kwargs.get("dtype") != torch.uint8:
+        if node.op != "call_function" or node.target not in _FILL_OF:
             continue
         val = node.meta.get("val")
-        if not isinstance(val, torch.Tensor) or \
+        if not isinstance(val, torch.Tensor) or val.dtype not in _HOST_LITERAL_DTYPES or \
                 not all(isinstance(size, int) for size in val.shape):
             continue
-        fill = node.args[1] if node.target is aten.full.default else node.args[0]
-        name = f"_uint8_literal_{node.name}"
-        gm.register_buffer(name, torch.full(tuple(val.shape), fill, dtype=torch.uint8))
+        where = _FILL_OF[node.target]
+        fill = node.args[where] if isinstance(where, int) else where
+        if isinstance(fill, fx.Node):  # a value computed by the graph
+            continue
+        name = f"_host_literal_{node.name}"
+        gm.register_buffer(name, torch.full(tuple(val.shape), fill, dtype=val.dtype))
         with gm.graph.inserting_before(node):
             held = gm.graph.get_attr(name)
         held.meta = dict(node.meta)
