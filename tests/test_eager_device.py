@@ -212,6 +212,15 @@ def test_autograd_grads_land_on_tpu():
     torch.testing.assert_close(w.grad.cpu(), w_cpu.grad)
 
 
+def test_zero_tangents_of_forward_mode_ad_on_tpu():
+    # Forward AD makes a constant's tangent a ZeroTensor (jacfwd over grad, torch.func.hessian,
+    # a dual through layer_norm): on the tpu device it was made on the host and failed to
+    # upload ("Cannot convert a ZeroTensor to numpy"). jacfwd itself:
+    # tests/slow/test_eager_modes_slow.py
+    zero = torch._efficientzerotensor((2, 3), device="tpu")
+    assert zero.device == TPU and torch.equal(zero.cpu(), torch.zeros(2, 3))
+
+
 @pytest.mark.parametrize("optimizer", [
     lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
     # Adam divides by sqrt(v): a large eps keeps rounding noise of near-zero gradients from

@@ -68,6 +68,13 @@ def _ctc_loss_host_lengths(log_probs, targets, input_lengths, target_lengths, bl
         reduction, zero_infinity)
 
 
+def _zeros_for_zerotensor(size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    # Forward AD and functorch (jacfwd, hessian, a dual through layer_norm) make the tangents
+    # of constants as ZeroTensors; the host's could not be uploaded ("Cannot convert a
+    # ZeroTensor to numpy"). Real zeros have the same values: ZeroTensor only saves work.
+    return torch.zeros(size, dtype=dtype, layout=layout, device=device)
+
+
 def _whole_factory(name):
     packet_name, _, overload = name.partition(".")
     op = getattr(getattr(torch.ops.aten, packet_name), overload or "default")
@@ -92,5 +99,6 @@ def register() -> None:
     for op in (torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default):
         aten.impl(op._schema.name.split("::")[1] + (op._overloadname != "default") * (
             "." + op._overloadname), _new_storage(op), "PrivateUse1")
+    aten.impl("_efficientzerotensor", _zeros_for_zerotensor, "PrivateUse1")
     aten.impl("ctc_loss.Tensor", _ctc_loss_host_lengths, "AutogradPrivateUse1")
     _libraries.extend([fallback, aten])

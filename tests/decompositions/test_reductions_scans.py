@@ -111,6 +111,17 @@ def test_all_and_any_true_and_a_distribution_built_on_the_device():
     torch.testing.assert_close(log_prob, torch.distributions.Normal(loc, scale).log_prob(value))
 
 
+def test_extrema_and_truth_of_uint8_and_bool_tensors():
+    # torch-mlir started uint8 and bool extrema from the signed extreme (uint8 amax of [0, 1]
+    # was 128, bool max.dim's index 0 whatever the data: cumprod's gradient after a zero was
+    # 0) and any/all of uint8 from its bits (any of [200] was 200, all of [200, 130] 0).
+    # Every such op on both paths, and cumprod's gradient: tests/slow/test_decompositions_full.py
+    u8 = torch.tensor([[0, 1, 0], [200, 255, 130]], dtype=torch.uint8)
+    b = torch.tensor([[False, False, True], [True, False, True]])
+    check(lambda u, b: (u.amax(1), u.max(1), u.amin(1), u.any(1), u.all(1), b.max(1), b.min(1)),
+          u8, b)
+
+
 def test_half_width_sums_accumulate_in_float32():
     # Eager sums bf16 and f16 in float32 and rounds once; the XLA reduce in bf16 rounded at
     # every addition: a bf16 sum of 4096 values in [0.5, 1.5) was off by ~16x eager's error.

@@ -97,3 +97,26 @@ def test_matrix_exp_and_the_orthogonal_parametrization_on_the_device():
 
 def test_igamma_in_bf16():
     check_igamma_in_bf16()
+
+
+def test_every_extremum_and_truth_of_uint8_and_bool_tensors_on_both_paths():
+    # torch-mlir started uint8 and bool extrema from the signed extreme (uint8 amax of [0, 1]
+    # was 128, bool max.dim's index 0 whatever the data) and any/all of uint8 from its bits
+    # (any of [200] was 200, all of [200, 130] 0).
+    u8 = torch.tensor([[0, 1, 0], [200, 255, 130]], dtype=torch.uint8)
+    b = torch.tensor([[False, False, True], [True, False, True]])
+    check_on_both_paths(lambda u, b: (
+        u.amax(1), u.amin(1), u.max(), u.min(), u.max(1), u.min(1), u.aminmax(dim=1),
+        u.argmax(1), u.argmin(1), u.any(1), u.all(1), u.any(), u.all(),
+        b.amax(1), b.amin(1), b.max(1), b.min(1), b.aminmax(dim=1)), u8, b)
+
+
+def test_cumprod_gradient_at_a_zero():
+    # cumprod's backward finds the first zero with max.dim over a bool mask; that index was
+    # 0, so the gradient at and after the zero was 0.
+    def grad(d):
+        x = torch.tensor([[1.0, 3.0, 3.0, 0.0], [2.0, 0.0, 5.0, 1.0]], device=d,
+                         requires_grad=True)
+        return torch.autograd.grad(x.cumprod(1).sum(), x)[0].cpu()
+    with config.patch(strict=True):
+        torch.testing.assert_close(grad("tpu"), grad("cpu"), rtol=0, atol=0)

@@ -29,3 +29,13 @@ def test_repeated_blocks_reuse_compiled_pieces(eager_mode):
     hits = after["fused_graph_cache_hits"] - before["fused_graph_cache_hits"]
     # The deeper model is cut at its blocks, which the shallower one already compiled.
     assert runs > 4 and hits >= runs // 2, (runs, hits)
+
+
+def test_forward_mode_jacfwd_of_grad_on_tpu():
+    # Forward AD makes a constant's tangent a ZeroTensor: made on the host, it failed to
+    # upload ("Cannot convert a ZeroTensor to numpy").
+    x = torch.tensor([0.5, -1.0, 2.0])
+
+    def hess(v):
+        return torch.func.jacfwd(torch.func.grad(lambda v: v.square().sum()))(v)
+    torch.testing.assert_close(hess(x.to("tpu")).cpu(), hess(x))

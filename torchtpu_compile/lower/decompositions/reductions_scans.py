@@ -101,8 +101,62 @@ def _of_moduli(op, inner):
 _OF_MODULI = (aten.linalg_vector_norm.default,)
 
 
+def _in_int16(op, inner):
+    """``inner`` (a decomposition of ``op``, or None for the op as it is), except that a uint8
+    or bool input is compared in int16, which holds all of their values; the values come back
+    in the input's dtype, the indices as they are."""
+    def decompose(x, *args, **kwargs):
+        if x.dtype in (torch.uint8, torch.bool):
+            out = op(x.to(torch.int16), *args, **kwargs)
+            if op in (aten.argmax.default, aten.argmin.default):
+                return out
+            if op in (aten.max.dim, aten.min.dim):
+                return out[0].to(x.dtype), out[1]
+            if isinstance(out, (tuple, list)):
+                return tuple(o.to(x.dtype) for o in out)
+            return out.to(x.dtype)
+        if inner is not None:
+            return inner(x, *args, **kwargs)
+        base = torch_mlir_table().get(op)
+        return base(x, *args, **kwargs) if base is not None else NotImplemented
+    decompose.__name__ = f"{op.__name__.replace('.', '_')}_in_int16"
+    return decompose
+
+
+#: The extrema that torch-mlir starts from the *signed* extreme of the element type, which
+#: for uint8 and bool is inside their range once comparisons are unsigned: amax of uint8
+#: [0, 1] was 128 and amin of [200] 127; bool amin of [True] was False, and max.dim's index
+#: was 0 whatever the data (cumprod's backward takes the last zero from it: its gradient at
+#: and after a zero was wrong).
+_FROM_SIGNED_EXTREME = (
+    aten.amax.default, aten.amin.default, aten.aminmax.default, aten.max.default,
+    aten.min.default, aten.max.dim, aten.min.dim, aten.argmax.default, aten.argmin.default)
+
+
+def _of_nonzero(op, inner):
+    """``inner``, except that a uint8 input is reduced as ``x != 0``: torch-mlir reduces its
+    bits (any of [200] was 200, all of [1, 2] 0), where eager's result is 0 or 1."""
+    def decompose(x, *args, **kwargs):
+        if x.dtype == torch.uint8:
+            return op(x != 0, *args, **kwargs).to(torch.uint8)
+        if inner is not None:
+            return inner(x, *args, **kwargs)
+        base = torch_mlir_table().get(op)
+        return base(x, *args, **kwargs) if base is not None else NotImplemented
+    decompose.__name__ = f"{op.__name__.replace('.', '_')}_of_nonzero"
+    return decompose
+
+
+_TRUTH = (aten.any.default, aten.any.dim, aten.any.dims, aten.all.default, aten.all.dim,
+          aten.all.dims)
+
+
 def _reduction_decomposition(op):
     decompose = _over_one_element(op) if op in _OVER_ONE_ELEMENT else None
+    if op in _FROM_SIGNED_EXTREME:
+        decompose = _in_int16(op, decompose)
+    if op in _TRUTH:
+        decompose = _of_nonzero(op, decompose)
     if op in _ACCUMULATING:
         decompose = _in_float32(op, decompose)
     if op in _OF_MODULI:
@@ -110,7 +164,8 @@ def _reduction_decomposition(op):
     return decompose
 
 
-for _op in dict.fromkeys(_OVER_ONE_ELEMENT + _ACCUMULATING):
+for _op in dict.fromkeys(_OVER_ONE_ELEMENT + _ACCUMULATING + _FROM_SIGNED_EXTREME
+                             + _TRUTH):
     decomposition(_op)(_reduction_decomposition(_op))
 
 
