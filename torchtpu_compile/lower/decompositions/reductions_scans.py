@@ -60,6 +60,15 @@ _ACCUMULATING = (aten.sum.default, aten.sum.dim_IntList, aten.nansum.default, at
                  aten.mean.dim, aten.linalg_vector_norm.default)
 
 
+def _otherwise(op, inner, x, *args, **kwargs):
+    """What a wrapper below does with inputs it leaves alone: ``inner`` (a decomposition of
+    ``op``), or, where there is none, torch-mlir's own decomposition of ``op`` if it has one."""
+    if inner is not None:
+        return inner(x, *args, **kwargs)
+    base = torch_mlir_table().get(op)
+    return base(x, *args, **kwargs) if base is not None else NotImplemented
+
+
 def _in_float32(op, inner):
     """``inner`` (a decomposition of ``op``, or None for the op as it is), except that a
     half-width result accumulates in float32: the input in that dtype (a ``dtype=`` casts
@@ -69,10 +78,7 @@ def _in_float32(op, inner):
         if computing_dtype(dtype) != dtype and x.is_floating_point():
             kwargs = {k: v for k, v in kwargs.items() if k != "dtype"}
             return op(x.to(dtype).to(computing_dtype(dtype)), *args, **kwargs).to(dtype)
-        if inner is not None:
-            return inner(x, *args, **kwargs)
-        base = torch_mlir_table().get(op)
-        return base(x, *args, **kwargs) if base is not None else NotImplemented
+        return _otherwise(op, inner, x, *args, **kwargs)
     decompose.__name__ = f"{op.__name__.replace('.', '_')}_in_float32"
     return decompose
 
@@ -115,10 +121,7 @@ def _in_int16(op, inner):
             if isinstance(out, (tuple, list)):
                 return tuple(o.to(x.dtype) for o in out)
             return out.to(x.dtype)
-        if inner is not None:
-            return inner(x, *args, **kwargs)
-        base = torch_mlir_table().get(op)
-        return base(x, *args, **kwargs) if base is not None else NotImplemented
+        return _otherwise(op, inner, x, *args, **kwargs)
     decompose.__name__ = f"{op.__name__.replace('.', '_')}_in_int16"
     return decompose
 
@@ -139,10 +142,7 @@ def _of_nonzero(op, inner):
     def decompose(x, *args, **kwargs):
         if x.dtype == torch.uint8:
             return op(x != 0, *args, **kwargs).to(torch.uint8)
-        if inner is not None:
-            return inner(x, *args, **kwargs)
-        base = torch_mlir_table().get(op)
-        return base(x, *args, **kwargs) if base is not None else NotImplemented
+        return _otherwise(op, inner, x, *args, **kwargs)
     decompose.__name__ = f"{op.__name__.replace('.', '_')}_of_nonzero"
     return decompose
 
