@@ -32,6 +32,13 @@ def test_remainder_of_integers():
     check(torch.remainder, torch.tensor([-7, -3, 0, 4, 9, -9]), torch.tensor([3, -4, 5, 2, -3, 7]))
 
 
+def test_remainder_of_literals_computed_in_the_graph():
+    # A remainder of values the graph makes itself (a roll's positions) was folded on the host
+    # as eager's remainder while XLA computed C's fmod: its sign fix folded away, -2 for 3.
+    fn = lambda x: (x + (torch.arange(10) - 7) % 5, torch.remainder(torch.arange(-4.5, 0), 2))  # noqa: E731
+    check(fn, torch.zeros(10, dtype=torch.int64))
+
+
 def test_fmod_with_a_scalar():
     check(lambda x: torch.fmod(x, 0.7), randn(4, 3))
 
