@@ -121,6 +121,9 @@ CASES = {
     # tiled a dynamic number of times, a reduction over the tiled padded dim
     "repeat": lambda x: (x.repeat(2, 3, 1), x.repeat(1, 2, 1).softmax(1),
                          x[0, 0].repeat(x.shape[1], 1), x[:, 0].repeat(1, x.shape[1]).cumsum(1)),
+    # a roll past the size along the padded dim: slices of lengths ``7 % n`` and ``n - 7 % n``
+    # have no bound at the bucket's size, and real elements were dropped (zeros, no error)
+    "roll_past_the_size": lambda x: (x.roll(7, 1), x.roll((-1, -9), (0, 1))),
     # get_attr nodes: tensors the graph holds (a cache's empty start)
     "constants": lambda x: (x * torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0]),
                             torch.cat([torch.tensor([]), x.sum(2).reshape(-1)])),
@@ -140,6 +143,16 @@ def test_rule_matches_eager_at_every_size(name, fresh_dynamo):
     stats = torchtpu_compile.stats()
     assert stats["buckets"]["exact_shape_compiles"] == 0
     assert stats["buckets"]["compiles"] == 2 and stats["buckets"]["hits"] == 1
+
+
+def test_a_slice_whose_length_is_a_remainder_of_the_size_matches_eager(fresh_dynamo):
+    # ``n - 7 % n`` at a bucket of 8 is 1, at a real 5 it is 3: the padded slice was too short
+    # and dropped real elements. Such a graph compiles per exact shape.
+    fn = lambda x: x[:, : x.shape[1] - 7 % x.shape[1]] * 2  # noqa: E731
+    compiled = compile_tpu(fn, dynamic=True)
+    for n in (5, 6):
+        x = torch.arange(2.0 * n).reshape(2, n)
+        assert torch.equal(compiled(x), fn(x))
 
 
 def _attend_with_mask(cache, new, mask):

@@ -423,6 +423,19 @@ def test_new_float_arguments_do_not_compile_again():
     assert torchtpu_compile.stats()["eager_programs_compiled"] == before
 
 
+def test_a_float_an_op_consumes_is_never_lifted_into_an_input():
+    # fill_ of an int tensor truncates its float while tracing: both sentinels became the same
+    # 0, the graph read no input, and every later value (-2.7) filled 0 with no error.
+    for dtype in (torch.int64, torch.float32):
+        x = torch.zeros(3, dtype=dtype, device="tpu")
+        for value in (2.7, -2.7, -3.5):
+            assert torch.equal(x.fill_(value).cpu(), torch.zeros(3, dtype=dtype).fill_(value))
+        y, y_cpu = torch.arange(5, device="tpu"), torch.arange(5)
+        for i, value in enumerate((2.9, -2.9, 1.5)):
+            y[i], y_cpu[i] = value, value
+        assert torch.equal(y.cpu(), y_cpu)
+
+
 def test_an_op_that_compiles_for_every_new_float_says_so(caplog):
     # pow's exponent sits in a Scalar slot, where a float cannot become an input: each new
     # exponent is a new program. Results stay right; after a few, the log names the op.

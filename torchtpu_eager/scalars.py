@@ -147,6 +147,10 @@ def lift(gm: fx.GraphModule, values: list) -> fx.GraphModule | None:
         _leaves(list(node.kwargs.values()), left)
         if any(v in index for v in left):
             return None
+    if len(reads) != len(values):
+        # A float the graph does not read was consumed at trace time: fill_ of an int tensor
+        # truncated both sentinels to the same 0, and later values (-2.7) gave 0, not -2.
+        return None
     graph.lint()
     gm.recompile()
     return gm

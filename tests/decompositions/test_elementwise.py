@@ -32,6 +32,25 @@ def test_remainder_of_integers():
     check(torch.remainder, torch.tensor([-7, -3, 0, 4, 9, -9]), torch.tensor([3, -4, 5, 2, -3, 7]))
 
 
+def test_remainder_of_literals_computed_in_the_graph():
+    # A remainder of values the graph makes itself (a roll's positions) was folded on the host
+    # as eager's remainder while XLA computed C's fmod: its sign fix folded away, -2 for 3.
+    fn = lambda x: (x + (torch.arange(10) - 7) % 5, torch.remainder(torch.arange(-4.5, 0), 2))  # noqa: E731
+    check(fn, torch.zeros(10, dtype=torch.int64))
+
+
+def test_float_to_integer_conversion_as_eager_on_the_host():
+    # XLA saturates (3e9 -> int32 2**31 - 1, -1.7 -> uint8 0, NaN -> 0); eager on x86 goes
+    # through int32 or int64, out of range and NaN their minimum, then wraps.
+    if torch.tensor([float("nan")]).to(torch.int32).item() != -2 ** 31:
+        pytest.skip("this host saturates as XLA does")
+    x = torch.tensor([1.7, -1.7, 300.7, -255.0, 4e4, 3e9, -1e10, NAN, INF, -INF])
+    dtypes = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+    fn = lambda x: [x.to(d) for d in dtypes] + [x.double().to(torch.uint8) + 1,  # noqa: E731
+                                                 x.bfloat16().to(torch.int8)]
+    check_on_both_paths(fn, x)
+
+
 def test_fmod_with_a_scalar():
     check(lambda x: torch.fmod(x, 0.7), randn(4, 3))
 

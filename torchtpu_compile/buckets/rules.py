@@ -26,7 +26,9 @@ import math
 from dataclasses import dataclass
 
 import torch
+import sympy
 import torch.fx as fx
+from torch.utils._sympy import functions as symfn
 
 from ..lower.index_checks import INDEX_CHECK, INDEX_CHECK_REAL
 from .layout import Dim, NotPaddable, dim_mask, evaluate, is_symbolic, prefix, sym_expr, \
@@ -372,6 +374,8 @@ def slice_(ctx, node, x, dim=0, start=None, end=None, step=1):
     start = 0 if start is None else start
     if isinstance(start, int) and start >= 0 and out_expr == in_expr:
         return x  # the whole dim
+    if _unbounded_at_padding(out_expr):
+        raise NotPaddable(f"a slice of length {out_expr}")
     length = evaluate(out_expr, ctx.pad_env)
     layout[dim] = prefix(out_expr) if is_symbolic(out_expr) else None
     if isinstance(start, int) and start >= 0:
@@ -387,6 +391,15 @@ def slice_(ctx, node, x, dim=0, start=None, end=None, step=1):
     index = aten.add.Tensor(aten.arange.default(length, dtype=torch.int64), real_start)
     index = aten.clamp.default(index, 0, x.tensor.shape[dim] - 1)
     return Padded(aten.index_select.default(x.tensor, dim, index), tuple(layout))
+
+
+def _unbounded_at_padding(expr) -> bool:
+    # A length holding a remainder of a dynamic size is no bound of the real length at the
+    # padded size (``s - 7 % s`` is 1 at a bucket of 8, 3 at a real 5): slicing that many
+    # dropped real elements without an error.
+    return is_symbolic(expr) and any(
+        isinstance(e, (symfn.Mod, symfn.PythonMod, sympy.Mod)) and is_symbolic(e.args[1])
+        for e in sympy.preorder_traversal(expr))
 
 
 def _extended(tensor, dim: int, extra: int):

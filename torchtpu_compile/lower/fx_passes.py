@@ -145,15 +145,6 @@ def _c_fmod_fake(a, b):
 C_FMOD = torch.ops.torchtpu.c_fmod.default
 
 
-@fx_pass
-def c_fmod_as_remainder(gm):
-    # Here, after every decomposition: a graph holding aten.remainder would have it
-    # decomposed again into eager's remainder by any later trace (buckets, exact shapes).
-    for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target is C_FMOD:
-            node.target = aten.remainder.Tensor
-
-
 def _host_device(value):
     if isinstance(value, torch.device) and value.type != "cpu":
         return torch.device("cpu")
@@ -273,6 +264,19 @@ def fold_literal_expressions(gm):
     for node in reversed(list(gm.graph.nodes)):  # the literals the folds left unused
         if node in known and not node.users:
             gm.graph.erase_node(node)
+
+
+@fx_pass
+def c_fmod_as_remainder(gm):
+    # Here, after every decomposition: a graph holding aten.remainder would have it
+    # decomposed again into eager's remainder by any later trace (buckets, exact shapes).
+    # And after fold_literal_expressions: the host evaluates aten.remainder as eager's
+    # (Python's) remainder, not StableHLO's C fmod that it stands for here, so a remainder of
+    # literals (``(torch.arange(10) - 7) % 5`` in a graph, a roll's positions) folded its sign
+    # test away and gave fmod's -2 for 3 with no error.
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is C_FMOD:
+            node.target = aten.remainder.Tensor
 
 
 #: Dtypes whose literals torch-mlir cannot legalize (torch.vtensor.literal of ui8 or of a

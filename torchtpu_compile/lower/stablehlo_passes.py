@@ -4,6 +4,7 @@ Each pass takes (module, context) and edits the module in place; they run in reg
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from torch_mlir import ir
@@ -213,3 +214,89 @@ def _arg_reduction_compares(ops: list):
     if list(better.operands) != list(same.operands):
         return None
     return better, same
+
+
+@functools.cache
+def _host_converts_out_of_range_to_int_min() -> bool:
+    """Whether eager's CPU kernels give INT_MIN for NaN and out-of-range floats (x86's
+    cvttss2si), rather than saturating as XLA (and ARM) do."""
+    import torch
+    from torch.utils._python_dispatch import _disable_current_modes
+    with _disable_current_modes():  # a real host computation, whatever traces around us
+        probe = torch.tensor([float("nan"), 3e9])
+        return probe.to(torch.int32).tolist() == [-2 ** 31] * 2
+
+
+def _float_to_int(op):
+    """(source float type, target integer type) of a float-to-integer convert, else None."""
+    source = op.operands[0].type.maybe_downcast()
+    target = op.result.type.maybe_downcast()
+    if not isinstance(source, ir.RankedTensorType) or not isinstance(target,
+                                                                     ir.RankedTensorType):
+        return None
+    element = target.element_type.maybe_downcast()
+    if not isinstance(source.element_type.maybe_downcast(), ir.FloatType) or \
+            not isinstance(element, ir.IntegerType) or element.width == 1:
+        return None
+    if not source.has_static_shape:
+        return None
+    return source, target
+
+
+@stablehlo_pass
+def float_to_int_as_the_host(module, ctx):
+    # XLA's float-to-integer convert saturates (3e9 -> 2**31 - 1, -1.7 -> uint8 0, NaN -> 0);
+    # eager's CPU kernels on x86 convert through int32 (int8, int16, int32) or int64 (int64,
+    # uint8), where NaN and values out of that range become its minimum, and wrap to the
+    # narrower type: -1.7 -> uint8 255, 300.7 -> int8 44, 3e9 -> int32 -2**31, NaN -> 0 in
+    # int8 and INT_MIN in int32. Each such convert becomes that, so .to(dtype), copy_ and
+    # every cast give eager's integers on the host that runs eager (left alone where the host
+    # saturates as XLA does).
+    if not _host_converts_out_of_range_to_int_min():
+        return
+    for op in _ops_named(module, ("stablehlo.convert",)):
+        types = _float_to_int(op)
+        if types is not None:
+            with op.location:
+                _convert_as_the_host(op, *types)
+
+
+def _convert_as_the_host(op, source, target):
+    element = target.element_type.maybe_downcast()
+    if element.is_unsigned and element.width > 8:
+        return
+    wide_width = 64 if element.width == 64 or element.is_unsigned else 32
+    shape, ip, loc = source.shape, ir.InsertionPoint(op), op.location
+    float_element = source.element_type.maybe_downcast()
+    if isinstance(float_element, (ir.F16Type, ir.BF16Type)):
+        float_element = ir.F32Type.get()  # exact, and holds 2**31 and 2**63
+    float_type = ir.RankedTensorType.get(shape, float_element)
+    x = op.operands[0]
+    if float_type != source:
+        x = _create("stablehlo.convert", [x], float_type, ip, loc)
+    bool_type = ir.RankedTensorType.get(shape, ir.IntegerType.get_signless(1))
+    wide_element = ir.IntegerType.get_signless(wide_width)
+    wide_type = ir.RankedTensorType.get(shape, wide_element)
+
+    def splat(tensor_type, attribute):
+        return _create("stablehlo.constant", [], tensor_type, ip, loc,
+                       value=ir.DenseElementsAttr.get_splat(tensor_type, attribute))
+
+    def compare(a, b, direction):
+        return _create("stablehlo.compare", [a, b], bool_type, ip, loc,
+                       comparison_direction=ir.Attribute.parse(
+                           f"#stablehlo<comparison_direction {direction}>"),
+                       compare_type=ir.Attribute.parse("#stablehlo<comparison_type FLOAT>"))
+
+    limit = float(2 ** (wide_width - 1))
+    low = splat(float_type, ir.FloatAttr.get(float_element, -limit))
+    high = splat(float_type, ir.FloatAttr.get(float_element, limit))
+    inside = _create("stablehlo.and", [compare(x, low, "GE"), compare(x, high, "LT")],
+                     bool_type, ip, loc)  # false for NaN
+    wide = _create("stablehlo.convert", [x], wide_type, ip, loc)
+    int_min = splat(wide_type, ir.IntegerAttr.get(wide_element, -2 ** (wide_width - 1)))
+    result = _create("stablehlo.select", [inside, wide, int_min], wide_type, ip, loc)
+    if wide_type != target:
+        result = _create("stablehlo.convert", [result], target, ip, loc)
+    op.result.replace_all_uses_with(result)
+    op.erase()

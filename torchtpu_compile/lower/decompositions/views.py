@@ -145,6 +145,13 @@ def roll(x, shifts, dims=()):
     out = x.clone()  # a roll by zero is still a new tensor
     for shift, dim in zip(shifts, dims):
         n = out.shape[dim]
+        if isinstance(n, torch.SymInt):
+            # A dynamic size: slices of lengths ``shift % n`` and ``n - shift % n`` have no
+            # bound at a bucket's padded size (7 % 8 is 7 but 7 % 5 is 2), and a padded roll
+            # dropped real elements. Gather from the rolled positions instead.
+            index = torch.remainder(torch.arange(n, device=x.device) - shift, n)
+            out = out.index_select(dim, index)
+            continue
         shift = shift % n if n else 0
         if shift:
             out = torch.cat([out.narrow(dim, n - shift, shift), out.narrow(dim, 0, n - shift)], dim)
