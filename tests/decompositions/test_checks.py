@@ -134,3 +134,18 @@ def test_a_bool_subtracted_raises_eagers_error(fn):
     got = _outcome(fn, mask.to("tpu"))
     assert isinstance(want, RuntimeError) and isinstance(got, RuntimeError)
     assert str(got) == str(want)
+
+
+def test_an_integer_bound_that_overflows_raises_eagers_error():
+    # Eager converts a Python integer bound to the tensor's integer dtype and raises where it
+    # overflows; traced, clamp(-1, 300) of uint8 returned values. An unsigned bound down to
+    # -max wraps, as in eager, and float bounds promote.
+    x = torch.arange(0, 250, 20, dtype=torch.uint8)
+    for fn in (lambda x: x.clamp(-1, 300), lambda x: x.to(torch.int8).clamp(0, 200)):
+        want = _outcome(fn, x)
+        got = _outcome(fn, x.to("tpu"))
+        assert isinstance(got, RuntimeError) and str(got) == str(want)
+    with pytest.raises(RuntimeError, match="without overflow"):
+        compile_tpu(lambda x: x.clamp(max=300), dynamic=False)(x)
+    for fn in (lambda x: x.clamp(-255, 255), lambda x: x.clamp(1.5, 300.0)):
+        torch.testing.assert_close(_outcome(fn, x.to("tpu")), fn(x))

@@ -168,3 +168,29 @@ def _subtraction_of_bools(a, b, alpha=1):
                                           "use the `~` or `logical_not()` operator instead.")
     return None
 
+
+
+#: c10's names of the integer types in its overflow message.
+_C_NAMES = {torch.uint8: "uint8_t", torch.int8: "int8_t", torch.int16: "int16_t",
+            torch.int32: "int", torch.int64: "int64_t"}
+
+
+def _overflows(dtype, value: int) -> bool:
+    # c10::overflows: an unsigned type takes negatives down to -max (they wrap).
+    info = torch.iinfo(dtype)
+    low = -info.max if info.min == 0 else info.min
+    return not low <= value <= info.max
+
+
+@checked_first(aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default)
+def _integer_bound_that_overflows(x, *bounds, **named):
+    # Eager converts a Python integer bound to an integer tensor's dtype and raises where it
+    # would overflow (clamp of uint8 to 300); traced, the bound wrapped or saturated silently.
+    if x.dtype not in _C_NAMES:
+        return None
+    for bound in (*bounds, *named.values()):
+        if isinstance(bound, int) and not isinstance(bound, bool) and \
+                _overflows(x.dtype, bound):
+            raise invalid_input(RuntimeError, f"value cannot be converted to type "
+                                              f"{_C_NAMES[x.dtype]} without overflow")
+    return None
