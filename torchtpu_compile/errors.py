@@ -32,14 +32,23 @@ class InputIndexError(InvalidInputError, IndexError):
     """Eager raises IndexError for these inputs (a dim out of range or of size 0)."""
 
 
+class InputNotImplementedError(InputRuntimeError, NotImplementedError):
+    """Eager has no kernel for these inputs' dtype (``"round" not implemented for 'Long'``)."""
+
+
 def invalid_input(kind: type, message: str) -> InvalidInputError:
-    """The error eager raises, as ``kind`` (RuntimeError or IndexError), marked as ours.
+    """The error eager raises, as ``kind`` (RuntimeError, IndexError or NotImplementedError),
+    marked as ours.
 
     Example::
 
         raise invalid_input(IndexError, "max(): Expected reduction dim 0 to have non-zero size.")
     """
-    return (InputIndexError if issubclass(kind, IndexError) else InputRuntimeError)(message)
+    if issubclass(kind, IndexError):
+        return InputIndexError(message)
+    if issubclass(kind, NotImplementedError):
+        return InputNotImplementedError(message)
+    return InputRuntimeError(message)
 
 
 class ConfigError(TorchTPUError, ValueError):

@@ -149,3 +149,23 @@ def test_an_integer_bound_that_overflows_raises_eagers_error():
         compile_tpu(lambda x: x.clamp(max=300), dynamic=False)(x)
     for fn in (lambda x: x.clamp(-255, 255), lambda x: x.clamp(1.5, 300.0)):
         torch.testing.assert_close(_outcome(fn, x.to("tpu")), fn(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.uint8, torch.bool])
+def test_an_integer_round_with_decimals_raises_eagers_error(dtype):
+    # Eager's round with decimals has float kernels only; traced, an integer tensor was scaled,
+    # rounded and scaled back. Round without decimals stays the identity on integers, and
+    # has no bool kernel either.
+    x = torch.tensor([1, 0, 3]).to(dtype)
+    for fn in (lambda x: x.round(decimals=1), lambda x: torch.round(x, decimals=0)):
+        assert isinstance(_outcome(fn, x), NotImplementedError)
+        with pytest.raises(NotImplementedError, match="round"):
+            fn(x.to("tpu")).cpu()
+        # Dynamo wraps the backend's error in BackendCompilerFailed, a RuntimeError
+        with pytest.raises(RuntimeError, match='"round" not implemented'):
+            compile_tpu(fn, dynamic=False)(x)
+    if dtype == torch.bool:
+        with pytest.raises(NotImplementedError, match="round"):
+            x.to("tpu").round().cpu()
+    else:
+        torch.testing.assert_close(x.to("tpu").round().cpu(), x.round())

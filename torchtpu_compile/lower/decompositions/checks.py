@@ -1,6 +1,6 @@
 """Checks run before decompositions (``@checked_first``): eager's error where eager raises,
 eager's value where it has one, for reductions over no elements (and an integer to a negative
-power, a bool subtracted, which eager refuses).
+power, a bool subtracted, an integer round with decimals, which eager refuses).
 
 An XLA reduction of an empty window gives the reduction's initial value: max of nothing is
 -inf, a variance divides 0 by ``N - correction`` < 0. Eager PyTorch instead raises for reductions
@@ -193,4 +193,19 @@ def _integer_bound_that_overflows(x, *bounds, **named):
                 _overflows(x.dtype, bound):
             raise invalid_input(RuntimeError, f"value cannot be converted to type "
                                               f"{_C_NAMES[x.dtype]} without overflow")
+    return None
+
+
+#: c10's names of the non-float types in its "not implemented for" message.
+_SCALAR_NAMES = {torch.bool: "Bool", torch.uint8: "Byte", torch.int8: "Char",
+                 torch.int16: "Short", torch.int32: "Int", torch.int64: "Long"}
+
+
+@checked_first(aten.round.default, aten.round.decimals)
+def _round_without_an_eager_kernel(x, decimals=None):
+    # Eager's round with decimals has float kernels only, and round without them is the
+    # identity on integers but has no bool kernel; traced, both returned values.
+    if x.dtype in _SCALAR_NAMES and (decimals is not None or x.dtype == torch.bool):
+        raise invalid_input(NotImplementedError, f'"round" not implemented for '
+                                                 f"'{_SCALAR_NAMES[x.dtype]}'")
     return None
