@@ -221,6 +221,23 @@ def test_zero_tangents_of_forward_mode_ad_on_tpu():
     assert zero.device == TPU and torch.equal(zero.cpu(), torch.zeros(2, 3))
 
 
+def test_forward_ad_through_an_op_with_a_constant_on_tpu():
+    # A constant's zero tangent meets the other operand in PyTorch's ZeroTensor kernels, which
+    # take the result's geometry from `.to("meta")` copies: a tpu tensor came back from ours,
+    # and jvp of `v * 3` (so jacfwd of anything scaled) raised "Tensor on device tpu:0 is not
+    # on the expected device meta!".
+    from torch.func import jacfwd, jvp
+    v, t = torch.randn(3), torch.randn(3)
+    want = jvp(lambda v: v * 3 + 1, (v,), (t,))
+    got = jvp(lambda v: v * 3 + 1, (v.to("tpu"),), (t.to("tpu"),))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.cpu(), w)
+    torch.testing.assert_close(jacfwd(lambda v: (v * 3).exp())(v.to("tpu")).cpu(),
+                               jacfwd(lambda v: (v * 3).exp())(v))
+    m = v.to("tpu").t().to("meta", torch.float64)
+    assert m.device.type == "meta" and m.shape == (3,) and m.dtype == torch.float64
+
+
 @pytest.mark.parametrize("optimizer", [
     lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
     # Adam divides by sqrt(v): a large eps keeps rounding noise of near-zero gradients from

@@ -880,6 +880,12 @@ def to_copy(func, args, kwargs):
         host = to_cpu(src)
         rest = {k: v for k, v in kwargs.items() if k not in ("device", "non_blocking")}
         return func(host, **rest) if rest else host
+    if device is not None and device.type == "meta":
+        # As from any device, geometry without data: PyTorch's ZeroTensor kernels (the
+        # tangents forward AD gives constants: jvp of `v * 3`) take their result's shape and
+        # dtype from the op on `.to("meta")` copies; a tpu tensor came back, and the meta
+        # kernel refused the mix of devices.
+        return func(_meta_view(src), **kwargs)
     rest = {k: v for k, v in kwargs.items() if k != "device"}
     return run_op(func, (src,), rest)
 
