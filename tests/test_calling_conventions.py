@@ -180,3 +180,46 @@ def test_outputs_with_no_elements_are_made_outside_the_program():
             torch.testing.assert_close(a, e, atol=1e-5, rtol=1e-4)
     assert compiled[3].device.type == "cpu" and on_tpu[3].device.type == "tpu"
     assert torchtpu_compile.stats()["eager_fallbacks"] == 0
+
+
+def _laid_out(t):
+    # what code after a compiled call can see of a tensor's layout
+    return t.shape, t.stride(), t.is_contiguous(), \
+        t.is_contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize("on_tpu", [False, True], ids=["host", "tpu"])
+def test_outputs_have_eagers_strides(on_tpu):
+    # Eager keeps an elementwise op's input layout (x.t() * 2 has strides (1, 4)); compiled
+    # results were always contiguous, so code after the call that views them as eager laid them
+    # out (y.t().view(-1)) raised, and stride()/is_contiguous() differed from eager's and
+    # Inductor's. Outputs are not views (in-place on them works, as in eager).
+    # (A channels-last conv on the host only: the tpu device makes every tensor it creates
+    # contiguous, its inputs' copies included.)
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(3, 4, 3).to(memory_format=torch.channels_last)
+    image = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)
+
+    def f(x, z, image):
+        y = x.t() * 2
+        return y, z.permute(0, 2, 3, 1).relu(), y, x + 1, *([] if on_tpu else [conv(image)])
+
+    args = (torch.randn(3, 4), torch.randn(2, 3, 4, 5), image)
+    want = f(*args)
+    got = compile_tpu(f)(*[a.to("tpu") for a in args] if on_tpu else args)
+    for g, w in zip(got, want):
+        assert _laid_out(g) == _laid_out(w)
+        assert g._base is None
+        torch.testing.assert_close(g.cpu(), w, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got[0].t().view(-1).cpu(), want[0].t().view(-1))
+    torch.testing.assert_close(got[0].add_(1).cpu(), want[0] + 1)
+
+
+def test_training_outputs_have_eagers_strides():
+    w = torch.randn(3, 4, requires_grad=True)
+    f = lambda w: (w.t() * 3).sin()  # noqa: E731
+    got = compile_tpu(f)(w)
+    want = f(w)
+    assert _laid_out(got) == _laid_out(want)
+    (g,) = torch.autograd.grad(got.sum(), w)
+    torch.testing.assert_close(g, torch.autograd.grad(want.sum(), w)[0])

@@ -63,17 +63,39 @@ def _mutated_inputs(kind: str, gm: torch.fx.GraphModule) -> tuple:
                  and not info[i].mutates_storage_metadata)
 
 
+def _user_outputs(kind: str, gm: torch.fx.GraphModule) -> tuple:
+    """Positions of the graph's outputs that the user's code gets: after the new values of
+    mutated inputs, before aot_autograd's own (intermediate bases, what the backward saves).
+    They come back with eager's strides, as Inductor's do (its ``keep_output_stride``); the
+    others keep the layout the program computes them in. Empty for backward graphs
+    (autograd lays gradients out as their parameters) or unknown metadata."""
+    if kind == "backward":
+        return ()
+    context = torch._guards.TracingContext.try_get()
+    metadata = getattr(context, "fw_metadata", None)
+    info = getattr(metadata, "output_info", None)
+    if info is None or getattr(metadata, "tokens", None):
+        return ()
+    start = len(metadata.mutated_inp_runtime_indices)
+    outputs = gm.graph.output_node().args[0]
+    if not isinstance(outputs, (tuple, list)) or start + len(info) > len(outputs):
+        return ()
+    return tuple(range(start, start + len(info)))
+
+
 def _compiler(kind: str, graph_id: int, cached: bool):
     def compile_graph(gm: torch.fx.GraphModule, example_inputs):
         inputs = sum(1 for node in gm.graph.nodes if node.op == "placeholder")
         name, resident = f"graph_{graph_id}/{kind}", _static_inputs(kind, inputs)
-        mutated = _mutated_inputs(kind, gm)
+        mutated, layouts = _mutated_inputs(kind, gm), _user_outputs(kind, gm)
         if cached:  # a picklable wrapper; backward graphs are built on their first call
             from .graph_cache import RunnerOutputCode
             return RunnerOutputCode(gm=gm, name=name, resident_inputs=resident,
-                                    lazy=kind == "backward", mutated_inputs=mutated)
+                                    lazy=kind == "backward", mutated_inputs=mutated,
+                                    eager_layouts=layouts)
         from .program import GraphRunner
-        return GraphRunner(gm, name=name, resident_inputs=resident, mutated_inputs=mutated)
+        return GraphRunner(gm, name=name, resident_inputs=resident, mutated_inputs=mutated,
+                           eager_layouts=layouts)
 
     if cached:
         from .graph_cache import serializable

@@ -78,6 +78,7 @@ class RunnerOutputCode(OutputCode):
     resident_inputs: frozenset = frozenset()
     lazy: bool = False
     mutated_inputs: tuple = ()   # (input, output) pairs (program/donation.py)
+    eager_layouts: tuple = ()    # outputs returned with eager's strides (calling_convention)
     _runner: Any = dataclasses.field(default=None, init=False, repr=False)
     _state: bytes | None = dataclasses.field(default=None, init=False, repr=False)
 
@@ -94,7 +95,8 @@ class RunnerOutputCode(OutputCode):
             if self._runner is None:
                 self._runner = GraphRunner(self.gm, name=self.name,
                                            resident_inputs=self.resident_inputs,
-                                           mutated_inputs=self.mutated_inputs)
+                                           mutated_inputs=self.mutated_inputs,
+                                           eager_layouts=self.eager_layouts)
         return self._runner
 
     def __call__(self, *args):
@@ -107,7 +109,8 @@ class RunnerOutputCode(OutputCode):
 
         state = {"gm": self.gm, "name": self.name, "lazy": self.lazy,
                  "resident_inputs": sorted(self.resident_inputs),
-                 "mutated_inputs": [list(pair) for pair in self.mutated_inputs]}
+                 "mutated_inputs": [list(pair) for pair in self.mutated_inputs],
+                 "eager_layouts": list(self.eager_layouts)}
         try:
             self._state = GraphPickler.dumps(state, Options(ops_filter=None))
         except Exception as exc:  # a bypass is logged quietly by torch, then compiling goes on
@@ -128,6 +131,7 @@ class RunnerOutputCode(OutputCode):
         self.gm, self.name, self.lazy = state["gm"], state["name"], state["lazy"]
         self.resident_inputs = frozenset(state["resident_inputs"])
         self.mutated_inputs = tuple(tuple(pair) for pair in state.get("mutated_inputs", ()))
+        self.eager_layouts = tuple(state.get("eager_layouts", ()))
         if not self.lazy:
             self._build()
 

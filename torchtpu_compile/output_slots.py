@@ -23,7 +23,9 @@ from . import index_errors
 @dataclass
 class OutputSlot:
     """Where one output of the original graph comes from."""
-    kind: str          # "program" (index into program outputs), "input", "none", "constant",
+    kind: str          # "program" (index into program outputs; value: None, or
+    #                    {"memory_order": dims}, the program computing it permuted so:
+    #                    calling_convention._eager_layout), "input", "none", "constant",
     #                    "empty" (value: [shape, dtype name, device type]), "view" (value:
     #                    {"of": "program" | "input", "ops": view steps}; index: the base's),
     #                    "check" (the program output of index checks, value: their specs; no
@@ -64,7 +66,8 @@ def collect_outputs(slots: list, results: list, args: list, device: str | None =
     for slot in slots:
         kind = slot.kind
         if kind == "program":
-            outputs.append(results[slot.index])
+            outputs.append(results[slot.index] if slot.value is None else
+                           _in_eager_layout(results[slot.index], slot.value["memory_order"]))
         elif kind == "input":
             outputs.append(args[slot.index])
         elif kind == "constant":
@@ -89,8 +92,9 @@ def collect_outputs(slots: list, results: list, args: list, device: str | None =
 
 def results_are_outputs(slots: list) -> bool:
     """Whether the outputs are the program's results as they come (every slot "program", in
-    order): the run path then skips ``collect_outputs`` (the common eager op)."""
-    return all(slot.kind == "program" and slot.index == i for i, slot in enumerate(slots))
+    order, none restrided): the run path then skips ``collect_outputs`` (the common eager op)."""
+    return all(slot.kind == "program" and slot.index == i and slot.value is None
+               for i, slot in enumerate(slots))
 
 
 def check_index(slots: list):
@@ -161,6 +165,15 @@ def replay_view_steps(base, steps: list):
 
 
 _DTYPE_TAG = "torch.dtype"  # {"torch.dtype": "float32"}: no ATen argument is named so
+
+
+def _in_eager_layout(result, order: list):
+    """The output whose elements ``result`` holds in eager's memory order (``order``: its dims
+    from outermost to innermost), with eager's strides: a tensor of its own on ``result``'s
+    memory, not a view (aot_autograd's outputs may be written in place)."""
+    inverse = sorted(range(len(order)), key=order.__getitem__)
+    laid_out = result.permute(inverse)
+    return result.new_empty(0).set_(laid_out)
 
 
 def _rebuilt_view(slot: OutputSlot, base):

@@ -186,13 +186,15 @@ def _new_placeholder(graph: fx.Graph, after: fx.Node | None, name: str, val) -> 
 
 
 def prepare(gm: fx.GraphModule, rebuild_views: bool = True,
-            platform: str | None = None) -> PreparedGraph:
+            platform: str | None = None, eager_layouts: tuple = ()) -> PreparedGraph:
     """Rewrite a copy of ``gm`` to the program calling convention (``gm`` is not changed).
 
     ``rebuild_views``: outputs that alias inputs or other outputs become "view" slots (for
     callers that hold tensors; the eager device's graphs return buffers, which cannot view).
     ``platform``: the PJRT platform the program is for, which decides where random ops draw
-    (``device_random.enabled``); None: the CPU client's choice.
+    (``device_random.enabled``); None: the CPU client's choice. ``eager_layouts``: positions
+    of the outputs the user sees, which come back with the strides eager gives them
+    (``_eager_layout``) where those are a permutation of a contiguous layout.
     """
     gm = fx.GraphModule(gm, _copy_graph(gm.graph))
     graph = gm.graph
@@ -271,7 +273,9 @@ def prepare(gm: fx.GraphModule, rebuild_views: bool = True,
     input_pos = {n: i for i, n in enumerate(placeholders)}
     views = _rebuilt_views(values, input_pos) if rebuild_views else {}
     slots, program_values, seen = [], [], {}
-    for value in values:
+    layouts: dict = {}  # program output -> its "program" slots' value (eager strides)
+    roots = {root for root, _ in views.values()}  # their views replay on a contiguous base
+    for at, value in enumerate(values):
         if value in views:
             root, steps = views[value]
             if root in input_pos:
@@ -294,10 +298,16 @@ def prepare(gm: fx.GraphModule, rebuild_views: bool = True,
             # uint8 reserve of _batch_norm_with_update), and XLA would return nothing anyway.
             slots.append(OutputSlot("empty", value=empty_spec(value.meta["val"])))
         elif value in seen:
-            slots.append(OutputSlot("program", index=seen[value]))
+            slots.append(OutputSlot("program", index=seen[value],
+                                    value=layouts.get(seen[value])))
         else:
             seen[value] = len(program_values)
-            slots.append(OutputSlot("program", index=len(program_values)))
+            order = _eager_layout(value) if at in eager_layouts and value not in roots else None
+            if order is not None:  # computed in its memory order; restrided by the slot
+                layouts[len(program_values)] = {"memory_order": order}
+                value = _permuted(graph, value, order, output_node)
+            slots.append(OutputSlot("program", index=len(program_values),
+                                    value=layouts.get(len(program_values))))
             program_values.append(value)
     if check is not None:  # last, after the graph's own outputs (index_checks.py)
         slots.append(OutputSlot("check", index=len(program_values), value=check_specs))
@@ -307,6 +317,38 @@ def prepare(gm: fx.GraphModule, rebuild_views: bool = True,
     gm.recompile()
     return PreparedGraph(gm=gm, arg_indices=arg_indices, constants=constants,
                          random_inputs=random_inputs, outputs=slots, single_output=single)
+
+
+def _eager_layout(node) -> list | None:
+    """The dims of ``node``'s value from outermost to innermost in eager's memory layout,
+    where that layout is dense and not contiguous (``x.t() * 2``, a channels-last conv's
+    output: eager's TensorIterator keeps its inputs' layout); None otherwise (contiguous,
+    overlapping, with gaps, symbolic). A compiled call's results were always contiguous, so
+    code after it that views them as eager laid them out (``y.t().view(-1)``) raised, and
+    ``stride()``/``is_contiguous()`` told another story than eager's and Inductor's."""
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    if not isinstance(val, torch.Tensor) or val.dim() < 2 or val.is_sparse:
+        return None
+    shape, strides = val.shape, val.stride()
+    if not all(isinstance(v, int) for v in (*shape, *strides)) or val.numel() < 2:
+        return None
+    order = sorted(range(val.dim()), key=lambda d: (-strides[d], d))
+    expected, step = [0] * val.dim(), 1
+    for d in reversed(order):
+        expected[d] = step
+        step *= shape[d]
+    if any(shape[d] != 1 and expected[d] != strides[d] for d in range(val.dim())):
+        return None  # not a permutation of a dense layout
+    return None if val.is_contiguous() else order
+
+
+def _permuted(graph: fx.Graph, node: fx.Node, order: list, before: fx.Node) -> fx.Node:
+    """``node``'s value permuted to ``order``: its elements in eager's memory order."""
+    with graph.inserting_before(before):
+        permuted = graph.call_function(aten.permute.default, (node, order))
+    permuted.meta["val"] = node.meta["val"].permute(order)
+    permuted.meta["tensor_meta"] = _extract_tensor_metadata(permuted.meta["val"])
+    return permuted
 
 
 # Views whose result depends on the base's strides, not only its values: replayed on a base

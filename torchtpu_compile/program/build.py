@@ -54,7 +54,7 @@ def build_program(gm: fx.GraphModule, *, precision: str, name: str,
                   platform: str | None = None, resident_inputs: frozenset = frozenset(),
                   rebuild_views: bool = True, allow_fallback: bool = True,
                   skip_empty: bool = True, compile=compile_program,
-                  mutated_inputs: tuple = ()):
+                  mutated_inputs: tuple = (), eager_layouts: tuple = ()):
     """A runnable program for ``gm`` (static shapes, tensor inputs) at ``precision``.
 
     ``name`` names it in errors, logs and stats; ``resident_inputs``: positions of parameters
@@ -69,7 +69,8 @@ def build_program(gm: fx.GraphModule, *, precision: str, name: str,
     pass one that compiles on their background thread. ``mutated_inputs``: (graph input,
     graph output) pairs, each output the input's new value (aot_autograd's input mutations):
     with ``config.donate_buffers``, the program reuses such an input's buffer for its output
-    where nothing else holds it (``donation.py``).
+    where nothing else holds it (``donation.py``). ``eager_layouts``: positions of the outputs
+    the user sees, returned with eager's strides (``calling_convention.prepare``).
 
     Example::
 
@@ -80,17 +81,17 @@ def build_program(gm: fx.GraphModule, *, precision: str, name: str,
     trace = BuildTrace(name, precision) if tracing() else None  # TORCH_TRACE (profiling.py)
     with spanning("torchtpu::build " + name):
         program = _build(gm, precision, name, platform, resident_inputs, rebuild_views,
-                         allow_fallback, skip_empty, compile, mutated_inputs)
+                         allow_fallback, skip_empty, compile, mutated_inputs, eager_layouts)
     if trace is not None:
         trace.finish(program)
     return program
 
 
 def _build(gm, precision, name, platform, resident_inputs, rebuild_views, allow_fallback,
-           skip_empty, compile_half, mutated_inputs=()):
+           skip_empty, compile_half, mutated_inputs=(), eager_layouts=()):
     platform = platform or get_client().platform
     prepared, lowered, reasons = _lower_half(gm, precision, platform, rebuild_views,
-                                             allow_fallback, skip_empty)
+                                             allow_fallback, skip_empty, eager_layouts)
     if reasons:
         if not allow_fallback:
             raise _refusal(reasons)
@@ -138,7 +139,7 @@ def lower_program(gm: fx.GraphModule, *, precision: str, platform: str | None = 
 
 
 def _lower_half(gm, precision: str, platform: str, rebuild_views: bool, allow_fallback: bool,
-                skip_empty: bool = True):
+                skip_empty: bool = True, eager_layouts: tuple = ()):
     """(prepared graph, its lowered module or None, {}), or (None, None, {node: reason}): the
     nodes to cut the graph at (``allow_fallback``), else the first reason to refuse it."""
     normalize(gm)
@@ -150,7 +151,8 @@ def _lower_half(gm, precision: str, platform: str, rebuild_views: bool, allow_fa
         reasons = {node: reason for node, reason in reasons.items() if is_fallback(reason)}
     if reasons:
         return None, None, reasons
-    prepared = prepare(gm, rebuild_views=rebuild_views, platform=platform)
+    prepared = prepare(gm, rebuild_views=rebuild_views, platform=platform,
+                       eager_layouts=eager_layouts)
     if prepared.num_program_outputs == 0 and skip_empty:
         return prepared, None, {}
     try:

@@ -113,7 +113,8 @@ class GraphRunner:
     """
 
     def __init__(self, gm: fx.GraphModule, name: str | None = None,
-                 resident_inputs: frozenset = frozenset(), mutated_inputs: tuple = ()):
+                 resident_inputs: frozenset = frozenset(), mutated_inputs: tuple = (),
+                 eager_layouts: tuple = ()):
         # An instance attribute, so that wrappers which copy __dict__ (torch._dynamo.disable,
         # around backward graphs) still tell aot_autograd we take boxed arguments.
         self._boxed_call = True
@@ -125,6 +126,9 @@ class GraphRunner:
         # (input, output) pairs: the output is the input's new value (donation.py); static
         # graphs only (a specialized graph's inputs are numbered otherwise)
         self.mutated_inputs = tuple(mutated_inputs) if self.static else ()
+        # the outputs the user sees, returned with eager's strides (calling_convention.py);
+        # a bucket's outputs are cut back into contiguous copies
+        self.eager_layouts = tuple(eager_layouts)
         self._programs: dict = {}
         self._bucketed = None  # a BucketedGraph once called; False: compile per exact shape
         self._platform = get_client().platform
@@ -143,7 +147,8 @@ class GraphRunner:
             with unset_fake_temporarily():
                 program = build_program(gm, precision=precision, name=label,
                                         resident_inputs=self.resident_inputs,
-                                        mutated_inputs=self.mutated_inputs)
+                                        mutated_inputs=self.mutated_inputs,
+                                        eager_layouts=self.eager_layouts)
             base = getattr(program, "base", program)  # a DonatingProgram's first
             if self.mutated_inputs and hasattr(base, "adopt_inputs"):
                 # a static KV cache: no copy of its new value back (donation.py)
