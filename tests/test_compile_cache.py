@@ -59,16 +59,6 @@ def entries(directory):
     return sorted(p for p in os.listdir(directory) if p.endswith(".xla"))
 
 
-def test_second_process_hits_disk_for_every_graph(tmp_path):
-    first = result_of(run_script(tmp_path / "c"))
-    assert first["compiled"] >= 2 and first["levels"]["disk"]["hits"] == 0  # forward, backward
-    second = result_of(run_script(tmp_path / "c"))
-    assert second["compiled"] == 0
-    assert second["levels"]["disk"]["hits"] == first["compiled"]
-    assert second["levels"]["disk"]["seconds_saved"] > 0
-    assert second["loss"] == first["loss"]
-
-
 def test_two_processes_compiling_at_once_leave_valid_entries(tmp_path):
     procs = [run_script(tmp_path / "c"), run_script(tmp_path / "c")]
     results = [result_of(p) for p in procs]

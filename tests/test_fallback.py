@@ -6,7 +6,7 @@ import torch
 
 import torchtpu_compile
 from tests.support.helpers import compile_tpu
-from torchtpu_compile import config
+from torchtpu_compile import _logging, config
 from torchtpu_compile.errors import UnsupportedOpError
 
 
@@ -70,8 +70,11 @@ def _(x):
 
 
 @pytest.fixture(autouse=True)
-def fresh_stats():
+def fresh_stats(monkeypatch):
     torchtpu_compile.reset_stats()
+    # warned-once keys are per process: an earlier test's fallback of the same op would have
+    # used up the warning these tests look for
+    monkeypatch.setattr(_logging, "_warned", set())
     with config.patch(matmul_precision="highest"):
         yield
 
