@@ -116,3 +116,31 @@ def test_the_load_path_of_static_and_bucketed_artifacts_imports_no_torch_mlir():
     """)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "heavy []" in result.stdout, result.stdout
+
+
+class _TransposedScale(torch.nn.Module):
+    def forward(self, x):
+        return x.t() * 2, x + 1
+
+
+def test_artifact_outputs_have_eagers_strides(tmp_path):
+    # As compiled calls' (test_calling_conventions.py): x.t() * 2 has eager's strides (1, 4),
+    # so y.t().view(-1) works; an artifact's outputs were contiguous. A manifest whose memory
+    # order is not a permutation of the output's dims is refused.
+    import json
+    import zipfile
+    from torchtpu_compile.aot.manifest import parse
+    model, x = _TransposedScale(), torch.randn(3, 4)
+    path = str(tmp_path / "t.tpu")
+    aot.compile(model, (x,)).save(path)
+    got, want = aot.load(path)(x), model(x)
+    for g, w in zip(got, want):
+        assert g.stride() == w.stride() and g._base is None
+        torch.testing.assert_close(g, w)
+    torch.testing.assert_close(got[0].t().view(-1), want[0].t().view(-1))
+    with zipfile.ZipFile(path) as z:
+        manifest = json.loads(z.read("manifest.json"))
+    slot = next(s for s in manifest["programs"][0]["output_slots"] if s.get("value"))
+    slot["value"] = {"memory_order": [0, 0]}
+    with pytest.raises(aot.ArtifactError, match="memory_order"):
+        parse(path, json.dumps(manifest).encode())

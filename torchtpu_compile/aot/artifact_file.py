@@ -23,10 +23,12 @@ from ..errors import TorchTPUError
 FORMAT = "torchtpu-aot"
 # 2: one program per bucket (version 1 had a single program); 3: "view" output slots (outputs
 # rebuilt as views of inputs or of other outputs) and "check" slots (index checks), which a
-# version-2 reader cannot read.
-FORMAT_VERSION = 3
-#: Versions this loader reads: a version 2 artifact has no views or checks and runs as before.
-READABLE_VERSIONS = (2, 3)
+# version-2 reader cannot read; 4: "program" slots with a memory order (outputs computed in
+# eager's memory order, restrided at load), which an older reader would return permuted.
+FORMAT_VERSION = 4
+#: Versions this loader reads: a version 2 artifact has no views or checks, a version 3 one no
+#: memory orders, and each runs as before.
+READABLE_VERSIONS = (2, 3, 4)
 
 
 def portable_member(program: str) -> str:

@@ -154,9 +154,15 @@ def _build_program(name: str, gm, graph_arguments: list, precision: str, client)
 
     from ..program import build_program
 
-    # No fallback: an artifact runs whole on the device or is refused, naming the op.
+    # No fallback: an artifact runs whole on the device or is refused, naming the op. Every
+    # output of an exported graph is the user's: with eager's strides, as compiled calls'
+    # (a bucket's outputs are cut back into contiguous copies).
+    outputs = gm.graph.output_node().args[0]
+    users = tuple(range(len(outputs))) if name == "static" and \
+        isinstance(outputs, (tuple, list)) else ()
     program = build_program(gm, precision=precision, name=f"AOT artifact program {name}",
-                            platform=client.platform, allow_fallback=False, skip_empty=False)
+                            platform=client.platform, allow_fallback=False, skip_empty=False,
+                            eager_layouts=users)
     prepared, lowered = program.prepared, program.lowered
     if prepared.random_inputs:
         raise LoweringError("the exported program draws random numbers (dropout in train "

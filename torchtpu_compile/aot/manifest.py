@@ -142,6 +142,14 @@ def _check_view_slot(value, where):
         raise _Invalid(f"{where}.ops", f"not view steps ({type(exc).__name__}: {exc})") from exc
 
 
+def _check_memory_order(value, output: dict, where):
+    """A "program" slot's value: {"memory_order": a permutation of its output's dims}."""
+    order = value.get("memory_order") if isinstance(value, dict) else None
+    if not isinstance(order, list) or sorted(order) != list(range(len(output["shape"]))):
+        raise _Invalid(where, f"expected {{'memory_order': a permutation of "
+                              f"{len(output['shape'])} dims}}, got {_show(value)}")
+
+
 # size None: a bucket's dynamic dim, its size known at run time (lower/index_checks.py)
 INDEX_CHECK = record({"op": string, "dim": integer, "size": nullable(integer)},
                      {"where": nullable(string), "entry": nullable(integer)})
@@ -225,6 +233,9 @@ def _check_program(program: dict, where: str, n_inputs: int, symbols: set, n_dim
         limit = bound.get("program" if base == "check" else base)
         if limit is not None and not 0 <= slot.get("index", -1) < limit:
             raise _Invalid(f"{at}.index", f"{slot['kind']} {slot.get('index')} of {limit}")
+        if slot["kind"] == "program" and slot.get("value") is not None:
+            _check_memory_order(slot["value"], program["program_outputs"][slot["index"]],
+                                f"{at}.value")
         if slot["kind"] == "empty":
             EMPTY_SPEC(slot.get("value"), f"{at}.value")
         if slot["kind"] == "constant" and not isinstance(slot.get("value"),
