@@ -738,3 +738,12 @@ def test_transformer_encoder_nested_tensors_raise_with_the_fix_named():
         encode("tpu", True)
     torch.testing.assert_close(encode("tpu", False).cpu(), encode("cpu", False), rtol=1e-4,
                                atol=1e-5)
+
+
+def test_a_sparse_tensor_moved_to_tpu_is_a_clear_error():
+    # A device buffer is one dense array; the upload failed with "unsupported memory format
+    # option Contiguous", which named nothing the user did.
+    s = torch.sparse_coo_tensor(torch.tensor([[0, 1], [1, 0]]), torch.tensor([3.0, 4.0]), (2, 2))
+    with pytest.raises(NotImplementedError, match="to_dense"):
+        s.to("tpu")
+    torch.testing.assert_close(s.to_dense().to("tpu").cpu(), s.to_dense())

@@ -58,5 +58,11 @@ def to_cpu(t) -> torch.Tensor:
 
 def from_cpu(host: torch.Tensor, requires_grad: bool = False):
     """A new dense tpu tensor with a copy of ``host``'s values."""
+    if host.layout != torch.strided:
+        # A device buffer is one dense array: PyTorch's sparse and quantized layouts have no
+        # tpu form (the upload failed with "unsupported memory format option Contiguous").
+        raise NotImplementedError(
+            f"tpu: tensors of layout {host.layout} cannot be moved to the tpu device, which "
+            f"holds dense (torch.strided) tensors only; convert with .to_dense() first")
     t = new_tensor(upload(host), host.shape, host.dtype, requires_grad=requires_grad)
     return t
