@@ -355,3 +355,27 @@ def test_a_loaded_frame_counts_as_seen_for_automatic_dynamic(fresh_step):
         assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - traced == 1
         assert counts["bypasses"] == 1, (process, counts)  # the symbolic frame, not stored
         assert counts["bytes_written"] == 0, (process, counts)  # no static frame at 5
+
+
+def test_turned_on_in_code_after_the_backend_was_imported(tmp_path):
+    # The cache hooked into Dynamo only if it was on when the backend was first imported:
+    # a process that started with it off (TORCHTPU_DYNAMO_CACHE=0, or a test fixture) and
+    # turned it on in code later saved nothing, silently.
+    (tmp_path / "turned_on_step.py").write_text("def step(x):\n    return x * 2 + 1\n")
+    code = textwrap.dedent(f"""\
+        import json, sys, torch, torchtpu_compile
+        import torchtpu_compile.backend
+        torchtpu_compile.config.dynamo_cache = True
+        sys.path.insert(0, {str(tmp_path)!r})
+        from turned_on_step import step
+        torch.compile(step, backend="torchtpu")(torch.ones(3))
+        print(json.dumps(torchtpu_compile.stats()["caches"]["dynamo"]["all"]))
+    """)
+    env = dict(os.environ, TORCHTPU_CACHE_DIR=str(tmp_path / "cache"),
+               TORCHTPU_DYNAMO_CACHE="0", PYTHONDONTWRITEBYTECODE="1")
+    env.pop("TORCHTPU_REMOTE_CACHE", None)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    counts = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert counts["bytes_written"] > 0, counts

@@ -174,15 +174,15 @@ def torchtpu_backend(gm: torch.fx.GraphModule, example_inputs, **options):
 
 
 # Likewise, graph breaks must be reported (graph_breaks.py: counted, or strict errors) before
-# the first is traced, and the Dynamo-level cache hooked in before the first frame is converted.
-# Both are told which backend is ours; neither imports this module.
-from . import config as _config  # noqa: E402
+# the first is traced, and the Dynamo-level cache hooked in before the first frame is converted,
+# whether or not it is on now: it asks config.dynamo_cache at each frame (off, the frame goes
+# to Dynamo as it would), so that turning it on in code later takes effect. Both are told
+# which backend is ours; neither imports this module.
 from . import graph_breaks as _graph_breaks  # noqa: E402
 _graph_breaks.install(torchtpu_backend)
 # The runtime works below the graph, and its buffer finalizers (runtime/memory.py) run whenever
 # a buffer dies, in the middle of a frame Dynamo traces too: Dynamo must never trace it.
 from torch._dynamo import trace_rules as _trace_rules  # noqa: E402
 _trace_rules.add("torchtpu_compile.runtime")
-if _config.dynamo_cache:
-    from . import dynamo_cache
-    dynamo_cache.install(torchtpu_backend)
+from . import dynamo_cache as _dynamo_cache  # noqa: E402
+_dynamo_cache.install(torchtpu_backend)

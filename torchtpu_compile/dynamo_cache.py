@@ -761,8 +761,9 @@ def _patched_call(original):
 
 def install(backend) -> None:
     """Serve the frames Dynamo compiles with ``backend`` (a compiler function), hooking the
-    cache into Dynamo's frame conversion once per process. A no-op for other backends, while
-    ``config.dynamo_cache`` is off, and on a torch it does not support (``supported_torch``).
+    cache into Dynamo's frame conversion once per process. Frames of other backends, and every
+    frame while ``config.dynamo_cache`` is off, go to Dynamo as they would (asked per frame);
+    a no-op on a torch it does not support (``supported_torch``).
 
     Example::
 
