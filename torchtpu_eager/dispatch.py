@@ -859,6 +859,15 @@ handles(aten._linalg_check_errors.default, aten._assert_async.default,
         aten._assert_async.msg)(run_host_value)
 
 
+
+@handles(aten.one_hot.default)
+def one_hot(func, args, kwargs):
+    # Reached whole in inference mode only; elsewhere kernels.one_hot_checked runs above
+    # autograd (AutogradPrivateUse1).
+    from .kernels import one_hot_checked
+    return one_hot_checked(*args, **kwargs)
+
+
 @handles(aten.copy_.default)
 def copy_(func, args, kwargs):
     dst, src = args[0], args[1]
