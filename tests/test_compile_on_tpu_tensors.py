@@ -89,6 +89,23 @@ def test_compiled_tensor_constructor_on_tpu_device(fresh_dynamo):
     assert stats()["graphs_with_fallback"] == before
 
 
+
+def test_compiled_distribution_with_a_python_number_on_tpu_tensors(fresh_dynamo):
+    # Normal(mu, 2.0) broadcasts the number through torch.tensor(2.0, device=mu.device): the
+    # fake tensor kept the real tpu tensor as its constant and ran the broadcast on it with
+    # dispatch off, and Dynamo raised PyTorch's internal assert "func != nullptr" (as for any
+    # op whose inputs are all such constants).
+    import torch.distributions as D
+
+    def log_prob(mu, x):
+        return (D.Normal(mu, 2.0).log_prob(x),
+                torch.tensor(2.0, device=mu.device).expand(3) * 3 + mu)
+
+    mu, x = torch.randn(3), torch.randn(3)
+    got = torch.compile(log_prob, backend="torchtpu")(mu.to("tpu"), x.to("tpu"))
+    assert all(t.device.type == "tpu" for t in got)
+    torch.testing.assert_close([t.cpu() for t in got], list(log_prob(mu, x)))
+
 # A compiled graph's backward that fails to build (here: its lowering raises) raises in the
 # caller's thread, as on CPU; the process lives on (docs/migration.md, known gaps: a raising
 # tensor hook is the case that still aborts).
