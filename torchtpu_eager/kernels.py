@@ -83,6 +83,18 @@ def one_hot_checked(values, num_classes=-1):
         torch._C.DispatchKey.CompositeImplicitAutograd, values, num_classes)
 
 
+def _shaped_like_first(first, *args, **kwargs):
+    return torch.empty(first.shape, dtype=first.dtype, device=first.device)
+
+
+#: Ops with no meta kernel: a fake tensor computes their shape by running them on real zeros
+#: with dispatch turned off, which a tpu tensor cannot serve (PyTorch's internal assert "func
+#: != nullptr"): torch.compile of a Beta's or Dirichlet's rsample, a Binomial's sample, or a
+#: Gamma's rsample backward on tpu tensors raised it. Each result is shaped as the first
+#: argument, as the CPU kernels make it.
+_SHAPED_LIKE_FIRST = ("_sample_dirichlet", "binomial", "_dirichlet_grad", "_standard_gamma_grad")
+
+
 def _zeros_for_zerotensor(size, *, dtype=None, layout=None, device=None, pin_memory=None):
     # Forward AD and functorch (jacfwd, hessian, a dual through layer_norm) make the tangents
     # of constants as ZeroTensors; the host's could not be uploaded ("Cannot convert a
@@ -117,4 +129,6 @@ def register() -> None:
     aten.impl("_efficientzerotensor", _zeros_for_zerotensor, "PrivateUse1")
     aten.impl("ctc_loss.Tensor", _ctc_loss_host_lengths, "AutogradPrivateUse1")
     aten.impl("one_hot", one_hot_checked, "AutogradPrivateUse1")
+    for name in _SHAPED_LIKE_FIRST:
+        aten.impl(name, _shaped_like_first, "Meta")
     _libraries.extend([fallback, aten])
