@@ -4,6 +4,7 @@ tensors, for what our decompositions and the bucket retrace build on their own (
 import subprocess
 import sys
 
+import pytest
 import torch
 
 import torchtpu_eager  # noqa: F401  (registers the device; autoload does too)
@@ -129,6 +130,21 @@ def test_compiled_beta_binomial_and_gamma_samples_on_tpu_tensors(fresh_dynamo):
     torch.compile(lambda a: D.Gamma(a, torch.ones_like(a)).rsample().sum(),
                   backend="torchtpu")(a2).backward()
     assert abs(a2.grad.mean().item() - 1) < 0.1
+
+
+def test_compiled_cholesky_checks_its_errors_on_tpu_tensors(fresh_dynamo):
+    # The check runs between XLA regions as an effectful node: given tpu tensors it raised "There
+    # was no rule registered for HOP with_effects and subclass TpuTensor" (a MultivariateNormal
+    # with a covariance matrix, compiled on the device).
+    from torchtpu_compile import config
+    m = torch.randn(2, 4, 4, generator=torch.Generator().manual_seed(0))
+    a = m @ m.mT + 4 * torch.eye(4)
+    with config.patch(matmul_precision="highest"):
+        compiled = torch.compile(lambda a: torch.linalg.cholesky(a) * 2, backend="torchtpu")
+        torch.testing.assert_close(compiled(a.to("tpu")).cpu(), torch.linalg.cholesky(a) * 2)
+        with pytest.raises(torch.linalg.LinAlgError, match="leading minor of order 3"):
+            compiled(torch.diag(torch.tensor([1.0, 2, -1, 1])).expand(2, 4, 4).to("tpu"))
+
 
 # A compiled graph's backward that fails to build (here: its lowering raises) raises in the
 # caller's thread, as on CPU; the process lives on (docs/migration.md, known gaps: a raising

@@ -95,7 +95,17 @@ def teach_dynamo() -> None:
     from .rng import register_replay_ops
     register_replay_ops(TpuTensor)
     _no_tpu_constants_in_fake_tensors()
+    _run_effects_on_tpu_tensors()
     _taught = True
+
+
+def _run_effects_on_tpu_tensors() -> None:
+    # A compiled graph keeps linalg's error check (torch.linalg.cholesky's) as an effectful
+    # node, run between XLA regions; given the region's tpu results it raised "There was no rule
+    # registered for HOP with_effects and subclass TpuTensor". The op itself runs on the
+    # device's dispatch (the check reads its info on the host), as on host tensors.
+    from torch._higher_order_ops.effects import with_effects, with_effects_dense
+    with_effects.py_impl(TpuTensor)(with_effects_dense)
 
 
 def _no_tpu_constants_in_fake_tensors() -> None:
