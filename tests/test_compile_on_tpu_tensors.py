@@ -146,6 +146,29 @@ def test_compiled_cholesky_checks_its_errors_on_tpu_tensors(fresh_dynamo):
             compiled(torch.diag(torch.tensor([1.0, 2, -1, 1])).expand(2, 4, 4).to("tpu"))
 
 
+# A compiled function on tpu tensors whose bincount (data-dependent) runs on the host past a
+# graph break: counting that fallback ran Counter.__missing__, whose frame Dynamo's callback
+# handed to the Dynamo cache, which counted its lookup under the same lock: the process hung.
+BINCOUNT_PAST_A_GRAPH_BREAK = """
+import torch, torchtpu_eager
+def route(experts, w):
+    return torch.bincount(experts, minlength=4) * 2, w.sum()
+counts, total = torch.compile(route, backend="torchtpu")(
+    torch.tensor([0, 1, 1, 3], device="tpu"), torch.ones(3, device="tpu"))
+assert counts.cpu().tolist() == [2, 4, 0, 2] and total.item() == 3
+print("ok")
+"""
+
+
+def test_a_host_fallback_past_a_graph_break_does_not_hang(tmp_path):
+    try:
+        done = subprocess.run([sys.executable, "-c", BINCOUNT_PAST_A_GRAPH_BREAK],
+                              capture_output=True, text=True, timeout=120,
+                              env=python_env(TORCHTPU_CACHE_DIR=str(tmp_path)))
+    except subprocess.TimeoutExpired:
+        pytest.fail("the compiled function hung")
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
 # A compiled graph's backward that fails to build (here: its lowering raises) raises in the
 # caller's thread, as on CPU; the process lives on (docs/migration.md, known gaps: a raising
 # tensor hook is the case that still aborts).
