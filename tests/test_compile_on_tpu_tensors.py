@@ -4,6 +4,7 @@ tensors, for what our decompositions and the bucket retrace build on their own (
 import subprocess
 import sys
 
+import pytest
 import torch
 
 import torchtpu_eager  # noqa: F401  (registers the device; autoload does too)
@@ -88,6 +89,85 @@ def test_compiled_tensor_constructor_on_tpu_device(fresh_dynamo):
     assert torch.equal(got.cpu(), shift(x))
     assert stats()["graphs_with_fallback"] == before
 
+
+
+def test_compiled_distribution_with_a_python_number_on_tpu_tensors(fresh_dynamo):
+    # Normal(mu, 2.0) broadcasts the number through torch.tensor(2.0, device=mu.device): the
+    # fake tensor kept the real tpu tensor as its constant and ran the broadcast on it with
+    # dispatch off, and Dynamo raised PyTorch's internal assert "func != nullptr" (as for any
+    # op whose inputs are all such constants).
+    import torch.distributions as D
+
+    def log_prob(mu, x):
+        return (D.Normal(mu, 2.0).log_prob(x),
+                torch.tensor(2.0, device=mu.device).expand(3) * 3 + mu)
+
+    mu, x = torch.randn(3), torch.randn(3)
+    got = torch.compile(log_prob, backend="torchtpu")(mu.to("tpu"), x.to("tpu"))
+    assert all(t.device.type == "tpu" for t in got)
+    torch.testing.assert_close([t.cpu() for t in got], list(log_prob(mu, x)))
+
+
+def test_compiled_beta_binomial_and_gamma_samples_on_tpu_tensors(fresh_dynamo):
+    # _sample_dirichlet (Beta, Dirichlet), binomial and the gamma and dirichlet gradients have
+    # no meta kernel: the fake tensor ran them on real tpu zeros with dispatch off and Dynamo
+    # raised PyTorch's internal assert "func != nullptr". d/da E[Gamma(a, 1)] = 1.
+    import torch.distributions as D
+
+    def draw(a):
+        beta = D.Beta(a, a * 2).rsample()
+        gamma = D.Gamma(a, torch.ones_like(a)).rsample()
+        return beta, gamma, D.Binomial(10, probs=a / 4).sample()
+
+    a = torch.full((4000,), 2.0, device="tpu", requires_grad=True)
+    beta, gamma, binomial = torch.compile(draw, backend="torchtpu")(a)
+    assert ((beta > 0) & (beta < 1)).all() and abs(beta.mean().item() - 1 / 3) < 0.03
+    assert binomial.eq(binomial.round()).all() and abs(binomial.mean().item() - 5) < 0.3
+    (gamma.sum() + beta.sum()).backward()
+    assert a.grad.device.type == "tpu" and torch.isfinite(a.grad.cpu()).all()
+    torch.manual_seed(0)
+    a2 = torch.full((4000,), 2.0, device="tpu", requires_grad=True)
+    torch.compile(lambda a: D.Gamma(a, torch.ones_like(a)).rsample().sum(),
+                  backend="torchtpu")(a2).backward()
+    assert abs(a2.grad.mean().item() - 1) < 0.1
+
+
+def test_compiled_cholesky_checks_its_errors_on_tpu_tensors(fresh_dynamo):
+    # The check runs between XLA regions as an effectful node: given tpu tensors it raised "There
+    # was no rule registered for HOP with_effects and subclass TpuTensor" (a MultivariateNormal
+    # with a covariance matrix, compiled on the device).
+    from torchtpu_compile import config
+    m = torch.randn(2, 4, 4, generator=torch.Generator().manual_seed(0))
+    a = m @ m.mT + 4 * torch.eye(4)
+    with config.patch(matmul_precision="highest"):
+        compiled = torch.compile(lambda a: torch.linalg.cholesky(a) * 2, backend="torchtpu")
+        torch.testing.assert_close(compiled(a.to("tpu")).cpu(), torch.linalg.cholesky(a) * 2)
+        with pytest.raises(torch.linalg.LinAlgError, match="leading minor of order 3"):
+            compiled(torch.diag(torch.tensor([1.0, 2, -1, 1])).expand(2, 4, 4).to("tpu"))
+
+
+# A compiled function on tpu tensors whose bincount (data-dependent) runs on the host past a
+# graph break: counting that fallback ran Counter.__missing__, whose frame Dynamo's callback
+# handed to the Dynamo cache, which counted its lookup under the same lock: the process hung.
+BINCOUNT_PAST_A_GRAPH_BREAK = """
+import torch, torchtpu_eager
+def route(experts, w):
+    return torch.bincount(experts, minlength=4) * 2, w.sum()
+counts, total = torch.compile(route, backend="torchtpu")(
+    torch.tensor([0, 1, 1, 3], device="tpu"), torch.ones(3, device="tpu"))
+assert counts.cpu().tolist() == [2, 4, 0, 2] and total.item() == 3
+print("ok")
+"""
+
+
+def test_a_host_fallback_past_a_graph_break_does_not_hang(tmp_path):
+    try:
+        done = subprocess.run([sys.executable, "-c", BINCOUNT_PAST_A_GRAPH_BREAK],
+                              capture_output=True, text=True, timeout=120,
+                              env=python_env(TORCHTPU_CACHE_DIR=str(tmp_path)))
+    except subprocess.TimeoutExpired:
+        pytest.fail("the compiled function hung")
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
 
 # A compiled graph's backward that fails to build (here: its lowering raises) raises in the
 # caller's thread, as on CPU; the process lives on (docs/migration.md, known gaps: a raising

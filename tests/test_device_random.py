@@ -95,3 +95,22 @@ def test_eager_device_dropout_draws_on_the_device_from_the_tpu_generator():
     torch.testing.assert_close(a[a != 0], torch.full_like(a[a != 0], 1 / 0.7))
     b.sum().backward()
     assert torch.equal(x.grad.cpu() != 0, b.detach().cpu() != 0)
+
+
+def test_a_random_op_in_a_region_cut_around_a_fallback_compiles(fresh_dynamo):
+    # Sampling a Bernoulli and a Beta in one compiled function (RL exploration): the Beta's
+    # _sample_dirichlet falls back, and the region after it declared the fallback's result
+    # as an input after the bernoulli; the draw's input went after that one, behind its user,
+    # and the backend raised "Argument 'random_0' of Node 'lt' was used before it has been
+    # defined!".
+    def sample(c):
+        return torch.bernoulli(c[:, 0] * 0.3), torch._sample_dirichlet(c)[:, 0] * 2
+
+    for draws in ("host", "device"):
+        torch._dynamo.reset()
+        with config.patch(random_draws=draws):
+            coin, beta = compile_tpu(sample)(torch.ones(500, 3))
+        assert set(coin.unique().tolist()) == {0.0, 1.0}
+        assert 0.15 < coin.mean().item() < 0.45, coin.mean()
+        assert ((beta > 0) & (beta < 2)).all() and 0.5 < beta.mean().item() < 0.85
+    assert torchtpu_compile.stats()["fallback_ops"] == {"aten._sample_dirichlet.default": 2}

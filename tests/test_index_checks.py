@@ -143,6 +143,23 @@ def test_error_names_the_failing_op_among_several(eager_mode):
     del b
 
 
+
+@pytest.mark.parametrize("eager_mode", ["strict", "defer_and_fuse"], indirect=True)
+@pytest.mark.parametrize("bad", [[0, 3, 2], [[1, -1]]])
+def test_one_hot_class_values_out_of_range_raise_as_eager_on_the_device(bad, eager_mode):
+    # PyTorch checks them on the CPU only: on the device F.one_hot(i, 3) of a 3 gave a row of
+    # zeros (an MoE's dispatch mask silently dropping a token) where eager raises.
+    with pytest.raises(RuntimeError) as expected:
+        F.one_hot(torch.tensor(bad), 3)
+    good = torch.tensor([[2, 0, 1]])
+    torch.testing.assert_close(F.one_hot(good.to("tpu"), 3).cpu(), F.one_hot(good, 3))
+    out = F.one_hot(torch.tensor(bad).to("tpu"), 3)  # the line the error names
+    with pytest.raises(RuntimeError) as info:
+        out.cpu()
+    assert str(info.value).startswith(str(expected.value)), (info.value, expected.value)
+    assert "the line the error names" in str(info.value)
+    torch.testing.assert_close(F.one_hot(good.to("tpu"), 3).cpu(), F.one_hot(good, 3))
+
 def test_compiled_graph_on_tpu_tensors_raises_at_the_next_synchronization():
     compiled = compile_tpu(lambda w, i: F.embedding(i, w) * 2)
     w = X.to("tpu")

@@ -20,7 +20,11 @@ import copy
 import threading
 from collections.abc import Callable
 
-_lock = threading.Lock()
+# Reentrant: a counter update can run Python code of a Counter (``__missing__``), whose frame
+# Dynamo's callback sees while a compiled function runs eagerly past a graph break; the Dynamo
+# cache's lookup for it counts too, in the same thread, and a plain lock hung the process (a
+# compiled function on tpu tensors whose bincount ran on the host).
+_lock = threading.RLock()
 _groups: dict = {}   # name -> Group, in registration order
 
 

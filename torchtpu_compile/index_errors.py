@@ -47,6 +47,11 @@ _EAGER_ERRORS = {
     "aten.embedding_bag": (RuntimeError, "embedding_bag: Expected idx >= 0 && idx < "
                                          "num_embeddings but found idx to be {value}"),
 }
+#: one_hot's class values (checked on the eager device, which PyTorch leaves unchecked off
+#: the CPU): eager's message depends on the side the value is out on.
+_ONE_HOT_ERRORS = (RuntimeError, "Class values must be smaller than num_classes.")
+_ONE_HOT_NEGATIVE = "Class values must be non-negative."
+_EAGER_ERRORS["aten.one_hot"] = _ONE_HOT_ERRORS
 #: gather, scatter, scatter_add, scatter_reduce, index_add.
 _GATHER_ERROR = (RuntimeError, "index {value} is out of bounds for dimension {dim} with size "
                                "{size}")
@@ -65,6 +70,8 @@ def eager_error(op: str, value: int, dim: int, size: int) -> BaseException:
         # RuntimeError('index 5 is out of bounds for dimension 0 with size 4')
     """
     kind, template = _EAGER_ERRORS.get(op, _GATHER_ERROR)
+    if op == "aten.one_hot" and value < 0:
+        template = _ONE_HOT_NEGATIVE
     return kind(template.format(value=value, dim=dim, size=size))
 
 

@@ -94,7 +94,33 @@ def teach_dynamo() -> None:
     trace_rules.add("torchtpu_eager")
     from .rng import register_replay_ops
     register_replay_ops(TpuTensor)
+    _no_tpu_constants_in_fake_tensors()
+    _run_effects_on_tpu_tensors()
     _taught = True
+
+
+def _run_effects_on_tpu_tensors() -> None:
+    # A compiled graph keeps linalg's error check (torch.linalg.cholesky's) as an effectful
+    # node, run between XLA regions; given the region's tpu results it raised "There was no rule
+    # registered for HOP with_effects and subclass TpuTensor". The op itself runs on the
+    # device's dispatch (the check reads its info on the host), as on host tensors.
+    from torch._higher_order_ops.effects import with_effects, with_effects_dense
+    with_effects.py_impl(TpuTensor)(with_effects_dense)
+
+
+def _no_tpu_constants_in_fake_tensors() -> None:
+    # Fake tensors keep a small real tensor as their "constant" (torch.tensor(2.0, device=...)
+    # moved by _to_copy) and run later ops on it with dispatch turned off, which a wrapper
+    # subclass cannot serve: every op then hit PyTorch's internal assert "func != nullptr"
+    # (torch.distributions' broadcast_all of a Python number with tpu tensors, Normal(mu, 2.0),
+    # under torch.compile). A tpu value stays fake, as any value that is not a constant.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    may_turn_const = FakeTensorMode.may_turn_const
+
+    def _may_turn_const(self, t) -> bool:
+        return type(t) is not TpuTensor and may_turn_const(self, t)
+
+    FakeTensorMode.may_turn_const = _may_turn_const
 
 
 def teach_dynamo_if_loaded() -> None:

@@ -6,7 +6,8 @@ Each op falls in one of these kinds, decided once per op and kept:
 - a view (``op.is_view``, and ``_unsafe_view``): a new tensor over the same storage, geometry
   from the meta device;
 - a random op: drawn on the host from the tpu generator (``rng.py``);
-- a host value (returns a Python number or bool: ``.item()``, ``equal``): computed on the host;
+- a host value (returns a Python number or bool: ``.item()``, ``equal``), or an error check
+  that returns nothing (``_linalg_check_errors``, ``_assert_async``): computed on the host;
 - everything else: traced once per (op, shapes, dtypes, arguments) into an ``OpGraph``, which
   the current mode runs (strict, debug) or records (defer-and-fuse). An op that cannot be
   traced or lowered runs on the host, counted and named in ``torchtpu_compile.stats()``.
@@ -847,6 +848,24 @@ def run_index(func, args, kwargs):
 
 def run_host_value(func, args, kwargs):
     return fallback.run_on_host(func, args, kwargs, reason=None)
+
+
+# Ops that return nothing and exist to raise: linalg's info check (after cholesky_ex, inv_ex,
+# solve_ex, ...) and torch._assert_async. Traced, they left no output, so the graph dropped
+# them (a non-positive-definite cholesky returned NaN instead of eager's error) or, recorded by
+# defer-and-fuse, reached the importer (LoweringError). They read their tensor on the host and
+# raise there, as eager's CPU kernels do (a wait for the device, as on CUDA for linalg).
+handles(aten._linalg_check_errors.default, aten._assert_async.default,
+        aten._assert_async.msg)(run_host_value)
+
+
+
+@handles(aten.one_hot.default)
+def one_hot(func, args, kwargs):
+    # Reached whole in inference mode only; elsewhere kernels.one_hot_checked runs above
+    # autograd (AutogradPrivateUse1).
+    from .kernels import one_hot_checked
+    return one_hot_checked(*args, **kwargs)
 
 
 @handles(aten.copy_.default)

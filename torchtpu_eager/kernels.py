@@ -68,6 +68,33 @@ def _ctc_loss_host_lengths(log_probs, targets, input_lengths, target_lengths, bl
         reduction, zero_infinity)
 
 
+def one_hot_checked(values, num_classes=-1):
+    """``F.one_hot`` on the device, its class values checked as eager's CPU kernel does.
+
+    PyTorch checks them on the CPU only (a device relies on its kernel's assert): on the
+    device a value out of range gave a row of zeros where eager raises. It is checked as an
+    index is, read at the next synchronization (no wait here), with eager's message.
+    ``num_classes=-1`` is the C++ kernel's (it reads the values on the host for the size).
+    """
+    from torchtpu_compile.lower.index_checks import INDEX_CHECK
+    if num_classes > 0 and values.numel() and values.dtype == torch.int64:
+        values = INDEX_CHECK(values, num_classes, values.dim(), False, "aten.one_hot")
+    return torch.ops.aten.one_hot.default._op_dk(
+        torch._C.DispatchKey.CompositeImplicitAutograd, values, num_classes)
+
+
+def _shaped_like_first(first, *args, **kwargs):
+    return torch.empty(first.shape, dtype=first.dtype, device=first.device)
+
+
+#: Ops with no meta kernel: a fake tensor computes their shape by running them on real zeros
+#: with dispatch turned off, which a tpu tensor cannot serve (PyTorch's internal assert "func
+#: != nullptr"): torch.compile of a Beta's or Dirichlet's rsample, a Binomial's sample, or a
+#: Gamma's rsample backward on tpu tensors raised it. Each result is shaped as the first
+#: argument, as the CPU kernels make it.
+_SHAPED_LIKE_FIRST = ("_sample_dirichlet", "binomial", "_dirichlet_grad", "_standard_gamma_grad")
+
+
 def _zeros_for_zerotensor(size, *, dtype=None, layout=None, device=None, pin_memory=None):
     # Forward AD and functorch (jacfwd, hessian, a dual through layer_norm) make the tangents
     # of constants as ZeroTensors; the host's could not be uploaded ("Cannot convert a
@@ -101,4 +128,7 @@ def register() -> None:
             "." + op._overloadname), _new_storage(op), "PrivateUse1")
     aten.impl("_efficientzerotensor", _zeros_for_zerotensor, "PrivateUse1")
     aten.impl("ctc_loss.Tensor", _ctc_loss_host_lengths, "AutogradPrivateUse1")
+    aten.impl("one_hot", one_hot_checked, "AutogradPrivateUse1")
+    for name in _SHAPED_LIKE_FIRST:
+        aten.impl(name, _shaped_like_first, "Meta")
     _libraries.extend([fallback, aten])

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.support.decomposition_checks import INF, NAN, check, check_on_both_paths, randn
-from tests.support.helpers import compile_tpu
+from tests.support.helpers import compile_tpu, eager_mode
 from torchtpu_compile import config
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
@@ -110,6 +110,27 @@ def test_linalg_error_checks_read_info_on_the_host_as_eager():
         with pytest.raises(torch.linalg.LinAlgError, match="leading minor of order 3"):
             compiled(torch.diag(torch.tensor([1.0, 2, -1, 1])).expand(2, 4, 4))
 
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_linalg_error_checks_raise_on_the_device_as_eager(mode):
+    # On the tpu device the check (which returns nothing) was traced into an empty graph and
+    # dropped: cholesky of a matrix that is not positive definite returned NaN (a
+    # MultivariateNormal's covariance_matrix took it); defer-and-fuse recorded it and raised a
+    # LoweringError for every cholesky. torch._assert_async was dropped too.
+    m = randn(2, 4, 4)
+    a = m @ m.mT + 4 * torch.eye(4)
+    bad = torch.diag(torch.tensor([1.0, 2, -1, 1])).expand(2, 4, 4)
+    with eager_mode(mode), config.patch(strict=True, matmul_precision="highest"):
+        torch.testing.assert_close(torch.linalg.cholesky(a.to("tpu")).cpu(),
+                                   torch.linalg.cholesky(a))
+        with pytest.raises(torch.linalg.LinAlgError, match="leading minor of order 3"):
+            torch.linalg.cholesky(bad.to("tpu")).cpu()
+        with pytest.raises(torch.linalg.LinAlgError, match="singular"):
+            torch.linalg.inv(torch.zeros(3, 3, device="tpu")).cpu()
+        with pytest.raises(RuntimeError, match="a message"):
+            torch._assert_async(torch.zeros((), device="tpu") > 1, "a message")
+            torch.tpu.synchronize()
 
 def test_lu_determinants_inverse_and_solves_through_jax():
     # getrf's LU, 1-based pivots and info (the first zero pivot of a singular matrix).

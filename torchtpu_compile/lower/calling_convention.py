@@ -199,6 +199,14 @@ def prepare(gm: fx.GraphModule, rebuild_views: bool = True,
     gm = fx.GraphModule(gm, _copy_graph(gm.graph))
     graph = gm.graph
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    # A region of a partitioned graph (CapabilityBasedPartitioner) declares an input where its
+    # first user is, maybe after other nodes; the inputs added below go after the last
+    # placeholder, which then came after a node using them (a host-drawn random value: "used
+    # before it has been defined"). Every placeholder first, in order.
+    first_op = next((n for n in graph.nodes if n.op != "placeholder"), None)
+    if first_op is not None:
+        for node in placeholders:
+            first_op.prepend(node)
 
     arg_indices = []
     for index, node in enumerate(placeholders):
