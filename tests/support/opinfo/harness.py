@@ -36,7 +36,7 @@ class Result:
     """The verdict for one (entry, path, dtype)."""
     op: str            # the OpInfo name, with ".variant" when there is one
     path: str          # "compile" or "eager"
-    dtype: str         # "fp32" or "bf16"
+    dtype: str         # "fp32", "bf16" or "c64"
     status: str        # pass | fallback | fail | skip | n/a
     detail: str = ""   # why (fail, fallback, skip), or a note on a pass
     category: str = ""  # skips: xla-unsupported | ours | test-artifact; fallbacks: the same
