@@ -61,6 +61,14 @@ def test_base_10_and_base_2_logarithms_of_complex_zero_and_infinity():
     check_on_both_paths(lambda z: (torch.log10(z), torch.log2(z)), z, rtol=1e-5, atol=1e-6)
 
 
+def test_nan_to_num_of_complex_tensors():
+    # torch-mlir's nan_to_num (PyTorch's reference) raised for a complex input: compiling it
+    # failed ("Complex dtype is not supported for isneginf"); eager replaces in each part.
+    z = torch.tensor(_SPECIAL, dtype=torch.complex64)
+    check_on_both_paths(lambda z: (torch.nan_to_num(z), torch.nan_to_num(z, 1.0, 2.0, -3.0),
+                                   torch.nan_to_num(z.real)), z)
+
+
 def test_complex_operand_to_real_result_stays_out_of_xla_unless_known_right():
     from torch.fx.experimental.proxy_tensor import make_fx
 

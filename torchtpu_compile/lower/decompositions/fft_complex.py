@@ -240,3 +240,16 @@ def log2(x):
     if x.dtype != torch.complex64:
         return NotImplemented
     return jax_function("log_base", 2)(x)
+
+
+# torch-mlir's nan_to_num (PyTorch's reference) raises for a complex input ("Complex dtype is
+# not supported for isneginf"), so compiling it failed; eager replaces in each part.
+
+@decomposition(aten.nan_to_num.default)
+def nan_to_num(x, nan=None, posinf=None, neginf=None):
+    from .registry import torch_mlir_table
+    base = torch_mlir_table().get(aten.nan_to_num.default)
+    if x.dtype != torch.complex64 or base is None:
+        return base(x, nan, posinf, neginf) if base is not None else NotImplemented
+    real, imag = (base(part, nan, posinf, neginf) for part in (torch.real(x), torch.imag(x)))
+    return complex_(real, imag)
