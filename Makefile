@@ -36,8 +36,9 @@ test-full: install
 		echo "make: could not install chromium; the compile report's browser test will fail"
 	$(PY) -m pytest -q tests
 
-# The whole OpInfo sweep alone (both paths, fp32 and bf16; TORCHTPU_OPINFO_JOBS workers), and
-# the model zoo alone; both write build/coverage/*.json, which `make coverage` renders.
+# The whole OpInfo sweep alone (both paths, fp32, bf16 and complex64; TORCHTPU_OPINFO_JOBS
+# workers), and the model zoo alone; both write build/coverage/*.json, which `make coverage`
+# renders.
 test-opinfo: install
 	$(PY) -m pytest -q tests/slow/test_opinfo_full.py
 

@@ -120,3 +120,15 @@ def test_coverage_names_files_from_the_checkouts_root():
     where = os.path.join(root, "tests", "support", "opinfo", "paths.py")
     assert report._short(f"illegal op (at {where}:97)", 200) == \
         "illegal op (at tests/support/opinfo/paths.py:97)"
+
+
+def test_complex_logarithms_compare_modulo_two_pi_i():
+    # logcumsumexp's complex results are logarithms: XLA's associative scan and the CPU
+    # kernel's sequential one land some elements on another branch (imaginary parts 6*pi
+    # apart, the same complex value), which the harness failed as a mismatch.
+    from tests.support.opinfo.harness import _on_expected_branch
+    expected = torch.tensor([1 - 8.9065j, 2 + 0.5j, 3 + 0j])
+    actual = torch.tensor([1 + (-8.9065 + 6 * torch.pi) * 1j, 2 + 0.5j, 3 + 0.001j])
+    moved = _on_expected_branch((actual,), (expected,))[0]
+    torch.testing.assert_close(moved, torch.tensor([1 - 8.9065j, 2 + 0.5j, 3 + 0.001j]))
+    assert _on_expected_branch(torch.ones(2), torch.zeros(2)).eq(1).all()  # real: as it is

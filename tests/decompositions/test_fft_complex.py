@@ -38,6 +38,37 @@ def test_moduli_of_complex_tensors():
         rtol=1e-5, atol=1e-5)
 
 
+_SPECIAL = [0j, 1j, -2j, complex(0, float("nan")), complex(float("nan"), 0),
+            complex(0, float("inf")), complex(float("inf"), 0), complex(1, 1), complex(-3, 0.5),
+            complex(0.0, -0.0), complex(2, -1), complex(-float("inf"), float("inf"))]
+
+
+def test_truth_values_of_complex_elements():
+    # torch-mlir converted each complex element to its real part before the cast to bool and
+    # the logical ops: 1j was False (z.bool(), logical_not(1j) True), no error.
+    z = torch.tensor(_SPECIAL, dtype=torch.complex64)
+    w = torch.tensor(_SPECIAL[::-1], dtype=torch.complex64)
+    check_on_both_paths(lambda z, w, x: (
+        z.bool(), torch.logical_not(z), torch.logical_and(z, w), torch.logical_or(z, w),
+        torch.logical_xor(z, w), torch.logical_and(z, x), torch.logical_xor(x, z)),
+        z, w, randn(12).round())
+
+
+def test_base_10_and_base_2_logarithms_of_complex_zero_and_infinity():
+    # torch-mlir divided the complex log by log(base) as a complex number: log10(0) was
+    # -inf+nanj (eager: -inf+0j), log10(inf) and log10(1j * inf) had NaN imaginary parts.
+    z = torch.tensor(_SPECIAL, dtype=torch.complex64)
+    check_on_both_paths(lambda z: (torch.log10(z), torch.log2(z)), z, rtol=1e-5, atol=1e-6)
+
+
+def test_nan_to_num_of_complex_tensors():
+    # torch-mlir's nan_to_num (PyTorch's reference) raised for a complex input: compiling it
+    # failed ("Complex dtype is not supported for isneginf"); eager replaces in each part.
+    z = torch.tensor(_SPECIAL, dtype=torch.complex64)
+    check_on_both_paths(lambda z: (torch.nan_to_num(z), torch.nan_to_num(z, 1.0, 2.0, -3.0),
+                                   torch.nan_to_num(z.real)), z)
+
+
 def test_complex_operand_to_real_result_stays_out_of_xla_unless_known_right():
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -47,13 +78,20 @@ def test_complex_operand_to_real_result_stays_out_of_xla_unless_known_right():
     real = torch.float32
     graph = make_fx(lambda z: (aten.abs.default(z), aten.angle.default(z),
                                aten._to_copy.default(z, dtype=real),
-                               aten.abs.default(aten._to_copy.default(z, dtype=real))))(z).graph
+                               aten.abs.default(aten._to_copy.default(z, dtype=real)),
+                               aten.logical_not.default(z), aten.ne.Scalar(z, 0),
+                               aten._to_copy.default(z, dtype=torch.bool)))(z).graph
     reasons = {n.target: rule_violation(n) for n in graph.nodes if n.op == "call_function"}
     abs_nodes = [n for n in graph.nodes if n.target is aten.abs.default]
     assert "imaginary part" in rule_violation(abs_nodes[0])
     assert rule_violation(abs_nodes[1]) is None            # abs of a real tensor
     assert "imaginary part" in reasons[aten.angle.default]
-    assert reasons[aten._to_copy.default] is None
+    casts = [n for n in graph.nodes if n.target is aten._to_copy.default]
+    assert rule_violation(casts[0]) is None                # to float: the real part, as eager
+    # A bool result too: eager's truth value of a complex element takes both parts.
+    assert "imaginary part" in rule_violation(casts[2])
+    assert "imaginary part" in reasons[aten.logical_not.default]
+    assert "imaginary part" in reasons[aten.ne.Scalar]
 
 
 def test_complex_constants_are_made_on_the_host():

@@ -1,4 +1,5 @@
-"""The whole OpInfo sweep: every op_db entry on both paths, fp32 and bf16, against eager CPU.
+"""The whole OpInfo sweep: every op_db entry on both paths, in fp32, bf16 and complex64 (against
+a complex128 reference where complex64 rounds more), against eager CPU.
 
 The sweep runs once per session in crash-isolated worker processes (tests/support/opinfo/sweep.py)
 and writes build/coverage/opinfo.json, from which ``make coverage`` renders docs/coverage.md. Each

@@ -124,7 +124,8 @@ def random_from_graph_values(node):
 
 
 #: ATen ops with a complex operand and a real result that torch-mlir lowers right: the parts,
-#: and the cast (which keeps the real part, as eager's does).
+#: and the cast to a number (which keeps the real part, as eager's does; not the cast to bool,
+#: which eager takes from both parts: fft_complex.py decomposes it).
 _COMPLEX_TO_REAL_LOWERED_RIGHT = frozenset({
     torch.ops.aten.real.default, torch.ops.aten.imag.default, torch.ops.aten._to_copy.default,
     torch.ops.prims.convert_element_type.default})
@@ -133,14 +134,17 @@ _COMPLEX_TO_REAL_LOWERED_RIGHT = frozenset({
 @never_lower
 def complex_to_real(node):
     # torch-mlir lowers abs and vector_norm of a complex tensor by converting each element to
-    # its real part first: a wrong value, no error. Any other such op stays out of XLA until a
-    # decomposition (fft_complex.py, reductions_scans.py) computes it from the moduli.
-    if node.target.namespace not in ("aten", "prims") or \
-            node.target in _COMPLEX_TO_REAL_LOWERED_RIGHT:
+    # its real part first: a wrong value, no error; so it did the cast to bool and the logical
+    # ops (1j was False). Any other such op, with a real or bool result, stays out of XLA until
+    # a decomposition (fft_complex.py, reductions_scans.py) computes it from both parts.
+    if node.target.namespace not in ("aten", "prims"):
         return None
     val = node.meta.get("val")
     outputs = val if isinstance(val, (tuple, list)) else (val,)
-    if not any(isinstance(o, torch.Tensor) and o.is_floating_point() for o in outputs):
+    real = [o for o in outputs if isinstance(o, torch.Tensor) and
+            (o.is_floating_point() or o.dtype is torch.bool)]
+    if not real or (node.target in _COMPLEX_TO_REAL_LOWERED_RIGHT and
+                    all(o.dtype is not torch.bool for o in real)):
         return None
     inputs = [a.meta.get("val") for a in node.all_input_nodes]
     if any(isinstance(i, torch.Tensor) and i.is_complex() for i in inputs):

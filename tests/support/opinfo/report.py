@@ -6,7 +6,7 @@ Usage (from the repository root)::
     python -m tests.support.opinfo.report --opinfo a.json --zoo z.json --out docs/coverage.md
 
 Results of several runs are merged (a later file wins for the same entry, path and dtype), so
-the fp32 and bf16 halves, or shards, can run separately.
+the dtypes (fp32, bf16, c64), or shards, can run separately.
 """
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ import json
 import os
 import sys
 
-COLUMNS = [("compile", "fp32"), ("compile", "bf16"), ("eager", "fp32"), ("eager", "bf16")]
+COLUMNS = [("compile", "fp32"), ("compile", "bf16"), ("compile", "c64"), ("eager", "fp32"),
+           ("eager", "bf16"), ("eager", "c64")]
 STATUSES = ("pass", "fallback", "fail", "skip", "n/a")
 
 
@@ -249,9 +250,9 @@ def render(results: dict, seconds: dict, models: dict, dynamic_models: dict | No
         "(data-dependent shapes or values, sparse layouts), `ours` (an op we do not lower yet) "
         "or `dynamo` (Dynamo runs the call eagerly whatever the backend). Skips come from "
         "`tests/support/opinfo/skips.py`, each with a category (`xla-unsupported`, `ours`, "
-        "`test-artifact`) and reason. Tolerances: fp32 rtol 1e-4, atol 1e-5; bf16 rtol "
-        "5e-2, atol 1e-2 against eager bf16; where eager rounds more, against a wider reference "
-        "(fp32 for bf16, fp64 for fp32).",
+        "`test-artifact`) and reason. Tolerances: fp32 and complex64 (c64) rtol 1e-4, atol 1e-5; "
+        "bf16 rtol 5e-2, atol 1e-2 against eager bf16; where eager rounds more, against a wider "
+        "reference (fp32 for bf16, fp64 for fp32, complex128 for complex64).",
         "",
         "## Totals",
         "",

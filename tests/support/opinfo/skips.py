@@ -8,7 +8,8 @@ Categories:
 - ``test-artifact``: the comparison itself is meaningless (random results, uninitialized
   memory, ...), not the op.
 
-An entry applies to every path and dtype unless it names some (``paths``, ``dtypes``).
+An entry applies to every path and dtype (fp32, bf16 and complex64) unless it names some
+(``paths``, ``dtypes``).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ class Skip:
     category: str
     reason: str
     paths: tuple = ("compile", "eager")
-    dtypes: tuple = ("fp32", "bf16")
+    dtypes: tuple = ("fp32", "bf16", "c64")
 
     def __post_init__(self):
         if self.category not in CATEGORIES:

@@ -23,7 +23,7 @@ import time
 
 from tests.support import python_env
 
-DTYPES = ("fp32", "bf16")
+DTYPES = ("fp32", "bf16", "c64")
 PATHS = ("compile", "eager")
 
 

@@ -29,7 +29,9 @@ One module per family of ops, as JAX's lax files:
     polynomials       Chebyshev (shifted or not), Hermite, Laguerre, Legendre
     linalg            addmv, grouped matmuls, Cholesky/LU/QR/SVD and their solves,
                       cdist/pdist/dist
-    fft_complex       FFTs, conj, view_as_real/view_as_complex, complex, polar
+    fft_complex       FFTs, conj, view_as_real/view_as_complex, complex, polar; the truth
+                      value of complex elements (cast to bool, logical ops), complex log10/log2,
+                      complex nan_to_num
     foreach           _foreach_* ops, one plain op per list element
     amp               GradScaler's inf check with unscaling, and its scale update
     optimizers        fused Adam/AdamW/SGD steps, per parameter

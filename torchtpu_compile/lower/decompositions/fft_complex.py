@@ -157,3 +157,99 @@ def polar(magnitude, angle):
     if magnitude.dtype != torch.float32 or angle.dtype != torch.float32:
         return NotImplemented
     return complex_(magnitude * torch.cos(angle), magnitude * torch.sin(angle))
+
+
+# --- truth values and logarithms of complex values -------------------------------------------
+# torch-mlir converts a complex operand to its real part first: the cast to bool and the
+# logical ops took 1j as False. Eager's truth value of a complex element: either part nonzero.
+
+
+def _truth(z):
+    return (torch.real(z) != 0) | (torch.imag(z) != 0)
+
+
+def _as_truth(x):
+    return _truth(x) if isinstance(x, torch.Tensor) and x.is_complex() else x
+
+
+def _any_complex(*tensors) -> bool:
+    return any(isinstance(t, torch.Tensor) and t.is_complex() for t in tensors)
+
+
+@decomposition(torch.ops.prims.convert_element_type.default)
+def convert_element_type(x, dtype):
+    if dtype is not torch.bool or not x.is_complex():
+        return NotImplemented
+    return _truth(x)
+
+
+@decomposition(aten.logical_not.default)
+def logical_not(x):
+    if not x.is_complex():
+        return NotImplemented
+    return torch.logical_not(_truth(x))
+
+
+@decomposition(aten.logical_and.default)
+def logical_and(a, b):
+    if not _any_complex(a, b):
+        return NotImplemented
+    return torch.logical_and(_as_truth(a), _as_truth(b))
+
+
+@decomposition(aten.logical_or.default)
+def logical_or(a, b):
+    if not _any_complex(a, b):
+        return NotImplemented
+    return torch.logical_or(_as_truth(a), _as_truth(b))
+
+
+@decomposition(aten.logical_xor.default)
+def logical_xor(a, b):
+    if not _any_complex(a, b):
+        return NotImplemented
+    return torch.logical_xor(_as_truth(a), _as_truth(b))
+
+
+# torch-mlir divides the complex log by log(base) as a complex number: (-inf + 0j) / (c + 0j)
+# has a NaN imaginary part, so log10(0) was -inf+nanj (eager: -inf+0j), log10(inf) inf+nanj.
+# Both parts of the natural log are scaled by the real 1 / log(base) instead.
+
+@builds("log_base")
+def _log_base_fn(base):
+    import jax
+    import jax.numpy as jnp
+
+    scale = 1 / math.log(base)
+
+    def log_base(z):
+        natural = jnp.log(z)
+        return jax.lax.complex(jnp.real(natural) * scale, jnp.imag(natural) * scale)
+    return log_base
+
+
+@decomposition(aten.log10.default)
+def log10(x):
+    if x.dtype != torch.complex64:
+        return NotImplemented
+    return jax_function("log_base", 10)(x)
+
+
+@decomposition(aten.log2.default)
+def log2(x):
+    if x.dtype != torch.complex64:
+        return NotImplemented
+    return jax_function("log_base", 2)(x)
+
+
+# torch-mlir's nan_to_num (PyTorch's reference) raises for a complex input ("Complex dtype is
+# not supported for isneginf"), so compiling it failed; eager replaces in each part.
+
+@decomposition(aten.nan_to_num.default)
+def nan_to_num(x, nan=None, posinf=None, neginf=None):
+    from .registry import torch_mlir_table
+    base = torch_mlir_table().get(aten.nan_to_num.default)
+    if x.dtype != torch.complex64 or base is None:
+        return base(x, nan, posinf, neginf) if base is not None else NotImplemented
+    real, imag = (base(part, nan, posinf, neginf) for part in (torch.real(x), torch.imag(x)))
+    return complex_(real, imag)
