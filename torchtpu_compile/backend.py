@@ -23,16 +23,23 @@ if "torchtpu_eager" in sys.modules:
     torchtpu_eager.compile_support.teach_dynamo()
 
 
+def _forward_metadata(kind: str):
+    """aot_autograd's metadata (``ViewAndMutationMeta``) of the forward graph being compiled;
+    None for a backward graph (it describes the forward's inputs and outputs, not these) or
+    outside a trace."""
+    if kind == "backward":
+        return None
+    context = torch._guards.TracingContext.try_get()
+    return getattr(context, "fw_metadata", None)
+
+
 def _static_inputs(kind: str, inputs: int | None = None) -> frozenset:
     """Forward inputs that stay resident on the device: parameters and buffers, and inputs the
     graph writes in place (a static KV cache and its length, made by an earlier graph: state
     that the next call passes again). Resident is safe for any host tensor (transfer.py keeps
     only a buffer that is the tensor's memory); it saves the upload at every call.
     ``inputs``: the graph's input count, for the in-place ones (the metadata's must match)."""
-    if kind == "backward":  # the metadata describes the forward's inputs, not these
-        return frozenset()
-    context = torch._guards.TracingContext.try_get()
-    metadata = getattr(context, "fw_metadata", None)
+    metadata = _forward_metadata(kind)
     static = frozenset(getattr(metadata, "static_input_indices", None) or ())
     info = getattr(metadata, "input_info", None)
     if info is not None and len(info) == inputs:
@@ -46,10 +53,7 @@ def _mutated_inputs(kind: str, gm: torch.fx.GraphModule) -> tuple:
     its new value first among the outputs and copies it into the input after the call (the
     inputs a program may donate: ``program/donation.py``). Empty where the metadata does not
     describe this graph's inputs one to one."""
-    if kind == "backward":
-        return ()
-    context = torch._guards.TracingContext.try_get()
-    metadata = getattr(context, "fw_metadata", None)
+    metadata = _forward_metadata(kind)
     indices = getattr(metadata, "mutated_inp_runtime_indices", None)
     if not indices or getattr(metadata, "tokens", None):
         return ()
@@ -69,10 +73,7 @@ def _user_outputs(kind: str, gm: torch.fx.GraphModule) -> tuple:
     They come back with eager's strides, as Inductor's do (its ``keep_output_stride``); the
     others keep the layout the program computes them in. Empty for backward graphs
     (autograd lays gradients out as their parameters) or unknown metadata."""
-    if kind == "backward":
-        return ()
-    context = torch._guards.TracingContext.try_get()
-    metadata = getattr(context, "fw_metadata", None)
+    metadata = _forward_metadata(kind)
     info = getattr(metadata, "output_info", None)
     if info is None or getattr(metadata, "tokens", None):
         return ()

@@ -33,6 +33,7 @@ class OutputSlot:
     index: int = -1
     value: object = None
     _steps: object = field(default=None, init=False, repr=False, compare=False)
+    _inverse: object = field(default=None, init=False, repr=False, compare=False)
 
     def to_json(self) -> dict:
         """A JSON-ready form (AOT manifests); constants are ints, floats or bools."""
@@ -67,7 +68,7 @@ def collect_outputs(slots: list, results: list, args: list, device: str | None =
         kind = slot.kind
         if kind == "program":
             outputs.append(results[slot.index] if slot.value is None else
-                           _in_eager_layout(results[slot.index], slot.value["memory_order"]))
+                           _in_eager_layout(results[slot.index], slot))
         elif kind == "input":
             outputs.append(args[slot.index])
         elif kind == "constant":
@@ -167,12 +168,15 @@ def replay_view_steps(base, steps: list):
 _DTYPE_TAG = "torch.dtype"  # {"torch.dtype": "float32"}: no ATen argument is named so
 
 
-def _in_eager_layout(result, order: list):
-    """The output whose elements ``result`` holds in eager's memory order (``order``: its dims
-    from outermost to innermost), with eager's strides: a tensor of its own on ``result``'s
-    memory, not a view (aot_autograd's outputs may be written in place)."""
-    inverse = sorted(range(len(order)), key=order.__getitem__)
-    laid_out = result.permute(inverse)
+def _in_eager_layout(result, slot: OutputSlot):
+    """The output whose elements ``result`` holds in eager's memory order (the slot's
+    ``memory_order``: its dims from outermost to innermost), with eager's strides: a tensor of
+    its own on ``result``'s memory, not a view (aot_autograd's outputs may be written in
+    place)."""
+    if slot._inverse is None:
+        order = slot.value["memory_order"]
+        slot._inverse = sorted(range(len(order)), key=order.__getitem__)
+    laid_out = result.permute(slot._inverse)
     return result.new_empty(0).set_(laid_out)
 
 

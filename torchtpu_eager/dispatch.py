@@ -859,7 +859,6 @@ handles(aten._linalg_check_errors.default, aten._assert_async.default,
         aten._assert_async.msg)(run_host_value)
 
 
-
 @handles(aten.one_hot.default)
 def one_hot(func, args, kwargs):
     # Reached whole in inference mode only; elsewhere kernels.one_hot_checked runs above

@@ -147,9 +147,11 @@ class _Built:
     constants: dict
 
 
-def _build_program(name: str, gm, graph_arguments: list, precision: str, client) -> _Built:
+def _build_program(name: str, gm, graph_arguments: list, precision: str, client,
+                   bucketed: bool) -> _Built:
     """Build one static graph through the one builder and serialize it; ``graph_arguments``
-    says what feeds each of its placeholders (a user input, a state tensor, or a size)."""
+    says what feeds each of its placeholders (a user input, a state tensor, or a size);
+    ``bucketed``: the program serves a bucket (its outputs are cut back, not restrided)."""
     from jaxlib.mlir.dialects import stablehlo
 
     from ..program import build_program
@@ -158,7 +160,7 @@ def _build_program(name: str, gm, graph_arguments: list, precision: str, client)
     # output of an exported graph is the user's: with eager's strides, as compiled calls'
     # (a bucket's outputs are cut back into contiguous copies).
     outputs = gm.graph.output_node().args[0]
-    users = tuple(range(len(outputs))) if name == "static" and \
+    users = tuple(range(len(outputs))) if not bucketed and \
         isinstance(outputs, (tuple, list)) else ()
     program = build_program(gm, precision=precision, name=f"AOT artifact program {name}",
                             platform=client.platform, allow_fallback=False, skip_empty=False,
@@ -298,7 +300,8 @@ def compile(model, example_args=(), example_kwargs=None, precision: str | None =
         dynamic_dims, plans = [], [("static", gm, graph_arguments, None, None)]
     programs, portable, executables = [], {}, {}
     for name, program_gm, arguments, bucket, plan_outputs in plans:
-        built = _build_program(name, program_gm, arguments, precision, client)
+        built = _build_program(name, program_gm, arguments, precision, client,
+                               bucketed=bucket is not None)
         state.update(built.constants)
         programs.append({**built.entry, "bucket": bucket, "outputs": plan_outputs})
         portable[name], executables[name] = built.portable, built.executable

@@ -30,6 +30,7 @@ from collections.abc import Callable
 
 import torch
 import torch.fx as fx
+from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
 from ..output_slots import (OutputSlot, decode_view_steps, empty_spec, encode_view_steps,
@@ -281,7 +282,7 @@ def prepare(gm: fx.GraphModule, rebuild_views: bool = True,
     input_pos = {n: i for i, n in enumerate(placeholders)}
     views = _rebuilt_views(values, input_pos) if rebuild_views else {}
     slots, program_values, seen = [], [], {}
-    layouts: dict = {}  # program output -> its "program" slots' value (eager strides)
+    layouts: dict = {}  # graph output node -> its "program" slots' value (eager strides)
     roots = {root for root, _ in views.values()}  # their views replay on a contiguous base
     for at, value in enumerate(values):
         if value in views:
@@ -306,17 +307,15 @@ def prepare(gm: fx.GraphModule, rebuild_views: bool = True,
             # uint8 reserve of _batch_norm_with_update), and XLA would return nothing anyway.
             slots.append(OutputSlot("empty", value=empty_spec(value.meta["val"])))
         elif value in seen:
-            slots.append(OutputSlot("program", index=seen[value],
-                                    value=layouts.get(seen[value])))
+            slots.append(OutputSlot("program", index=seen[value], value=layouts.get(value)))
         else:
-            seen[value] = len(program_values)
             order = _eager_layout(value) if at in eager_layouts and value not in roots else None
-            if order is not None:  # computed in its memory order; restrided by the slot
-                layouts[len(program_values)] = {"memory_order": order}
-                value = _permuted(graph, value, order, output_node)
-            slots.append(OutputSlot("program", index=len(program_values),
-                                    value=layouts.get(len(program_values))))
-            program_values.append(value)
+            layout = None if order is None else {"memory_order": order}
+            seen[value], layouts[value] = len(program_values), layout
+            slots.append(OutputSlot("program", index=len(program_values), value=layout))
+            # Computed in its memory order; the slot restrides it.
+            program_values.append(value if order is None else
+                                  _permuted(graph, value, order, output_node))
     if check is not None:  # last, after the graph's own outputs (index_checks.py)
         slots.append(OutputSlot("check", index=len(program_values), value=check_specs))
         program_values.append(check)
@@ -337,17 +336,11 @@ def _eager_layout(node) -> list | None:
     val = node.meta.get("val") if isinstance(node, fx.Node) else None
     if not isinstance(val, torch.Tensor) or val.dim() < 2 or val.is_sparse:
         return None
-    shape, strides = val.shape, val.stride()
-    if not all(isinstance(v, int) for v in (*shape, *strides)) or val.numel() < 2:
+    strides = val.stride()
+    if not all(isinstance(v, int) for v in (*val.shape, *strides)) or val.numel() < 2 \
+            or val.is_contiguous() or not is_non_overlapping_and_dense_or_false(val):
         return None
-    order = sorted(range(val.dim()), key=lambda d: (-strides[d], d))
-    expected, step = [0] * val.dim(), 1
-    for d in reversed(order):
-        expected[d] = step
-        step *= shape[d]
-    if any(shape[d] != 1 and expected[d] != strides[d] for d in range(val.dim())):
-        return None  # not a permutation of a dense layout
-    return None if val.is_contiguous() else order
+    return sorted(range(val.dim()), key=lambda d: (-strides[d], d))
 
 
 def _permuted(graph: fx.Graph, node: fx.Node, order: list, before: fx.Node) -> fx.Node:
