@@ -25,8 +25,11 @@ lint: install
 	$(PY) -m ruff check .
 
 # Slow tests live in tests/slow/ and carry @pytest.mark.slow (tests/conftest.py checks both).
+# Two workers (pytest-xdist), each taking whole files: a file's tests share its fixtures and
+# compiled programs, and most of a test's time is one core's compile. TEST_WORKERS=0: serial.
+TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest -q --durations=15 tests --ignore=tests/slow
+	$(PY) -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile tests --ignore=tests/slow
 
 # The compile report's browser test (tests/slow/test_report_browser.py) opens the page in
 # Debian's headless chromium: installed here if missing (as root, as CI runs).
