@@ -37,13 +37,38 @@ def _zeros_graph(shape: tuple, dtype):
     return graph
 
 
+def _permuted_dims(base_shape: tuple, size: tuple, stride: tuple, offset: int):
+    """The dims of a view that walk all of its base once, outermost first, where the view is
+    a transpose or permutation of the whole base, maybe broadcast along more dims (stride 0):
+    ``w.t()`` (``F.linear``'s weight), ``x.transpose(1, 2)``, ``x.expand(...)``. None for any
+    other view (an offset, a slice, steps, overlap)."""
+    if offset != 0:
+        return None
+    walked = sorted((d for d in range(len(size)) if size[d] != 1 and stride[d] != 0),
+                    key=lambda d: -stride[d])
+    expected = 1
+    for d in reversed(walked):
+        if stride[d] != expected:
+            return None
+        expected *= size[d]
+    return walked if expected == _numel(base_shape) else None
+
+
 def _read_graph(base_shape: tuple, dtype, size: tuple, stride: tuple, offset: int):
     key = ("read", base_shape, dtype, size, stride, offset)
     graph = _graphs.get(key)
     if graph is None:
-        if offset == 0 and _numel(size) == _numel(base_shape) and _is_contiguous(size, stride):
+        walked = _permuted_dims(base_shape, size, stride, offset)
+        if walked is not None:
+            # A transpose and a broadcast, which XLA does in place of a gather's index math
+            # (a gather of F.linear's w.t() cost more than the matmul).
+            kept = sorted(walked)
+            order = [walked.index(d) for d in kept]
+            shape = [size[d] if d in walked else 1 for d in range(len(size))]
+
             def fn(base):
-                return (base.reshape(size).clone(),)
+                value = base.reshape([size[d] for d in walked]).permute(order)
+                return (value.reshape(shape).expand(size).clone(),)
         else:
             # A gather at the view's flat positions: torch-mlir's as_strided lowering crashes
             # on zero strides (expanded views).
@@ -68,24 +93,24 @@ def _write_graph(base_shape: tuple, dtype, size: tuple, stride: tuple, offset: i
     key = ("write", base_shape, dtype, size, stride, offset)
     graph = _graphs.get(key)
     if graph is None:
-        def fn(base, value):
-            flat = base.reshape(-1)
-            # A scatter at the view's flat positions (as_strided_scatter does not lower).
-            index = _flat_indices(size, stride, offset)
-            return (flat.index_put((index,), value.reshape(-1)).reshape(base_shape),)
+        walked = _permuted_dims(base_shape, size, stride, offset)
+        if walked is not None and all(stride[d] or size[d] == 1 for d in range(len(size))):
+            dims = sorted(walked)
+            order = [dims.index(d) for d in walked]
+
+            def fn(base, value):  # the inverse transpose: it writes every element of the base
+                kept = value.reshape([size[d] for d in dims])
+                return (kept.permute(order).reshape(base_shape),)
+        else:
+            def fn(base, value):
+                flat = base.reshape(-1)
+                # A scatter at the view's flat positions (as_strided_scatter does not lower).
+                index = _flat_indices(size, stride, offset)
+                return (flat.index_put((index,), value.reshape(-1)).reshape(base_shape),)
         with unchecked():
             graph = _graphs[key] = trace(fn, [example(base_shape, dtype), example(size, dtype)],
                                          f"write{list(size)}")
     return graph
-
-
-def _is_contiguous(size, stride) -> bool:
-    expected = 1
-    for n, s in zip(reversed(size), reversed(stride)):
-        if n != 1 and s != expected:
-            return False
-        expected *= n
-    return True
 
 
 def storage_value(storage):
