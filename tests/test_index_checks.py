@@ -28,6 +28,10 @@ def _ones(x, i):
     return x.new_ones(i.numel(), 2)
 
 
+def _ints(x, i):
+    return x.long()[:i.numel(), 1] - 3
+
+
 def _setitem(x, i):
     y = x.clone()
     y[i] = 1.0  # the line an error of x[i] = v names
@@ -55,6 +59,11 @@ OPS = {
     "index_copy": (lambda x, i: x.index_copy(0, i, _ones(x, i)), [7], [2]),
     "index_fill": (lambda x, i: x.index_fill(0, i, 3.0), [4], [-1]),
     "nll_loss": (lambda x, i: F.nll_loss(x[:i.numel()].log_softmax(1), i), [2], [1, -100]),
+    # Integer division by a zero divisor: eager's CPU kernels raise; XLA returns a value.
+    "floor_divide": (lambda x, i: _ints(x, i) // i, [3, 0], [2, -3]),
+    "remainder": (lambda x, i: _ints(x, i) % i, [0], [-3, 2]),
+    "fmod": (lambda x, i: torch.fmod(_ints(x, i), i), [0, 1], [5, -1]),
+    "div_trunc": (lambda x, i: torch.div(_ints(x, i), i, rounding_mode="trunc"), [0], [-2, 3]),
 }
 
 
@@ -293,6 +302,22 @@ def test_bucketed_dynamic_graph_checks_only_real_indices():
         compiled(torch.tensor([[1, 2, 3, 10, 1]]))
     stats = torchtpu_compile.stats()["buckets"]
     assert stats["exact_shape_compiles"] == 0 and stats["hits"] >= 2
+
+
+def test_integer_division_checks_only_real_divisors_of_a_bucketed_graph():
+    # A divisor's padding must not read as a zero; a real zero raises as eager does, and float
+    # division (inf, nan) is not checked at all.
+    compiled = compile_tpu(lambda a, b: a // b + a % b, dynamic=True)
+    for n in (3, 5, 6, 7):
+        a, b = torch.randint(-9, 9, (n,)), torch.randint(1, 5, (n,))
+        torch.testing.assert_close(compiled(a, b), a // b + a % b)
+    with pytest.raises(RuntimeError, match=r"ZeroDivisionError \(aten.floor_divide: an "
+                                           r"integer division by a tensor holding zero"):
+        compiled(torch.arange(5), torch.tensor([1, 2, 0, 1, 1]))
+    assert torchtpu_compile.stats()["buckets"]["exact_shape_compiles"] == 0
+    floats = compile_tpu(lambda a, b: a // b + torch.fmod(a, b), dynamic=False)
+    a, b = torch.tensor([1.0, -2.0, 0.0]), torch.tensor([0, 1, 0])
+    torch.testing.assert_close(floats(a, b), a // b + torch.fmod(a, b), equal_nan=True)
 
 
 def _eager_or_error(fn, *args):

@@ -47,6 +47,9 @@ _EAGER_ERRORS = {
     "aten.embedding_bag": (RuntimeError, "embedding_bag: Expected idx >= 0 && idx < "
                                          "num_embeddings but found idx to be {value}"),
 }
+#: An integer division's zero divisor (lower/index_checks.DIVISOR_OPS): eager's CPU kernels.
+for _op in ("aten.div", "aten.floor_divide", "aten.remainder", "aten.fmod"):
+    _EAGER_ERRORS[_op] = (RuntimeError, "ZeroDivisionError")
 #: one_hot's class values (checked on the eager device, which PyTorch leaves unchecked off
 #: the CPU): eager's message depends on the side the value is out on.
 _ONE_HOT_ERRORS = (RuntimeError, "Class values must be smaller than num_classes.")
@@ -78,14 +81,20 @@ def eager_error(op: str, value: int, dim: int, size: int) -> BaseException:
 def _error(spec: dict, value: int, where: str | None, deferred: bool) -> BaseException:
     exc = eager_error(spec["op"], value, spec["dim"], spec["size"])
     what = spec["op"]
-    if "{value}" not in _EAGER_ERRORS.get(what, _GATHER_ERROR)[1]:  # "out of range in self"
+    template = _EAGER_ERRORS.get(what, _GATHER_ERROR)[1]
+    division = template == "ZeroDivisionError"
+    if division:
+        what += ": an integer division by a tensor holding zero"
+    elif "{value}" not in template:  # "out of range in self"
         what += f": index {value} of dim {spec['dim']} of size {spec['size']}"
     where = where or spec.get("where") or "unknown source line"
     note = f" ({what}, at {where})"
     if deferred:
-        note += ("; found at this synchronization point, after the op ran on the device: "
-                 "tensors computed from it hold XLA's values (indices clamped, writes "
-                 "dropped). TORCH_TPU_LAUNCH_BLOCKING=1 raises at the op itself")
+        held = "quotients of a division by zero" if division else \
+            "indices clamped, writes dropped"
+        note += (f"; found at this synchronization point, after the op ran on the device: "
+                 f"tensors computed from it hold XLA's values ({held}). "
+                 f"TORCH_TPU_LAUNCH_BLOCKING=1 raises at the op itself")
     exc.args = (str(exc.args[0]) + note,)
     return exc
 

@@ -30,7 +30,7 @@ import sympy
 import torch.fx as fx
 from torch.utils._sympy import functions as symfn
 
-from ..lower.index_checks import INDEX_CHECK, INDEX_CHECK_REAL
+from ..lower.index_checks import DIVISOR_OPS, INDEX_CHECK, INDEX_CHECK_REAL
 from .layout import Dim, NotPaddable, dim_mask, evaluate, is_symbolic, prefix, sym_expr, \
     view_layout
 
@@ -799,7 +799,8 @@ def index_check(ctx, node, index, size, dim, wraps, op, ignore=None):
     # the padded computation left there, replaced by an index in range. Indexing along a
     # dynamic dim is checked against its real size (an input of the program), as eager
     # checks it: an index between the real size and the bucket's raises too.
-    fill = ignore if ignore is not None else 0
+    # A divisor's padding is 1, which its check passes (index_checks.DIVISOR_OPS).
+    fill = ignore if ignore is not None else 1 if op in DIVISOR_OPS else 0
     index_tensor = ctx.fill(index, fill)
     if isinstance(size, Size):
         real = size.real if isinstance(size.real, torch.Tensor) else \

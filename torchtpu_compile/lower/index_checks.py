@@ -46,7 +46,7 @@ def index_check(index: torch.Tensor, size: int, dim: int, wraps: bool, op: str,
     executed by eager PyTorch (a fallback region, a numerics replay).
     """
     flat = index.reshape(-1).to(torch.int64)
-    bad = _out_of_range(flat, size, wraps, ignore)
+    bad = _out_of_range(flat, size, wraps, ignore, op in DIVISOR_OPS)
     if bool(bad.any()):
         raise eager_error(op, int(flat[bad.nonzero()[0, 0]]), dim, size)
     return index.clone()
@@ -77,7 +77,14 @@ def _index_check_real_fake(index, size, dim, wraps, op, ignore=None):
 INDEX_CHECK_REAL = torch.ops.torchtpu.index_check_real.default
 
 
-def _out_of_range(flat, size: int, wraps: bool, ignore):
+#: Ops whose marked tensor is an integer divisor, not an index: eager's integer kernels raise
+#: for a zero ("ZeroDivisionError"), XLA's division returns a value (-1, or the dividend).
+DIVISOR_OPS = frozenset({"aten.div", "aten.floor_divide", "aten.remainder", "aten.fmod"})
+
+
+def _out_of_range(flat, size: int, wraps: bool, ignore, divisor: bool = False):
+    if divisor:
+        return flat == 0
     bad = (flat < (-size if wraps else 0)) | (flat >= size)
     if ignore is not None:
         bad = bad & (flat != ignore)
@@ -87,20 +94,25 @@ def _out_of_range(flat, size: int, wraps: bool, ignore):
 # --- 1. marking the indices of the ops the user calls ------------------------------------------
 
 _RULES: dict = {}
+_KEYWORD_RULES: set = set()  # rules that read the op's keyword arguments too
 
 
-def index_rule(*ops):
-    """Register ``fn(*args) -> args``: the op's positional arguments with its indices marked.
+def index_rule(*ops, keywords: bool = False):
+    """Register ``fn(*args) -> args``: the op's positional arguments with its indices marked;
+    with ``keywords``, ``fn(*args, **kwargs)``, for a rule that depends on a keyword-only
+    argument (``div``'s ``rounding_mode``).
 
     Example::
 
         @index_rule(aten.gather.default)
-        def gather(x, dim, index, *rest, **kwargs):
+        def gather(x, dim, index, *rest):
             return (x, dim, mark(index, x, dim, "aten.gather"), *rest)
     """
     def register(fn):
         for op in ops:
             _RULES[op] = fn
+        if keywords:
+            _KEYWORD_RULES.add(fn)
         return fn
     return register
 
@@ -199,6 +211,42 @@ def _nll_loss(x, target, weight, reduction, ignore_index):
             reduction, ignore_index)
 
 
+def _mark_divisor(x, divisor, op: str):
+    """An integer division's tensor ``divisor`` marked, for eager's error on a zero; a number
+    that is zero raises at once (eager: "ZeroDivisionError")."""
+    dtype = torch.result_type(x, divisor)
+    if dtype.is_floating_point or dtype.is_complex:
+        return divisor  # IEEE division: inf or nan, no error
+    if not isinstance(divisor, torch.Tensor):
+        # A symbolic size is left unchecked: comparing it would specialize the graph.
+        if isinstance(divisor, (bool, int, float)) and divisor == 0:
+            raise RuntimeError("ZeroDivisionError")
+        return divisor
+    if divisor.numel() == 0:
+        return divisor
+    return index_check(divisor, 0, 0, False, op)
+
+
+def _divisor_rule(name: str):
+    """The rule of an op taking (dividend, divisor)."""
+    def rule(x, divisor):
+        return (x, _mark_divisor(x, divisor, name))
+    return rule
+
+
+index_rule(aten.floor_divide.default, aten.floor_divide.Scalar)(
+    _divisor_rule("aten.floor_divide"))
+index_rule(aten.remainder.Tensor, aten.remainder.Scalar)(_divisor_rule("aten.remainder"))
+index_rule(aten.fmod.Tensor, aten.fmod.Scalar)(_divisor_rule("aten.fmod"))
+
+
+@index_rule(aten.div.Tensor_mode, aten.div.Scalar_mode, keywords=True)
+def _div_mode(x, divisor, rounding_mode=None):
+    if rounding_mode is not None:  # None: true division, a float result for integers too
+        divisor = _mark_divisor(x, divisor, "aten.div")
+    return (x, divisor)
+
+
 _marking = threading.local()   # .mode: "off" (unchecked), "ops" (one_op_at_a_time)
 
 
@@ -247,7 +295,7 @@ def _called_by_user() -> bool:
 def _checked(op, rule, inner):
     def decompose(*args, **kwargs):
         if _called_by_user():
-            args = rule(*args)
+            args = rule(*args, **kwargs) if rule in _KEYWORD_RULES else rule(*args)
             result = NotImplemented if inner is None else inner(*args, **kwargs)
             # Traced as the op itself (no decomposition, or one declining these inputs): with
             # the marked indices, re-entering one layer down.
@@ -268,24 +316,26 @@ def with_index_checks(table: dict) -> dict:
 
 # --- 2. marks -> one program output ----------------------------------------------------------
 
-def _first_bad(index, size, wraps: bool, ignore):
+def _first_bad(index, size, wraps: bool, ignore, divisor: bool = False):
     """(whether an index is out of range, the first such index or 0), traced into the check
-    graphs below; ``size`` an int or a 0-d tensor."""
+    graphs below; ``size`` an int or a 0-d tensor; ``divisor``: a zero is what fails."""
     flat = index.reshape(-1).to(torch.int64)
     count = flat.shape[0]
     positions = torch.arange(count, dtype=torch.int64)
-    first_bad = torch.where(_out_of_range(flat, size, wraps, ignore), positions, count).amin()
+    first_bad = torch.where(_out_of_range(flat, size, wraps, ignore, divisor), positions,
+                            count).amin()
     return first_bad < count, torch.where(positions == first_bad, flat, 0).sum()
 
 
 @functools.lru_cache(maxsize=512)
-def _first_out_of_range(shape: tuple, dtype, size: int, wraps: bool, ignore) -> fx.GraphModule:
+def _first_out_of_range(shape: tuple, dtype, size: int, wraps: bool, ignore,
+                        divisor: bool = False) -> fx.GraphModule:
     """A graph: index -> int64[2], (1, the first index out of range) or (0, 0)."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
     from torch.fx.experimental.proxy_tensor import make_fx
 
     def first(index):
-        found, value = _first_bad(index, size, wraps, ignore)
+        found, value = _first_bad(index, size, wraps, ignore, divisor)
         return torch.stack([found.to(torch.int64), value])
 
     # Traced alone: inside a compile, make_fx would take Dynamo's fake mode, with symbolic sizes.
@@ -294,14 +344,15 @@ def _first_out_of_range(shape: tuple, dtype, size: int, wraps: bool, ignore) -> 
 
 
 @functools.lru_cache(maxsize=512)
-def _first_out_of_real_range(shape: tuple, dtype, wraps: bool, ignore) -> fx.GraphModule:
+def _first_out_of_real_range(shape: tuple, dtype, wraps: bool, ignore,
+                             divisor: bool = False) -> fx.GraphModule:
     """A graph: (index, size: int64[]) -> int64[2], (1 + size, the first index out of range)
     or (0, 0): the size is only known at run time, and eager's message names it."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
     from torch.fx.experimental.proxy_tensor import make_fx
 
     def first(index, size):
-        found, value = _first_bad(index, size, wraps, ignore)
+        found, value = _first_bad(index, size, wraps, ignore, divisor)
         return torch.stack([torch.where(found, size + 1, 0), value])
 
     with torch._guards.tracing(None), unset_fake_temporarily():
@@ -353,13 +404,14 @@ def lower_marks(gm: fx.GraphModule, check: bool = True):
         real = node.target is INDEX_CHECK_REAL  # size: a node, the dim's size at run time
         if check and (real or isinstance(size, int)) and \
                 isinstance(val, torch.Tensor) and all(isinstance(s, int) for s in val.shape):
+            divisor = op in DIVISOR_OPS
             with graph.inserting_before(node):
                 if real:  # the row's flag is 1 + the size (index_errors reads it)
                     pairs.append(_insert(graph, _first_out_of_real_range(
-                        tuple(val.shape), val.dtype, wraps, ignore), index, size))
+                        tuple(val.shape), val.dtype, wraps, ignore, divisor), index, size))
                 else:
                     pairs.append(_insert(graph, _first_out_of_range(
-                        tuple(val.shape), val.dtype, size, wraps, ignore), index))
+                        tuple(val.shape), val.dtype, size, wraps, ignore, divisor), index))
             specs.append({"op": op, "dim": dim, "size": None if real else size,
                           "where": _where(node), "entry": node.meta.get("torchtpu_entry")})
         graph.erase_node(node)
