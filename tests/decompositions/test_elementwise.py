@@ -6,12 +6,16 @@ Also the elementwise lowering fixes of lower/fx_passes.py and lower/stablehlo_pa
 (literals folded on the host, boolean comparisons), and integer floor division on every path."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import torchtpu_compile
+from tests.support import python_env
 from tests.support.decomposition_checks import INF, NAN, check, check_on_both_paths, randn
 from tests.support.helpers import PATHS, compile_tpu, run_on_path
 from torchtpu_compile import config
@@ -328,6 +332,27 @@ def test_floor_division_property(dtype):
             for g, e in zip(compiled(a, b), fn(a, b)):
                 assert torch.equal(g, e), (a.tolist(), b.tolist(), g.tolist(), e.tolist())
         check()
+
+
+_BROADCAST_SHIFTS = """
+import torch
+from tests.support.decomposition_checks import check_on_both_paths
+x = torch.tensor([-8, 6, 9, 0, 1]).reshape(5, 1)
+shift = torch.tensor([4, 2, 5, 63, 0])
+small = torch.tensor([[200], [7]], dtype=torch.uint8)
+check_on_both_paths(lambda x, shift, small: (x >> shift, x << shift, shift >> x,
+                                            small >> shift[:3].to(torch.uint8), x.int() << shift),
+                    x, shift, small)
+"""
+
+
+def test_shifts_broadcast_their_operands():
+    # torch-mlir's shifts do not broadcast: an int64[5, 1] >> int64[5] built StableHLO that
+    # aborted the process (SIGABRT, no Python error). In a child process: that abort must fail
+    # this test, not end the test run.
+    done = subprocess.run([sys.executable, "-c", _BROADCAST_SHIFTS], env=python_env(),
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 def test_shifts_gcd_and_lcm():

@@ -155,8 +155,28 @@ def rshift(x, other):
     return aten.bitwise_right_shift.Tensor(x, _as_tensor(other, x))
 
 
+def _broadcast_shift(op, x, other):
+    """``op`` on ``x`` and ``other`` promoted to one dtype and broadcast to one shape first, or
+    None where they have both: torch-mlir's shifts do neither, and the mismatched StableHLO
+    they built aborted the whole process (an int64[5, 1] >> int64[5])."""
+    if x.dtype == other.dtype and (x.shape == other.shape or other.dim() == 0):
+        return None
+    dtype = torch.result_type(x, other)
+    x, other = torch.broadcast_tensors(x.to(dtype), other.to(dtype))
+    return op(x.contiguous(), other.contiguous())
+
+
+@decomposition(aten.bitwise_left_shift.Tensor)
+def bitwise_left_shift(x, other):
+    result = _broadcast_shift(aten.bitwise_left_shift.Tensor, x, other)
+    return NotImplemented if result is None else result
+
+
 @decomposition(aten.bitwise_right_shift.Tensor)
 def bitwise_right_shift(x, other):
+    result = _broadcast_shift(aten.bitwise_right_shift.Tensor, x, other)
+    if result is not None:
+        return result
     # torch-mlir shifts uint8 arithmetically, as if signed: 200 >> 3 gave 249 (eager: 25).
     # In int32 a uint8 value is non-negative, where the arithmetic shift is the logical one.
     if x.dtype != torch.uint8:
