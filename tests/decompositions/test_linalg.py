@@ -19,6 +19,12 @@ def test_addmv_scales_and_ignores_self_when_beta_is_zero():
     mat, vec = randn(5, 6), randn(6)
     check(lambda s, m, v: torch.addmv(s, m, v, beta=0.5, alpha=2.0), randn(5), mat, vec)
     check(lambda s, m, v: torch.addmv(s, m, v, beta=0), torch.full((5,), NAN), mat, vec)
+    # Integer tensors: eager truncates the scalars (beta 1.7 is 1, alpha 0.6 is 0) and keeps
+    # the dtype; the decomposition returned float32.
+    ints = [torch.arange(n).reshape(shape) - 3 for n, shape in ((5, (5,)), (30, (5, 6)),
+                                                               (6, (6,)))]
+    check(lambda s, m, v: torch.addmv(s, m, v, beta=1.7, alpha=0.6), *ints)
+    check(lambda s, m, v: torch.addmv(s, m, v, beta=0.2, alpha=2.5), *ints)
 
 
 def test_grouped_mm_decomposition_matches_a_loop_over_groups():

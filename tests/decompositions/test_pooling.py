@@ -75,6 +75,22 @@ def test_avg_pool2d_ceil_mode_and_divisors(kwargs):
     check(lambda x: torch.nn.functional.avg_pool2d(x, **kwargs), randn(1, 2, 6, 7))
 
 
+@pytest.mark.parametrize("kwargs", [
+    dict(kernel_size=6, stride=3, padding=2, ceil_mode=True),
+    dict(kernel_size=3, stride=1, padding=1, ceil_mode=True, count_include_pad=False),
+    dict(kernel_size=2, stride=1, padding=1, divisor_override=3),
+])
+def test_integer_average_pools_keep_the_dtype_and_truncate(kwargs):
+    # Eager sums integer windows exactly and divides in integers, truncating (-30 / 4 is -7):
+    # the decomposition returned float32, and averaged ones for its counts (0 for a partial
+    # window).
+    x = torch.randint(-9, 9, (1, 2, 9), generator=torch.Generator().manual_seed(0))
+    F = torch.nn.functional
+    if "divisor_override" not in kwargs:  # 2-d and 3-d only
+        check_on_both_paths(lambda x: F.avg_pool1d(x, **kwargs), x)
+    check_on_both_paths(lambda x: F.avg_pool2d(x, **kwargs), x.reshape(1, 2, 3, 3) * 7)
+
+
 def test_avg_pool3d_divisor_override():
     F = torch.nn.functional
     check(lambda x: F.avg_pool3d(x, 2, stride=1, padding=1, ceil_mode=True,

@@ -26,6 +26,8 @@ aten = torch.ops.aten
 def addmv(self, mat, vec, *, beta=1, alpha=1):
     # No torch-mlir lowering. beta == 0 ignores self, NaNs included, as eager does.
     out = torch.mv(mat, vec)
+    if not (out.is_floating_point() or out.is_complex()):
+        alpha, beta = int(alpha), int(beta)  # eager's integer kernels truncate them: 0.6 is 0
     if alpha != 1:
         out = out * alpha
     if beta == 0:

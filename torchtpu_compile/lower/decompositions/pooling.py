@@ -278,21 +278,35 @@ def _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, div
     for k in kernel:
         window *= k
 
+    def sums_of(padded):
+        if not padded.is_floating_point():
+            # Integers: exact sums (an average of integers truncates), one dim at a time.
+            for i, (k, s) in enumerate(zip(kernel, stride)):
+                padded = padded.unfold(padded.dim() - dims + i, k, s).sum(-1,
+                                                                         dtype=padded.dtype)
+            return padded
+        return pool(padded, kernel, stride, [0] * dims, False, True, None) * window
+
     def window_sums(t):
-        return pool(aten.constant_pad_nd(t, flat_pad, 0.0), kernel, stride, [0] * dims, False,
-                    True, None) * window
+        return sums_of(aten.constant_pad_nd(t, flat_pad, 0))
+
+    def divided(sums, divisor):
+        # Eager's integer kernels divide in integers, truncating: -30 / 4 is -7.
+        if not x.is_floating_point():
+            return torch.div(sums, divisor, rounding_mode="trunc").to(x.dtype)
+        return sums / divisor
 
     sums = window_sums(x)
     if divisor_override is not None:
-        return sums / divisor_override
+        return divided(sums, divisor_override)
     ones = x.new_ones([1] * (x.dim() - dims) + in_sizes)
     if count_include_pad:  # the padding counts, the ceil-mode overhang does not
         ones = aten.constant_pad_nd(ones, _flat_pad(padding, padding), 1.0)
         ones = aten.constant_pad_nd(ones, _flat_pad([0] * dims, extra), 0.0)
-        counts = pool(ones, kernel, stride, [0] * dims, False, True, None) * window
+        counts = sums_of(ones)
     else:
         counts = window_sums(ones)
-    return sums / counts
+    return divided(sums, counts)
 
 
 @decomposition(aten.avg_pool2d.default)
