@@ -27,8 +27,14 @@ from . import paths, skips
 #: near 1, since sums that cancel keep bf16 rounding in absolute terms.
 TOLERANCES = {torch.float32: dict(rtol=1e-4, atol=1e-5),
               torch.complex64: dict(rtol=1e-4, atol=1e-5),
-              torch.bfloat16: dict(rtol=5e-2, atol=1e-2)}
-DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.complex64: "c64"}
+              torch.bfloat16: dict(rtol=5e-2, atol=1e-2),
+              # Integer and bool inputs: assert_close's defaults for each result's dtype
+              # (exact for integers and bools; a float result, sqrt(int), at fp32's).
+              torch.int64: {}, torch.int32: {}, torch.uint8: {}, torch.bool: {}}
+DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.complex64: "c64",
+               torch.int64: "i64", torch.int32: "i32", torch.uint8: "u8", torch.bool: "b8"}
+#: Each dtype's name (the sweep's --dtypes, the results' "dtype").
+DTYPES_BY_NAME = {name: dtype for dtype, name in DTYPE_NAMES.items()}
 
 
 @dataclasses.dataclass
@@ -36,7 +42,7 @@ class Result:
     """The verdict for one (entry, path, dtype)."""
     op: str            # the OpInfo name, with ".variant" when there is one
     path: str          # "compile" or "eager"
-    dtype: str         # "fp32", "bf16" or "c64"
+    dtype: str         # "fp32", "bf16", "c64" (DTYPE_NAMES)
     status: str        # pass | fallback | fail | skip | n/a
     detail: str = ""   # why (fail, fallback, skip), or a note on a pass
     category: str = ""  # skips: xla-unsupported | ours | test-artifact; fallbacks: the same

@@ -8,8 +8,8 @@ Categories:
 - ``test-artifact``: the comparison itself is meaningless (random results, uninitialized
   memory, ...), not the op.
 
-An entry applies to every path and dtype (fp32, bf16 and complex64) unless it names some
-(``paths``, ``dtypes``).
+An entry applies to every path and dtype (fp32, bf16, complex64 and the integer and bool ones)
+unless it names some (``paths``, ``dtypes``).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ class Skip:
     category: str
     reason: str
     paths: tuple = ("compile", "eager")
-    dtypes: tuple = ("fp32", "bf16", "c64")
+    dtypes: tuple = ("fp32", "bf16", "c64", "i64", "i32", "u8", "b8")
 
     def __post_init__(self):
         if self.category not in CATEGORIES:
@@ -79,8 +79,12 @@ SKIPS: dict = {
         "tpu device's own generator, independent of the CPU one, so the approximation (singular "
         "values included) differs by design", paths=("eager",))
        for name in ("svd_lowrank", "pca_lowrank")},
-    "topk": Skip("test-artifact", "bf16 samples hold equal values; which of their indices "
-                 "topk returns is unspecified (values match)", dtypes=("bf16",)),
+    "topk": Skip("test-artifact", "bf16 and integer samples hold equal values; which of "
+                 "their indices topk returns is unspecified (values match)",
+                 dtypes=("bf16", "i64", "i32", "u8")),
+    "kthvalue": Skip("test-artifact", "integer samples hold equal values; which of their "
+                     "indices kthvalue returns is unspecified (values match)",
+                     dtypes=("i64", "i32", "u8")),
 }
 
 

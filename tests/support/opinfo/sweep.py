@@ -43,17 +43,15 @@ def entries(only=None) -> list:
 
 def _worker(jobs: list, max_samples: int) -> None:
     """Run (entry, path, dtype) jobs read as JSON from argv; one line per start and result."""
-    import torch
     from torch.testing._internal.common_methods_invocations import op_db
 
     import torchtpu_compile
-    from .harness import check, entry_name
+    from .harness import DTYPES_BY_NAME, check, entry_name
     torchtpu_compile.config.matmul_precision = "highest"  # fp32 comparisons at fp32 tolerance
     by_name = {entry_name(op): op for op in op_db}
-    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "c64": torch.complex64}
     for name, path, dtype in jobs:
         print(json.dumps({"start": [name, path, dtype]}), flush=True)
-        result = check(by_name[name], path, dtypes[dtype], max_samples=max_samples)
+        result = check(by_name[name], path, DTYPES_BY_NAME[dtype], max_samples=max_samples)
         print(json.dumps({"result": result.to_json()}), flush=True)
 
 
