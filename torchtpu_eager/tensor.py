@@ -14,7 +14,11 @@ from __future__ import annotations
 
 import torch
 
-from torchtpu_compile._native import set_storage_identity
+try:
+    from torchtpu_compile._native import set_storage_identity
+except ImportError as err:  # an extension built before native.cpp gained it
+    raise ImportError("torchtpu's native extension is older than torchtpu_compile/csrc/native.cpp: "
+                      "rebuild it (`make install`)") from err
 
 from .storage import Storage
 
