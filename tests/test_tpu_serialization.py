@@ -119,3 +119,32 @@ def test_map_location_tpu_loads_tpu_tensors_on_the_device_and_keeps_host_ones():
     assert done.stdout.split("\n")[0] == \
         "tpu:0 [0.0, 1.0, -1.0, -1.0, -1.0, -1.0] cpu [1.0, 1.0]", done.stdout
     assert "tensors saved from the host stay on the host" in done.stderr
+
+
+def test_storages_have_an_identity_as_on_cuda():
+    # untyped_storage().data_ptr() raised ("invalid python storage"): code that tells storages
+    # apart by it (transformers' save_pretrained, safetensors) failed on a tpu model.
+    base = torch.arange(24.0, device="tpu")
+    views = _views(base)
+    other = torch.arange(24.0, device="tpu")
+    ptr = base.untyped_storage().data_ptr()
+    assert ptr != 0 and ptr != other.untyped_storage().data_ptr()
+    for name, view in views.items():
+        assert view.untyped_storage().data_ptr() == ptr, name
+        assert view.untyped_storage().nbytes() == base.untyped_storage().nbytes() == 96, name
+    param = torch.nn.Parameter(base)
+    assert param.untyped_storage().data_ptr() == ptr
+
+
+def test_save_pretrained_of_a_tpu_model_loads_back_as_the_cpu_model(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1,
+                                      num_attention_heads=2, intermediate_size=32,
+                                      tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+    model.to("tpu").save_pretrained(tmp_path)
+    loaded = transformers.LlamaForCausalLM.from_pretrained(tmp_path)
+    ids = torch.randint(0, 64, (1, 5))
+    assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
+    torch.testing.assert_close(loaded(ids).logits, model.cpu()(ids).logits)

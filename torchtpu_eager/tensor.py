@@ -14,6 +14,12 @@ from __future__ import annotations
 
 import torch
 
+try:
+    from torchtpu_compile._native import set_storage_identity
+except ImportError as err:  # an extension built before native.cpp gained it
+    raise ImportError("torchtpu's native extension is older than torchtpu_compile/csrc/native.cpp: "
+                      "rebuild it (`make install`)") from err
+
 from .storage import Storage
 
 DEVICE = torch.device("tpu", 0)  # always with an index: the autograd engine asserts on -1
@@ -59,6 +65,7 @@ class TpuTensor(torch.Tensor):
             cls, size, strides=stride, storage_offset=offset, dtype=storage.dtype,
             device=DEVICE, requires_grad=requires_grad)
         t._st = storage
+        set_storage_identity(t, id(storage), storage.nbytes)
         t._set_geometry(size, stride, offset, contiguous)
         return t
 
@@ -189,6 +196,7 @@ def dense_tensor(storage: Storage, shape: tuple, strides: tuple) -> TpuTensor:
     t = _make_wrapper(TpuTensor, shape, strides=strides, storage_offset=0, dtype=storage.dtype,
                       device=DEVICE, requires_grad=False)
     t._st = storage
+    set_storage_identity(t, id(storage), storage.nbytes)  # untyped_storage().data_ptr() works
     t._shape = shape
     t._dense = True
     return t
@@ -210,6 +218,7 @@ def view_tensor(storage: Storage, shape: tuple, strides: tuple, offset: int,
     t = _make_wrapper(TpuTensor, shape, strides=strides, storage_offset=offset,
                       dtype=storage.dtype, device=DEVICE, requires_grad=False)
     t._st = storage
+    set_storage_identity(t, id(storage), storage.nbytes)
     t._shape = shape
     t._dense = dense
     return t

@@ -16,6 +16,7 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <torch/csrc/autograd/python_variable.h>
 
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/Allocator.h>
@@ -179,6 +180,31 @@ PyObject* report_memory(PyObject* /*self*/, PyObject* const* args, Py_ssize_t na
   Py_RETURN_NONE;
 }
 
+// A tpu tensor is a wrapper subclass: PyTorch gives it a storage with no data pointer, and
+// `untyped_storage().data_ptr()` raises. Code that tells storages apart by that pointer (as
+// it can on CUDA) then fails: transformers' save_pretrained (tied weights), safetensors'
+// shared-tensor check, accelerate's tied-parameter search. The storage is given a stable
+// identity instead: a pointer that names the tensor's torchtpu Storage (never dereferenced:
+// the device's data lives in PJRT buffers) and that Storage's size in bytes, so tensors over
+// one Storage report the same pointer and size, as views of one CUDA allocation do.
+PyObject* set_storage_identity(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3 || !THPVariable_Check(args[0])) {
+    PyErr_SetString(PyExc_TypeError, "set_storage_identity(tensor, key, nbytes)");
+    return nullptr;
+  }
+  auto key = PyLong_AsUnsignedLongLongMask(args[1]);
+  auto nbytes = PyLong_AsLongLong(args[2]);
+  if (PyErr_Occurred()) {
+    return nullptr;
+  }
+  const at::Tensor& tensor = THPVariable_Unpack(args[0]);
+  c10::StorageImpl* storage = tensor.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(
+      c10::DataPtr(reinterpret_cast<void*>(static_cast<uintptr_t>(key)), tensor.device()));
+  storage->set_nbytes(static_cast<size_t>(nbytes));
+  Py_RETURN_NONE;
+}
+
 PyMethodDef methods[] = {
     {"register_device", register_device, METH_NOARGS,
      "Register the tpu (PrivateUse1) device guard and hooks; once per process."},
@@ -186,6 +212,11 @@ PyMethodDef methods[] = {
      METH_FASTCALL,
      "report_memory(key, delta_bytes, live_bytes): one tpu allocation (delta > 0) or free "
      "(delta < 0) for the profiler's memory timeline; a no-op unless it records memory."},
+    {"set_storage_identity",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(set_storage_identity)),
+     METH_FASTCALL,
+     "set_storage_identity(tensor, key, nbytes): the data pointer (key, never dereferenced) "
+     "and size that a tpu tensor's untyped_storage() reports."},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native",
