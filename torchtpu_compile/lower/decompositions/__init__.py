@@ -23,6 +23,7 @@ One module per family of ops, as JAX's lax files:
                       backward
     convolution       transposed convolutions, convolution_backward
     normalization     batch norm (inference, with update), weight norm's backward
+    losses            multilabel margin loss (labels after the first -1, 1-D shapes)
     special           lgamma, digamma, polygamma, zeta, igamma(c), erfc, erfinv, ndtri, erfcx,
                       log_ndtr
     bessel            i0, i1 (scaled or not), J, Y, K (scaled or not), spherical j0
@@ -97,7 +98,8 @@ def _register_families() -> None:
     # Each family module registers its decompositions (and checks) when imported: here, on
     # first use, not when this package is imported (the backend and numerics import it early).
     from . import (amp, attention, bessel, checks, convolution, elementwise,  # noqa: F401
-                   fft_complex, foreach, indexing_scatter, linalg, normalization, optimizers,
+                   fft_complex, foreach, indexing_scatter, linalg, losses, normalization,
+                   optimizers,
                    polynomials, pooling, recurrent, reductions_scans, resampling, sorting,
                    special, views)
 
