@@ -346,3 +346,12 @@ def test_shifts_gcd_and_lcm():
                 torch.lcm(a, b), torch.gcd(a.int(), b.int()), torch.where(small > 100, small, 0),
                 torch.full_like(small, 255) - small)
     check_on_both_paths(integer_ops, x, shift, small, a, b)
+
+
+def test_hardshrink_backward():
+    # torch-mlir does not lower it: nn.Hardshrink's backward ran on the host on the eager
+    # device. Values at the thresholds, inside, outside, and NaN.
+    x = torch.tensor([-1.0, -0.5, -0.2, 0.0, 0.5, 0.7, NAN, INF, -INF])
+    grad = randn(9)
+    backward = torch.ops.aten.hardshrink_backward.default
+    check_on_both_paths(lambda g, x: backward(g, x, 0.5), grad, x)
