@@ -348,10 +348,11 @@ def test_shifts_gcd_and_lcm():
     check_on_both_paths(integer_ops, x, shift, small, a, b)
 
 
-def test_hardshrink_backward():
-    # torch-mlir does not lower it: nn.Hardshrink's backward ran on the host on the eager
-    # device. Values at the thresholds, inside, outside, and NaN.
+@pytest.mark.parametrize("op", ["hardshrink_backward", "softshrink_backward"])
+def test_shrink_backward(op):
+    # torch-mlir lowers neither: nn.Hardshrink's and nn.Softshrink's backwards ran on the host
+    # on the eager device. Values at the thresholds, inside, outside, and NaN.
     x = torch.tensor([-1.0, -0.5, -0.2, 0.0, 0.5, 0.7, NAN, INF, -INF])
     grad = randn(9)
-    backward = torch.ops.aten.hardshrink_backward.default
+    backward = getattr(torch.ops.aten, op).default
     check_on_both_paths(lambda g, x: backward(g, x, 0.5), grad, x)

@@ -1,7 +1,7 @@
 """Elementwise decompositions: arithmetic torch-mlir lowers wrongly (remainder's sign, integer
 floor division in float64, fmax/fmin and clamp's bounds without broadcasting, uint8 right
 shifts) or not at all (the shift operators, gcd, lcm), floats read bit by bit (nextafter,
-frexp), short formulas (hypot, angle, inductor's fma, hardshrink's backward) and dropout's
+frexp), short formulas (hypot, angle, inductor's fma, the shrinks' backward) and dropout's
 random mask.
 
 Example::
@@ -396,8 +396,9 @@ def native_dropout(input, p, train):
     return input * keep * (1.0 / (1 - p)), keep
 
 
-@decomposition(aten.hardshrink_backward.default)
-def hardshrink_backward(grad, x, lambd):
-    # torch-mlir does not lower it: nn.Hardshrink's backward ran on the host on the eager
-    # device. Eager's kernel: zero where -lambd <= x <= lambd (NaN passes the gradient).
+@decomposition(aten.hardshrink_backward.default, aten.softshrink_backward.default)
+def shrink_backward(grad, x, lambd):
+    # torch-mlir lowers neither: nn.Hardshrink's and nn.Softshrink's backwards ran on the host
+    # on the eager device. Eager's kernels (the same for both): zero where -lambd <= x <= lambd
+    # (NaN passes the gradient).
     return torch.where((x >= -lambd) & (x <= lambd), torch.zeros_like(grad), grad)
