@@ -232,9 +232,11 @@ def zoo_steps_note(name: str) -> str:
     return STEPS.get(name, (0, ""))[1]
 
 
-def modinfo_section(results: dict) -> list:
+def modinfo_section(results: dict, seconds: dict | None = None) -> list:
     """The ModuleInfo sweep (modules.py, ``sweep --db modules``): what it runs, its totals and
     every entry that did not pass."""
+    timing = ["Sweep time: " + ", ".join(f"{os.path.basename(k)} {v / 60:.1f} min"
+                                         for k, v in seconds.items()), ""] if seconds else []
     from .modules import MAX_SAMPLES
     return [
         f"Every entry of PyTorch's `module_db` (its own `nn.Module` test inputs: first "
@@ -245,11 +247,11 @@ def modinfo_section(results: dict) -> list:
         "cotangent, and the parameters and buffers after the call (running statistics); a "
         "sample eager rejects must raise the same exception type. Statuses and tolerances as "
         "OpInfo's; known failures are `KNOWN_FAILURES` in `tests/support/opinfo/modules.py`.",
-        "", *totals(results), "", *details(results), ""]
+        "", *totals(results), "", *timing, *details(results), ""]
 
 
 def render(results: dict, seconds: dict, models: dict, dynamic_models: dict | None = None,
-           modinfo: dict | None = None) -> str:
+           modinfo: dict | None = None, modinfo_seconds: dict | None = None) -> str:
     """The whole of docs/coverage.md."""
     today = datetime.date.today().isoformat()
     lines = [
@@ -280,7 +282,8 @@ def render(results: dict, seconds: dict, models: dict, dynamic_models: dict | No
         lines += ["Sweep time: " + ", ".join(
             f"{os.path.basename(k)} {v / 60:.1f} min" for k, v in seconds.items()), ""]
     if modinfo:
-        lines += ["## nn.Module coverage (ModuleInfo)", "", *modinfo_section(modinfo)]
+        lines += ["## nn.Module coverage (ModuleInfo)", "",
+                  *modinfo_section(modinfo, modinfo_seconds)]
     if models:
         lines += ["## Model zoo", "", zoo_paragraph(models, zoo_names()), "",
                   *zoo_table(models), ""]
@@ -317,11 +320,11 @@ def main(argv=None) -> int:
     models = load_zoo(zoo_files)
     dynamic_models = load_zoo(sorted(glob.glob("build/coverage/dynamic_zoo*.json"),
                                      key=os.path.getmtime))
-    modinfo, _ = load_opinfo(sorted(glob.glob("build/coverage/modinfo*.json"),
-                                    key=os.path.getmtime))
+    modinfo, modinfo_seconds = load_opinfo(sorted(glob.glob("build/coverage/modinfo*.json"),
+                                                  key=os.path.getmtime))
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
-        f.write(render(results, seconds, models, dynamic_models, modinfo))
+        f.write(render(results, seconds, models, dynamic_models, modinfo, modinfo_seconds))
     print(f"wrote {args.out}: {len(results)} OpInfo results, {len(models)} models")
     return 0
 
