@@ -3,7 +3,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run lint test test-full test-opinfo test-zoo coverage config-docs bench clean
+.PHONY: install run lint test test-full test-opinfo test-modinfo test-zoo coverage config-docs bench clean
 
 install: $(STAMP)
 
@@ -44,6 +44,9 @@ test-full: install
 # renders.
 test-opinfo: install
 	$(PY) -m pytest -q tests/slow/test_opinfo_full.py
+
+test-modinfo: install
+	$(PY) -m pytest -q tests/slow/test_modinfo_full.py
 
 test-zoo: install
 	$(PY) -m pytest -q tests/slow/test_zoo_full.py

@@ -121,3 +121,23 @@ def test_module_cpu_brings_a_tpu_model_back_keeping_its_parameters():
     model(torch.tensor([[0, 3]])).sum().backward()
     optimizer.step()
     assert not torch.equal(weight.detach(), before)
+
+
+def test_lazy_modules_moved_before_their_first_forward_initialize_and_train_as_on_cpu():
+    # nn.LazyLinear(3).to("tpu") (the CUDA idiom) turned the uninitialized weight into a
+    # zero-size tpu tensor that the module took for initialized: its first forward failed.
+    def run(device):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.LazyConv1d(3, 2), torch.nn.LazyBatchNorm1d(),
+                                    torch.nn.Flatten(), torch.nn.LazyLinear(2)).to(device)
+        x = torch.randn(4, 2, 5).to(device)
+        with config.patch(matmul_precision="highest"):
+            out = model(x)
+            out.square().sum().backward()
+        assert all(p.device.type == device for p in model.parameters())
+        return [out.detach().cpu(), *(p.grad.cpu() for p in model.parameters()),
+                *(b.cpu() for b in model.buffers())]
+    expected, actual = run("cpu"), run("tpu")
+    assert len(actual) == len(expected)
+    for a, e in zip(actual, expected):
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)

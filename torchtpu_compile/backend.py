@@ -187,3 +187,7 @@ from torch._dynamo import trace_rules as _trace_rules  # noqa: E402
 _trace_rules.add("torchtpu_compile.runtime")
 from . import dynamo_cache as _dynamo_cache  # noqa: E402
 _dynamo_cache.install(torchtpu_backend)
+# And decompositions PyTorch runs above autograd while Dynamo traces (losses.py) take ours
+# before the first frame is traced.
+from .lower.decompositions import losses as _losses  # noqa: E402
+_losses.install_above_autograd()

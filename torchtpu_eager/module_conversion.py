@@ -18,6 +18,12 @@ references every ``nn.LSTM``/``GRU``/``RNN`` keeps to its own weights (``_flat_w
 do not count: ``RNNBase._apply`` drops them before converting and makes them again after, so
 they are dropped before the check too (a tied word language model came untied).
 
+A lazy module's uninitialized parameters and buffers (``nn.LazyLinear(3).to("tpu")``, the
+CUDA idiom) cannot become tpu tensors: the tpu tensor type is not an ``UninitializedParameter``,
+so the module took a zero-size tpu weight for an initialized one and failed its first forward.
+They stay on the CPU, uninitialized, through the conversion; the module's first forward
+initializes them there (from the CPU generator, as on CPU) and then moves them to the device.
+
 Example::
 
     model.head.weight = model.embed.weight
@@ -100,10 +106,59 @@ def _drop_rnn_weight_refs(module: torch.nn.Module) -> list:
     return rnns
 
 
+def _is_uninitialized(tensor) -> bool:
+    return isinstance(tensor, torch.nn.parameter.UninitializedTensorMixin)
+
+
+@contextlib.contextmanager
+def _uninitialized_left_out(module: torch.nn.Module):
+    """Lazy modules' uninitialized parameters and buffers out of ``_apply``'s reach (it skips a
+    None), put back after; yields the modules that hold some."""
+    held = []
+    for m in module.modules():
+        for table in (m._parameters, m._buffers):
+            for name, tensor in table.items():
+                if _is_uninitialized(tensor):
+                    held.append((m, table, name, tensor))
+    for _, table, name, _ in held:
+        table[name] = None
+    try:
+        yield list({id(m): m for m, *_ in held}.values())
+    finally:
+        for _, table, name, tensor in held:
+            table[name] = tensor
+
+
+def _move_once_initialized(module: torch.nn.Module, device) -> None:
+    """A forward pre-hook after the lazy module's own (which initializes it) moving it to
+    ``device``, once; a later conversion replaces it."""
+    previous = getattr(module, "_torchtpu_lazy_move", None)
+    if previous is not None:
+        previous.remove()
+
+    def move(mod, args, kwargs):
+        if any(_is_uninitialized(t) for t in (*mod._parameters.values(),
+                                              *mod._buffers.values())):
+            return None
+        mod._torchtpu_lazy_move.remove()
+        del mod._torchtpu_lazy_move
+        mod.to(device)
+        return None
+    module._torchtpu_lazy_move = module.register_forward_pre_hook(move, with_kwargs=True)
+
+
 def _converted(original, self, args, kwargs):
     rnns = _drop_rnn_weight_refs(self)
     try:
-        return _convert(original, self, args, kwargs)
+        with _uninitialized_left_out(self) as lazy:
+            converted = _convert(original, self, args, kwargs)
+        if lazy:
+            device = next((t.device for t in (*self.parameters(), *self.buffers())
+                           if not _is_uninitialized(t)), None)
+            device = device if device is not None else _target(original, args, kwargs)
+            for module in lazy if device is not None else ():  # .to(dtype): where it was
+                _move_once_initialized(module, device)
+        return converted
     finally:
         for rnn in rnns:    # _apply remade them, unless a conversion failed before reaching it
             if not rnn._flat_weight_refs:
@@ -121,6 +176,18 @@ def _convert(original, self, args, kwargs):
         return original(self, *args, **kwargs)
     with _swapping():
         return original(self, *args, **kwargs)
+
+
+def _target(original, args, kwargs) -> torch.device | None:
+    """Where a conversion sends a module: ``to``'s device (None for a dtype only), ``tpu()``
+    or ``cpu()``."""
+    if original.__name__ == "cpu":
+        return torch.device("cpu")
+    if original.__name__ == NAME:
+        index = args[0] if args else kwargs.get("device")
+        return torch.device(NAME, index if isinstance(index, int) else 0)
+    device = torch._C._nn._parse_to(*args, **kwargs)[0]
+    return None if device is None else torch.device(device)
 
 
 def register() -> None:

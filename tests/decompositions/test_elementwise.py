@@ -371,3 +371,13 @@ def test_shifts_gcd_and_lcm():
                 torch.lcm(a, b), torch.gcd(a.int(), b.int()), torch.where(small > 100, small, 0),
                 torch.full_like(small, 255) - small)
     check_on_both_paths(integer_ops, x, shift, small, a, b)
+
+
+@pytest.mark.parametrize("op", ["hardshrink_backward", "softshrink_backward"])
+def test_shrink_backward(op):
+    # torch-mlir lowers neither: nn.Hardshrink's and nn.Softshrink's backwards ran on the host
+    # on the eager device. Values at the thresholds, inside, outside, and NaN.
+    x = torch.tensor([-1.0, -0.5, -0.2, 0.0, 0.5, 0.7, NAN, INF, -INF])
+    grad = randn(9)
+    backward = getattr(torch.ops.aten, op).default
+    check_on_both_paths(lambda g, x: backward(g, x, 0.5), grad, x)

@@ -133,3 +133,23 @@ def test_avg_pool_backward_every_divisor_rule():
                 for (dims, *args, _), g in zip(cases, grads)]
     check_on_both_paths(backwards, inputs[2], inputs[3], *(case[-1] for case in cases),
                         rtol=1e-5, atol=1e-6)
+
+
+def test_adaptive_max_pool_1d_2d_of_sizes_that_do_not_divide_and_their_backward():
+    # PyTorch's reference handles only output sizes that divide the input's ("condition must
+    # be true"): nn.AdaptiveMaxPool1d/2d ran in eager PyTorch, forward and backward.
+    F = torch.nn.functional
+    x = randn(2, 3, 5, 7)
+    x[1, 2, 1, :3] = NAN
+
+    def pools(x):
+        return (F.adaptive_max_pool2d(x, (3, 4), return_indices=True),
+                F.adaptive_max_pool2d(x[0], 3, return_indices=True),
+                F.adaptive_max_pool1d(x[:, :, 0], 3, return_indices=True))
+    check_on_both_paths(pools, x, rtol=1e-5, atol=1e-6)
+
+    def grad(x):
+        loss = (F.adaptive_max_pool2d(x, (3, 4)).pow(2).sum()
+                + F.adaptive_max_pool1d(x[:, :, 0], 3).pow(2).sum())
+        return torch.autograd.grad(loss, x)[0]
+    check(grad, randn(2, 3, 5, 7).requires_grad_())

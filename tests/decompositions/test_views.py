@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.support.decomposition_checks import check, randn
+from tests.support.decomposition_checks import check, check_on_both_paths, randn
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
@@ -56,3 +56,16 @@ def test_unfold_windows(dim, size, step):
 @pytest.mark.parametrize("shifts, dims", [(2, 0), ((-1, 7), (1, 2)), (3, ()), (0, 1)])
 def test_roll(shifts, dims):
     check(lambda x: torch.roll(x, shifts, dims), randn(5, 4, 3))
+
+
+@pytest.mark.parametrize("shape, padding", [((2, 3, 5), (2, 1)), ((1, 2, 4, 3), (1, 3, 2, 0)),
+                                            ((2, 3, 2, 4), (1, 2, 0, 1, 3, 1))],
+                         ids=["1d", "2d", "3d"])
+def test_replication_pad_backward(shape, padding):
+    # torch-mlir does not lower replication_pad{1,2,3}d_backward: nn.ReplicationPad*d trained
+    # in eager PyTorch. Left and right pads of several widths, a dim left unpadded.
+    x = randn(*shape)
+    out = torch.nn.functional.pad(x, padding, mode="replicate")
+    grad = randn(*out.shape, seed=1)
+    backward = getattr(torch.ops.aten, f"replication_pad{len(padding) // 2}d_backward")
+    check_on_both_paths(lambda g, x: backward(g, x, list(padding)), grad, x, rtol=1e-6, atol=1e-6)

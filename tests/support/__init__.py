@@ -7,7 +7,8 @@
 - ``decomposition_checks``: one decomposition against eager, on every path;
 - ``dist_launch``, ``dist_workers``, ``dist_fsdp``: tpu_dist worker processes;
 - ``checkpoint_worker``: activation checkpointing, run in a subprocess;
-- ``opinfo``: PyTorch's OpInfo database run on both paths (harness, sweep, coverage report).
+- ``opinfo``: PyTorch's OpInfo and ModuleInfo databases run on both paths (harnesses, sweep,
+  coverage report).
 
 Tests import it as ``from tests.support import helpers``; a subprocess that imports it needs
 ``python_env()``.

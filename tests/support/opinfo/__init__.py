@@ -4,6 +4,9 @@
   ``eager``: the ``tpu`` device), and what it used besides XLA.
 - ``skips``: the skip list, as data: entry -> (category, reason).
 - ``harness``: one OpInfo entry, one path, one dtype -> a ``Result``.
-- ``sweep``: every entry, crash-isolated in worker processes, into a results JSON.
+- ``modules``: one ModuleInfo entry (PyTorch's ``module_db``), one path, fp32 -> a ``Result``:
+  outputs, gradients and the module's state after the call.
+- ``sweep``: every entry (of ``op_db``, or ``module_db`` with ``--db modules``), crash-isolated
+  in worker processes, into a results JSON.
 - ``report``: docs/coverage.md from the results JSON (and the model zoo's).
 """

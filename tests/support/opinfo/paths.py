@@ -77,8 +77,10 @@ def _capture_fallbacks():
         _logging.log.propagate = saved
 
 
-def run_compiled(fn, args, kwargs) -> Outcome:
-    """Run ``fn(*args, **kwargs)`` through ``torch.compile(backend="torchtpu")``.
+def run_compiled(fn, args, kwargs, then=None) -> Outcome:
+    """Run ``fn(*args, **kwargs)`` through ``torch.compile(backend="torchtpu")``; ``then``, if
+    given, maps ``(result, args, kwargs)`` to the value inside the same capture of fallbacks (a
+    backward pass, whose program aot_autograd builds on first use).
 
     Example::
 
@@ -99,6 +101,8 @@ def run_compiled(fn, args, kwargs) -> Outcome:
     compiled = torch.compile(call, backend=backend, dynamic=False, fullgraph=False)
     with _capture_fallbacks() as reasons:
         value = compiled(*args, **kwargs)
+        if then is not None:
+            value = then(value, args, kwargs)
     counted = torchtpu_compile.stats()["fallback_ops"]
     fallbacks = {op: reasons.get(op, "no reason logged") for op in counted}
     breaks = [str(reason) for reason in counters["graph_break"]]
@@ -116,18 +120,27 @@ def eager_available() -> str | None:
     return None
 
 
+def _is_leaf(value) -> bool:
+    """A PackedSequence moves whole: its ``batch_sizes`` stay on the CPU wherever it goes."""
+    return isinstance(value, torch.nn.utils.rnn.PackedSequence)
+
+
 def _to(device):
     def move(value):
         if isinstance(value, torch.Size):  # a tuple to pytree: kept whole, it holds no tensor
             return value
+        if _is_leaf(value):
+            return value.to(device)
         if isinstance(value, torch.Tensor):
             return value.detach().to(device).requires_grad_(value.requires_grad)
         return value
     return move
 
 
-def run_eager(fn, args, kwargs) -> Outcome:
-    """Run ``fn`` on device ``"tpu"``: inputs moved there, results moved back to the CPU.
+def run_eager(fn, args, kwargs, then=None) -> Outcome:
+    """Run ``fn`` on device ``"tpu"``: inputs moved there, results moved back to the CPU;
+    ``then``, if given, maps ``(result, args, kwargs)`` on the device before the value moves back
+    (a backward pass).
 
     Example::
 
@@ -135,11 +148,14 @@ def run_eager(fn, args, kwargs) -> Outcome:
     """
     import torchtpu_compile
     torchtpu_compile.reset_stats()  # the eager device counts its host fallbacks there too
-    args, kwargs = tree_map(_to("tpu"), (args, kwargs))
+    args, kwargs = tree_map(_to("tpu"), (args, kwargs), is_leaf=_is_leaf)
     with _capture_fallbacks() as reasons:
         value = fn(*args, **kwargs)
-        value = value if isinstance(value, torch.Size) else tree_map(_to("cpu"), value)
-        arguments = tree_map(_to("cpu"), (args, kwargs))
+        if then is not None:
+            value = then(value, args, kwargs)
+        value = value if isinstance(value, torch.Size) else \
+            tree_map(_to("cpu"), value, is_leaf=_is_leaf)
+        arguments = tree_map(_to("cpu"), (args, kwargs), is_leaf=_is_leaf)
     counted = torchtpu_compile.stats()["fallback_ops"]
     return Outcome(value, {op: reasons.get(op, "no reason logged") for op in counted},
                    arguments=arguments)

@@ -232,7 +232,26 @@ def zoo_steps_note(name: str) -> str:
     return STEPS.get(name, (0, ""))[1]
 
 
-def render(results: dict, seconds: dict, models: dict, dynamic_models: dict | None = None) -> str:
+def modinfo_section(results: dict, seconds: dict | None = None) -> list:
+    """The ModuleInfo sweep (modules.py, ``sweep --db modules``): what it runs, its totals and
+    every entry that did not pass."""
+    timing = ["Sweep time: " + ", ".join(f"{os.path.basename(k)} {v / 60:.1f} min"
+                                         for k, v in seconds.items()), ""] if seconds else []
+    from .modules import MAX_SAMPLES
+    return [
+        f"Every entry of PyTorch's `module_db` (its own `nn.Module` test inputs: first "
+        f"{MAX_SAMPLES} samples per mode, in training mode, and in eval mode too where the entry "
+        "says they differ), fp32, the module built from one seed and deep-copied: one copy in "
+        "eager CPU PyTorch, the other compiled (on CPU tensors) or on the `tpu` device. "
+        "Compared: forward outputs, the gradients of parameters and inputs from a random "
+        "cotangent, and the parameters and buffers after the call (running statistics); a "
+        "sample eager rejects must raise the same exception type. Statuses and tolerances as "
+        "OpInfo's; known failures are `KNOWN_FAILURES` in `tests/support/opinfo/modules.py`.",
+        "", *totals(results), "", *timing, *details(results), ""]
+
+
+def render(results: dict, seconds: dict, models: dict, dynamic_models: dict | None = None,
+           modinfo: dict | None = None, modinfo_seconds: dict | None = None) -> str:
     """The whole of docs/coverage.md."""
     today = datetime.date.today().isoformat()
     lines = [
@@ -262,6 +281,9 @@ def render(results: dict, seconds: dict, models: dict, dynamic_models: dict | No
     if seconds:
         lines += ["Sweep time: " + ", ".join(
             f"{os.path.basename(k)} {v / 60:.1f} min" for k, v in seconds.items()), ""]
+    if modinfo:
+        lines += ["## nn.Module coverage (ModuleInfo)", "",
+                  *modinfo_section(modinfo, modinfo_seconds)]
     if models:
         lines += ["## Model zoo", "", zoo_paragraph(models, zoo_names()), "",
                   *zoo_table(models), ""]
@@ -298,9 +320,11 @@ def main(argv=None) -> int:
     models = load_zoo(zoo_files)
     dynamic_models = load_zoo(sorted(glob.glob("build/coverage/dynamic_zoo*.json"),
                                      key=os.path.getmtime))
+    modinfo, modinfo_seconds = load_opinfo(sorted(glob.glob("build/coverage/modinfo*.json"),
+                                                  key=os.path.getmtime))
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
-        f.write(render(results, seconds, models, dynamic_models))
+        f.write(render(results, seconds, models, dynamic_models, modinfo, modinfo_seconds))
     print(f"wrote {args.out}: {len(results)} OpInfo results, {len(models)} models")
     return 0
 

@@ -88,14 +88,19 @@ SKIPS: dict = {
 }
 
 
-def lookup(entry: str, path: str, dtype: str) -> Skip | None:
-    """The skip for ``entry`` ("op" or "op.variant") on ``path`` and ``dtype``, if any.
+#: The ModuleInfo sweep's skips (modules.py), by ``module_db`` name.
+MODULE_SKIPS: dict = {}
+
+
+def lookup(entry: str, path: str, dtype: str, table: dict | None = None) -> Skip | None:
+    """The skip for ``entry`` ("op" or "op.variant") on ``path`` and ``dtype`` in ``table``
+    (default: the OpInfo skips, ``SKIPS``), if any.
 
     Example::
 
         lookup("empty", "compile", "fp32").category   # "test-artifact"
     """
-    skip = SKIPS.get(entry)
+    skip = (SKIPS if table is None else table).get(entry)
     if skip is None or path not in skip.paths or dtype not in skip.dtypes:
         return None
     return skip

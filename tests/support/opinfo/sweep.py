@@ -5,6 +5,10 @@ Usage (from the repository root)::
 
     python -m tests.support.opinfo.sweep --out build/coverage/opinfo.json          # everything
     python -m tests.support.opinfo.sweep --ops add,mul --dtypes fp32 --paths compile
+    python -m tests.support.opinfo.sweep --db modules --out build/coverage/modinfo.json
+
+``--db modules`` sweeps PyTorch's ModuleInfo database (``module_db``, ``modules.py``) instead of
+``op_db``, in fp32 only; ``--ops`` then names modules (``nn.LSTM``).
 
 A worker reads entry names, writes one JSON line when it starts an entry and one with the
 result; the driver restarts a worker that died (the entry it was on becomes a ``fail`` naming
@@ -25,30 +29,44 @@ from tests.support import python_env
 
 DTYPES = ("fp32", "bf16", "c64")
 PATHS = ("compile", "eager")
+#: The databases a sweep can run: OpInfo (``op_db``) and ModuleInfo (``module_db``, fp32 only).
+DBS = ("ops", "modules")
 
 
-def entries(only=None) -> list:
-    """Every OpInfo entry name ("op" or "op.variant"), in op_db order."""
-    from torch.testing._internal.common_methods_invocations import op_db
-    from .harness import entry_name
-    names = [entry_name(op) for op in op_db]
+def entries(only=None, db: str = "ops") -> list:
+    """Every entry name of ``db`` in its order: OpInfo's "op" or "op.variant", or ModuleInfo's
+    "nn.Module"."""
+    if db == "modules":
+        from .modules import module_entries
+        names = list(module_entries())
+    else:
+        from torch.testing._internal.common_methods_invocations import op_db
+        from .harness import entry_name
+        names = [entry_name(op) for op in op_db]
     if only:
         wanted = set(only)
         missing = wanted - set(names)
         if missing:
-            raise SystemExit(f"not OpInfo entries: {', '.join(sorted(missing))}")
+            raise SystemExit(f"not {db} database entries: {', '.join(sorted(missing))}")
         names = [n for n in names if n in wanted]
     return names
 
 
-def _worker(jobs: list, max_samples: int) -> None:
+def _worker(jobs: list, max_samples: int, db: str = "ops") -> None:
     """Run (entry, path, dtype) jobs read as JSON from argv; one line per start and result."""
-    from torch.testing._internal.common_methods_invocations import op_db
-
     import torchtpu_compile
-    from .harness import DTYPES_BY_NAME, check, entry_name
+    from .harness import DTYPES_BY_NAME
     torchtpu_compile.config.matmul_precision = "highest"  # fp32 comparisons at fp32 tolerance
-    by_name = {entry_name(op): op for op in op_db}
+    if db == "modules":
+        from .modules import check_module, module_entries
+        by_name = module_entries()
+
+        def check(info, path, dtype, max_samples):
+            return check_module(info, path, max_samples=max_samples)
+    else:
+        from torch.testing._internal.common_methods_invocations import op_db
+        from .harness import check, entry_name
+        by_name = {entry_name(op): op for op in op_db}
     for name, path, dtype in jobs:
         print(json.dumps({"start": [name, path, dtype]}), flush=True)
         result = check(by_name[name], path, DTYPES_BY_NAME[dtype], max_samples=max_samples)
@@ -61,11 +79,12 @@ def _crashed(job, why: str) -> dict:
             "category": "", "samples": 0, "fallback_ops": {}, "seconds": 0.0}
 
 
-def _run_chunk(jobs: list, max_samples: int, timeout: float, results: dict, log) -> list:
+def _run_chunk(jobs: list, max_samples: int, timeout: float, results: dict, log,
+               db: str = "ops") -> list:
     """Run jobs in one worker; return the jobs it did not reach (after a crash or hang)."""
     env = python_env()
     cmd = [sys.executable, "-m", "tests.support.opinfo.sweep", "--worker", json.dumps(jobs),
-           "--max-samples", str(max_samples)]
+           "--max-samples", str(max_samples), "--db", db]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
                             text=True)
     lines: queue.Queue = queue.Queue()
@@ -110,12 +129,14 @@ def _run_chunk(jobs: list, max_samples: int, timeout: float, results: dict, log)
 
 
 def sweep(names: list, paths=PATHS, dtypes=DTYPES, max_samples: int = 3, timeout: float = 300,
-          chunk: int = 150, jobs: int = 1, log=print) -> list:
-    """Check every (entry, path, dtype) in ``jobs`` parallel workers; returns the result dicts.
+          chunk: int = 150, jobs: int = 1, log=print, db: str = "ops") -> list:
+    """Check every (entry, path, dtype) of ``db`` in ``jobs`` parallel workers; returns the
+    result dicts.
 
     Example::
 
         sweep(["add", "mul"], paths=("compile",), dtypes=("fp32",))
+        sweep(["nn.Linear"], dtypes=("fp32",), db="modules")
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -128,7 +149,7 @@ def sweep(names: list, paths=PATHS, dtypes=DTYPES, max_samples: int = 3, timeout
 
     def run(batch):
         while batch:
-            batch = _run_chunk(batch, max_samples, timeout, results, log)
+            batch = _run_chunk(batch, max_samples, timeout, results, log, db)
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         list(pool.map(run, chunks))
@@ -145,22 +166,28 @@ def _print_result(r: dict) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="build/coverage/opinfo.json")
+    parser.add_argument("--out", help="results JSON (default: build/coverage/opinfo.json, "
+                        "or modinfo.json with --db modules)")
+    parser.add_argument("--db", choices=DBS, default="ops")
     parser.add_argument("--ops", help="comma-separated entry names (default: all)")
     parser.add_argument("--paths", default=",".join(PATHS))
-    parser.add_argument("--dtypes", default=",".join(DTYPES))
+    parser.add_argument("--dtypes", help="comma-separated (default: all; fp32 with --db "
+                        "modules)")
     parser.add_argument("--max-samples", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=300, help="seconds per entry")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes at a time")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        _worker(json.loads(args.worker), args.max_samples)
+        _worker(json.loads(args.worker), args.max_samples, args.db)
         return 0
-    names = entries(args.ops.split(",") if args.ops else None)
+    modules = args.db == "modules"
+    args.out = args.out or f"build/coverage/{'modinfo' if modules else 'opinfo'}.json"
+    dtypes = args.dtypes.split(",") if args.dtypes else (["fp32"] if modules else DTYPES)
+    names = entries(args.ops.split(",") if args.ops else None, args.db)
     start = time.perf_counter()
-    results = sweep(names, args.paths.split(","), args.dtypes.split(","), args.max_samples,
-                    args.timeout, jobs=args.jobs, log=_print_result)
+    results = sweep(names, args.paths.split(","), dtypes, args.max_samples,
+                    args.timeout, jobs=args.jobs, log=_print_result, db=args.db)
     elapsed = time.perf_counter() - start
     write(args.out, results, elapsed, args.max_samples)
     print(f"{len(results)} results in {elapsed:.0f} s -> {args.out}")

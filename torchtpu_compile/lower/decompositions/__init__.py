@@ -14,7 +14,8 @@ One module per family of ops, as JAX's lax files:
     sorting           stable sort, topk, kthvalue, median, nanmedian, mode, searchsorted
     indexing_scatter  index, index_put, take, put, scatter_reduce, scatter with a reduce,
                       index_reduce, segment_reduce
-    views             copies of views, as_strided(_scatter), diagonal(_scatter), unfold, roll
+    views             copies of views, as_strided(_scatter), diagonal(_scatter), unfold, roll,
+                      replication padding's backward
     pooling           max and average pools (ceil mode, divisors, 3-D, adaptive), backwards
     recurrent         the fused LSTM and GRU cells (nn.LSTM/nn.GRU off the CPU), backwards
     attention         nn.MultiheadAttention's and nn.TransformerEncoderLayer's fused inference
@@ -23,6 +24,7 @@ One module per family of ops, as JAX's lax files:
                       backward
     convolution       transposed convolutions, convolution_backward
     normalization     batch norm (inference, with update), weight norm's backward
+    losses            multilabel margin loss (labels after the first -1, 1-D shapes)
     special           lgamma, digamma, polygamma, zeta, igamma(c), erfc, erfinv, ndtri, erfcx,
                       log_ndtr
     bessel            i0, i1 (scaled or not), J, Y, K (scaled or not), spherical j0
@@ -97,7 +99,8 @@ def _register_families() -> None:
     # Each family module registers its decompositions (and checks) when imported: here, on
     # first use, not when this package is imported (the backend and numerics import it early).
     from . import (amp, attention, bessel, checks, convolution, elementwise,  # noqa: F401
-                   fft_complex, foreach, indexing_scatter, linalg, normalization, optimizers,
+                   fft_complex, foreach, indexing_scatter, linalg, losses, normalization,
+                   optimizers,
                    polynomials, pooling, recurrent, reductions_scans, resampling, sorting,
                    special, views)
 

@@ -1,7 +1,8 @@
 """Elementwise decompositions: arithmetic torch-mlir lowers wrongly (remainder's sign, integer
 floor division in float64, fmax/fmin and clamp's bounds without broadcasting, uint8 right
 shifts) or not at all (the shift operators, gcd, lcm), floats read bit by bit (nextafter,
-frexp), short formulas (hypot, angle, inductor's fma) and dropout's random mask.
+frexp), short formulas (hypot, angle, inductor's fma, the shrinks' backward) and dropout's
+random mask.
 
 Example::
 
@@ -413,3 +414,11 @@ def native_dropout(input, p, train):
         return torch.zeros_like(input), torch.zeros_like(input, dtype=torch.bool)
     keep = torch.rand_like(input) < (1 - p)
     return input * keep * (1.0 / (1 - p)), keep
+
+
+@decomposition(aten.hardshrink_backward.default, aten.softshrink_backward.default)
+def shrink_backward(grad, x, lambd):
+    # torch-mlir lowers neither: nn.Hardshrink's and nn.Softshrink's backwards ran on the host
+    # on the eager device. Eager's kernels (the same for both): zero where -lambd <= x <= lambd
+    # (NaN passes the gradient).
+    return torch.where((x >= -lambd) & (x <= lambd), torch.zeros_like(grad), grad)

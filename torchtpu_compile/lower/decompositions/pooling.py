@@ -152,15 +152,32 @@ def adaptive_max_pool3d(x, output_size):
                               in zip(x.shape[-3:], _expand(output_size, 3))])
 
 
-@decomposition(aten.max_pool3d_with_indices_backward.default,
-               aten.adaptive_max_pool3d_backward.default)
-def max_pool3d_backward(grad, x, *args):
-    # Unlowered. Each output's gradient goes to the input position its index names,
-    # summed where windows overlap.
-    indices = args[-1]
-    flat_grad = torch.zeros(list(x.shape[:-3]) + [x.shape[-3:].numel()], dtype=grad.dtype)
-    flat_grad = flat_grad.scatter_add(-1, indices.flatten(-3), grad.flatten(-3))
-    return flat_grad.reshape(x.shape)
+@decomposition(aten.adaptive_max_pool2d.default)
+def adaptive_max_pool2d(x, output_size):
+    # PyTorch's reference (torch-mlir's table) handles only sizes that divide the input
+    # ("condition must be true" otherwise: nn.AdaptiveMaxPool1d/2d ran in eager PyTorch).
+    return _separable_max(x, [_adaptive_windows(n, out) for n, out
+                              in zip(x.shape[-2:], _expand(output_size, 2))])
+
+
+def _max_pool_backward(dims: int):
+    def backward(grad, x, *args):
+        # Unlowered. Each output's gradient goes to the input position its index names,
+        # summed where windows overlap.
+        indices = args[-1]
+        flat_grad = torch.zeros(list(x.shape[:-dims]) + [x.shape[-dims:].numel()],
+                                dtype=grad.dtype)
+        flat_grad = flat_grad.scatter_add(-1, indices.flatten(-dims), grad.flatten(-dims))
+        return flat_grad.reshape(x.shape)
+    backward.__name__ = f"max_pool{dims}d_backward"
+    return backward
+
+
+max_pool3d_backward = decomposition(aten.max_pool3d_with_indices_backward.default,
+                                    aten.adaptive_max_pool3d_backward.default)(
+                                        _max_pool_backward(3))
+adaptive_max_pool2d_backward = decomposition(aten.adaptive_max_pool2d_backward.default)(
+    _max_pool_backward(2))
 
 
 def _separable_max(x, windows: list):

@@ -156,3 +156,20 @@ def roll(x, shifts, dims=()):
         if shift:
             out = torch.cat([out.narrow(dim, n - shift, shift), out.narrow(dim, 0, n - shift)], dim)
     return out
+
+
+@decomposition(aten.replication_pad1d_backward.default, aten.replication_pad2d_backward.default,
+               aten.replication_pad3d_backward.default)
+def replication_pad_backward(grad, x, padding):
+    """Replication padding reads input position clamp(i - left, 0, n - 1) along each padded
+    dim, one dim at a time: its gradient adds each dim's back into place, in reverse order
+    (torch-mlir does not lower these backwards: nn.ReplicationPad*d trained in eager PyTorch).
+    """
+    for i in range(len(padding) // 2):  # (left, right) pairs from the last dim
+        axis = grad.dim() - 1 - i
+        left, right, n = padding[2 * i], padding[2 * i + 1], x.shape[axis]
+        index = torch.arange(-left, n + right).clamp(0, n - 1)
+        shape = list(grad.shape)
+        shape[axis] = n
+        grad = torch.zeros(shape, dtype=grad.dtype).index_add(axis, index, grad)
+    return grad
