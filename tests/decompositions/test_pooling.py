@@ -3,9 +3,13 @@ CPU PyTorch, in strict mode: the op must run through XLA, not fall back, and giv
 numbers (ceil mode, divisors, ties and NaN in windows)."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
+from tests.support import python_env
 from tests.support.decomposition_checks import NAN, aten, check, check_on_both_paths, randn
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
@@ -61,6 +65,27 @@ def test_adaptive_avg_pool2d_backward_of_sizes_that_do_not_divide():
         return [aten._adaptive_avg_pool2d_backward.default(g, x)
                 for g, x in zip(tensors[:3], tensors[3:])]
     check_on_both_paths(backwards, *grads, *xs, rtol=1e-6, atol=1e-6)
+
+
+_EIGHT_BIT_MAX_POOLS = """
+import torch
+import torch.nn.functional as F
+from tests.support.decomposition_checks import check_on_both_paths
+for dtype in (torch.uint8, torch.int8):
+    x = torch.randint(-100, 100, (1, 2, 6, 7)).to(dtype)
+    check_on_both_paths(lambda x: F.max_pool2d(x, 2), x)
+    check_on_both_paths(lambda x: F.max_pool2d(x, 3, 2, padding=1, ceil_mode=True,
+                                               return_indices=True), x)
+"""
+
+
+def test_eight_bit_max_pools():
+    # XLA's CPU backend crashed the process (SIGSEGV, no Python error) on torch-mlir's max
+    # pool of uint8 and int8 images, on both paths. In a child process: a crash must fail this
+    # test, not end the test run.
+    done = subprocess.run([sys.executable, "-c", _EIGHT_BIT_MAX_POOLS], env=python_env(),
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 # --- average pooling -------------------------------------------------------------------------

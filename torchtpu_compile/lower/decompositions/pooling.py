@@ -92,6 +92,12 @@ def max_pool2d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ce
     # torch-mlir gets the last window of ceil_mode wrong. Pad on the right with -inf to the
     # floor-mode size; indices come back in the unpadded input's coordinates.
     dims, pool = 2, aten.max_pool2d_with_indices.default
+    if x.dtype in (torch.uint8, torch.int8):
+        # XLA's CPU backend crashed the process (SIGSEGV) on torch-mlir's 8-bit max pool: the
+        # same values in int32.
+        values, indices = pool(x.to(torch.int32), kernel_size, stride, padding, dilation,
+                               ceil_mode)
+        return values.to(x.dtype), indices
     if not ceil_mode:
         if stride:
             return NotImplemented
