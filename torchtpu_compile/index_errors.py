@@ -46,6 +46,10 @@ _EAGER_ERRORS = {
     # CPU's general kernel's (its fast float sum and mean say it otherwise, by position).
     "aten.embedding_bag": (RuntimeError, "embedding_bag: Expected idx >= 0 && idx < "
                                          "num_embeddings but found idx to be {value}"),
+    # Its offsets' first value, checked as an index into a range of one: 0 is the only one.
+    "aten.embedding_bag.offsets": (RuntimeError, "offsets[0] has to be 0, i.e., the first "
+                                                 "sequence in the mini-batch has to start "
+                                                 "from position 0. However, got {value}"),
 }
 #: one_hot's class values (checked on the eager device, which PyTorch leaves unchecked off
 #: the CPU): eager's message depends on the side the value is out on.
