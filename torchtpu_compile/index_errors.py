@@ -50,6 +50,10 @@ _EAGER_ERRORS = {
     "aten.embedding_bag.offsets": (RuntimeError, "offsets[0] has to be 0, i.e., the first "
                                                  "sequence in the mini-batch has to start "
                                                  "from position 0. However, got {value}"),
+    # Its offsets' last value, checked against a range of the input's length + 1.
+    "aten.embedding_bag.offsets_end": (RuntimeError, "offsets[-1] can not be greater than "
+                                                     "input's length {length} but got "
+                                                     "offsets[-1] of {value}"),
 }
 #: one_hot's class values (checked on the eager device, which PyTorch leaves unchecked off
 #: the CPU): eager's message depends on the side the value is out on.
@@ -76,7 +80,7 @@ def eager_error(op: str, value: int, dim: int, size: int) -> BaseException:
     kind, template = _EAGER_ERRORS.get(op, _GATHER_ERROR)
     if op == "aten.one_hot" and value < 0:
         template = _ONE_HOT_NEGATIVE
-    return kind(template.format(value=value, dim=dim, size=size))
+    return kind(template.format(value=value, dim=dim, size=size, length=size - 1))
 
 
 def _error(spec: dict, value: int, where: str | None, deferred: bool) -> BaseException:
