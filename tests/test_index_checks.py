@@ -377,3 +377,44 @@ def test_embedding_bag_raises_eager_error_on_both_paths():
     assert "return F.embedding_bag(i, w" in str(info.value)
     torch.testing.assert_close(_bag(X.to("tpu"), torch.tensor([3, 0]).to("tpu")).cpu(),
                                _bag(X, torch.tensor([3, 0])))
+
+
+def test_embedding_bag_offsets_past_the_input_raise_eager_error_on_both_paths():
+    # Eager refuses a last offset greater than the input's length (include_last_offset or
+    # not); both paths returned sums.
+    i = torch.tensor([1, 2, 3])
+    for offsets, last in ((torch.tensor([0, 5]), False), (torch.tensor([0, 2, 5]), True)):
+        def bag(w, i, o, last=last):
+            return F.embedding_bag(i, w, o, mode="sum", include_last_offset=last)
+        with pytest.raises(RuntimeError) as cpu:
+            bag(X, i, offsets)
+        expected = str(cpu.value)
+        assert expected.startswith("offsets[-1] can not be greater than input's length 3")
+        with pytest.raises(RuntimeError, match=re.escape(expected)):
+            compile_tpu(bag)(X, i, offsets)
+        with pytest.raises(RuntimeError, match=re.escape(expected)):
+            bag(X.to("tpu"), i.to("tpu"), offsets.to("tpu")).cpu()
+
+
+def _bag_at(w, i, offsets):
+    return F.embedding_bag(i, w, offsets, mode="sum")
+
+
+def test_embedding_bag_offsets_not_starting_at_zero_raise_eager_error_on_both_paths():
+    # Eager refuses offsets whose first value is not 0; both paths returned sums (a text
+    # classifier's offsets built from the wrong cumsum trained on garbage bags, silently).
+    i, offsets = torch.tensor([1, 2, 3]), torch.tensor([1, 2])
+    with pytest.raises(RuntimeError) as cpu:
+        _bag_at(X, i, offsets)
+    expected = str(cpu.value).splitlines()[0]   # then eager prints the tensor: "[ torch.Long..."
+    assert expected.startswith("offsets[0] has to be 0")
+    with pytest.raises(RuntimeError, match=re.escape(expected)):
+        compile_tpu(_bag_at)(X, i, offsets)
+    with pytest.raises(RuntimeError, match=re.escape(expected)):
+        _bag_at(X.to("tpu"), i.to("tpu"), offsets.to("tpu")).cpu()
+    good = torch.tensor([0, 2])
+    torch.testing.assert_close(compile_tpu(_bag_at)(X, i, good), _bag_at(X, i, good))
+    torch.testing.assert_close(compile_tpu(_bag_at)(X, i, torch.tensor([0, 3])),
+                               _bag_at(X, i, torch.tensor([0, 3])))
+    torch.testing.assert_close(_bag_at(X.to("tpu"), i.to("tpu"), good.to("tpu")).cpu(),
+                               _bag_at(X, i, good))

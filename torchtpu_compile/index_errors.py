@@ -46,6 +46,14 @@ _EAGER_ERRORS = {
     # CPU's general kernel's (its fast float sum and mean say it otherwise, by position).
     "aten.embedding_bag": (RuntimeError, "embedding_bag: Expected idx >= 0 && idx < "
                                          "num_embeddings but found idx to be {value}"),
+    # Its offsets' first value, checked as an index into a range of one: 0 is the only one.
+    "aten.embedding_bag.offsets": (RuntimeError, "offsets[0] has to be 0, i.e., the first "
+                                                 "sequence in the mini-batch has to start "
+                                                 "from position 0. However, got {value}"),
+    # Its offsets' last value, checked against a range of the input's length + 1.
+    "aten.embedding_bag.offsets_end": (RuntimeError, "offsets[-1] can not be greater than "
+                                                     "input's length {length} but got "
+                                                     "offsets[-1] of {value}"),
 }
 #: An integer division's zero divisor (lower/index_checks.DIVISOR_OPS): eager's CPU kernels.
 for _op in ("aten.div", "aten.floor_divide", "aten.remainder", "aten.fmod"):
@@ -75,7 +83,7 @@ def eager_error(op: str, value: int, dim: int, size: int) -> BaseException:
     kind, template = _EAGER_ERRORS.get(op, _GATHER_ERROR)
     if op == "aten.one_hot" and value < 0:
         template = _ONE_HOT_NEGATIVE
-    return kind(template.format(value=value, dim=dim, size=size))
+    return kind(template.format(value=value, dim=dim, size=size, length=size - 1))
 
 
 def _error(spec: dict, value: int, where: str | None, deferred: bool) -> BaseException:

@@ -95,6 +95,22 @@ def _shaped_like_first(first, *args, **kwargs):
 _SHAPED_LIKE_FIRST = ("_sample_dirichlet", "binomial", "_dirichlet_grad", "_standard_gamma_grad")
 
 
+#: nn.GRUCell (and nn.GRU) off the CPU call CUDA's fused cell, whose ops have no meta kernel
+#: (the LSTM's have): torch.compile of a GRUCell on tpu tensors raised "func != nullptr". Our
+#: decompositions compute the shapes (the workspace's too) on meta tensors.
+_GRU_CELL_OPS = ("_thnn_fused_gru_cell", "_thnn_fused_gru_cell_backward")
+
+
+def _gru_cell_meta(name):
+    def kernel(*args, **kwargs):
+        # Imported when first traced: registering at ``import torch`` stays light.
+        from torchtpu_compile.lower.decompositions import recurrent
+        fn = {"_thnn_fused_gru_cell": recurrent.fused_gru_cell,
+              "_thnn_fused_gru_cell_backward": recurrent.fused_gru_cell_backward}[name]
+        return fn(*args, **kwargs)
+    return kernel
+
+
 def _zeros_for_zerotensor(size, *, dtype=None, layout=None, device=None, pin_memory=None):
     # Forward AD and functorch (jacfwd, hessian, a dual through layer_norm) make the tangents
     # of constants as ZeroTensors; the host's could not be uploaded ("Cannot convert a
@@ -131,4 +147,6 @@ def register() -> None:
     aten.impl("one_hot", one_hot_checked, "AutogradPrivateUse1")
     for name in _SHAPED_LIKE_FIRST:
         aten.impl(name, _shaped_like_first, "Meta")
+    for name in _GRU_CELL_OPS:
+        aten.impl(name, _gru_cell_meta(name), "Meta")
     _libraries.extend([fallback, aten])

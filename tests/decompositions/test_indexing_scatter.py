@@ -217,6 +217,32 @@ def test_embedding_bag_scales_by_each_index_own_frequency():
     torch.testing.assert_close(got, want)
 
 
+@pytest.mark.parametrize("norm_type", [2.0, 1.0])
+def test_embedding_max_norm_renormalizes_looked_up_rows_through_xla(norm_type):
+    # nn.Embedding(max_norm=...) rescales, in place, each looked-up row whose norm exceeds
+    # max_norm, every forward: embedding_renorm ran on the host (strict: an error) on both
+    # paths. Repeated indices, rows under the norm, rows not looked up; output, weight, grad.
+    idx = torch.tensor([[1, 2, 2], [7, 1, 9]])
+
+    def step(emb, idx):
+        out = emb(idx)
+        out.square().sum().backward()
+        return out, emb.weight.detach(), emb.weight.grad
+
+    def embedding():
+        emb = torch.nn.Embedding(10, 4, max_norm=2.0, norm_type=norm_type)
+        with torch.no_grad():
+            emb.weight.copy_(randn(10, 4) * 2)
+        return emb
+
+    want = step(embedding(), idx)
+    with config.patch(strict=True):
+        compiled = step(compile_tpu(embedding()), idx)
+        device = step(embedding().to("tpu"), idx.to("tpu"))
+    torch.testing.assert_close(compiled, want)
+    torch.testing.assert_close([t.cpu() for t in device], list(want))
+
+
 def test_embedding_bag_module_trains_on_the_device():
     # nn.EmbeddingBag's autograd on the tpu device, strict: nothing may run on the host.
     torch.manual_seed(0)

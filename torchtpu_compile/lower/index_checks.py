@@ -170,8 +170,18 @@ def _embedding(weight, indices, *rest):
 
 
 @index_rule(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
-def _embedding_bag(weight, indices, *rest):
-    return (weight, mark(indices, weight, 0, "aten.embedding_bag"), *rest)
+def _embedding_bag(weight, indices, offsets, *rest):
+    # Eager also refuses offsets that do not start at 0 or end past the input (a bag would
+    # take no index before it, or indices that are not there).
+    if isinstance(offsets, torch.Tensor) and offsets.dim() == 1 and offsets.numel():
+        first = offsets[:1]
+        offsets = torch.cat([mark(first, first, 0, "aten.embedding_bag.offsets"), offsets[1:]])
+        length = indices.shape[0] if indices.dim() == 1 else None
+        if isinstance(length, int):
+            last = index_check(offsets[-1:], length + 1, 0, False,
+                               "aten.embedding_bag.offsets_end")
+            offsets = torch.cat([offsets[:-1], last])
+    return (weight, mark(indices, weight, 0, "aten.embedding_bag"), offsets, *rest)
 
 
 def _dim_rule(name: str, wraps: bool = False):

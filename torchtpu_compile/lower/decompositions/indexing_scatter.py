@@ -1,7 +1,8 @@
 """Indexing and scatter: negative indices wrapped (torch-mlir's gather reads them as they are),
 take and put as flat index_select and index_put, index_put as one scatter of rows, and the
 scatter reductions torch-mlir leaves unlowered (scatter_reduce, scatter with a reduce,
-index_reduce, segment_reduce), and embedding bags (forward and backward) built on them.
+index_reduce, segment_reduce), embedding bags (forward and backward) built on them, and
+nn.Embedding's max_norm (embedding_renorm).
 
 Example::
 
@@ -116,6 +117,28 @@ def put(x, index, source, accumulate=False):
     flat = index.reshape(-1)
     flat = torch.where(flat < 0, flat + x.numel(), flat)
     return x.reshape(-1).index_put((flat,), source.reshape(-1), accumulate).reshape(x.shape)
+
+
+# --- embedding max_norm ----------------------------------------------------------------------
+
+@decomposition(aten.embedding_renorm.default)
+def embedding_renorm(weight, indices, max_norm, norm_type):
+    # Unlowered: nn.Embedding(max_norm=...) renormalizes the rows it looks up in every forward,
+    # so each step of such a model ran this on the host. CPU's kernel: each distinct looked-up
+    # row whose norm exceeds max_norm is scaled by max_norm / (norm + 1e-7); the others stay.
+    # Static shapes: the norm of every row, applied where a row was looked up.
+    if weight.dim() != 2:
+        return NotImplemented
+    rows = weight.shape[0]
+    flat = indices.reshape(-1).to(torch.int64)
+    flat = torch.where(flat < 0, flat + rows, flat)
+    looked_up = torch.zeros(rows, dtype=torch.bool).index_put(
+        (flat,), torch.ones((), dtype=torch.bool))
+    acc = computing_dtype(weight.dtype)
+    norm = torch.linalg.vector_norm(weight.to(acc), norm_type, dim=1)
+    scale = torch.where(looked_up & (norm > max_norm), max_norm / (norm + 1e-7),
+                        torch.ones((), dtype=acc))
+    return (weight.to(acc) * scale[:, None]).to(weight.dtype)
 
 
 # --- embedding bags --------------------------------------------------------------------------
