@@ -82,6 +82,11 @@ SKIPS: dict = {
     "topk": Skip("test-artifact", "bf16 and integer samples hold equal values; which of "
                  "their indices topk returns is unspecified (values match)",
                  dtypes=("bf16", "i64", "i32", "u8")),
+    **{name: Skip("ours", "eager's uint8 CPU kernels resample in fixed point; ours in "
+                  "float32, rounded once: up to a sixth of the pixels one level apart "
+                  "(docs/reliability.md)", dtypes=("u8",)) for name in (
+        "nn.functional.interpolate.bilinear", "nn.functional.interpolate.bicubic",
+        "nn.functional.upsample_bilinear")},
     "kthvalue": Skip("test-artifact", "integer samples hold equal values; which of their "
                      "indices kthvalue returns is unspecified (values match)",
                      dtypes=("i64", "i32", "u8")),
