@@ -220,6 +220,30 @@ def test_failing_compiled_backward_on_tpu_raises():
     assert done.stdout.strip().endswith("raised: lowering failed in graph_0/backward")
 
 
+# Dynamo leaves nn.LSTM to run eagerly (a graph break), so the tpu device meets its ops inside
+# frames Dynamo evaluates. It compiled the device's lowering and jax_op helpers as user code:
+# dozens of graph breaks inside FX, MLIR and hashlib per new op. In a fresh process: the ops
+# must be new to the device.
+LSTM_ON_TPU = """
+import torch, torchtpu_eager, torchtpu_compile
+torch.set_float32_matmul_precision("highest")
+torch.manual_seed(0)
+lstm, x = torch.nn.LSTM(3, 4, batch_first=True), torch.randn(2, 5, 3)
+expected = lstm(x)[0]
+out = torch.compile(lstm.to("tpu"), backend="torchtpu")(x.to("tpu"))[0]
+torch.testing.assert_close(out.cpu(), expected, rtol=1e-4, atol=1e-5)
+breaks = torchtpu_compile.stats()["graph_breaks"]
+assert breaks and all("RNN, GRU, or LSTM" in reason for reason in breaks), breaks
+print("ok")
+"""
+
+
+def test_dynamo_never_traces_the_devices_own_machinery():
+    done = subprocess.run([sys.executable, "-c", LSTM_ON_TPU], capture_output=True, text=True,
+                          timeout=600, env=python_env())
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
 def test_the_tpu_backend_name_is_ours(fresh_dynamo):
     # transformers' generate() with a static cache on a "tpu" model compiles its decoding step
     # with backend="tpu" (the name Google's TorchTPU registers): InvalidBackend before.

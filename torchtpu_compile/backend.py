@@ -181,10 +181,27 @@ def torchtpu_backend(gm: torch.fx.GraphModule, example_inputs, **options):
 # which backend is ours; neither imports this module.
 from . import graph_breaks as _graph_breaks  # noqa: E402
 _graph_breaks.install(torchtpu_backend)
-# The runtime works below the graph, and its buffer finalizers (runtime/memory.py) run whenever
-# a buffer dies, in the middle of a frame Dynamo traces too: Dynamo must never trace it.
+# Our machinery works below the graph, and runs inside frames Dynamo evaluates: the runtime's
+# buffer finalizers (runtime/memory.py) whenever a buffer dies, and lowering and program
+# building whenever the eager device meets a new op, as it does for code Dynamo leaves to run
+# eagerly on tpu tensors (nn.LSTM). Dynamo must never trace it: it compiled our own frames
+# (dozens of graph breaks per new op, inside FX, MLIR and hashlib), and the libraries below
+# ours (torch-mlir's importer, JAX). Only what user code calls inside a compiled function stays
+# traceable: jax_op kernels and the config.
 from torch._dynamo import trace_rules as _trace_rules  # noqa: E402
-_trace_rules.add("torchtpu_compile.runtime")
+
+
+def _below_the_graph() -> list:
+    import os
+    import pkgutil
+    here = os.path.dirname(os.path.abspath(__file__))
+    ours = [f"{__package__}.{info.name}" for info in pkgutil.iter_modules([here])
+            if info.name not in ("kernels", "config")]
+    return ours + ["torch_mlir", "jax", "jaxlib"]  # what our lowering and runtime call
+
+
+for _module in _below_the_graph():
+    _trace_rules.add(_module)
 from . import dynamo_cache as _dynamo_cache  # noqa: E402
 _dynamo_cache.install(torchtpu_backend)
 # And decompositions PyTorch runs above autograd while Dynamo traces (losses.py) take ours

@@ -25,6 +25,7 @@ import threading
 
 import torch
 import torch.fx as fx
+from torch._C._dynamo.eval_frame import set_eval_frame
 
 from torchtpu_compile.lower.fx_passes import normalize
 from torchtpu_compile.lower.index_checks import INDEX_CHECK, one_op_at_a_time
@@ -77,9 +78,10 @@ class OpGraph:
         precision = resolve_precision(_platform())
         program = self._by_precision.get(precision)
         if program is None:
-            program = self._by_precision[precision] = build_program(
-                self.gm, precision=precision, name=self.label, platform=_platform(),
-                rebuild_views=False, allow_fallback=False)
+            with outside_dynamo():
+                program = self._by_precision[precision] = build_program(
+                    self.gm, precision=precision, name=self.label, platform=_platform(),
+                    rebuild_views=False, allow_fallback=False)
             if program.executable is not None:
                 COUNTERS.add("eager_programs_compiled")
             if not program.precision_sensitive:
@@ -89,8 +91,9 @@ class OpGraph:
     def check_lowers(self) -> None:
         """Raise ``LoweringError`` if this graph cannot be lowered (no XLA compile)."""
         if not self._lowers:
-            lower_program(self.gm, precision=resolve_precision(_platform()),
-                          platform=_platform(), rebuild_views=False)
+            with outside_dynamo():
+                lower_program(self.gm, precision=resolve_precision(_platform()),
+                              platform=_platform(), rebuild_views=False)
             self._lowers = True
 
     def run(self, buffers: list, locations=None) -> list:
@@ -101,6 +104,23 @@ class OpGraph:
         a fused graph.
         """
         return self.program().run(buffers, locations)
+
+
+@contextlib.contextmanager
+def outside_dynamo():
+    """No frame run inside is offered to Dynamo's frame evaluation.
+
+    The device builds programs inside frames Dynamo evaluates: code it leaves to run eagerly on
+    tpu tensors (nn.LSTM under torch.compile) meets new ops. Our own frames there are skipped
+    (``compile_support.teach_dynamo``), but the frames they call were not: Dynamo compiled the
+    lowering's and jax_op's helpers, with dozens of graph breaks per new op. As
+    ``torch._dynamo.disable`` does, without importing Dynamo.
+    """
+    prior = set_eval_frame(None)
+    try:
+        yield
+    finally:
+        set_eval_frame(prior)
 
 
 def trace(fn, examples: list, label: str) -> OpGraph:
@@ -116,7 +136,7 @@ def trace(fn, examples: list, label: str) -> OpGraph:
     # attention kernels do not lower; the math formulation does (as in the backend).
     include, exclude = _top_level_keys()
     with torch._C._ForceDispatchKeyGuard(include, exclude), sdpa_kernel(SDPBackend.MATH), \
-            torch.no_grad(), one_op_at_a_time(), _quiet_meta_failures():
+            torch.no_grad(), one_op_at_a_time(), _quiet_meta_failures(), outside_dynamo():
         gm = make_fx(torch.func.functionalize(fn, remove="mutations"),
                      decomposition_table=_decompositions(), tracing_mode="fake")(*examples)
     normalize(gm)
