@@ -14,6 +14,7 @@ break). Statuses:
 from __future__ import annotations
 
 import dataclasses
+import time
 import traceback
 
 import torch
@@ -194,20 +195,12 @@ def check(op, path: str, dtype: torch.dtype, max_samples: int = 3) -> Result:
         add = next(o for o in op_db if o.name == "add")
         check(add, "compile", torch.float32).status   # "pass"
     """
-    import time
-
     name = entry_name(op)
     result = Result(name, path, DTYPE_NAMES[dtype], "pass")
     if dtype not in op.supported_dtypes("cpu"):
         result.status, result.detail = "n/a", "dtype not supported by the op on CPU"
         return result
-    listed = skips.lookup(name, path, DTYPE_NAMES[dtype])
-    if listed is not None:
-        result.status, result.category, result.detail = "skip", listed.category, listed.reason
-        return result
-    why_not = paths.unavailable(path)
-    if why_not:
-        result.status, result.category, result.detail = "skip", "unavailable", why_not
+    if skipped(result):
         return result
 
     start = time.perf_counter()
@@ -241,21 +234,45 @@ def check(op, path: str, dtype: torch.dtype, max_samples: int = 3) -> Result:
             # statistics, whose schema does not even declare the write) counts as output.
             _compare(outcome.arguments, expected_arguments, dtype, reference_arguments,
                      what="argument")
-            result.samples += 1
-            result.fallback_ops.update(outcome.fallbacks)
-            if outcome.graph_breaks:
-                notes.append(f"graph break: {outcome.graph_breaks[0]}")
-            if path == "compile" and outcome.graphs == 0:
-                notes.append("Dynamo ran it eagerly (no graph)")
+            count_sample(result, outcome, notes)
     except Exception as exc:  # every failure becomes a row of the table, named
         result.status = "fail"
         result.detail = _one_line(exc)
         result.seconds = time.perf_counter() - start
         return result
+    return conclude(result, start, notes, "OpInfo yields no samples for this dtype")
+
+
+def count_sample(result: Result, outcome, notes: list) -> None:
+    """One more sample that matched eager: its fallback ops, graph breaks and graphs noted."""
+    result.samples += 1
+    result.fallback_ops.update(outcome.fallbacks)
+    if outcome.graph_breaks:
+        notes.append(f"graph break: {outcome.graph_breaks[0]}")
+    if result.path == "compile" and outcome.graphs == 0:
+        notes.append("Dynamo ran it eagerly (no graph)")
+
+
+def skipped(result: Result, table=None) -> bool:
+    """Whether ``result``'s entry is not run on its path and dtype: listed in the skip list
+    (``table``: OpInfo's by default), or the path unavailable here; ``result`` says why."""
+    listed = skips.lookup(result.op, result.path, result.dtype, table)
+    why_not = paths.unavailable(result.path)
+    if listed is not None:
+        result.status, result.category, result.detail = "skip", listed.category, listed.reason
+    elif why_not:
+        result.status, result.category, result.detail = "skip", "unavailable", why_not
+    return listed is not None or bool(why_not)
+
+
+def conclude(result: Result, start: float, notes: list, no_samples: str) -> Result:
+    """``result`` once every sample passed: its time since ``start``, and "skip" (with
+    ``no_samples`` as the reason) where there were none, "fallback" where a sample ran a
+    fallback op or left a note (a graph break), else "pass"."""
     result.seconds = time.perf_counter() - start
     if result.samples == 0:
         result.status, result.category = "skip", "test-artifact"
-        result.detail = "OpInfo yields no samples for this dtype"
+        result.detail = no_samples
     elif result.fallback_ops or notes:
         result.status = "fallback"
         parts = [f"{op} ({why})" for op, why in sorted(result.fallback_ops.items())]

@@ -21,7 +21,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 from . import paths, skips
-from .harness import Result, _compare, _one_line, fallback_category
+from .harness import Result, _compare, _one_line, conclude, count_sample, skipped
 
 
 #: Samples per entry and training mode in the sweep (PyTorch's lists run to 40 for RNNs; the
@@ -128,13 +128,7 @@ def check_module(info, path: str, max_samples: int = MAX_SAMPLES) -> Result:
     """
     name = info.name
     result = Result(name, path, "fp32", "pass")
-    listed = skips.lookup(name, path, "fp32", table=skips.MODULE_SKIPS)
-    if listed is not None:
-        result.status, result.category, result.detail = "skip", listed.category, listed.reason
-        return result
-    why_not = paths.unavailable(path)
-    if why_not:
-        result.status, result.category, result.detail = "skip", "unavailable", why_not
+    if skipped(result, table=skips.MODULE_SKIPS):
         return result
     start = time.perf_counter()
     notes = []
@@ -154,16 +148,7 @@ def check_module(info, path: str, max_samples: int = MAX_SAMPLES) -> Result:
         result.status, result.detail = "fail", _one_line(exc)
         result.seconds = time.perf_counter() - start
         return result
-    result.seconds = time.perf_counter() - start
-    if result.samples == 0:
-        result.status, result.category = "skip", "test-artifact"
-        result.detail = "ModuleInfo yields no samples"
-    elif result.fallback_ops or notes:
-        result.status = "fallback"
-        parts = [f"{op} ({why})" for op, why in sorted(result.fallback_ops.items())]
-        result.detail = "; ".join(parts + sorted(set(notes)))
-        result.category = fallback_category(result.fallback_ops, notes)
-    return result
+    return conclude(result, start, notes, "ModuleInfo yields no samples")
 
 
 def _check_raises(path, tested, sample, seed, index, expected: Exception) -> None:
@@ -206,9 +191,4 @@ def _check_sample(info, path, sample, training, index, result, notes) -> None:
     outcome = paths.PATHS[path](tested, args, kwargs, then=_backward(tested, seed))
     actual_state = _state(tested)
     _compare_sample(outcome.value, actual_state, expected, expected_state, wide)
-    result.samples += 1
-    result.fallback_ops.update(outcome.fallbacks)
-    if outcome.graph_breaks:
-        notes.append(f"graph break: {outcome.graph_breaks[0]}")
-    if path == "compile" and outcome.graphs == 0:
-        notes.append("Dynamo ran it eagerly (no graph)")
+    count_sample(result, outcome, notes)
