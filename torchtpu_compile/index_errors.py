@@ -55,9 +55,11 @@ _EAGER_ERRORS = {
                                                      "input's length {length} but got "
                                                      "offsets[-1] of {value}"),
 }
-#: An integer division's zero divisor (lower/index_checks.DIVISOR_OPS): eager's CPU kernels.
-for _op in ("aten.div", "aten.floor_divide", "aten.remainder", "aten.fmod"):
-    _EAGER_ERRORS[_op] = (RuntimeError, "ZeroDivisionError")
+#: Ops whose checked tensor is an integer divisor, not an index (lower/index_checks.py marks
+#: them): eager's integer kernels raise for a zero, XLA's division returns a value (-1, or the
+#: dividend).
+DIVISOR_OPS = frozenset({"aten.div", "aten.floor_divide", "aten.remainder", "aten.fmod"})
+_EAGER_ERRORS.update({op: (RuntimeError, "ZeroDivisionError") for op in DIVISOR_OPS})
 #: one_hot's class values (checked on the eager device, which PyTorch leaves unchecked off
 #: the CPU): eager's message depends on the side the value is out on.
 _ONE_HOT_ERRORS = (RuntimeError, "Class values must be smaller than num_classes.")
@@ -89,11 +91,10 @@ def eager_error(op: str, value: int, dim: int, size: int) -> BaseException:
 def _error(spec: dict, value: int, where: str | None, deferred: bool) -> BaseException:
     exc = eager_error(spec["op"], value, spec["dim"], spec["size"])
     what = spec["op"]
-    template = _EAGER_ERRORS.get(what, _GATHER_ERROR)[1]
-    division = template == "ZeroDivisionError"
+    division = what in DIVISOR_OPS
     if division:
         what += ": an integer division by a tensor holding zero"
-    elif "{value}" not in template:  # "out of range in self"
+    elif "{value}" not in _EAGER_ERRORS.get(what, _GATHER_ERROR)[1]:  # "out of range in self"
         what += f": index {value} of dim {spec['dim']} of size {spec['size']}"
     where = where or spec.get("where") or "unknown source line"
     note = f" ({what}, at {where})"

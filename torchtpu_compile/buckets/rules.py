@@ -799,7 +799,7 @@ def index_check(ctx, node, index, size, dim, wraps, op, ignore=None):
     # the padded computation left there, replaced by an index in range. Indexing along a
     # dynamic dim is checked against its real size (an input of the program), as eager
     # checks it: an index between the real size and the bucket's raises too.
-    # A divisor's padding is 1, which its check passes (index_checks.DIVISOR_OPS).
+    # A divisor's padding is 1, which its check passes (index_errors.DIVISOR_OPS).
     fill = ignore if ignore is not None else 1 if op in DIVISOR_OPS else 0
     index_tensor = ctx.fill(index, fill)
     if isinstance(size, Size):

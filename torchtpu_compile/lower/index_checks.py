@@ -32,7 +32,7 @@ import threading
 import torch
 import torch.fx as fx
 
-from ..index_errors import eager_error
+from ..index_errors import DIVISOR_OPS, eager_error
 
 aten = torch.ops.aten
 
@@ -75,11 +75,6 @@ def _index_check_real_fake(index, size, dim, wraps, op, ignore=None):
 
 
 INDEX_CHECK_REAL = torch.ops.torchtpu.index_check_real.default
-
-
-#: Ops whose marked tensor is an integer divisor, not an index: eager's integer kernels raise
-#: for a zero ("ZeroDivisionError"), XLA's division returns a value (-1, or the dividend).
-DIVISOR_OPS = frozenset({"aten.div", "aten.floor_divide", "aten.remainder", "aten.fmod"})
 
 
 def _out_of_range(flat, size: int, wraps: bool, ignore, divisor: bool = False):

@@ -126,19 +126,6 @@ def max_pool2d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ce
     return values, flat
 
 
-@decomposition(aten.max_pool2d_with_indices_backward.default)
-def max_pool2d_with_indices_backward(grad_out, input, kernel_size, stride, padding, dilation,
-                                     ceil_mode, indices):
-    # torch-mlir fails to legalize this op (a leftover torch.constant.int). The forward saved,
-    # per output element, the flat index of its maximum inside each (H*W) plane: the gradient
-    # is a scatter-add of grad_out to those positions (overlapping windows add up).
-    plane = input.shape[-2] * input.shape[-1]
-    lead = list(input.shape[:-2])
-    grad = grad_out.new_zeros(lead + [plane])
-    grad = grad.scatter_add(-1, indices.reshape(lead + [-1]), grad_out.reshape(lead + [-1]))
-    return grad.reshape(input.shape)
-
-
 @decomposition(aten.max_pool3d_with_indices.default)
 def max_pool3d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     # torch-mlir lowers max_pool3d but not its indices: windows reduced one dim at a time.
@@ -168,8 +155,10 @@ def adaptive_max_pool2d(x, output_size):
 
 def _max_pool_backward(dims: int):
     def backward(grad, x, *args):
-        # Unlowered. Each output's gradient goes to the input position its index names,
-        # summed where windows overlap.
+        # Unlowered (torch-mlir fails to legalize max_pool2d_with_indices_backward: a leftover
+        # torch.constant.int). The forward saved, per output element, the flat index of its
+        # maximum inside each plane of the last ``dims`` dims: each output's gradient goes to
+        # that input position, summed where windows overlap.
         indices = args[-1]
         flat_grad = torch.zeros(list(x.shape[:-dims]) + [x.shape[-dims:].numel()],
                                 dtype=grad.dtype)
@@ -182,8 +171,9 @@ def _max_pool_backward(dims: int):
 max_pool3d_backward = decomposition(aten.max_pool3d_with_indices_backward.default,
                                     aten.adaptive_max_pool3d_backward.default)(
                                         _max_pool_backward(3))
-adaptive_max_pool2d_backward = decomposition(aten.adaptive_max_pool2d_backward.default)(
-    _max_pool_backward(2))
+max_pool2d_backward = decomposition(aten.max_pool2d_with_indices_backward.default,
+                                    aten.adaptive_max_pool2d_backward.default)(
+                                        _max_pool_backward(2))
 
 
 def _separable_max(x, windows: list):
