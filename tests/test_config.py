@@ -38,6 +38,7 @@ FROM_ENVIRONMENT = {
     "max_buckets": ("3", 3),
     "background_buckets": ("on", True),
     "launch_blocking": ("1", True),
+    "backward_on_calling_thread": ("0", False),
     "defer_and_fuse": ("on", True),
     "fuse_max_ops": ("7", 7),
     "fuse_max_inputs": ("9", 9),

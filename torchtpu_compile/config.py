@@ -383,6 +383,13 @@ _SETTINGS = (
             "as one program at a materialization point. Cannot be combined with "
             "launch_blocking. Read when the device runs its first op.",
             "eager"),
+    Setting("backward_on_calling_thread", "TORCHTPU_BACKWARD_ON_CALLING_THREAD", True, _Flag(),
+            "Run the backward of tpu tensors on the thread that calls backward(), as for CPU "
+            "tensors, instead of on autograd's device thread (a handoff between two threads "
+            "at every backward). Applied per thread at its first tpu op, through "
+            "torch.autograd.set_multithreading_enabled(False), which then holds for every "
+            "device's backward started from that thread.",
+            "eager"),
     Setting("fuse_max_ops", "TORCHTPU_FUSE_MAX_OPS", 5000, _Int(1),
             "A defer-and-fuse recording runs once it holds this many ops. Read when the "
             "defer-and-fuse mode is entered.",

@@ -20,6 +20,9 @@ except ImportError as err:  # an extension built before native.cpp gained it
     raise ImportError("torchtpu's native extension is older than torchtpu_compile/csrc/native.cpp: "
                       "rebuild it (`make install`)") from err
 
+from threading import get_ident
+
+from .autograd_thread import enter_thread
 from .storage import Storage
 
 DEVICE = torch.device("tpu", 0)  # always with an index: the autograd engine asserts on -1
@@ -46,6 +49,7 @@ def contiguous_strides(shape: tuple) -> tuple:
 
 
 _dispatch = None
+_thread = None      # the ident of the thread that ran the last op (autograd_thread.py)
 _DATA = torch._C.TensorBase.data  # PyTorch's own `.data` (getter and setter)
 
 
@@ -108,9 +112,11 @@ class TpuTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        global _dispatch
-        if _dispatch is None:
-            from .dispatch import dispatch as _dispatch
+        global _dispatch, _thread
+        if _thread != get_ident():  # a thread's first op, or a switch between threads
+            if _dispatch is None:
+                from .dispatch import dispatch as _dispatch
+            _thread = enter_thread()
         return _dispatch(func, args, kwargs or {})
 
     def __repr__(self, *, tensor_contents=None):
