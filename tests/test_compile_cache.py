@@ -28,11 +28,14 @@ SCRIPT = textwrap.dedent("""\
 """)
 
 
-def run_script(cache_dir, remote=None):
+def run_script(cache_dir, remote=None, xla_flags=None):
     env = dict(os.environ, TORCHTPU_CACHE_DIR=str(cache_dir))
     env.pop("TORCHTPU_REMOTE_CACHE", None)
+    env.pop("XLA_FLAGS", None)
     if remote:
         env["TORCHTPU_REMOTE_CACHE"] = remote
+    if xla_flags:
+        env["XLA_FLAGS"] = xla_flags
     code = SCRIPT
     return subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -69,6 +72,21 @@ def test_two_processes_compiling_at_once_leave_valid_entries(tmp_path):
         with open(tmp_path / "c" / name, "rb") as f:
             frame.unpack(f.read())  # raises if any entry is torn
     assert not [p for p in os.listdir(tmp_path / "c") if p.startswith(".tmp-")]
+
+
+def test_an_executable_compiled_under_other_xla_flags_is_never_loaded(tmp_path):
+    """XLA_FLAGS shape the code XLA emits (fast math, its scheduler, TPU flags): a process
+    running under other flags compiles its own executables, as jax's cache does."""
+    flags = "--xla_cpu_multi_thread_eigen=false --xla_cpu_enable_fast_math=false"
+    plain = result_of(run_script(tmp_path / "c"))
+    flagged = result_of(run_script(tmp_path / "c", xla_flags=flags))
+    reordered = result_of(run_script(tmp_path / "c", xla_flags=" ".join(reversed(flags.split()))))
+    assert plain["levels"]["disk"]["hits"] == 0
+    assert flagged["levels"]["disk"]["hits"] == 0      # not the executables of `plain`
+    assert flagged["levels"]["disk"]["misses"] == plain["levels"]["disk"]["misses"] > 0
+    assert reordered["levels"]["disk"]["hits"] == flagged["levels"]["disk"]["misses"]
+    assert len(entries(tmp_path / "c")) == 2 * plain["levels"]["disk"]["misses"]
+    assert flagged["loss"] == plain["loss"]
 
 
 def test_corrupt_disk_entry_is_discarded_and_recompiled(isolated_cache, caplog):

@@ -80,9 +80,10 @@ def test_every_setting_is_declared_once_with_a_torchtpu_variable():
 
 def test_the_package_reads_the_environment_only_through_config():
     """Every ``os.environ`` read of the two packages is in config.py, but for variables other
-    systems own (TORCH_LOGS, TORCH_TRACE, MASTER_ADDR, JAX_PARTITION_INDEX, XLA's log level)."""
+    systems own (TORCH_LOGS, TORCH_TRACE, MASTER_ADDR, JAX_PARTITION_INDEX, XLA's log level
+    and flags)."""
     foreign = ("TORCH_LOGS", "TORCH_TRACE", "MASTER_ADDR", "JAX_PARTITION_INDEX",
-               "TF_CPP_MIN_LOG_LEVEL")
+               "TF_CPP_MIN_LOG_LEVEL", "XLA_FLAGS", "LIBTPU_INIT_ARGS")
     found = []
     for package in ("torchtpu_compile", "torchtpu_eager"):
         for folder, _, files in os.walk(os.path.join(ROOT, package)):

@@ -9,6 +9,7 @@ Example::
 from __future__ import annotations
 
 import functools
+import os
 import threading
 
 from .. import config
@@ -30,6 +31,23 @@ class Client:
         self.device = pjrt_client.local_devices()[0]
         from jaxlib import _jax
         self.device_list = _jax.DeviceList((self.device,))
+        self.compile_flags = xla_flags()
+
+
+def xla_flags() -> str:
+    """The XLA flags that shape compiled code, as XLA read them (``XLA_FLAGS`` and libtpu's
+    ``LIBTPU_INIT_ARGS``, read once per process when the client starts): part of the
+    executable cache's key, as in jax's, so that an executable compiled under other flags
+    (``--xla_cpu_enable_fast_math``, a TPU scheduler flag) is never loaded. Dump flags change
+    no code and are left out.
+
+    Example::
+
+        xla_flags()      # "" with neither variable set; "--xla_cpu_enable_fast_math=true"
+    """
+    flags = " ".join(os.environ.get(name, "") for name in ("XLA_FLAGS", "LIBTPU_INIT_ARGS"))
+    flags = flags.split()
+    return " ".join(sorted(f for f in flags if not f.startswith("--xla_dump")))
 
     def __repr__(self) -> str:
         return f"Client(platform={self.platform!r}, device={self.device})"

@@ -93,12 +93,15 @@ def _result_handlers_like(outputs: list):
 
 
 def cache_key(fingerprint: str, precision: str, replicas: tuple = ()) -> str:
-    """The cache key: program fingerprint, platform (and its version), options, precision and,
-    for a multi-device program, the devices it is compiled for."""
+    """The cache key: program fingerprint, platform (and its version), options, precision, the
+    XLA flags of this process (``client.compile_flags``) and, for a multi-device program, the
+    devices it is compiled for."""
     client = get_client()
     import jaxlib
     parts = (fingerprint, client.platform, client.pjrt.platform_version,
              f"jaxlib-{jaxlib.__version__}", COMPILE_OPTIONS_VERSION, precision)
+    if client.compile_flags:
+        parts += ("xla-flags=" + client.compile_flags,)
     if replicas:
         parts += ("replicas=" + ",".join(map(str, replicas)),)
     return "|".join(parts)
