@@ -143,3 +143,42 @@ def test_dead_storages_leave_the_live_set():
     assert len(storage._live) < 10000
     live = storage.live_storages()
     assert any(s is kept for s in live) and len(storage._live) == len(live)
+
+
+def _executions(fn) -> int:
+    """Programs run by ``fn()`` (torch.profiler's ``torchtpu::execute`` events)."""
+    fn()
+    with torch.profiler.profile() as prof:
+        fn()
+    return sum(1 for e in prof.events() if e.name == "torchtpu::execute")
+
+
+def test_an_op_reads_its_transposed_inputs_in_its_own_program():
+    # F.linear reads w.t(): the read was a program of its own, whose whole transposed weight
+    # was written out only for the matmul to read it.
+    torch.tpu.set_eager_mode("strict")
+    torch.manual_seed(0)
+    x, w, b = torch.randn(6, 5), torch.randn(4, 5), torch.randn(4)
+    xt, wt, bt = x.to(TPU), w.to(TPU), b.to(TPU)
+    with torchtpu_compile.config.patch(matmul_precision="highest"):
+        assert _executions(lambda: torch.nn.functional.linear(xt, wt, bt)) == 1
+        torch.testing.assert_close(torch.nn.functional.linear(xt, wt, bt).cpu(),
+                                   torch.nn.functional.linear(x, w, b))
+        # a permuted 3-d view and a broadcast one, and a slice (a gather) in one op
+        p, q, r = torch.randn(2, 3, 4), torch.randn(4, 3), torch.randn(6, 3, 4)
+
+        def op(p, q, r):
+            return torch.addcmul(p.permute(2, 1, 0), q[:, :, None].expand(4, 3, 2),
+                                 r[1:5, :, ::2])
+        pt, qt, rt = p.to(TPU), q.to(TPU), r.to(TPU)
+        assert _executions(lambda: op(pt, qt, rt)) == 1
+        torch.testing.assert_close(op(pt, qt, rt).cpu(), op(p, q, r))
+
+
+def test_a_folded_read_leaves_the_fast_path_to_dense_calls():
+    torch.tpu.set_eager_mode("strict")
+    a, c = torch.randn(3, 4).to(TPU), torch.randn(4, 5).to(TPU)
+    b = torch.randn(5, 4).to(TPU)
+    torch.mm(a, b.t())      # the same signature as mm(a, c), its first run folded
+    torch.mm(a, c)
+    assert _python_calls(lambda: torch.mm(a, c)) <= 18

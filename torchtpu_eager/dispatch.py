@@ -24,6 +24,7 @@ import warnings
 
 import torch
 
+from torchtpu_compile._logging import log
 from torchtpu_compile.errors import InvalidInputError, LoweringError
 from torchtpu_compile.kernels.jax_op import kernel_of
 from torchtpu_compile.lower import device_random
@@ -35,7 +36,7 @@ from torchtpu_compile.runtime.client import get_client
 from . import fallback, modes, rng, scalars, views
 from .fuse import Lazy
 from .modes import Strict, concrete
-from .programs import OpGraph, _platform, example, meta_kernel_failed, trace
+from .programs import OpGraph, _platform, example, meta_kernel_failed, splice, trace
 from .storage import Storage
 from .tensor import (DEVICE, TpuTensor, _numel, contiguous_strides, dense_tensor, is_dense,
                      new_tensor, view_tensor)
@@ -193,8 +194,13 @@ _COMPOSITE_EXPLICIT = torch._C.DispatchKey.CompositeExplicitAutograd
 _COMPOSITE = object()  # the _ops entry of a signature run by its CompositeExplicit kernel
 
 
-def _input_values(tensors) -> list:
+def _input_values(tensors, fold: bool) -> tuple:
+    """(the op's input values, the reads folded into its program): with ``fold``, a strided
+    view's value is its storage's, and ``(position, read graph)`` of each such input is listed
+    for the op to run the read itself (``_folded_graph``); without, or where no input is a
+    strided view, the list is None and every value is the tensor's own."""
     values = []
+    folded = None
     for t in tensors:
         if type(t) is TpuTensor:
             storage = t._st
@@ -202,11 +208,48 @@ def _input_values(tensors) -> list:
             # The common case inline: a dense tensor whose storage holds its buffer as is.
             if value is not None and t._dense and t._shape == storage.shape:
                 values.append(value)
-            else:
+                continue
+            read = views.read_graph_of(t) if fold else None
+            if read is None:
                 values.append(views.read(t))
+            else:
+                if folded is None:
+                    folded = []
+                folded.append((len(values), read))
+                values.append(views.storage_value(storage))
         else:
             values.append(upload(t))
-    return values
+    return values, folded
+
+
+def _folded_graph(entry, folded: list):
+    """``entry``'s graph with the reads of its strided inputs run first, in the same program
+    (kept per set of reads): ``F.linear`` reads ``w.t()``, a backward ``grad.t()``, and each
+    read was a program of its own, whose result (on a TPU, the whole transposed weight)
+    was written out only to be read by the next. None where that graph does not lower:
+    the reads then run on their own, as before."""
+    key = tuple([(position, read.id) for position, read in folded])
+    folds = entry.folds
+    if folds is None:
+        folds = entry.folds = {}
+    graph = folds.get(key, folds)
+    if graph is not folds:
+        return graph
+    op = entry.graph
+    source = {position: k for k, (position, _) in enumerate(folded)}
+    refs = [(-1 - position,) for position, _ in folded]
+    refs.append(tuple([(source[p], 0) if p in source else -1 - p
+                       for p in range(len(op.placeholders))]))
+    wanted = [(len(folded), j) for j in range(len(op.out_meta))]
+    graph = splice([read for _, read in folded] + [op], refs, len(op.placeholders), wanted,
+                   op.label + "+reads")
+    try:
+        graph.program()
+    except Exception as exc:  # a LoweringError, or XLA refusing the combination
+        log.debug("tpu: %s runs its input reads as programs of their own: %s", op.label, exc)
+        graph = None
+    folds[key] = graph
+    return graph
 
 
 # --- the compiled path ------------------------------------------------------------------------
@@ -216,7 +259,7 @@ class _Compiled:
     ``lifted``: the op's floats are an extra input (``scalars.py``)."""
 
     __slots__ = ("graph", "mutated", "returns", "n_fresh", "lifted", "single", "result", "fast",
-                 "in_place", "resized")
+                 "in_place", "resized", "folds")
 
     def __init__(self, graph, mutated, returns, n_fresh, lifted=False, resized=()):
         self.graph, self.mutated, self.returns, self.n_fresh = graph, mutated, returns, n_fresh
@@ -225,6 +268,7 @@ class _Compiled:
         # eager resizes it (out_resize below); every run of the signature does.
         self.resized = resized
         self.fast = None  # strict mode's decision, once it ran there (_fast_plan)
+        self.folds = None  # its graphs with strided inputs' reads folded in (_folded_graph)
         plan, counts = returns
         self.single = (not mutated and len(plan) == 1 and plan[0][0] == "fresh"
                        and counts == [0])
@@ -699,9 +743,13 @@ def run_op(func, args, kwargs):
                     if overlaps or (t is not w and type(t) is TpuTensor and t._st is w._st):
                         check_overlap(func, args, kwargs, key, tensors)
                         break
-    values = _input_values(tensors)
+    mode = modes._current or modes.current()
+    # Reads are folded where ops run one by one; a defer-and-fuse recording splices them
+    # into its program anyway.
+    values, folded = _input_values(tensors, isinstance(mode, Strict))
     fast = entry.fast
-    if fast and type(modes._current) is Strict and not TORCH_PROFILER._is_profiler_enabled:
+    if folded is None and fast and type(mode) is Strict and \
+            not TORCH_PROFILER._is_profiler_enabled:
         # The per-op fast path: one execute, new tensors, nothing else decided again.
         if fast.precision is None or fast.precision == resolve_precision(_platform()):
             for value in values:
@@ -717,9 +765,15 @@ def run_op(func, args, kwargs):
         entry.fast = fast = None  # another matmul precision: plan again after this run
     if entry.lifted:
         values.append(upload(torch.tensor(scalars.collect(args, kwargs), dtype=torch.float32)))
-    mode = modes._current or modes.current()
-    outputs = mode.apply(entry.graph, values)
-    if fast is None and type(mode) is Strict:
+    graph = entry.graph
+    if folded is not None:
+        graph = _folded_graph(entry, folded)
+        if graph is None:  # the reads as programs of their own
+            graph = entry.graph
+            for position, _ in folded:
+                values[position] = views.read(tensors[position])
+    outputs = mode.apply(graph, values)
+    if fast is None and folded is None and type(mode) is Strict:  # planned on its own graph
         entry.fast = _fast_plan(entry, args)
     if entry.single:  # one fresh tensor, nothing written: most ops
         shape, dtype, numel, strides = entry.result

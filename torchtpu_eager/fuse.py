@@ -24,15 +24,12 @@ from __future__ import annotations
 
 import weakref
 
-import torch.fx as fx
-
 from torchtpu_compile import config
 from torchtpu_compile._logging import log
 from torchtpu_compile.index_errors import caller_location
-from torchtpu_compile.lower.index_checks import INDEX_CHECK
 from torchtpu_compile.profiling import spanning
 
-from .programs import OpGraph
+from .programs import OpGraph, splice
 from .stats import COUNTERS
 
 #: Shortest block the repeated-ops heuristic cuts at: shorter repeats are elementwise runs.
@@ -139,37 +136,8 @@ class _Recording:
         self.input_index = {}
 
     def _splice(self, wanted: list) -> OpGraph:
-        graph = fx.Graph()
-        root = fx.GraphModule({}, fx.Graph())
-        inputs = [graph.placeholder(f"in{i}") for i in range(len(self.inputs))]
-        produced: list = []
-        for entry, (op, refs) in enumerate(zip(self.graphs, self.refs)):
-            env = {}
-            for placeholder, ref in zip(op.placeholders, refs):
-                if isinstance(ref, tuple):
-                    env[placeholder] = produced[ref[0]][ref[1]]
-                else:
-                    node = env[placeholder] = inputs[-1 - ref]
-                    if "val" not in node.meta:
-                        node.meta.update(placeholder.meta)
-            outs = None
-            for node in op.gm.graph.nodes:
-                if node.op == "placeholder":
-                    continue
-                if node.op == "output":
-                    outs = [env[n] for n in node.args[0]]
-                elif node.op == "get_attr":
-                    name = f"const_{entry}_{node.target}"
-                    setattr(root, name, getattr(op.gm, node.target))
-                    env[node] = graph.get_attr(name)
-                    env[node].meta.update(node.meta)
-                else:
-                    env[node] = graph.node_copy(node, env.__getitem__)
-                    if node.target is INDEX_CHECK:  # its error names this entry's call site
-                        env[node].meta["torchtpu_entry"] = entry
-            produced.append(outs)
-        graph.output(tuple(produced[e][i] for e, i in wanted))
-        return OpGraph(fx.GraphModule(root, graph), f"fused[{len(self.graphs)} ops]")
+        return splice(self.graphs, self.refs, len(self.inputs), wanted,
+                      f"fused[{len(self.graphs)} ops]", mark_entries=True)
 
 
 class DeferAndFuse:

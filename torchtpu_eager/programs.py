@@ -106,6 +106,54 @@ class OpGraph:
         return self.program().run(buffers, locations)
 
 
+def splice(graphs: list, refs: list, n_inputs: int, wanted: list, label: str,
+           mark_entries: bool = False) -> OpGraph:
+    """One OpGraph running ``graphs`` in order: a fused recording (``fuse.py``), or an op with
+    the reads of its strided inputs folded in (``dispatch.py``).
+
+    ``refs[e]``: for each placeholder of ``graphs[e]``, ``(entry, index)`` of an earlier
+    graph's output or ``-1 - k`` for input ``k`` of the ``n_inputs``; ``wanted``: the
+    ``(entry, index)`` outputs of the result. ``mark_entries``: each index check names its
+    entry, so its error reports that entry's call site (``index_errors``).
+
+    Example::
+
+        # read = a transpose of input 0, then mm(input 1, the transposed value)
+        graph = splice([read, mm], [(-1,), (-2, (0, 0))], 2, [(1, 0)], "mm+read")
+    """
+    graph = fx.Graph()
+    root = fx.GraphModule({}, fx.Graph())
+    inputs = [graph.placeholder(f"in{i}") for i in range(n_inputs)]
+    produced: list = []
+    for entry, (op, op_refs) in enumerate(zip(graphs, refs)):
+        env = {}
+        for placeholder, ref in zip(op.placeholders, op_refs):
+            if isinstance(ref, tuple):
+                env[placeholder] = produced[ref[0]][ref[1]]
+            else:
+                node = env[placeholder] = inputs[-1 - ref]
+                if "val" not in node.meta:
+                    node.meta.update(placeholder.meta)
+        outs = None
+        for node in op.gm.graph.nodes:
+            if node.op == "placeholder":
+                continue
+            if node.op == "output":
+                outs = [env[n] for n in node.args[0]]
+            elif node.op == "get_attr":
+                name = f"const_{entry}_{node.target}"
+                setattr(root, name, getattr(op.gm, node.target))
+                env[node] = graph.get_attr(name)
+                env[node].meta.update(node.meta)
+            else:
+                env[node] = graph.node_copy(node, env.__getitem__)
+                if mark_entries and node.target is INDEX_CHECK:
+                    env[node].meta["torchtpu_entry"] = entry
+        produced.append(outs)
+    graph.output(tuple(produced[e][i] for e, i in wanted))
+    return OpGraph(fx.GraphModule(root, graph), label)
+
+
 @contextlib.contextmanager
 def outside_dynamo():
     """No frame run inside is offered to Dynamo's frame evaluation.

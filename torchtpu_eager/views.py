@@ -1,8 +1,10 @@
 """Reading and writing a tensor's values through its view of a storage.
 
 A dense tensor (its whole storage, in order) is its storage's buffer. Any other view is read
-with a gather graph and written with a scatter graph, keyed by the view's geometry and
-compiled once, so a write through ``x[0]``, ``x.t()`` or ``x.view(16)`` reaches every alias.
+with a graph of its own (a transpose where it permutes the whole storage, else a gather) and
+written likewise (a transpose, else a scatter), keyed by the view's geometry and compiled
+once, so a write through ``x[0]``, ``x.t()`` or ``x.view(16)`` reaches every alias. An op in
+strict mode runs its inputs' read graphs inside its own program (``read_graph_of``).
 
 Example::
 
@@ -139,6 +141,22 @@ def read(t):
     graph = _read_graph(storage.shape, storage.dtype, t._shape, tuple(t.stride()),
                         t.storage_offset())
     return modes.current().apply(graph, [value])[0]
+
+
+def read_graph_of(t):
+    """The graph ``read(t)`` runs on ``t``'s storage value, or None where it runs none (a dense
+    tensor, an empty one): what an op folds into its own program (``dispatch.py``).
+
+    Example::
+
+        read_graph_of(w.t())      # the transpose of w's storage
+    """
+    storage = t._st
+    if (t._dense and t._shape == storage.shape) or _numel(t._shape) == 0 or \
+            storage.numel == 0:
+        return None
+    return _read_graph(storage.shape, storage.dtype, t._shape, tuple(t.stride()),
+                       t.storage_offset())
 
 
 def check_writable(storage) -> None:
