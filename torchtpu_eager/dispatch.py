@@ -194,11 +194,11 @@ _COMPOSITE_EXPLICIT = torch._C.DispatchKey.CompositeExplicitAutograd
 _COMPOSITE = object()  # the _ops entry of a signature run by its CompositeExplicit kernel
 
 
-def _input_values(tensors, fold: bool) -> tuple:
-    """(the op's input values, the reads folded into its program): with ``fold``, a strided
-    view's value is its storage's, and ``(position, read graph)`` of each such input is listed
-    for the op to run the read itself (``_folded_graph``); without, or where no input is a
-    strided view, the list is None and every value is the tensor's own."""
+def _input_values(tensors) -> tuple:
+    """(the op's input values, the reads folded into its program): a strided view's value is
+    its storage's, and ``(position, read graph)`` of each such input is listed for the op to
+    run the read itself (``_folded``); where no input is a strided view, the list is None and
+    every value is the tensor's own."""
     values = []
     folded = None
     for t in tensors:
@@ -209,7 +209,7 @@ def _input_values(tensors, fold: bool) -> tuple:
             if value is not None and t._dense and t._shape == storage.shape:
                 values.append(value)
                 continue
-            read = views.read_graph_of(t) if fold else None
+            read = views.read_graph_of(t)
             if read is None:
                 values.append(views.read(t))
             else:
@@ -222,34 +222,78 @@ def _input_values(tensors, fold: bool) -> tuple:
     return values, folded
 
 
-def _folded_graph(entry, folded: list):
-    """``entry``'s graph with the reads of its strided inputs run first, in the same program
-    (kept per set of reads): ``F.linear`` reads ``w.t()``, a backward ``grad.t()``, and each
-    read was a program of its own, whose result (on a TPU, the whole transposed weight)
-    was written out only to be read by the next. None where that graph does not lower:
-    the reads then run on their own, as before."""
+class _Fold:
+    """An op's graph with its strided inputs' reads folded in (``_folded``), and the layout of
+    its one fresh result: None (contiguous), or (the storage's shape, the result's strides)
+    where eager gives it a permuted layout (``relu(x.t())`` is a transposed tensor on the CPU),
+    which the program then writes in that memory order."""
+
+    __slots__ = ("graph", "layout")
+
+    def __init__(self, graph, layout=None):
+        self.graph, self.layout = graph, layout
+
+
+def _folded(entry, folded: list, func, args, kwargs, tensors):
+    """``entry``'s ``_Fold`` for the reads ``folded`` (kept per set of reads): ``F.linear``
+    reads ``w.t()``, a backward ``grad.t()``, and each read was a program of its own, whose
+    result (on a TPU, the whole transposed weight) was written out only to be read by the
+    next. None where the spliced graph does not lower: the reads then run on their own."""
     key = tuple([(position, read.id) for position, read in folded])
     folds = entry.folds
     if folds is None:
         folds = entry.folds = {}
-    graph = folds.get(key, folds)
-    if graph is not folds:
-        return graph
+    fold = folds.get(key, folds)
+    if fold is not folds:
+        return fold
     op = entry.graph
     source = {position: k for k, (position, _) in enumerate(folded)}
+    graphs = [read for _, read in folded] + [op]
     refs = [(-1 - position,) for position, _ in folded]
     refs.append(tuple([(source[p], 0) if p in source else -1 - p
                        for p in range(len(op.placeholders))]))
     wanted = [(len(folded), j) for j in range(len(op.out_meta))]
-    graph = splice([read for _, read in folded] + [op], refs, len(op.placeholders), wanted,
-                   op.label + "+reads")
+    layout = _eager_layout(entry, func, args, kwargs, tensors)
+    if layout is not None:  # the result in its memory order: one more graph, a transpose
+        walked, strides = layout
+        shape, dtype = op.out_meta[0]
+        graphs.append(trace(lambda v: (v.permute(walked).clone(),), [example(shape, dtype)],
+                            "layout"))
+        refs.append(((len(folded), 0),))
+        wanted = [(len(folded) + 1, 0)]
+        layout = (tuple([shape[d] for d in walked]), strides)
+    fold = _Fold(splice(graphs, refs, len(op.placeholders), wanted, op.label + "+reads"),
+                 layout)
     try:
-        graph.program()
+        modes.current().check(fold.graph)  # strict compiles it; defer-and-fuse lowers it
     except Exception as exc:  # a LoweringError, or XLA refusing the combination
         log.debug("tpu: %s runs its input reads as programs of their own: %s", op.label, exc)
-        graph = None
-    folds[key] = graph
-    return graph
+        fold = None
+    folds[key] = fold
+    return fold
+
+
+def _eager_layout(entry, func, args, kwargs, tensors):
+    """(its dims outermost first, its strides) where eager's one fresh result of ``func`` on
+    these inputs' geometries is a permuted dense layout (``x.t() * 2`` has strides (1, n) on
+    the CPU: TensorIterator follows its inputs' layout), else None. From the op run on meta
+    tensors viewing storages as the inputs do."""
+    if not entry.single:
+        return None
+    metas = iter([_meta_view(t) if type(t) is TpuTensor else t.to("meta") for t in tensors])
+    try:
+        out = func(*_substitute(tuple(args), metas), **{
+            k: _substitute(v, metas) for k, v in kwargs.items()})
+    except Exception:  # no meta kernel: the result stays contiguous
+        return None
+    if not isinstance(out, torch.Tensor):
+        return None
+    size, stride = tuple(out.shape), tuple(out.stride())
+    walked = views._permuted_dims(size, size, stride, 0)
+    if walked is None or walked == sorted(walked) or 0 in stride:
+        return None  # contiguous (but for size-1 dims), or not one dense layout
+    # size-1 dims last: they do not move memory, and the permute names every dim
+    return walked + [d for d in range(len(size)) if d not in walked], stride
 
 
 # --- the compiled path ------------------------------------------------------------------------
@@ -268,7 +312,7 @@ class _Compiled:
         # eager resizes it (out_resize below); every run of the signature does.
         self.resized = resized
         self.fast = None  # strict mode's decision, once it ran there (_fast_plan)
-        self.folds = None  # its graphs with strided inputs' reads folded in (_folded_graph)
+        self.folds = None  # its graphs with strided inputs' reads folded in (_folded)
         plan, counts = returns
         self.single = (not mutated and len(plan) == 1 and plan[0][0] == "fresh"
                        and counts == [0])
@@ -744,9 +788,7 @@ def run_op(func, args, kwargs):
                         check_overlap(func, args, kwargs, key, tensors)
                         break
     mode = modes._current or modes.current()
-    # Reads are folded where ops run one by one; a defer-and-fuse recording splices them
-    # into its program anyway.
-    values, folded = _input_values(tensors, isinstance(mode, Strict))
+    values, folded = _input_values(tensors)
     fast = entry.fast
     if folded is None and fast and type(mode) is Strict and \
             not TORCH_PROFILER._is_profiler_enabled:
@@ -766,17 +808,23 @@ def run_op(func, args, kwargs):
     if entry.lifted:
         values.append(upload(torch.tensor(scalars.collect(args, kwargs), dtype=torch.float32)))
     graph = entry.graph
+    layout = None
     if folded is not None:
-        graph = _folded_graph(entry, folded)
-        if graph is None:  # the reads as programs of their own
-            graph = entry.graph
+        fold = _folded(entry, folded, func, args, kwargs, tensors)
+        if fold is None:  # the reads as programs of their own
             for position, _ in folded:
                 values[position] = views.read(tensors[position])
+        else:
+            graph, layout = fold.graph, fold.layout
     outputs = mode.apply(graph, values)
     if fast is None and folded is None and type(mode) is Strict:  # planned on its own graph
         entry.fast = _fast_plan(entry, args)
     if entry.single:  # one fresh tensor, nothing written: most ops
         shape, dtype, numel, strides = entry.result
+        if layout is not None:  # eager's permuted layout, the program's result its memory
+            storage = Storage(outputs[0], layout[0], dtype, numel)
+            mode.note_write(storage)
+            return view_tensor(storage, shape, layout[1], 0, False)
         storage = Storage(outputs[0], shape, dtype, numel)
         mode.note_write(storage)
         return dense_tensor(storage, shape, strides)
@@ -988,7 +1036,7 @@ def clone(func, args, kwargs):
         out = new_tensor(src._st.value, src._shape, src.dtype)
         modes.current().note_write(out._st)
         return out
-    return run_op(aten.clone.default, (src,), {})
+    return run_op(aten.clone.default, (src,), kwargs)  # memory_format: eager's layout
 
 
 @handles(aten.empty_like.default, aten.new_empty.default, aten.new_empty_strided.default,

@@ -1,0 +1,59 @@
+"""Results on the tpu device have eager's memory layout: an op on a transposed or permuted view
+gives a tensor with the strides it has on the CPU (TensorIterator follows its inputs' layout),
+so that ``.view`` works, and fails, where it does on the CPU. The reference is eager PyTorch
+on the CPU, for values and strides, in strict and defer-and-fuse mode."""
+import pytest
+import torch
+
+import torchtpu_eager  # noqa: F401
+
+torch.manual_seed(0)
+A, B, C = torch.randn(4, 6), torch.randn(6, 4), torch.randn(2, 3, 5)
+
+CASES = {
+    "transpose times a scalar": lambda a, b, c: a.t() * 2,
+    "a chain on a transpose": lambda a, b, c: torch.relu(a.t() * 2 + b).exp(),
+    "a view of its transpose": lambda a, b, c: (a.t() * 2).t().view(-1),
+    "in-place ops on it": lambda a, b, c: (a.t() * 2).add_(1).mul_(b),
+    "a write through a slice of it": lambda a, b, c: (lambda y: (y[1:3].fill_(7.0), y)[1])(
+        a.t() * 2),
+    "a permuted 3-d view": lambda a, b, c: c.permute(2, 0, 1).sigmoid() * c.permute(2, 0, 1),
+    "a size-1 dim": lambda a, b, c: c[:, :1].permute(2, 1, 0) + 1,
+    "a slice of a permuted result": lambda a, b, c: (c.permute(2, 0, 1) + 1)[1:4, :, ::2] * 3,
+    "contiguous() of it": lambda a, b, c: (c.permute(2, 0, 1) + 1).contiguous().view(-1),
+    "clone of a transpose": lambda a, b, c: a.t().clone(),
+    "a dtype conversion": lambda a, b, c: a.t().to(torch.float64),
+    "softmax over a transpose": lambda a, b, c: torch.softmax(a.t(), dim=-1),
+}
+
+
+@pytest.fixture(params=["strict", "defer_and_fuse"])
+def mode(request):
+    torch.tpu.set_eager_mode(request.param)
+    yield request.param
+    torch.tpu.set_eager_mode("strict")
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_results_have_eager_s_values_and_strides(case, mode):
+    fn = CASES[case]
+    expected = fn(A, B, C)
+    got = fn(A.to("tpu"), B.to("tpu"), C.to("tpu"))
+    assert got.stride() == expected.stride()
+    torch.testing.assert_close(got.cpu(), expected)
+
+
+def test_a_view_eager_refuses_is_refused(mode):
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        (A.t() * 2).view(-1)
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        (A.to("tpu").t() * 2).view(-1)
+
+
+def test_gradients_through_a_permuted_result(mode):
+    grads = []
+    for device in ("cpu", "tpu"):
+        x = A.clone().to(device).requires_grad_()
+        ((x.t() * 2).tanh() * B.to(device)).sum().backward()
+        grads.append(x.grad.cpu())
+    torch.testing.assert_close(grads[1], grads[0])
