@@ -791,3 +791,33 @@ def test_a_sparse_tensor_moved_to_tpu_is_a_clear_error():
     with pytest.raises(NotImplementedError, match="to_dense"):
         s.to("tpu")
     torch.testing.assert_close(s.to_dense().to("tpu").cpu(), s.to_dense())
+
+
+# Inputs whose checks live in the op's meta kernel: the device traced the op through its
+# decompositions, which never ran that kernel, and returned a value where eager raises.
+_META_CHECKED = {
+    "avg_pool2d(divisor_override=0)": lambda x: F.avg_pool2d(x, 2, divisor_override=0),
+    "adaptive_max_pool2d(output_size=[])": lambda x: F.adaptive_max_pool2d(x, []),
+    "max_pool3d(padding=-1)": lambda x: F.max_pool3d(x[None], 2, padding=-1),
+    "roll(shifts=[2, 1], dims=0)": lambda x: torch.roll(x, [2, 1], 0),
+    "diagonal_copy(dim1=10000)": lambda x: torch.diagonal_copy(x, dim1=10000),
+    "gather(out= of float64)": lambda x: torch.gather(
+        x, 1, torch.zeros(3, 3, 2, 2, dtype=torch.int64, device=x.device),
+        out=torch.empty(3, 3, 2, 2, dtype=torch.float64, device=x.device)),
+    "kthvalue(k=3) of a 0-d": lambda x: torch.kthvalue(x.sum(), 3),
+}
+
+
+@pytest.mark.parametrize("strict", [False, True])
+@pytest.mark.parametrize("name", list(_META_CHECKED))
+def test_inputs_a_meta_kernel_rejects_raise_eagers_error(name, strict):
+    fn = _META_CHECKED[name]
+    x = torch.arange(36.0).reshape(3, 3, 2, 2)
+    with pytest.raises(Exception) as want:
+        fn(x)
+    before = dict(torchtpu_compile.stats()["fallback_ops"])
+    with config.patch(strict=strict), pytest.raises(Exception) as got:
+        fn(x.to("tpu")).cpu()
+    assert isinstance(got.value, type(want.value)), got.value
+    assert str(got.value) == str(want.value)
+    assert torchtpu_compile.stats()["fallback_ops"] == before

@@ -327,6 +327,36 @@ def _pointwise_twin(func):
     return None
 
 
+def _meta(value):
+    """``value`` with each tensor (in lists and tuples too) an empty one on the meta device."""
+    if isinstance(value, torch.Tensor):
+        return torch.empty(value.shape, dtype=value.dtype, device="meta")
+    if isinstance(value, (list, tuple)):
+        return type(value)(_meta(v) for v in value)
+    return value
+
+
+def _check_meta_kernel(func, args, kwargs) -> None:
+    """Raise eager's error where ``func``'s own meta kernel refuses the inputs.
+
+    The op is traced through the decomposition table, so its meta kernel, which holds most of
+    eager's argument checks, never ran: ``avg_pool2d(divisor_override=0)``, ``roll`` with
+    shifts and dims of other lengths, ``diagonal_copy(dim1=10000)``, ``gather(out=)`` of
+    another dtype all returned values. The compile path runs it (Dynamo's fake tensors). Once
+    per signature; where the meta kernel refuses, eager on the host has the last word (its
+    exception and message; it may accept what a meta kernel refuses, then tracing goes on)."""
+    if "device" in kwargs:  # a factory: its checks are the trace's
+        return
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # out= resized on the meta copies
+            func(*_meta(tuple(args)), **{k: _meta(v) for k, v in kwargs.items()})
+    except NotImplementedError:  # no meta kernel: the trace decides
+        return
+    except Exception:  # noqa: BLE001  (any refusal: eager decides what it is)
+        fallback.raise_eagers_error(func, args, kwargs)
+
+
 def _check_output_casts(func, args, kwargs) -> None:
     """Raise eager's error where pointwise op ``func`` would write a result of a dtype its
     output cannot hold: eager's TensorIterator refuses ("result type Float can't be cast to
@@ -337,19 +367,11 @@ def _check_output_casts(func, args, kwargs) -> None:
     twin = _pointwise_twin(func)
     if twin is None:
         return
-
-    def meta(value):
-        if isinstance(value, torch.Tensor):
-            return torch.empty(value.shape, dtype=value.dtype, device="meta")
-        if isinstance(value, (list, tuple)):
-            return type(value)(meta(v) for v in value)
-        return value
-
     outs = written_arguments(func, args, kwargs)
     names = {name for name, _ in outs}
     try:
-        result = twin(*meta(tuple(args)), **{k: meta(v) for k, v in kwargs.items()
-                                             if k not in names})
+        result = twin(*_meta(tuple(args)), **{k: _meta(v) for k, v in kwargs.items()
+                                              if k not in names})
     except Exception:  # the twin's own errors are the op's, raised when it is traced
         return
     results = result if isinstance(result, (list, tuple)) else (result,)
@@ -361,6 +383,7 @@ def _check_output_casts(func, args, kwargs) -> None:
 
 
 def _build(func, args, kwargs, tensors, lift_floats=False):
+    _check_meta_kernel(func, args, kwargs)
     written = _written_leaves(func, args, kwargs)
     if written and torch.Tag.pointwise in func.tags:
         _check_output_casts(func, args, kwargs)
