@@ -821,3 +821,34 @@ def test_inputs_a_meta_kernel_rejects_raise_eagers_error(name, strict):
     assert isinstance(got.value, type(want.value)), got.value
     assert str(got.value) == str(want.value)
     assert torchtpu_compile.stats()["fallback_ops"] == before
+
+
+def _out(dtype, shape=(20,)):
+    return lambda x: torch.empty(shape, dtype=dtype, device=x.device)
+
+
+# out= of a dtype other than the result's, on ops other than pointwise ones: eager refuses it
+# (aminmax, complex) or computes in it (sum, cumsum). Traced, the result was cast into it.
+_OUT_DTYPES = {
+    "aminmax(out=(f32, f64))": (True, lambda x: torch.aminmax(
+        x, dim=0, out=(_out(torch.float32)(x), _out(torch.float64)(x)))),
+    "complex(f64, f64, out=c64)": (True, lambda x: torch.complex(
+        x.double(), x.double(), out=_out(torch.complex64, (20, 20))(x))),
+    "sum(out=f64)": (False, lambda x: torch.sum(x, 0, out=_out(torch.float64)(x))),
+    "cumsum(out=f64)": (False, lambda x: torch.cumsum(x, 0, out=_out(torch.float64, (20, 20))(x))),
+}
+
+
+@pytest.mark.parametrize("name", list(_OUT_DTYPES))
+def test_out_of_another_dtype_is_eagers_to_refuse_or_take(name):
+    refused, fn = _OUT_DTYPES[name]
+    x = torch.randn(20, 20)
+    if not refused:
+        # computed in fp32 and summed in XLA's order: fp32's tolerance on the fp64 result
+        torch.testing.assert_close(fn(x.to("tpu")).cpu(), fn(x), rtol=1e-5, atol=1e-5)
+        return
+    with pytest.raises(RuntimeError) as want:
+        fn(x)
+    with pytest.raises(RuntimeError) as got:
+        fn(x.to("tpu"))
+    assert str(got.value) == str(want.value)

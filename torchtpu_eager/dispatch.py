@@ -358,17 +358,23 @@ def _check_meta_kernel(func, args, kwargs) -> None:
 
 
 def _check_output_casts(func, args, kwargs) -> None:
-    """Raise eager's error where pointwise op ``func`` would write a result of a dtype its
-    output cannot hold: eager's TensorIterator refuses ("result type Float can't be cast to
-    the desired output type Long": ``int_tensor.mul_(2.5)``, ``torch.add(f, 1, out=long)``).
+    """Raise eager's error where op ``func`` would write a result of a dtype its output cannot
+    hold. A pointwise op: one eager's TensorIterator cannot cast to ("result type Float can't
+    be cast to the desired output type Long": ``int_tensor.mul_(2.5)``,
+    ``torch.add(f, 1, out=long)``). Any other op's out=: a dtype other than the result's, where
+    eager has the last word (aminmax, gather and complex refuse it, sum computes in it).
     Traced, the result was cast to the output's dtype without a word. The result's dtype comes
     from the op's functional twin on meta tensors; eager itself raises the error (once per
-    signature: the op is about to fail)."""
+    signature)."""
     twin = _pointwise_twin(func)
     if twin is None:
         return
+    pointwise = torch.Tag.pointwise in func.tags
     outs = written_arguments(func, args, kwargs)
     names = {name for name, _ in outs}
+    kwarg_only = {a.name for a in func._schema.arguments if a.kwarg_only}
+    if not pointwise and not names <= kwarg_only:
+        return  # an in-place op other than a pointwise one: it computes in its own dtype
     try:
         result = twin(*_meta(tuple(args)), **{k: _meta(v) for k, v in kwargs.items()
                                               if k not in names})
@@ -376,8 +382,9 @@ def _check_output_casts(func, args, kwargs) -> None:
         return
     results = result if isinstance(result, (list, tuple)) else (result,)
     for produced, (_, target) in zip(results, outs):
-        if isinstance(target, torch.Tensor) and isinstance(produced, torch.Tensor) and \
-                not torch.can_cast(produced.dtype, target.dtype):
+        if isinstance(target, torch.Tensor) and isinstance(produced, torch.Tensor) and (
+                not torch.can_cast(produced.dtype, target.dtype) if pointwise
+                else produced.dtype != target.dtype):
             fallback.raise_eagers_error(func, args, kwargs)
             return
 
@@ -385,7 +392,7 @@ def _check_output_casts(func, args, kwargs) -> None:
 def _build(func, args, kwargs, tensors, lift_floats=False):
     _check_meta_kernel(func, args, kwargs)
     written = _written_leaves(func, args, kwargs)
-    if written and torch.Tag.pointwise in func.tags:
+    if written:
         _check_output_casts(func, args, kwargs)
     plan = _return_plan(func, args, kwargs)
     twin = _functional_variant(func)
