@@ -791,3 +791,64 @@ def test_a_sparse_tensor_moved_to_tpu_is_a_clear_error():
     with pytest.raises(NotImplementedError, match="to_dense"):
         s.to("tpu")
     torch.testing.assert_close(s.to_dense().to("tpu").cpu(), s.to_dense())
+
+
+# Inputs whose checks live in the op's meta kernel: the device traced the op through its
+# decompositions, which never ran that kernel, and returned a value where eager raises.
+_META_CHECKED = {
+    "avg_pool2d(divisor_override=0)": lambda x: F.avg_pool2d(x, 2, divisor_override=0),
+    "adaptive_max_pool2d(output_size=[])": lambda x: F.adaptive_max_pool2d(x, []),
+    "max_pool3d(padding=-1)": lambda x: F.max_pool3d(x[None], 2, padding=-1),
+    "roll(shifts=[2, 1], dims=0)": lambda x: torch.roll(x, [2, 1], 0),
+    "diagonal_copy(dim1=10000)": lambda x: torch.diagonal_copy(x, dim1=10000),
+    "gather(out= of float64)": lambda x: torch.gather(
+        x, 1, torch.zeros(3, 3, 2, 2, dtype=torch.int64, device=x.device),
+        out=torch.empty(3, 3, 2, 2, dtype=torch.float64, device=x.device)),
+    "kthvalue(k=3) of a 0-d": lambda x: torch.kthvalue(x.sum(), 3),
+}
+
+
+@pytest.mark.parametrize("strict", [False, True])
+@pytest.mark.parametrize("name", list(_META_CHECKED))
+def test_inputs_a_meta_kernel_rejects_raise_eagers_error(name, strict):
+    fn = _META_CHECKED[name]
+    x = torch.arange(36.0).reshape(3, 3, 2, 2)
+    with pytest.raises(Exception) as want:
+        fn(x)
+    before = dict(torchtpu_compile.stats()["fallback_ops"])
+    with config.patch(strict=strict), pytest.raises(Exception) as got:
+        fn(x.to("tpu")).cpu()
+    assert isinstance(got.value, type(want.value)), got.value
+    assert str(got.value) == str(want.value)
+    assert torchtpu_compile.stats()["fallback_ops"] == before
+
+
+def _out(dtype, shape=(20,)):
+    return lambda x: torch.empty(shape, dtype=dtype, device=x.device)
+
+
+# out= of a dtype other than the result's, on ops other than pointwise ones: eager refuses it
+# (aminmax, complex) or computes in it (sum, cumsum). Traced, the result was cast into it.
+_OUT_DTYPES = {
+    "aminmax(out=(f32, f64))": (True, lambda x: torch.aminmax(
+        x, dim=0, out=(_out(torch.float32)(x), _out(torch.float64)(x)))),
+    "complex(f64, f64, out=c64)": (True, lambda x: torch.complex(
+        x.double(), x.double(), out=_out(torch.complex64, (20, 20))(x))),
+    "sum(out=f64)": (False, lambda x: torch.sum(x, 0, out=_out(torch.float64)(x))),
+    "cumsum(out=f64)": (False, lambda x: torch.cumsum(x, 0, out=_out(torch.float64, (20, 20))(x))),
+}
+
+
+@pytest.mark.parametrize("name", list(_OUT_DTYPES))
+def test_out_of_another_dtype_is_eagers_to_refuse_or_take(name):
+    refused, fn = _OUT_DTYPES[name]
+    x = torch.randn(20, 20)
+    if not refused:
+        # computed in fp32 and summed in XLA's order: fp32's tolerance on the fp64 result
+        torch.testing.assert_close(fn(x.to("tpu")).cpu(), fn(x), rtol=1e-5, atol=1e-5)
+        return
+    with pytest.raises(RuntimeError) as want:
+        fn(x)
+    with pytest.raises(RuntimeError) as got:
+        fn(x.to("tpu"))
+    assert str(got.value) == str(want.value)

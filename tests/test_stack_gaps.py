@@ -129,3 +129,32 @@ def test_lowered_module_has_no_literals_or_arith():
     assert "dense_resource" not in lowered.text
     assert "arith." not in lowered.text
     assert "tensor<32x32xf32>" in lowered.text.split("\n")[1]  # the weight is an argument
+
+
+_EMPTY_GATHER_CHILD = """
+import torch, torchtpu_eager
+from tests.support.helpers import compile_tpu
+f = lambda x, t, w: torch.nn.functional.nll_loss(x, t, weight=w)
+args = (torch.empty(0, 0), torch.empty(0, dtype=torch.int64), torch.empty(0))
+g = lambda x, i: torch.gather(x, 1, i)
+gargs = (torch.empty(0, 0), torch.empty(0, 1, dtype=torch.int64))
+print(f(*args).isnan().item(), compile_tpu(f, dynamic=False)(*args).isnan().item(),
+      f(*[a.to("tpu") for a in args]).cpu().isnan().item())
+print(g(*gargs).shape == compile_tpu(g, dynamic=False)(*gargs).shape
+      == g(*[a.to("tpu") for a in gargs]).cpu().shape)
+"""
+
+
+def test_a_result_without_elements_is_zeros_not_an_abort():
+    # torch-mlir legalizes a gather from an operand with a dim of size 0 with LLVM's
+    # report_fatal_error: the process aborted (nll_loss over an empty batch with an empty
+    # weight: eager gives NaN). Results with no elements are zeros of their shape now
+    # (fx_passes.empty_results_as_zeros). In a child process: before the fix it took the
+    # test run down.
+    import subprocess
+    import sys
+    from tests.support import python_env
+    done = subprocess.run([sys.executable, "-c", _EMPTY_GATHER_CHILD], capture_output=True,
+                          text=True, timeout=300, env=python_env())
+    assert done.returncode == 0, f"exit status {done.returncode}: {done.stderr[-1500:]}"
+    assert done.stdout.split() == ["True", "True", "True", "True"], done.stdout

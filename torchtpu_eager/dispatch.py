@@ -415,42 +415,72 @@ def _pointwise_twin(func):
     return None
 
 
+def _meta(value):
+    """``value`` with each tensor (in lists and tuples too) an empty one on the meta device."""
+    if isinstance(value, torch.Tensor):
+        return torch.empty(value.shape, dtype=value.dtype, device="meta")
+    if isinstance(value, (list, tuple)):
+        return type(value)(_meta(v) for v in value)
+    return value
+
+
+def _check_meta_kernel(func, args, kwargs) -> None:
+    """Raise eager's error where ``func``'s own meta kernel refuses the inputs.
+
+    The op is traced through the decomposition table, so its meta kernel, which holds most of
+    eager's argument checks, never ran: ``avg_pool2d(divisor_override=0)``, ``roll`` with
+    shifts and dims of other lengths, ``diagonal_copy(dim1=10000)``, ``gather(out=)`` of
+    another dtype all returned values. The compile path runs it (Dynamo's fake tensors). Once
+    per signature; where the meta kernel refuses, eager on the host has the last word (its
+    exception and message; it may accept what a meta kernel refuses, then tracing goes on)."""
+    if "device" in kwargs:  # a factory: its checks are the trace's
+        return
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # out= resized on the meta copies
+            func(*_meta(tuple(args)), **{k: _meta(v) for k, v in kwargs.items()})
+    except NotImplementedError:  # no meta kernel: the trace decides
+        return
+    except Exception:  # noqa: BLE001  (any refusal: eager decides what it is)
+        fallback.raise_eagers_error(func, args, kwargs)
+
+
 def _check_output_casts(func, args, kwargs) -> None:
-    """Raise eager's error where pointwise op ``func`` would write a result of a dtype its
-    output cannot hold: eager's TensorIterator refuses ("result type Float can't be cast to
-    the desired output type Long": ``int_tensor.mul_(2.5)``, ``torch.add(f, 1, out=long)``).
+    """Raise eager's error where op ``func`` would write a result of a dtype its output cannot
+    hold. A pointwise op: one eager's TensorIterator cannot cast to ("result type Float can't
+    be cast to the desired output type Long": ``int_tensor.mul_(2.5)``,
+    ``torch.add(f, 1, out=long)``). Any other op's out=: a dtype other than the result's, where
+    eager has the last word (aminmax, gather and complex refuse it, sum computes in it).
     Traced, the result was cast to the output's dtype without a word. The result's dtype comes
     from the op's functional twin on meta tensors; eager itself raises the error (once per
-    signature: the op is about to fail)."""
+    signature)."""
     twin = _pointwise_twin(func)
     if twin is None:
         return
-
-    def meta(value):
-        if isinstance(value, torch.Tensor):
-            return torch.empty(value.shape, dtype=value.dtype, device="meta")
-        if isinstance(value, (list, tuple)):
-            return type(value)(meta(v) for v in value)
-        return value
-
+    pointwise = torch.Tag.pointwise in func.tags
     outs = written_arguments(func, args, kwargs)
     names = {name for name, _ in outs}
+    kwarg_only = {a.name for a in func._schema.arguments if a.kwarg_only}
+    if not pointwise and not names <= kwarg_only:
+        return  # an in-place op other than a pointwise one: it computes in its own dtype
     try:
-        result = twin(*meta(tuple(args)), **{k: meta(v) for k, v in kwargs.items()
-                                             if k not in names})
+        result = twin(*_meta(tuple(args)), **{k: _meta(v) for k, v in kwargs.items()
+                                              if k not in names})
     except Exception:  # the twin's own errors are the op's, raised when it is traced
         return
     results = result if isinstance(result, (list, tuple)) else (result,)
     for produced, (_, target) in zip(results, outs):
-        if isinstance(target, torch.Tensor) and isinstance(produced, torch.Tensor) and \
-                not torch.can_cast(produced.dtype, target.dtype):
+        if isinstance(target, torch.Tensor) and isinstance(produced, torch.Tensor) and (
+                not torch.can_cast(produced.dtype, target.dtype) if pointwise
+                else produced.dtype != target.dtype):
             fallback.raise_eagers_error(func, args, kwargs)
             return
 
 
 def _build(func, args, kwargs, tensors, lift_floats=False):
+    _check_meta_kernel(func, args, kwargs)
     written = _written_leaves(func, args, kwargs)
-    if written and torch.Tag.pointwise in func.tags:
+    if written:
         _check_output_casts(func, args, kwargs)
     plan = _return_plan(func, args, kwargs)
     twin = _functional_variant(func)

@@ -169,3 +169,64 @@ def test_an_integer_round_with_decimals_raises_eagers_error(dtype):
             x.to("tpu").round().cpu()
     else:
         torch.testing.assert_close(x.to("tpu").round().cpu(), x.round())
+
+
+# Inputs eager's kernels refuse, beyond what their meta functions check: traced, each gave a
+# value (the weight promoted, the source broadcast, the scatter's far elements dropped).
+REFUSED = {
+    "nll_loss with an fp16 weight": (
+        lambda x, t, w: torch.nn.functional.nll_loss(x, t, weight=w),
+        lambda: (torch.randn(3, 4), torch.tensor([0, 1, 2]), torch.ones(4).half())),
+    "nll_loss2d with an fp64 weight": (
+        lambda x, t, w: torch.nn.functional.nll_loss(x, t, weight=w),
+        lambda: (torch.randn(2, 4, 3, 3), torch.zeros(2, 3, 3, dtype=torch.int64),
+                 torch.ones(4, dtype=torch.float64))),
+    "index_add of a source of another shape": (
+        lambda x, i, s: torch.index_add(x, 0, i, s),
+        lambda: (torch.zeros(3, 2), torch.tensor([0, 1]), torch.ones(2))),
+    "as_strided_scatter beyond the input": (
+        lambda x, s: torch.as_strided_scatter(x, s, [2, 2], [200, 200], 0),
+        lambda: (torch.zeros(4, 4), torch.ones(2, 2))),
+}
+ACCEPTED = {
+    "index_add along dim 1": (lambda x, i, s: torch.index_add(x, 1, i, s),
+                              lambda: (torch.zeros(3, 2), torch.tensor([1, 0]),
+                                       torch.ones(3, 2))),
+    "index_add of 0-d": (lambda x, i, s: torch.index_add(x, 0, i, s),
+                         lambda: (torch.zeros(()), torch.tensor([0]), torch.ones(()))),
+    "as_strided_scatter within the input": (
+        lambda x, s: torch.as_strided_scatter(x, s, [2, 2], [4, 1], 10),
+        lambda: (torch.zeros(4, 4), torch.ones(2, 2))),
+    "nll_loss with a weight of its dtype": (
+        lambda x, t, w: torch.nn.functional.nll_loss(x, t, weight=w),
+        lambda: (torch.randn(3, 4), torch.tensor([0, 1, 2]), torch.rand(4))),
+}
+
+
+def _seeded(make):
+    """``make`` called after seeding: the same random inputs at each call."""
+    def inputs():
+        torch.manual_seed(0)
+        return make()
+    return inputs
+
+
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_inputs_eagers_kernel_refuses_raise_its_error(name):
+    fn, inputs = REFUSED[name][0], _seeded(REFUSED[name][1])
+    want = _outcome(lambda args: fn(*args), inputs())
+    assert isinstance(want, RuntimeError)
+    got = _outcome(lambda args: fn(*args), [t.to("tpu") for t in inputs()])
+    assert isinstance(got, RuntimeError) and str(got) == str(want)
+    with pytest.raises(RuntimeError) as compiled:
+        compile_tpu(fn, dynamic=False)(*inputs())
+    # Ours, or Dynamo's fake tensors first (as_strided_scatter's prim, in its own words).
+    assert str(want) in str(compiled.value) or "fake tensor" in str(compiled.value)
+
+
+@pytest.mark.parametrize("name", list(ACCEPTED))
+def test_inputs_eager_accepts_still_run(name):
+    fn, inputs = ACCEPTED[name][0], _seeded(ACCEPTED[name][1])
+    want = fn(*inputs())
+    torch.testing.assert_close(fn(*[t.to("tpu") for t in inputs()]).cpu(), want)
+    torch.testing.assert_close(compile_tpu(fn, dynamic=False)(*inputs()), want)

@@ -102,6 +102,40 @@ def empty_as_zeros(gm):
         gm.graph.erase_node(node)
 
 
+def _computes_nothing(node: fx.Node) -> bool:
+    """A functional ATen op whose one result has no elements (static shape)."""
+    target = node.target
+    val = node.meta.get("val")
+    return (node.op == "call_function" and isinstance(target, torch._ops.OpOverload)
+            and target.namespace in ("aten", "prims") and not target.is_view
+            and not target._schema.is_mutable and target not in _ZEROS
+            and isinstance(val, torch.Tensor) and not val.is_sparse
+            and all(isinstance(s, int) for s in val.shape) and val.numel() == 0)
+
+
+_ZEROS = {aten.zeros.default, aten.new_zeros.default}
+
+
+@fx_pass
+def empty_results_as_zeros(gm):
+    # torch-mlir aborts the process (LLVM's report_fatal_error, no exception) legalizing a
+    # gather from an operand with a dim of size 0 (nll_loss's weight gather over an empty
+    # batch and weight) and XLA rejects other degenerate windows. A result with no elements has
+    # no values to compute: its shape and dtype are all there is, so zeros of them are it.
+    # Index checks stay: they are their own nodes (torchtpu::index_check) on the index.
+    for node in list(gm.graph.nodes):
+        if not _computes_nothing(node):
+            continue
+        val = node.meta["val"]
+        with gm.graph.inserting_before(node):
+            zeros = gm.graph.call_function(
+                aten.zeros.default, (list(val.shape),),
+                {"dtype": val.dtype, "device": val.device, "pin_memory": False})
+        zeros.meta = dict(node.meta)
+        node.replace_all_uses_with(zeros)
+        gm.graph.erase_node(node)
+
+
 #: Comparisons of a value with itself that hold for every number but not for NaN.
 _REFLEXIVE = {aten.eq.Tensor, aten.le.Tensor, aten.ge.Tensor}
 

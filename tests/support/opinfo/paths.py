@@ -31,11 +31,11 @@ class Outcome:
 
 
 class _CountingBackend:
-    """The registered "torchtpu" backend, counting the graphs Dynamo hands it."""
+    """A registered backend ("torchtpu" unless said), counting the graphs Dynamo hands it."""
 
-    def __init__(self):
+    def __init__(self, name: str = "torchtpu"):
         self.graphs = 0
-        self.backend = torch._dynamo.lookup_backend("torchtpu")
+        self.backend = torch._dynamo.lookup_backend(name)
 
     def __call__(self, gm, example_inputs):
         self.graphs += 1
@@ -77,10 +77,11 @@ def _capture_fallbacks():
         _logging.log.propagate = saved
 
 
-def run_compiled(fn, args, kwargs, then=None) -> Outcome:
+def run_compiled(fn, args, kwargs, then=None, backend: str = "torchtpu") -> Outcome:
     """Run ``fn(*args, **kwargs)`` through ``torch.compile(backend="torchtpu")``; ``then``, if
     given, maps ``(result, args, kwargs)`` to the value inside the same capture of fallbacks (a
-    backward pass, whose program aot_autograd builds on first use).
+    backward pass, whose program aot_autograd builds on first use). ``backend="eager"`` runs
+    Dynamo alone: what Dynamo itself does with the call (the error sweep's bar).
 
     Example::
 
@@ -93,12 +94,12 @@ def run_compiled(fn, args, kwargs, then=None) -> Outcome:
     torch._dynamo.reset()
     counters.clear()
     torchtpu_compile.reset_stats()
-    backend = _CountingBackend()
+    counting = _CountingBackend(backend)
 
     def call(*a, **k):
         return fn(*a, **k)
 
-    compiled = torch.compile(call, backend=backend, dynamic=False, fullgraph=False)
+    compiled = torch.compile(call, backend=counting, dynamic=False, fullgraph=False)
     with _capture_fallbacks() as reasons:
         value = compiled(*args, **kwargs)
         if then is not None:
@@ -107,7 +108,7 @@ def run_compiled(fn, args, kwargs, then=None) -> Outcome:
     fallbacks = {op: reasons.get(op, "no reason logged") for op in counted}
     breaks = [str(reason) for reason in counters["graph_break"]]
     torch._dynamo.reset()
-    return Outcome(value, fallbacks, breaks, backend.graphs, (args, kwargs))
+    return Outcome(value, fallbacks, breaks, counting.graphs, (args, kwargs))
 
 
 def eager_available() -> str | None:

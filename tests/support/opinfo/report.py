@@ -250,8 +250,47 @@ def modinfo_section(results: dict, seconds: dict | None = None) -> list:
         "", *totals(results), "", *timing, *details(results), ""]
 
 
+#: The error sweep's verdicts, worst first, as its table's columns (errors.py).
+ERROR_COLUMNS = ("returns-value", "other-error", "dynamo", "pass", "(pass, other message)",
+                 "cpu-specific", "construction")
+
+
+def errors_section(ops: dict, modules: dict, seconds: dict | None = None) -> list:
+    """The error-input sweep (errors.py, ``sweep --errors``): inputs per verdict and path, for
+    OpInfo's and ModuleInfo's error inputs, then every entry with an input that did not pass."""
+    from .errors import totals
+    rows = ["| inputs of | path | " + " | ".join(ERROR_COLUMNS) + " | entries |",
+            "|---|---|" + "---|" * (len(ERROR_COLUMNS) + 1)]
+    for what, results in (("OpInfo", ops), ("ModuleInfo", modules)):
+        counts = totals(list(results.values()))
+        for path in ("compile", "eager"):
+            if path not in counts:
+                continue
+            entries = sum(1 for (_, p, _) in results if p == path)
+            cells = " | ".join(str(counts[path].get(v, 0)) for v in ERROR_COLUMNS)
+            rows.append(f"| {what} | {path} | {cells} | {entries} |")
+    timing = ["Sweep time: " + ", ".join(f"{os.path.basename(k)} {v / 60:.1f} min"
+                                         for k, v in seconds.items()), ""] if seconds else []
+    listed = ["| entry | path | status | inputs that did not pass |", "|---|---|---|---|"]
+    for (op, path, _), r in sorted({**ops, **modules}.items()):
+        if r["status"] not in ("pass", "skip"):
+            listed.append(f"| `{op}` | {path} | {r['status']} | {_short(r['detail'], 400)} |")
+    return [
+        "PyTorch's error inputs (OpInfo's `error_inputs`, ModuleInfo's "
+        "`module_error_inputs_func`; `tests/support/opinfo/errors.py`, `sweep --errors`): "
+        "inputs eager CPU rejects, each run in eager CPU first (where it does not raise: "
+        "`cpu-specific`), then on each path. Verdicts per input: `pass` (the same exception "
+        "type, a subclass, or Dynamo's wrapper of it), `returns-value` (we accept what eager "
+        "rejects), `other-error` (another type, or a crash of ours), `dynamo` (compile path: "
+        "`torch.compile(backend=\"eager\")` does the same, Dynamo's behaviour). `(pass, other "
+        "message)` counts passes whose message misses OpInfo's regex; `construction`: the "
+        "module's constructor raises, before any path.",
+        "", *rows, "", *timing, *listed, ""]
+
+
 def render(results: dict, seconds: dict, models: dict, dynamic_models: dict | None = None,
-           modinfo: dict | None = None, modinfo_seconds: dict | None = None) -> str:
+           modinfo: dict | None = None, modinfo_seconds: dict | None = None,
+           errors: tuple | None = None) -> str:
     """The whole of docs/coverage.md."""
     today = datetime.date.today().isoformat()
     lines = [
@@ -284,6 +323,8 @@ def render(results: dict, seconds: dict, models: dict, dynamic_models: dict | No
     if modinfo:
         lines += ["## nn.Module coverage (ModuleInfo)", "",
                   *modinfo_section(modinfo, modinfo_seconds)]
+    if errors and (errors[0] or errors[1]):
+        lines += ["## Where eager raises (error inputs)", "", *errors_section(*errors)]
     if models:
         lines += ["## Model zoo", "", zoo_paragraph(models, zoo_names()), "",
                   *zoo_table(models), ""]
@@ -322,9 +363,15 @@ def main(argv=None) -> int:
                                      key=os.path.getmtime))
     modinfo, modinfo_seconds = load_opinfo(sorted(glob.glob("build/coverage/modinfo*.json"),
                                                   key=os.path.getmtime))
+    error_ops, ops_seconds = load_opinfo(sorted(glob.glob("build/coverage/errors-ops*.json"),
+                                                key=os.path.getmtime))
+    error_modules, modules_seconds = load_opinfo(sorted(
+        glob.glob("build/coverage/errors-modules*.json"), key=os.path.getmtime))
+    errors = (error_ops, error_modules, {**ops_seconds, **modules_seconds})
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
-        f.write(render(results, seconds, models, dynamic_models, modinfo, modinfo_seconds))
+        f.write(render(results, seconds, models, dynamic_models, modinfo, modinfo_seconds,
+                       errors))
     print(f"wrote {args.out}: {len(results)} OpInfo results, {len(models)} models")
     return 0
 

@@ -96,6 +96,10 @@ SKIPS: dict = {
 #: The ModuleInfo sweep's skips (modules.py), by ``module_db`` name.
 MODULE_SKIPS: dict = {}
 
+#: The error-input sweep's skips (errors.py), by OpInfo entry and by ``module_db`` name.
+ERROR_SKIPS: dict = {}
+MODULE_ERROR_SKIPS: dict = {}
+
 
 def lookup(entry: str, path: str, dtype: str, table: dict | None = None) -> Skip | None:
     """The skip for ``entry`` ("op" or "op.variant") on ``path`` and ``dtype`` in ``table``

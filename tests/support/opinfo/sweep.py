@@ -10,6 +10,12 @@ Usage (from the repository root)::
 ``--db modules`` sweeps PyTorch's ModuleInfo database (``module_db``, ``modules.py``) instead of
 ``op_db``, in fp32 only; ``--ops`` then names modules (``nn.LSTM``).
 
+``--errors`` runs the entries' error inputs instead of their samples (``errors.py``: where eager
+CPU raises, each path must raise the same type), over the entries that have them::
+
+    python -m tests.support.opinfo.sweep --errors            # -> build/coverage/errors-ops.json
+    python -m tests.support.opinfo.sweep --errors --db modules   # -> errors-modules.json
+
 A worker reads entry names, writes one JSON line when it starts an entry and one with the
 result; the driver restarts a worker that died (the entry it was on becomes a ``fail`` naming
 the crash) or went silent for ``--timeout`` seconds.
@@ -33,16 +39,18 @@ PATHS = ("compile", "eager")
 DBS = ("ops", "modules")
 
 
-def entries(only=None, db: str = "ops") -> list:
+def entries(only=None, db: str = "ops", errors: bool = False) -> list:
     """Every entry name of ``db`` in its order: OpInfo's "op" or "op.variant", or ModuleInfo's
-    "nn.Module"."""
+    "nn.Module"; with ``errors``, only those that list error inputs."""
+    from .errors import has_error_inputs
     if db == "modules":
         from .modules import module_entries
-        names = list(module_entries())
+        names = [n for n, info in module_entries().items()
+                 if not errors or has_error_inputs(info, db)]
     else:
         from torch.testing._internal.common_methods_invocations import op_db
         from .harness import entry_name
-        names = [entry_name(op) for op in op_db]
+        names = [entry_name(op) for op in op_db if not errors or has_error_inputs(op, db)]
     if only:
         wanted = set(only)
         missing = wanted - set(names)
@@ -52,12 +60,26 @@ def entries(only=None, db: str = "ops") -> list:
     return names
 
 
-def _worker(jobs: list, max_samples: int, db: str = "ops") -> None:
+def _worker(jobs: list, max_samples: int, db: str = "ops", errors: bool = False) -> None:
     """Run (entry, path, dtype) jobs read as JSON from argv; one line per start and result."""
     import torchtpu_compile
     from .harness import DTYPES_BY_NAME
     torchtpu_compile.config.matmul_precision = "highest"  # fp32 comparisons at fp32 tolerance
-    if db == "modules":
+    if errors:
+        from . import errors as error_inputs
+        if db == "modules":
+            from .modules import module_entries
+            by_name = module_entries()
+            check_one = error_inputs.check_module_errors
+        else:
+            from torch.testing._internal.common_methods_invocations import op_db
+            from .harness import entry_name
+            by_name = {entry_name(op): op for op in op_db}
+            check_one = error_inputs.check_errors
+
+        def check(entry, path, dtype, max_samples):
+            return check_one(entry, path)
+    elif db == "modules":
         from .modules import check_module, module_entries
         by_name = module_entries()
 
@@ -80,11 +102,11 @@ def _crashed(job, why: str) -> dict:
 
 
 def _run_chunk(jobs: list, max_samples: int, timeout: float, results: dict, log,
-               db: str = "ops") -> list:
+               db: str = "ops", errors: bool = False) -> list:
     """Run jobs in one worker; return the jobs it did not reach (after a crash or hang)."""
     env = python_env()
     cmd = [sys.executable, "-m", "tests.support.opinfo.sweep", "--worker", json.dumps(jobs),
-           "--max-samples", str(max_samples), "--db", db]
+           "--max-samples", str(max_samples), "--db", db] + (["--errors"] if errors else [])
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
                             text=True)
     lines: queue.Queue = queue.Queue()
@@ -129,7 +151,8 @@ def _run_chunk(jobs: list, max_samples: int, timeout: float, results: dict, log,
 
 
 def sweep(names: list, paths=PATHS, dtypes=DTYPES, max_samples: int = 3, timeout: float = 300,
-          chunk: int = 150, jobs: int = 1, log=print, db: str = "ops") -> list:
+          chunk: int = 150, jobs: int = 1, log=print, db: str = "ops",
+          errors: bool = False) -> list:
     """Check every (entry, path, dtype) of ``db`` in ``jobs`` parallel workers; returns the
     result dicts.
 
@@ -137,6 +160,7 @@ def sweep(names: list, paths=PATHS, dtypes=DTYPES, max_samples: int = 3, timeout
 
         sweep(["add", "mul"], paths=("compile",), dtypes=("fp32",))
         sweep(["nn.Linear"], dtypes=("fp32",), db="modules")
+        sweep(["cat"], dtypes=("fp32",), errors=True)   # its error inputs
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -149,7 +173,7 @@ def sweep(names: list, paths=PATHS, dtypes=DTYPES, max_samples: int = 3, timeout
 
     def run(batch):
         while batch:
-            batch = _run_chunk(batch, max_samples, timeout, results, log, db)
+            batch = _run_chunk(batch, max_samples, timeout, results, log, db, errors)
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         list(pool.map(run, chunks))
@@ -160,6 +184,8 @@ def sweep(names: list, paths=PATHS, dtypes=DTYPES, max_samples: int = 3, timeout
 def _print_result(r: dict) -> None:
     detail = " ".join(r["detail"].split())[:150] if r["status"] != "pass" else ""
     detail = f"  {detail}" if detail else ""
+    if r.get("verdicts"):  # an error-input result: how many inputs got each verdict
+        detail = " [" + ", ".join(f"{n} {v}" for v, n in r["verdicts"].items()) + "]" + detail
     print(f"{r['status']:8} {r['path']:7} {r['dtype']} {r['op']} ({r['seconds']:.1f}s){detail}",
           flush=True)
 
@@ -176,21 +202,32 @@ def main(argv=None) -> int:
     parser.add_argument("--max-samples", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=300, help="seconds per entry")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes at a time")
+    parser.add_argument("--errors", action="store_true", help="run the entries' error inputs "
+                        "(errors.py): where eager CPU raises, each path must raise the same type")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        _worker(json.loads(args.worker), args.max_samples, args.db)
+        _worker(json.loads(args.worker), args.max_samples, args.db, args.errors)
         return 0
     modules = args.db == "modules"
-    args.out = args.out or f"build/coverage/{'modinfo' if modules else 'opinfo'}.json"
-    dtypes = args.dtypes.split(",") if args.dtypes else (["fp32"] if modules else DTYPES)
-    names = entries(args.ops.split(",") if args.ops else None, args.db)
+    default = ("errors-modules" if modules else "errors-ops") if args.errors else \
+        ("modinfo" if modules else "opinfo")
+    args.out = args.out or f"build/coverage/{default}.json"
+    # Error inputs have no dtype (OpInfo's) or are built in fp32 (ModuleInfo's): one column.
+    dtypes = args.dtypes.split(",") if args.dtypes else \
+        (["fp32"] if modules or args.errors else DTYPES)
+    names = entries(args.ops.split(",") if args.ops else None, args.db, args.errors)
     start = time.perf_counter()
     results = sweep(names, args.paths.split(","), dtypes, args.max_samples,
-                    args.timeout, jobs=args.jobs, log=_print_result, db=args.db)
+                    args.timeout, jobs=args.jobs, log=_print_result, db=args.db,
+                    errors=args.errors)
     elapsed = time.perf_counter() - start
     write(args.out, results, elapsed, args.max_samples)
     print(f"{len(results)} results in {elapsed:.0f} s -> {args.out}")
+    if args.errors:
+        from .errors import totals
+        for path, counts in totals(results).items():
+            print(f"{path}: " + ", ".join(f"{v} {n}" for v, n in sorted(counts.items())))
     return 0
 
 

@@ -209,3 +209,54 @@ def _round_without_an_eager_kernel(x, decimals=None):
         raise invalid_input(NotImplementedError, f'"round" not implemented for '
                                                  f"'{_SCALAR_NAMES[x.dtype]}'")
     return None
+
+
+#: c10's names of the floating types, as its "expected scalar type" message spells them.
+_FLOAT_NAMES = {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half",
+                torch.bfloat16: "BFloat16"}
+
+
+@checked_first(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
+def _class_weight_of_another_dtype(x, target, weight, reduction, ignore_index):
+    # Eager's kernel reads the weight as the input's scalar type and refuses another; traced,
+    # the weight was promoted and the loss computed (fp16 weights of an fp32 loss).
+    if weight is not None and weight.dtype != x.dtype:
+        raise invalid_input(RuntimeError, f"expected scalar type "
+                                          f"{_FLOAT_NAMES.get(x.dtype, x.dtype)} but found "
+                                          f"{_FLOAT_NAMES.get(weight.dtype, weight.dtype)}")
+    return None
+
+
+@checked_first(aten.index_add.default)
+def _index_add_source_of_another_shape(x, dim, index, source, alpha=1):
+    # Eager's index_add checks the source against self outside its meta function (fake
+    # tensors accept [3, 2] += [2] along dim 0); traced, the source was broadcast.
+    if x.dim() and source.dim():
+        kept = [s for d, s in enumerate(x.shape) if d != dim % x.dim()]
+        given = [s for d, s in enumerate(source.shape) if d != dim % source.dim()]
+    else:
+        kept, given = list(x.shape), list(source.shape)
+    if not guard_or_false(len(kept) == len(given)) or \
+            not all(guard_or_false(a == b) for a, b in zip(kept, given)):
+        raise invalid_input(RuntimeError, f"source tensor shape must match self tensor shape, "
+                                          f"excluding the specified dimension. Got self.shape "
+                                          f"= {list(x.shape)} source.shape = "
+                                          f"{list(source.shape)}")
+    return None
+
+
+@checked_first(aten.as_strided_scatter.default)
+def _as_strided_scatter_beyond_the_input(x, src, size, stride, storage_offset=None):
+    # Eager scatters into a clone of the input, whose storage holds its numel elements; a view
+    # reaching past them is refused (setStorage). Traced, the scatter dropped those elements.
+    offset = storage_offset or 0
+    needed = 0 if any(guard_or_false(s == 0) for s in size) else \
+        offset + 1 + sum((s - 1) * st for s, st in zip(size, stride))
+    if guard_or_false(needed > x.numel()):
+        item = x.element_size()
+        raise invalid_input(RuntimeError, f"setStorage: sizes {list(size)}, strides "
+                                          f"{list(stride)}, storage offset {offset}, and "
+                                          f"itemsize {item} requiring a storage size of "
+                                          f"{needed * item} are out of bounds for storage of "
+                                          f"size {x.numel() * item}")
+    return None
