@@ -31,3 +31,18 @@ def test_a_never_written_tensor_read_in_a_recording_stays_readable_after_it_ran(
     grown.resize_(2, 3)  # a new storage, never written
     (grown[1] * 2).cpu()
     assert grown.cpu().shape == (2, 3)
+
+
+@pytest.mark.parametrize("max_ops", [1, 2, 3])
+def test_a_cut_between_an_ops_strided_reads_keeps_the_first_read(max_ops):
+    # An op on two transposed views gathers each one (a read graph) before it runs: a cut of
+    # the recording at the second read (its max_ops reached) ran the recording without the
+    # first read's value, which no storage holds, and the op raised "internal error: a
+    # deferred value was dropped before it ran".
+    torch.manual_seed(0)
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    with config.patch(fuse_max_ops=max_ops):
+        torch.tpu.set_eager_mode("defer_and_fuse")  # a new executor reads the limit
+        x, y = a.to(TPU), b.to(TPU)
+        got = ((x * 1).t() + (y * 3).t()) * 2
+        torch.testing.assert_close(got.cpu(), ((a * 1).t() + (b * 3).t()) * 2)
