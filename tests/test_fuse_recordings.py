@@ -46,3 +46,19 @@ def test_a_cut_between_an_ops_strided_reads_keeps_the_first_read(max_ops):
         x, y = a.to(TPU), b.to(TPU)
         got = ((x * 1).t() + (y * 3).t()) * 2
         torch.testing.assert_close(got.cpu(), ((a * 1).t() + (b * 3).t()) * 2)
+
+
+@pytest.mark.parametrize("max_ops", [1, 2])
+def test_a_cut_at_a_copy_targets_zeros_keeps_the_copied_read(max_ops):
+    # copy_ into a view of a never-written storage reads its source (a transposed view: a read
+    # graph), then the target's zeros: a cut at the zeros dropped the source's value.
+    torch.manual_seed(0)
+    a = torch.randn(4, 4)
+    with config.patch(fuse_max_ops=max_ops):
+        torch.tpu.set_eager_mode("defer_and_fuse")
+        x = a.to(TPU)
+        target = torch.empty(4, 4, device=TPU)
+        target[1].copy_((x * 1).t()[0])
+        expected = torch.empty(4, 4)
+        expected[1].copy_((a * 1).t()[0])
+        torch.testing.assert_close(target[1].cpu(), expected[1])

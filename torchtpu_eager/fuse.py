@@ -194,8 +194,9 @@ class DeferAndFuse:
 
         A cut (the recording run first, at its limits or where a block of ops repeats) keeps
         the recording's values that ``values`` and live storages hold, and no others: so
-        ``cut=False`` for a read of a strided view, whose gathered value an op takes next with
-        its other inputs (a cut at a second read dropped the first one's value).
+        ``cut=False`` for a read of a strided view and a never-written storage's zeros: an op
+        takes the gathered value next with its other inputs, and a cut at a second read (or at
+        the zeros of the view ``copy_`` writes) dropped the first read's value.
         """
         gid = graph.id
         last_seen = self._last_seen

@@ -122,7 +122,8 @@ def storage_value(storage):
                 f"tpu: reading a tensor whose storage was freed (untyped_storage().resize_(0)): "
                 f"{str(storage.dtype)[6:]}[{storage.numel}]; re-allocate it and write it first")
         mode = modes.current()
-        [value] = mode.apply(_zeros_graph(storage.shape, storage.dtype), [])
+        # No cut: a caller may hold a value it read (copy_'s source) for the write to come.
+        [value] = mode.apply(_zeros_graph(storage.shape, storage.dtype), [], cut=False)
         storage.value = value
         # Deferred, the zeros are a value of the recording: noted, so that its run keeps them
         # for the storage (unnoted, a later read of it found them dropped).
