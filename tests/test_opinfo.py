@@ -76,11 +76,12 @@ def test_every_skip_names_an_entry_a_category_and_a_reason():
         assert skip.category in CATEGORIES and len(skip.reason) > 20, name
 
 
-def test_eager_path_reports_why_it_cannot_run(monkeypatch):
+@pytest.mark.parametrize("path", ["eager", "fuse"])
+def test_device_paths_report_why_they_cannot_run(monkeypatch, path):
     from tests.support.opinfo import paths
     monkeypatch.setattr(paths, "eager_available", lambda: paths.EAGER_UNAVAILABLE)
     with config.patch(matmul_precision="highest"):
-        result = check(OPS["add"], "eager", torch.float32)
+        result = check(OPS["add"], path, torch.float32)
     assert (result.status, result.category, result.detail) == \
         ("skip", "unavailable", "eager tpu device not available yet")
 
@@ -142,3 +143,18 @@ def test_complex_logarithms_compare_modulo_two_pi_i():
     moved = _on_expected_branch((actual,), (expected,))[0]
     torch.testing.assert_close(moved, torch.tensor([1 - 8.9065j, 2 + 0.5j, 3 + 0.001j]))
     assert _on_expected_branch(torch.ones(2), torch.zeros(2)).eq(1).all()  # real: as it is
+
+
+def test_fuse_path_runs_in_defer_and_fuse_mode_and_restores_the_mode():
+    # The fuse path differs from eager only in the mode: it records (one fused program runs
+    # when the result comes back) and puts the previous mode back, after an error too.
+    import torchtpu_compile
+    from tests.support.opinfo.paths import PATHS
+    saved = torch.tpu.get_eager_mode()
+    out = PATHS["fuse"](lambda a, b: (a + b).sin(), (torch.ones(3), torch.ones(3)), {})
+    torch.testing.assert_close(out.value, (torch.ones(3) * 2).sin())
+    assert torchtpu_compile.stats()["fused_graphs_run"] >= 1
+    assert torch.tpu.get_eager_mode() == saved
+    with pytest.raises(RuntimeError):
+        PATHS["fuse"](torch.mm, (torch.ones(2, 3), torch.ones(2, 3)), {})
+    assert torch.tpu.get_eager_mode() == saved
