@@ -146,7 +146,7 @@ def _to(device):
 @contextlib.contextmanager
 def _eager_mode(mode: str):
     """The eager device in ``mode`` inside the block, the previous mode restored after it, even
-    when the block raised (a recording that failed to run is dropped by the switch)."""
+    when the block raised (ops still recorded then run at the switch, as set_eager_mode does)."""
     saved = torch.tpu.get_eager_mode()
     torch.tpu.set_eager_mode(mode)
     try:
