@@ -1,4 +1,4 @@
-"""A fast subset of PyTorch's ModuleInfo database (``module_db``) on both paths, against eager
+"""A fast subset of PyTorch's ModuleInfo database (``module_db``) on each path, against eager
 CPU, in fp32: forward outputs, gradients of parameters and inputs, and the module's state after
 the call (tests/support/opinfo/modules.py).
 
@@ -13,6 +13,7 @@ import pytest
 
 from torchtpu_compile import config
 from tests.support.opinfo.modules import KNOWN_FAILURES, check_module, module_entries
+from tests.support.opinfo.paths import PATHS
 from tests.support.opinfo.skips import MODULE_SKIPS
 from tests.support.opinfo.verdict import assert_passes
 
@@ -23,6 +24,9 @@ FAST = {
     # BatchNorm2d: running statistics mutated in training; LazyConv1d: moved before its first
     # forward initializes it.
     "eager": ["nn.Linear", "nn.BatchNorm2d", "nn.LazyConv1d", "nn.AdaptiveMaxPool2d"],
+    # Defer-and-fuse: forward and backward recorded as one program, the running statistics
+    # written inside it and read after it ran.
+    "fuse": ["nn.Linear", "nn.BatchNorm2d"],
 }
 
 MODULES = module_entries()
@@ -40,4 +44,4 @@ def test_lists_name_real_entries():
     assert not set(MODULE_SKIPS) - set(MODULES), "MODULE_SKIPS names unknown entries"
     assert not {e for e, _ in KNOWN_FAILURES} - set(MODULES)
     for (entry, path), reason in KNOWN_FAILURES.items():
-        assert path in ("compile", "eager") and len(reason) > 20, entry
+        assert path in PATHS and len(reason) > 20, entry

@@ -1,10 +1,11 @@
-"""A fast subset of PyTorch's OpInfo database on both paths, against eager CPU, in fp32.
+"""A fast subset of PyTorch's OpInfo database on each path, against eager CPU, in fp32.
 
 The whole sweep (every entry, fp32 and bf16) is tests/slow/test_opinfo_full.py; the harness is
 tests/support/opinfo. Entries here span the families the backend must get right: elementwise math,
 broadcasting binaries, reductions, matmuls, shape and indexing ops, nn.functional layers, and
-the ops our own decompositions cover (lower/decompositions/). Each passes on both paths: an
-entry that starts falling back to eager PyTorch, or is skipped, fails here.
+the ops our own decompositions cover (lower/decompositions/). Each passes on the compile and
+eager paths (a few on the fuse path too, FUSE): an entry that starts falling back to eager
+PyTorch, or is skipped, fails here.
 """
 from __future__ import annotations
 
@@ -38,6 +39,14 @@ FAST = [
 ]
 
 
+#: The defer-and-fuse path (the tpu device recording the op and running it as one spliced
+#: program when the results come back) on the FAST entries that write, index, view or lower to
+#: several ops, where splicing and the recording's bookkeeping could go wrong.
+FUSE = ["index_put", "scatter_add", "masked_fill", "cumsum", "var_mean", "sort", "topk",
+        "roll", "diagonal", "addmm", "nn.functional.layer_norm", "nn.functional.batch_norm",
+        "nn.functional.embedding", "nn.functional.max_pool2d"]
+
+
 def _op_db() -> dict:
     from torch.testing._internal.common_methods_invocations import op_db
     return {entry_name(op): op for op in op_db}
@@ -46,8 +55,8 @@ def _op_db() -> dict:
 OPS = _op_db()
 
 
-@pytest.mark.parametrize("path", ["compile", "eager"])
-@pytest.mark.parametrize("entry", FAST)
+@pytest.mark.parametrize("path, entry", [(path, entry) for path in ("compile", "eager")
+                                         for entry in FAST] + [("fuse", e) for e in FUSE])
 def test_opinfo_fp32(entry, path):
     # FAST entries pass on both paths today: a fallback or a skip is a regression, not an xfail.
     with config.patch(matmul_precision="highest"):
@@ -57,6 +66,7 @@ def test_opinfo_fp32(entry, path):
 
 def test_fast_subset_names_real_entries():
     assert not set(FAST) - set(OPS), "FAST names entries that op_db does not have"
+    assert not set(FUSE) - set(FAST), "FUSE names entries that FAST does not have"
 
 
 def test_every_skip_names_an_entry_a_category_and_a_reason():
@@ -66,11 +76,12 @@ def test_every_skip_names_an_entry_a_category_and_a_reason():
         assert skip.category in CATEGORIES and len(skip.reason) > 20, name
 
 
-def test_eager_path_reports_why_it_cannot_run(monkeypatch):
+@pytest.mark.parametrize("path", ["eager", "fuse"])
+def test_device_paths_report_why_they_cannot_run(monkeypatch, path):
     from tests.support.opinfo import paths
     monkeypatch.setattr(paths, "eager_available", lambda: paths.EAGER_UNAVAILABLE)
     with config.patch(matmul_precision="highest"):
-        result = check(OPS["add"], "eager", torch.float32)
+        result = check(OPS["add"], path, torch.float32)
     assert (result.status, result.category, result.detail) == \
         ("skip", "unavailable", "eager tpu device not available yet")
 
@@ -132,3 +143,18 @@ def test_complex_logarithms_compare_modulo_two_pi_i():
     moved = _on_expected_branch((actual,), (expected,))[0]
     torch.testing.assert_close(moved, torch.tensor([1 - 8.9065j, 2 + 0.5j, 3 + 0.001j]))
     assert _on_expected_branch(torch.ones(2), torch.zeros(2)).eq(1).all()  # real: as it is
+
+
+def test_fuse_path_runs_in_defer_and_fuse_mode_and_restores_the_mode():
+    # The fuse path differs from eager only in the mode: it records (one fused program runs
+    # when the result comes back) and puts the previous mode back, after an error too.
+    import torchtpu_compile
+    from tests.support.opinfo.paths import PATHS
+    saved = torch.tpu.get_eager_mode()
+    out = PATHS["fuse"](lambda a, b: (a + b).sin(), (torch.ones(3), torch.ones(3)), {})
+    torch.testing.assert_close(out.value, (torch.ones(3) * 2).sin())
+    assert torchtpu_compile.stats()["fused_graphs_run"] >= 1
+    assert torch.tpu.get_eager_mode() == saved
+    with pytest.raises(RuntimeError):
+        PATHS["fuse"](torch.mm, (torch.ones(2, 3), torch.ones(2, 3)), {})
+    assert torch.tpu.get_eager_mode() == saved

@@ -157,14 +157,22 @@ class DeferAndFuse:
     def check(self, graph: OpGraph) -> None:
         graph.check_lowers()
 
-    def apply(self, graph: OpGraph, values: list) -> list:
+    def apply(self, graph: OpGraph, values: list, cut: bool = True) -> list:
+        """Record ``graph`` on ``values``; its outputs are ``Lazy`` values of the recording.
+
+        A cut (the recording run first, at its limits or where a block of ops repeats) keeps
+        the recording's values that ``values`` and live storages hold, and no others: so
+        ``cut=False`` for a read of a strided view and a never-written storage's zeros: an op
+        takes the gathered value next with its other inputs, and a cut at a second read (or at
+        the zeros of the view ``copy_`` writes) dropped the first read's value.
+        """
         gid = graph.id
         last_seen = self._last_seen
         # An op not seen since the last cut, with no block being matched, cuts only at the
         # limits: checked here, a call less for it (_should_cut).
-        if gid in last_seen or self._block is not None or \
-                len(self.recording.graphs) >= self.max_ops or \
-                len(self.recording.inputs) >= self.max_inputs:
+        if cut and (gid in last_seen or self._block is not None or
+                    len(self.recording.graphs) >= self.max_ops or
+                    len(self.recording.inputs) >= self.max_inputs):
             if self._should_cut(gid):
                 self.flush(extra=values)
                 last_seen = self._last_seen

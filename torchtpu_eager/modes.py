@@ -33,7 +33,8 @@ class Strict:
 
     name = "strict"
 
-    def apply(self, graph, values: list) -> list:
+    def apply(self, graph, values: list, cut: bool = True) -> list:
+        """Run ``graph`` on ``values``; ``cut`` is defer-and-fuse mode's (``fuse.py``)."""
         return graph.run([concrete(v) for v in values],
                          caller_location() if graph.checked else None)
 
@@ -53,7 +54,7 @@ class Debug(Strict):
 
     name = "debug"
 
-    def apply(self, graph, values: list) -> list:
+    def apply(self, graph, values: list, cut: bool = True) -> list:
         try:
             outputs = graph.run([concrete(v) for v in values],
                                 caller_location() if graph.checked else None)

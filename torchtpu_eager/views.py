@@ -123,8 +123,13 @@ def storage_value(storage):
             raise RuntimeError(
                 f"tpu: reading a tensor whose storage was freed (untyped_storage().resize_(0)): "
                 f"{str(storage.dtype)[6:]}[{storage.numel}]; re-allocate it and write it first")
-        [value] = modes.current().apply(_zeros_graph(storage.shape, storage.dtype), [])
+        mode = modes.current()
+        # No cut: a caller may hold a value it read (copy_'s source) for the write to come.
+        [value] = mode.apply(_zeros_graph(storage.shape, storage.dtype), [], cut=False)
         storage.value = value
+        # Deferred, the zeros are a value of the recording: noted, so that its run keeps them
+        # for the storage (unnoted, a later read of it found them dropped).
+        mode.note_write(storage)
     return value
 
 
@@ -140,7 +145,9 @@ def read(t):
         return value
     graph = _read_graph(storage.shape, storage.dtype, t._shape, tuple(t.stride()),
                         t.storage_offset())
-    return modes.current().apply(graph, [value])[0]
+    # No cut here: the op that reads ``t`` may read other views next, and a cut there would
+    # drop this value, held by no storage (fuse.DeferAndFuse.apply).
+    return modes.current().apply(graph, [value], cut=False)[0]
 
 
 def read_graph_of(t):

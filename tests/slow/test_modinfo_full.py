@@ -1,6 +1,6 @@
-"""The whole ModuleInfo sweep: every ``module_db`` entry (PyTorch's own nn.Module test inputs)
-on both paths, in fp32, against eager CPU: forward outputs, gradients of parameters and inputs,
-and the module's state after the call (tests/support/opinfo/modules.py).
+"""The whole ModuleInfo sweep: every ``module_db`` entry (PyTorch's own nn.Module test inputs) on
+each path (compile, eager, fuse), in fp32, against eager CPU: forward outputs, gradients of
+parameters and inputs, and the module's state after the call (tests/support/opinfo/modules.py).
 
 The sweep runs once per session in crash-isolated worker processes (the OpInfo sweep's,
 ``--db modules``) and writes build/coverage/modinfo.json. Each (entry, path) is one test: pass,

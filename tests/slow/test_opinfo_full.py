@@ -1,5 +1,5 @@
-"""The whole OpInfo sweep: every op_db entry on both paths, in fp32, bf16 and complex64 (against
-a complex128 reference where complex64 rounds more), against eager CPU.
+"""The whole OpInfo sweep: every op_db entry on each path (compile, eager, fuse), in fp32, bf16 and
+complex64 (against a complex128 reference where complex64 rounds more), against eager CPU.
 
 The sweep runs once per session in crash-isolated worker processes (tests/support/opinfo/sweep.py)
 and writes build/coverage/opinfo.json, from which ``make coverage`` renders docs/coverage.md. Each
@@ -28,6 +28,7 @@ ENTRIES = sweeper.entries()
 #: The issue's bars, in fp32: the compile path and the eager tpu device.
 MIN_COMPILE_FP32_PASSES = 450
 MIN_EAGER_FP32_PASSES = 400
+MIN_FUSE_FP32_PASSES = 400
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +53,8 @@ def test_entry(results, entry, path, dtype):
 
 
 @pytest.mark.parametrize("path, bar", [("compile", MIN_COMPILE_FP32_PASSES),
-                                       ("eager", MIN_EAGER_FP32_PASSES)])
+                                       ("eager", MIN_EAGER_FP32_PASSES),
+                                       ("fuse", MIN_FUSE_FP32_PASSES)])
 def test_fp32_pass_count(results, path, bar):
     if path not in PATHS or "fp32" not in DTYPES:
         pytest.skip(f"the {path} fp32 sweep is not selected")

@@ -42,7 +42,7 @@ DTYPES_BY_NAME = {name: dtype for dtype, name in DTYPE_NAMES.items()}
 class Result:
     """The verdict for one (entry, path, dtype)."""
     op: str            # the OpInfo name, with ".variant" when there is one
-    path: str          # "compile" or "eager"
+    path: str          # "compile", "eager" or "fuse" (paths.PATHS)
     dtype: str         # "fp32", "bf16", "c64" (DTYPE_NAMES)
     status: str        # pass | fallback | fail | skip | n/a
     detail: str = ""   # why (fail, fallback, skip), or a note on a pass
@@ -177,17 +177,23 @@ def _wider_reference(fn, args, kwargs, dtype=torch.bfloat16):
         return None, None
 
 
-def _samples(op, dtype, max_samples: int):
+def _samples(op, dtype, max_samples: int, reference: bool = False):
+    """The first ``max_samples`` (0: all) of the op's ``sample_inputs``, or of its
+    ``reference_inputs`` (the sample inputs, then for many ops more: extremal values,
+    broadcasting, noncontiguous layouts and larger shapes)."""
+    inputs = op.reference_inputs if reference else op.sample_inputs
     samples = []
-    for sample in op.sample_inputs("cpu", dtype, requires_grad=False):
+    for sample in inputs("cpu", dtype, requires_grad=False):
         samples.append(sample)
-        if len(samples) >= max_samples:
+        if len(samples) == max_samples:
             break
     return samples
 
 
-def check(op, path: str, dtype: torch.dtype, max_samples: int = 3) -> Result:
-    """Run the first ``max_samples`` samples of OpInfo ``op`` on ``path`` and compare with eager.
+def check(op, path: str, dtype: torch.dtype, max_samples: int = 3,
+          reference: bool = False) -> Result:
+    """Run the first ``max_samples`` samples (0: all) of OpInfo ``op`` on ``path`` and compare
+    with eager; ``reference``: from ``op.reference_inputs`` instead of ``op.sample_inputs``.
 
     Example::
 
@@ -208,7 +214,7 @@ def check(op, path: str, dtype: torch.dtype, max_samples: int = 3) -> Result:
     fn = op.op
     notes = []
     try:
-        for index, sample in enumerate(_samples(op, dtype, max_samples)):
+        for index, sample in enumerate(_samples(op, dtype, max_samples, reference)):
             args, kwargs = _sample_call(sample)
             torch.manual_seed(index)  # random ops draw from torch's generator on both sides
             expected = fn(*args, **kwargs)

@@ -1,16 +1,17 @@
 """One ModuleInfo entry (PyTorch's ``module_db``) on one path, compared with eager CPU:
 ``check_module(info, path)``.
 
-For each of an entry's samples (in training mode, and in eval mode too where the entry says the
-two differ), the module is built on the CPU from a fixed seed and deep-copied; one copy runs in
-eager CPU PyTorch, the other on the path (``compile``: the module called through
-``torch.compile(backend="torchtpu")`` on CPU tensors; ``eager``: the module and its inputs
-moved to the ``tpu`` device). Compared, with the OpInfo harness's tolerances and its rescue by
-a wider (fp64) reference: the forward outputs; the gradients of the parameters and of the inputs
-from a random cotangent of the outputs; and the module's parameters and buffers after the call
-(batch norm's running statistics, Embedding's ``max_norm`` renormalization). Statuses and the
-``Result`` are the OpInfo harness's (``harness.Result``); the entry's name is ``module_db``'s
-(``"nn.LSTM"``), and its skips are ``skips.MODULE_SKIPS``.
+For each of an entry's samples (in training mode, and in eval mode too where the entry says the two
+differ), the module is built on the CPU from a fixed seed and deep-copied; one copy runs in eager
+CPU PyTorch, the other on the path (``compile``: the module called through
+``torch.compile(backend="torchtpu")`` on CPU tensors; ``eager`` and ``fuse``: the module and its
+inputs moved to the ``tpu`` device, run in strict or defer-and-fuse mode). Compared, with the
+OpInfo harness's tolerances and its rescue by a wider (fp64) reference: the forward outputs; the
+gradients of the parameters and of the inputs from a random cotangent of the outputs; and the
+module's parameters and buffers after the call (batch norm's running statistics, Embedding's
+``max_norm`` renormalization). Statuses and the ``Result`` are the OpInfo harness's
+(``harness.Result``); the entry's name is ``module_db``'s (``"nn.LSTM"``), and its skips are
+``skips.MODULE_SKIPS``.
 """
 from __future__ import annotations
 
@@ -119,7 +120,7 @@ def _compare_sample(actual, actual_state, expected, expected_state, wide):
 
 
 def check_module(info, path: str, max_samples: int = MAX_SAMPLES) -> Result:
-    """Run the first ``max_samples`` samples of ModuleInfo ``info`` (per training mode) on
+    """Run the first ``max_samples`` samples (0: all) of ModuleInfo ``info`` (per training mode) on
     ``path`` and compare with eager CPU.
 
     Example::
@@ -136,7 +137,7 @@ def check_module(info, path: str, max_samples: int = MAX_SAMPLES) -> Result:
         for training in training_modes(info):
             samples = info.module_inputs_func(info, device="cpu", dtype=torch.float32,
                                               requires_grad=True, training=training)
-            for index, sample in enumerate(samples[:max_samples]):
+            for index, sample in enumerate(samples[:max_samples or None]):
                 mode = "train" if training else "eval"
                 where = f"[{mode} sample {index}{': ' + sample.desc if sample.desc else ''}] "
                 try:
@@ -156,7 +157,7 @@ def _check_raises(path, tested, sample, seed, index, expected: Exception) -> Non
     path's own op)."""
     args, kwargs = _forward_call(sample)
     torch.manual_seed(index)
-    if path == "eager":
+    if path in paths.ON_DEVICE:
         tested.to("tpu")
     try:
         paths.PATHS[path](tested, args, kwargs, then=_backward(tested, seed))
@@ -186,7 +187,7 @@ def _check_sample(info, path, sample, training, index, result, notes) -> None:
 
     args, kwargs = _forward_call(sample)
     torch.manual_seed(index)
-    if path == "eager":
+    if path in paths.ON_DEVICE:
         tested.to("tpu")
     outcome = paths.PATHS[path](tested, args, kwargs, then=_backward(tested, seed))
     actual_state = _state(tested)

@@ -2,13 +2,17 @@
 
 - ``compile``: ``torch.compile(fn, backend="torchtpu", dynamic=False)`` after a Dynamo reset;
   the outcome names every op that fell back to eager PyTorch and every Dynamo graph break.
-- ``eager``: the inputs moved to device ``"tpu"``, the op run there, the results brought back.
-  Until ``torchtpu_eager`` provides that device, ``available()`` says why not and the harness
-  skips with that reason.
+- ``eager``: the inputs moved to device ``"tpu"``, the op run there in strict mode (each op its
+  own program), the results brought back.
+- ``fuse``: the same in defer-and-fuse mode: the ops are recorded and run as one spliced program
+  when the results (and gradients) are brought back, the mode restored afterwards.
+  Until ``torchtpu_eager`` provides the device, ``unavailable()`` says why not for both, and the
+  harness skips with that reason.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import re
 from dataclasses import dataclass, field
@@ -16,6 +20,8 @@ from dataclasses import dataclass, field
 import torch
 import torch._dynamo
 from torch.utils._pytree import tree_map
+
+from .skips import ON_DEVICE  # the paths whose inputs (and modules) move to the device
 
 EAGER_UNAVAILABLE = "eager tpu device not available yet"
 
@@ -138,19 +144,33 @@ def _to(device):
     return move
 
 
-def run_eager(fn, args, kwargs, then=None) -> Outcome:
-    """Run ``fn`` on device ``"tpu"``: inputs moved there, results moved back to the CPU;
-    ``then``, if given, maps ``(result, args, kwargs)`` on the device before the value moves back
-    (a backward pass).
+@contextlib.contextmanager
+def _eager_mode(mode: str):
+    """The eager device in ``mode`` inside the block, the previous mode restored after it, even
+    when the block raised (ops still recorded then run at the switch, as set_eager_mode does)."""
+    saved = torch.tpu.get_eager_mode()
+    torch.tpu.set_eager_mode(mode)
+    try:
+        yield
+    finally:
+        torch.tpu.set_eager_mode(saved)
+
+
+def run_eager(fn, args, kwargs, then=None, mode: str = "strict") -> Outcome:
+    """Run ``fn`` on device ``"tpu"`` in eager ``mode``: inputs moved there, results moved back
+    to the CPU (in defer-and-fuse mode, that is the materialization point that runs the
+    recording); ``then``, if given, maps ``(result, args, kwargs)`` on the device before the
+    value moves back (a backward pass).
 
     Example::
 
         run_eager(torch.add, (torch.ones(2), torch.ones(2)), {}).value   # tensor([2., 2.])
+        run_eager(torch.add, (torch.ones(2), torch.ones(2)), {}, mode="defer_and_fuse")
     """
     import torchtpu_compile
     torchtpu_compile.reset_stats()  # the eager device counts its host fallbacks there too
     args, kwargs = tree_map(_to("tpu"), (args, kwargs), is_leaf=_is_leaf)
-    with _capture_fallbacks() as reasons:
+    with _capture_fallbacks() as reasons, _eager_mode(mode):
         value = fn(*args, **kwargs)
         if then is not None:
             value = then(value, args, kwargs)
@@ -162,9 +182,10 @@ def run_eager(fn, args, kwargs, then=None) -> Outcome:
                    arguments=arguments)
 
 
-PATHS = {"compile": run_compiled, "eager": run_eager}
+PATHS = {"compile": run_compiled, "eager": run_eager,
+         "fuse": functools.partial(run_eager, mode="defer_and_fuse")}
 
 
 def unavailable(path: str) -> str | None:
     """Why ``path`` cannot run here, or None."""
-    return eager_available() if path == "eager" else None
+    return eager_available() if path in ON_DEVICE else None

@@ -18,8 +18,8 @@ import json
 import os
 import sys
 
-COLUMNS = [("compile", "fp32"), ("compile", "bf16"), ("compile", "c64"), ("eager", "fp32"),
-           ("eager", "bf16"), ("eager", "c64")]
+COLUMNS = [(path, dtype) for path in ("compile", "eager", "fuse")
+           for dtype in ("fp32", "bf16", "c64")]
 STATUSES = ("pass", "fallback", "fail", "skip", "n/a")
 
 
@@ -242,7 +242,8 @@ def modinfo_section(results: dict, seconds: dict | None = None) -> list:
         f"Every entry of PyTorch's `module_db` (its own `nn.Module` test inputs: first "
         f"{MAX_SAMPLES} samples per mode, in training mode, and in eval mode too where the entry "
         "says they differ), fp32, the module built from one seed and deep-copied: one copy in "
-        "eager CPU PyTorch, the other compiled (on CPU tensors) or on the `tpu` device. "
+        "eager CPU PyTorch, the other compiled (on CPU tensors) or on the `tpu` device (strict "
+        "mode, `eager`; defer-and-fuse mode, `fuse`: forward and backward one recording). "
         "Compared: forward outputs, the gradients of parameters and inputs from a random "
         "cotangent, and the parameters and buffers after the call (running statistics); a "
         "sample eager rejects must raise the same exception type. Statuses and tolerances as "
@@ -302,7 +303,9 @@ def render(results: dict, seconds: dict, models: dict, dynamic_models: dict | No
         "OpInfo: every entry of PyTorch's `op_db` (function variant, first 3 samples), run on "
         "each path and compared with eager CPU PyTorch. **compile**: "
         "`torch.compile(backend=\"torchtpu\")` on a function calling the op, matmul precision "
-        "`highest`; **eager**: the `tpu` device. A pass means every sample matched *and* ran "
+        "`highest`; **eager**: the `tpu` device in strict mode; **fuse**: the `tpu` device in "
+        "defer-and-fuse mode (the op recorded, run as one spliced program when its results "
+        "come back). A pass means every sample matched *and* ran "
         "through XLA: an entry that matched but had an op run in eager PyTorch (or a Dynamo "
         "graph break) is *falls back*, counted apart, with its cause: `xla-unsupported` "
         "(data-dependent shapes or values, sparse layouts), `ours` (an op we do not lower yet) "

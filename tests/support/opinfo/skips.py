@@ -9,20 +9,23 @@ Categories:
   memory, ...), not the op.
 
 An entry applies to every path and dtype (fp32, bf16, complex64 and the integer and bool ones)
-unless it names some (``paths``, ``dtypes``).
+unless it names some (``paths``, ``dtypes``). A skip of the eager device's tensors (not of a
+mode) names both of its paths, ``ON_DEVICE``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 CATEGORIES = ("xla-unsupported", "ours", "test-artifact")
+#: The paths on the ``tpu`` device: strict mode and defer-and-fuse mode (paths.ON_DEVICE).
+ON_DEVICE = ("eager", "fuse")
 
 
 @dataclass(frozen=True)
 class Skip:
     category: str
     reason: str
-    paths: tuple = ("compile", "eager")
+    paths: tuple = ("compile", *ON_DEVICE)
     dtypes: tuple = ("fp32", "bf16", "c64", "i64", "i32", "u8", "b8")
 
     def __post_init__(self):
@@ -65,19 +68,19 @@ SKIPS: dict = {
     "chalf": Skip("xla-unsupported", "complex32 (chalf) is not an XLA element type"),
     # The eager tpu device only.
     **{name: Skip("xla-unsupported", "sparse layouts: the tpu device holds dense tensors only",
-                  paths=("eager",)) for name in (
+                  paths=ON_DEVICE) for name in (
         "to_sparse", "sparse.sampled_addmm", "sparse.mm.reduce")},
     "tensor_split": Skip("test-artifact", "its tensor_indices_or_sections argument must be a CPU "
                          "tensor (on CUDA too), and the harness moves every tensor of a sample "
-                         "to the device", paths=("eager",)),
+                         "to the device", paths=ON_DEVICE),
     "nn.functional.scaled_dot_product_attention": Skip(
         "test-artifact", "its third sample has dropout_p=0.5: the tpu device draws from its own "
         "generator, independent of the CPU one, so the mask differs by design",
-        paths=("eager",)),
+        paths=ON_DEVICE),
     **{name: Skip(
         "test-artifact", "a randomized approximation: its random projection comes from the "
         "tpu device's own generator, independent of the CPU one, so the approximation (singular "
-        "values included) differs by design", paths=("eager",))
+        "values included) differs by design", paths=ON_DEVICE)
        for name in ("svd_lowrank", "pca_lowrank")},
     "topk": Skip("test-artifact", "bf16 and integer samples hold equal values; which of "
                  "their indices topk returns is unspecified (values match)",

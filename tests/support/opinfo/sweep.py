@@ -6,9 +6,14 @@ Usage (from the repository root)::
     python -m tests.support.opinfo.sweep --out build/coverage/opinfo.json          # everything
     python -m tests.support.opinfo.sweep --ops add,mul --dtypes fp32 --paths compile
     python -m tests.support.opinfo.sweep --db modules --out build/coverage/modinfo.json
+    python -m tests.support.opinfo.sweep --paths fuse --dtypes fp32 --reference-inputs \
+        --max-samples 10 --ops add                                # more, and harder, inputs
 
 ``--db modules`` sweeps PyTorch's ModuleInfo database (``module_db``, ``modules.py``) instead of
-``op_db``, in fp32 only; ``--ops`` then names modules (``nn.LSTM``).
+``op_db``, in fp32 only; ``--ops`` then names modules (``nn.LSTM``). Paths: ``compile``,
+``eager`` (the tpu device in strict mode) and ``fuse`` (the tpu device in defer-and-fuse mode);
+see ``paths.py``. ``--max-samples 0`` runs every sample; ``--reference-inputs`` takes OpInfo's
+``reference_inputs`` (its sample inputs first, then, for many ops, more) instead.
 
 ``--errors`` runs the entries' error inputs instead of their samples (``errors.py``: where eager
 CPU raises, each path must raise the same type), over the entries that have them::
@@ -34,7 +39,7 @@ import time
 from tests.support import python_env
 
 DTYPES = ("fp32", "bf16", "c64")
-PATHS = ("compile", "eager")
+PATHS = ("compile", "eager", "fuse")
 #: The databases a sweep can run: OpInfo (``op_db``) and ModuleInfo (``module_db``, fp32 only).
 DBS = ("ops", "modules")
 
@@ -60,7 +65,8 @@ def entries(only=None, db: str = "ops", errors: bool = False) -> list:
     return names
 
 
-def _worker(jobs: list, max_samples: int, db: str = "ops", errors: bool = False) -> None:
+def _worker(jobs: list, max_samples: int, db: str = "ops", errors: bool = False,
+            reference: bool = False) -> None:
     """Run (entry, path, dtype) jobs read as JSON from argv; one line per start and result."""
     import torchtpu_compile
     from .harness import DTYPES_BY_NAME
@@ -87,8 +93,11 @@ def _worker(jobs: list, max_samples: int, db: str = "ops", errors: bool = False)
             return check_module(info, path, max_samples=max_samples)
     else:
         from torch.testing._internal.common_methods_invocations import op_db
-        from .harness import check, entry_name
+        from .harness import check as check_op, entry_name
         by_name = {entry_name(op): op for op in op_db}
+
+        def check(op, path, dtype, max_samples):
+            return check_op(op, path, dtype, max_samples=max_samples, reference=reference)
     for name, path, dtype in jobs:
         print(json.dumps({"start": [name, path, dtype]}), flush=True)
         result = check(by_name[name], path, DTYPES_BY_NAME[dtype], max_samples=max_samples)
@@ -102,11 +111,12 @@ def _crashed(job, why: str) -> dict:
 
 
 def _run_chunk(jobs: list, max_samples: int, timeout: float, results: dict, log,
-               db: str = "ops", errors: bool = False) -> list:
+               db: str = "ops", errors: bool = False, reference: bool = False) -> list:
     """Run jobs in one worker; return the jobs it did not reach (after a crash or hang)."""
     env = python_env()
     cmd = [sys.executable, "-m", "tests.support.opinfo.sweep", "--worker", json.dumps(jobs),
-           "--max-samples", str(max_samples), "--db", db] + (["--errors"] if errors else [])
+           "--max-samples", str(max_samples), "--db", db] + \
+        (["--errors"] if errors else []) + (["--reference-inputs"] if reference else [])
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
                             text=True)
     lines: queue.Queue = queue.Queue()
@@ -152,7 +162,7 @@ def _run_chunk(jobs: list, max_samples: int, timeout: float, results: dict, log,
 
 def sweep(names: list, paths=PATHS, dtypes=DTYPES, max_samples: int = 3, timeout: float = 300,
           chunk: int = 150, jobs: int = 1, log=print, db: str = "ops",
-          errors: bool = False) -> list:
+          errors: bool = False, reference: bool = False) -> list:
     """Check every (entry, path, dtype) of ``db`` in ``jobs`` parallel workers; returns the
     result dicts.
 
@@ -173,7 +183,8 @@ def sweep(names: list, paths=PATHS, dtypes=DTYPES, max_samples: int = 3, timeout
 
     def run(batch):
         while batch:
-            batch = _run_chunk(batch, max_samples, timeout, results, log, db, errors)
+            batch = _run_chunk(batch, max_samples, timeout, results, log, db, errors,
+                               reference)
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         list(pool.map(run, chunks))
@@ -199,7 +210,11 @@ def main(argv=None) -> int:
     parser.add_argument("--paths", default=",".join(PATHS))
     parser.add_argument("--dtypes", help="comma-separated (default: all; fp32 with --db "
                         "modules)")
-    parser.add_argument("--max-samples", type=int, default=3)
+    parser.add_argument("--max-samples", type=int, default=3, help="samples per entry (and "
+                        "training mode), 0 for all")
+    parser.add_argument("--reference-inputs", action="store_true", help="OpInfo's "
+                        "reference_inputs (a superset of sample_inputs for many ops) instead "
+                        "of sample_inputs")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per entry")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes at a time")
     parser.add_argument("--errors", action="store_true", help="run the entries' error inputs "
@@ -207,8 +222,14 @@ def main(argv=None) -> int:
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        _worker(json.loads(args.worker), args.max_samples, args.db, args.errors)
+        _worker(json.loads(args.worker), args.max_samples, args.db, args.errors,
+                args.reference_inputs)
         return 0
+    if args.reference_inputs and args.db == "modules":
+        parser.error("--reference-inputs is OpInfo's: ModuleInfo has no reference inputs")
+    unknown = set(args.paths.split(",")) - set(PATHS)
+    if unknown:
+        parser.error(f"unknown paths {', '.join(sorted(unknown))}: choose from {', '.join(PATHS)}")
     modules = args.db == "modules"
     default = ("errors-modules" if modules else "errors-ops") if args.errors else \
         ("modinfo" if modules else "opinfo")
@@ -220,7 +241,7 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     results = sweep(names, args.paths.split(","), dtypes, args.max_samples,
                     args.timeout, jobs=args.jobs, log=_print_result, db=args.db,
-                    errors=args.errors)
+                    errors=args.errors, reference=args.reference_inputs)
     elapsed = time.perf_counter() - start
     write(args.out, results, elapsed, args.max_samples)
     print(f"{len(results)} results in {elapsed:.0f} s -> {args.out}")

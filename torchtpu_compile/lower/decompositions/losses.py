@@ -26,7 +26,8 @@ def multilabel_margin_loss_forward(input, target, reduction):
     1-D where eager returns a 0-d tensor.
     """
     shape = input.shape
-    torch._check(input.dim() <= 2 and input.shape[-1] != 0 if input.dim() else False,
+    # A 0-d input is one row of one class (eager takes it); its last dim must not be empty.
+    torch._check(input.dim() <= 2 and (input.dim() == 0 or input.shape[-1] != 0),
                  lambda: "Expected non-empty vector or matrix with optional 0-dim batch size, "
                          f"but got: {shape}")
     torch._check(target.dim() <= 2 and target.shape == shape,

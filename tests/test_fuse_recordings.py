@@ -1,0 +1,64 @@
+"""Defer-and-fuse mode keeps every value a recording produces that something can still read:
+short multi-op programs, each against eager CPU PyTorch, found by the OpInfo/ModuleInfo sweep's
+``fuse`` path and the probes around it (docs/coverage.md)."""
+import pytest
+import torch
+
+import torchtpu_eager  # noqa: F401  (registers the device)
+from torchtpu_compile import config
+
+TPU = torch.device("tpu", 0)
+
+
+@pytest.fixture(autouse=True)
+def defer_and_fuse():
+    saved = torch.tpu.get_eager_mode()
+    torch.tpu.set_eager_mode("defer_and_fuse")
+    with config.patch(matmul_precision="highest"):
+        yield
+    torch.tpu.set_eager_mode(saved)
+
+
+def test_a_never_written_tensor_read_in_a_recording_stays_readable_after_it_ran():
+    # torch.empty's storage reads as zeros the first time: those zeros were a value of the
+    # recording that no storage noted, so its run dropped them and the next read of x raised
+    # "internal error: a deferred value was dropped before it ran".
+    x = torch.empty(2, 3, device=TPU)
+    y = x * 0
+    torch.testing.assert_close(y.cpu(), torch.empty(2, 3) * 0)
+    assert x.cpu().shape == torch.empty(2, 3).shape
+    grown = torch.empty(0, device=TPU)
+    grown.resize_(2, 3)  # a new storage, never written
+    (grown[1] * 2).cpu()
+    assert grown.cpu().shape == (2, 3)
+
+
+@pytest.mark.parametrize("max_ops", [1, 2, 3])
+def test_a_cut_between_an_ops_strided_reads_keeps_the_first_read(max_ops):
+    # An op on two transposed views gathers each one (a read graph) before it runs: a cut of
+    # the recording at the second read (its max_ops reached) ran the recording without the
+    # first read's value, which no storage holds, and the op raised "internal error: a
+    # deferred value was dropped before it ran".
+    torch.manual_seed(0)
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    with config.patch(fuse_max_ops=max_ops):
+        torch.tpu.set_eager_mode("defer_and_fuse")  # a new executor reads the limit
+        x, y = a.to(TPU), b.to(TPU)
+        got = ((x * 1).t() + (y * 3).t()) * 2
+        torch.testing.assert_close(got.cpu(), ((a * 1).t() + (b * 3).t()) * 2)
+
+
+@pytest.mark.parametrize("max_ops", [1, 2])
+def test_a_cut_at_a_copy_targets_zeros_keeps_the_copied_read(max_ops):
+    # copy_ into a view of a never-written storage reads its source (a transposed view: a read
+    # graph), then the target's zeros: a cut at the zeros dropped the source's value.
+    torch.manual_seed(0)
+    a = torch.randn(4, 4)
+    with config.patch(fuse_max_ops=max_ops):
+        torch.tpu.set_eager_mode("defer_and_fuse")
+        x = a.to(TPU)
+        target = torch.empty(4, 4, device=TPU)
+        target[1].copy_((x * 1).t()[0])
+        expected = torch.empty(4, 4)
+        expected[1].copy_((a * 1).t()[0])
+        torch.testing.assert_close(target[1].cpu(), expected[1])
