@@ -93,13 +93,18 @@ def empty_as_zeros(gm):
         val = node.meta.get("val")
         if not isinstance(val, torch.Tensor) or not all(isinstance(s, int) for s in val.shape):
             continue
-        with gm.graph.inserting_before(node):
-            zeros = gm.graph.call_function(
-                aten.zeros.default, (list(val.shape),),
-                {"dtype": val.dtype, "device": val.device, "pin_memory": False})
-        zeros.meta = dict(node.meta)
-        node.replace_all_uses_with(zeros)
-        gm.graph.erase_node(node)
+        _replace_with_zeros(gm, node, val)
+
+
+def _replace_with_zeros(gm, node: fx.Node, val: torch.Tensor) -> None:
+    """Put zeros of ``val``'s shape and dtype in place of ``node`` (its meta kept)."""
+    with gm.graph.inserting_before(node):
+        zeros = gm.graph.call_function(
+            aten.zeros.default, (list(val.shape),),
+            {"dtype": val.dtype, "device": val.device, "pin_memory": False})
+    zeros.meta = dict(node.meta)
+    node.replace_all_uses_with(zeros)
+    gm.graph.erase_node(node)
 
 
 def _computes_nothing(node: fx.Node) -> bool:
@@ -127,13 +132,7 @@ def empty_results_as_zeros(gm):
         if not _computes_nothing(node):
             continue
         val = node.meta["val"]
-        with gm.graph.inserting_before(node):
-            zeros = gm.graph.call_function(
-                aten.zeros.default, (list(val.shape),),
-                {"dtype": val.dtype, "device": val.device, "pin_memory": False})
-        zeros.meta = dict(node.meta)
-        node.replace_all_uses_with(zeros)
-        gm.graph.erase_node(node)
+        _replace_with_zeros(gm, node, val)
 
 
 #: Comparisons of a value with itself that hold for every number but not for NaN.

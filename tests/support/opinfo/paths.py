@@ -21,6 +21,7 @@ import torch
 import torch._dynamo
 from torch.utils._pytree import tree_map
 
+from ..helpers import eager_mode
 from .skips import ON_DEVICE  # the paths whose inputs (and modules) move to the device
 
 EAGER_UNAVAILABLE = "eager tpu device not available yet"
@@ -144,18 +145,6 @@ def _to(device):
     return move
 
 
-@contextlib.contextmanager
-def _eager_mode(mode: str):
-    """The eager device in ``mode`` inside the block, the previous mode restored after it, even
-    when the block raised (ops still recorded then run at the switch, as set_eager_mode does)."""
-    saved = torch.tpu.get_eager_mode()
-    torch.tpu.set_eager_mode(mode)
-    try:
-        yield
-    finally:
-        torch.tpu.set_eager_mode(saved)
-
-
 def run_eager(fn, args, kwargs, then=None, mode: str = "strict") -> Outcome:
     """Run ``fn`` on device ``"tpu"`` in eager ``mode``: inputs moved there, results moved back
     to the CPU (in defer-and-fuse mode, that is the materialization point that runs the
@@ -170,7 +159,7 @@ def run_eager(fn, args, kwargs, then=None, mode: str = "strict") -> Outcome:
     import torchtpu_compile
     torchtpu_compile.reset_stats()  # the eager device counts its host fallbacks there too
     args, kwargs = tree_map(_to("tpu"), (args, kwargs), is_leaf=_is_leaf)
-    with _capture_fallbacks() as reasons, _eager_mode(mode):
+    with _capture_fallbacks() as reasons, eager_mode(mode):
         value = fn(*args, **kwargs)
         if then is not None:
             value = then(value, args, kwargs)
