@@ -246,3 +246,8 @@ def test_importing_the_package_is_light():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=300)
     assert result.stdout.strip() == "[]", result.stdout + result.stderr
+
+
+def test_the_client_says_what_it_is():
+    client = client_module.get_client()
+    assert repr(client) == f"Client(platform={client.platform!r}, device={client.device})"

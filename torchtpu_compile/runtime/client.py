@@ -33,6 +33,9 @@ class Client:
         self.device_list = _jax.DeviceList((self.device,))
         self.compile_flags = xla_flags()
 
+    def __repr__(self) -> str:
+        return f"Client(platform={self.platform!r}, device={self.device})"
+
 
 def xla_flags() -> str:
     """The XLA flags that shape compiled code, as XLA read them (``XLA_FLAGS`` and libtpu's
@@ -48,9 +51,6 @@ def xla_flags() -> str:
     flags = " ".join(os.environ.get(name, "") for name in ("XLA_FLAGS", "LIBTPU_INIT_ARGS"))
     flags = flags.split()
     return " ".join(sorted(f for f in flags if not f.startswith("--xla_dump")))
-
-    def __repr__(self) -> str:
-        return f"Client(platform={self.platform!r}, device={self.device})"
 
 
 def _jax_backend(platform: str):
