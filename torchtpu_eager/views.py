@@ -3,8 +3,8 @@
 A dense tensor (its whole storage, in order) is its storage's buffer. Any other view is read
 with a graph of its own (a transpose where it permutes the whole storage, else a gather) and
 written likewise (a transpose, else a scatter), keyed by the view's geometry and compiled
-once, so a write through ``x[0]``, ``x.t()`` or ``x.view(16)`` reaches every alias. An op in
-strict mode runs its inputs' read graphs inside its own program (``read_graph_of``).
+once, so a write through ``x[0]``, ``x.t()`` or ``x.view(16)`` reaches every alias. An op
+runs its inputs' read graphs inside its own program (``read_graph_of``, ``dispatch.py``).
 
 Example::
 
