@@ -20,6 +20,13 @@ def pytest_collection_modifyitems(config, items):
             "tests/slow/; these do not: " + ", ".join(wrong[:10]))
 
 
+@pytest.fixture(autouse=True)
+def _own_counters():
+    """Zero torchtpu's counters before each test: tests assert on process-wide counters
+    (fallback_ops, compiles), and under xdist any earlier test in the worker may have moved them."""
+    torchtpu_compile.reset_stats()
+
+
 @pytest.fixture
 def fresh_dynamo():
     """Forget Dynamo's caches and zero torchtpu's counters.
