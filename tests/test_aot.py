@@ -10,7 +10,8 @@ from tests.support import aot_factories, python_env
 import torchtpu_compile
 import torchtpu_compile.aot as aot
 from torchtpu_compile.runtime import executable
-from torchtpu_compile.aot import loader as load_module
+from torchtpu_compile.aot import specs
+from torchtpu_compile.runtime.client import get_client
 
 def fresh_python(code, *args):
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], env=python_env(),
@@ -50,8 +51,8 @@ def test_mismatched_platform_recompiles_from_portable_stablehlo(gpt2_artifact, m
                                                                  caplog, tmp_path):
     path, model, ids = gpt2_artifact
     expected = aot.load(path)(ids).logits
-    monkeypatch.setattr(load_module, "_platform_tag",
-                        lambda client: {"platform_version": "tpu v5e", "jaxlib": "0.99"})
+    monkeypatch.setattr(specs, "executable_tag", lambda client: {
+        "platform_version": "tpu v5e", "jaxlib": "0.99", "xla_flags": ""})
     with torchtpu_compile.config.patch(cache_dir=str(tmp_path)):
         executable.clear_cache()  # make XLA really compile the portable StableHLO
         torchtpu_compile.reset_stats()
@@ -61,6 +62,23 @@ def test_mismatched_platform_recompiles_from_portable_stablehlo(gpt2_artifact, m
         assert any("recompiling from its portable StableHLO" in r.getMessage()
                    for r in caplog.records)
         assert torch.equal(run(ids).logits, expected)
+
+
+def test_an_executable_saved_under_other_xla_flags_is_compiled_again(gpt2_artifact, monkeypatch,
+                                                                     caplog, tmp_path):
+    # XLA flags change the code XLA emits (fast math, a TPU scheduler flag): a process under
+    # other flags than the saving one's loaded the stored executable all the same.
+    path, model, ids = gpt2_artifact
+    expected = aot.load(path)(ids).logits
+    flags = "--xla_cpu_enable_fast_math=true"
+    monkeypatch.setattr(get_client(), "compile_flags", flags)   # as XLA_FLAGS sets it
+    with torchtpu_compile.config.patch(cache_dir=str(tmp_path)):
+        executable.clear_cache()
+        with caplog.at_level("WARNING", logger="torchtpu"):
+            run = aot.load(path)
+        assert run.recompiled
+        assert any(f"XLA flags: {flags}" in r.getMessage() for r in caplog.records)
+        torch.testing.assert_close(run(ids).logits, expected)
 
 
 def test_truncated_artifact_is_a_clear_error(gpt2_artifact, tmp_path):

@@ -81,8 +81,10 @@ def _inspect(args) -> int:
         f"{d['input']}[{d['dim']}] in {d['min']}..{d['max']}, buckets {d['buckets']}"
         for d in manifest["dynamic_dims"]) or "none (static shapes)"))
     print("versions: " + ", ".join(f"{k} {v}" for k, v in manifest["versions"].items()))
-    print("executables: " + ", ".join(f"{p} ({v['platform_version']})"
-                                      for p, v in manifest["executables"].items()))
+    print("executables: " + ", ".join(
+        f"{p} ({v['platform_version']}"
+        + (f", XLA flags {v['xla_flags']}" if v.get("xla_flags") else "") + ")"
+        for p, v in manifest["executables"].items()))
     print("sizes:")
     for name, data in sorted(members.items()):
         print(f"  {name}: {len(data):,} bytes")

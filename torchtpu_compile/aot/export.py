@@ -317,8 +317,7 @@ def compile(model, example_args=(), example_kwargs=None, precision: str | None =
         "programs": programs,
         "precision": precision,
         "stablehlo_version": _stablehlo_version(),
-        "executables": {client.platform: {"platform_version": client.pjrt.platform_version,
-                                          "jaxlib": specs.versions()["jaxlib"]}},
+        "executables": {client.platform: specs.executable_tag(client)},
         "versions": specs.versions(),
     }
     if manifest["out_spec"] is None:

@@ -15,12 +15,6 @@ from . import artifact_file, specs
 from .artifact_file import ArtifactError
 
 
-def _platform_tag(client) -> dict:
-    """What an executable built here depends on: compared with the artifact's record."""
-    import jaxlib
-    return {"platform_version": client.pjrt.platform_version, "jaxlib": jaxlib.__version__}
-
-
 class _Program:
     """One executable of an artifact with its calling convention (from the manifest); once
     ``bind`` gave it its state, ``program``: the ``Program`` that runs it."""
@@ -165,8 +159,11 @@ def _load_executable(path: str, members: dict, manifest: dict, entry: dict, clie
 
     name = entry["name"]
     recorded = manifest["executables"].get(client.platform)
+    if recorded is not None:
+        recorded = {"xla_flags": "", **recorded}   # written before flags were recorded
+    here = specs.executable_tag(client)
     blob = members.get(artifact_file.executable_member(client.platform, name))
-    if recorded is not None and blob is not None and recorded == _platform_tag(client):
+    if recorded is not None and blob is not None and recorded == here:
         try:
             return Executable(client.pjrt.deserialize_executable(
                 blob, client.device_list, _jax.CompileOptions()), key=entry["fingerprint"],
@@ -175,17 +172,20 @@ def _load_executable(path: str, members: dict, manifest: dict, entry: dict, clie
             log.warning("torchtpu: %s: stored executable %s did not load (%s)", path, name, exc)
     from jaxlib.mlir.dialects import stablehlo
     member = artifact_file.portable_member(name)
-    built_for = ", ".join(f"{p} ({v['platform_version']}, jaxlib {v['jaxlib']})"
-                          for p, v in manifest["executables"].items())
+    built_for = ", ".join(_described(p, v) for p, v in manifest["executables"].items())
     log.warning("torchtpu: %s was compiled for %s; recompiling from its portable StableHLO "
-                "for %s (%s): program %s", path, built_for, client.platform,
-                _platform_tag(client)["platform_version"], name)
+                "for %s: program %s", path, built_for, _described(client.platform, here), name)
     with artifact_file.decoding(path, member):
         bytecode = stablehlo.deserialize_portable_artifact_str(members[member])
         if not bytecode:
             raise ValueError("not portable StableHLO")
     return compile_stablehlo(bytecode, entry["fingerprint"], manifest["precision"],
                              what=f"artifact {path} program {name}"), True
+
+
+def _described(platform: str, tag: dict) -> str:
+    flags = tag.get("xla_flags") or "none"
+    return f"{platform} ({tag['platform_version']}, jaxlib {tag['jaxlib']}, XLA flags: {flags})"
 
 
 def _load_state(path: str, members: dict, name: str, aliases: dict, convert=None) -> dict:

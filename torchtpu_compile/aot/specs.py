@@ -47,3 +47,19 @@ def versions() -> dict:
             return None
     return {"torch": torch.__version__, "torch-mlir": version_of("torch-mlir"),
             "jaxlib": jaxlib.__version__, "torchtpu": version_of("torchtpu")}
+
+
+def executable_tag(client) -> dict:
+    """What an executable compiled by ``client`` depends on, recorded beside it in an artifact
+    and compared at load: the platform's version, jaxlib's, and the XLA flags it was compiled
+    under (``client.compile_flags``: ``--xla_cpu_enable_fast_math`` or a TPU scheduler flag
+    change the code, as in the executable cache's key).
+
+    Example::
+
+        executable_tag(get_client())
+        # {"platform_version": "cpu", "jaxlib": "0.10.2", "xla_flags": ""}
+    """
+    import jaxlib
+    return {"platform_version": client.pjrt.platform_version, "jaxlib": jaxlib.__version__,
+            "xla_flags": client.compile_flags}
