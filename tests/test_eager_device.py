@@ -33,11 +33,29 @@ def test_device_is_registered_and_named_tpu():
     assert f"{torch.tensor(2.5, device='tpu'):.1f}" == "2.5"
 
 
+@pytest.mark.parametrize("make", [
+    lambda: torch.ones(2, device="tpu:1"),
+    lambda: torch.empty(2, device=torch.device("tpu", 3)),
+    lambda: torch.arange(3, device="tpu:1"),
+    lambda: torch.tensor([1.0], device="tpu:1"),
+    lambda: torch.ones(2).to("tpu:1"),
+    lambda: torch.ones(2, device="tpu").to("tpu:2"),
+    lambda: torch.ones(2, device="tpu").new_zeros(3, device="tpu:1"),
+    lambda: torch.nn.Linear(2, 2).to("tpu:1"),
+], ids=["ones", "empty", "arange", "tensor", "to", "tpu_to", "new_zeros", "module_to"])
+def test_a_tpu_device_that_does_not_exist_is_refused(make):
+    # With one device (tpu:0), tensors made for tpu:1 landed on tpu:0, where CUDA raises
+    # "invalid device ordinal" for a device index past its count.
+    with pytest.raises(RuntimeError, match=r"tpu:\d does not exist"):
+        make()
+    assert torch.ones(2, device="tpu:0").device == torch.ones(2, device="tpu").device
+
+
 def test_torch_tpu_module():
     assert torch.tpu.is_available() and torch.tpu.device_count() == 1
     assert torch.tpu.current_device() == 0
     torch.tpu.set_device(0)
-    with pytest.raises(ValueError, match="tpu:1 does not exist"):
+    with pytest.raises(RuntimeError, match="tpu:1 does not exist"):
         torch.tpu.set_device(1)
     assert torch.tpu.get_device_name().startswith("cpu")
     assert torch.tpu.get_device_properties().total_memory > 0

@@ -70,6 +70,30 @@ def register() -> None:
     compile_support.teach_dynamo_if_loaded()
 
 
+def check_device(device) -> None:
+    """Raise, as CUDA does for an invalid device ordinal, for a device other than the process's
+    one tpu device (tpu:0); None, "tpu" and an index of -1 are it.
+
+    Example::
+
+        check_device("tpu:0")      # fine
+        check_device(1)            # RuntimeError: tpu:1 does not exist: ...
+    """
+    if device is None:
+        return
+    if isinstance(device, int):
+        index = device
+    else:
+        device = torch.device(device)
+        if device.type != NAME:
+            raise ValueError(f"expected a tpu device, got {device}")
+        index = device.index
+    if index not in (None, 0, -1):
+        raise RuntimeError(f"tpu:{index} does not exist: this process drives one device, "
+                           f"tpu:0 (torch.tpu.device_count() is 1). Under tpu_dist each "
+                           f"rank's own chip is its tpu:0: use 'tpu', not tpu:<local rank>")
+
+
 def autoload() -> None:
     """Entry point of the ``torch.backends`` group: PyTorch calls it at ``import torch``.
 

@@ -34,6 +34,7 @@ from torchtpu_compile.profiling import TORCH_PROFILER, span
 from torchtpu_compile.runtime.client import get_client
 
 from . import fallback, modes, rng, scalars, views
+from .device import check_device
 from .fuse import Lazy
 from .modes import Strict, concrete
 from .programs import OpGraph, _platform, example, meta_kernel_failed, splice, trace
@@ -59,7 +60,7 @@ def handles(*ops):
     """
     def register(fn):
         for op in ops:
-            _handlers[id(op)] = fn
+            _handlers[id(op)] = _with_checks(op, fn)
         return fn
     return register
 
@@ -76,6 +77,29 @@ def dispatch(func, args, kwargs):
 
 
 def _classify(func):
+    return _with_checks(func, _handler_of(func))
+
+
+def _with_checks(func, handler):
+    """``handler`` with the checks ``func``'s schema calls for (a device argument: that the
+    device exists), decided once per op: ops without them pay nothing."""
+    if any(a.name == "device" for a in func._schema.arguments):
+        return _checking_device(handler)
+    return handler
+
+
+def _checking_device(handler):
+    """``handler``, first refusing a tpu device that does not exist (``torch.ones(2,
+    device="tpu:1")``, ``x.to("tpu:3")``): such results landed on tpu:0, where CUDA raises."""
+    def checked(func, args, kwargs):
+        device = kwargs.get("device")
+        if device is not None and device.index and device.type == DEVICE.type:
+            check_device(device)
+        return handler(func, args, kwargs)
+    return checked
+
+
+def _handler_of(func):
     schema = func._schema
     if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), _COMPOSITE_IMPLICIT):
         return run_decomposed

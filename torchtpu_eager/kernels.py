@@ -26,9 +26,11 @@ _WHOLE_FACTORIES = (
 
 def _on_host(op, args, kwargs):
     from . import rng
+    from .device import check_device
     from .transfer import from_cpu
     kwargs = dict(kwargs)
     if "device" in kwargs:
+        check_device(kwargs["device"])   # tpu:1 and up do not exist
         kwargs["device"] = _CPU
     with rng.drawing_from_tpu_generator():
         out = op(*args, **kwargs)

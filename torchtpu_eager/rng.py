@@ -16,6 +16,8 @@ import contextlib
 
 import torch
 
+from .device import check_device
+
 _generator = torch.Generator()
 _initial_seed = _generator.seed()
 
@@ -57,21 +59,6 @@ def get_rng_state(device="tpu") -> torch.Tensor:
 def set_rng_state(state: torch.Tensor, device="tpu") -> None:
     check_device(device)
     _generator.set_state(state)
-
-
-def check_device(device) -> None:
-    """Raise for a device other than the process's one tpu device (tpu:0); None is it."""
-    if device is None:
-        return
-    if isinstance(device, int):
-        index = device
-    else:
-        device = torch.device(device)
-        if device.type != "tpu":
-            raise ValueError(f"expected a tpu device, got {device}")
-        index = device.index
-    if index not in (None, 0, -1):
-        raise ValueError(f"tpu:{index} does not exist: this process drives one device, tpu:0")
 
 
 @contextlib.contextmanager

@@ -21,7 +21,8 @@ from .modes import get_eager_mode, set_eager_mode  # noqa: F401  (part of the mo
 from . import streams as _streams
 from .streams import (Event, Stream, StreamContext, current_stream, default_stream,  # noqa: F401
                       set_stream, stream)
-from .rng import check_device, get_rng_state, initial_seed, manual_seed, seed, set_rng_state  # noqa: F401
+from .device import check_device  # noqa: F401
+from .rng import get_rng_state, initial_seed, manual_seed, seed, set_rng_state  # noqa: F401
 
 # Read by torch.utils.checkpoint: an initialized device has RNG state to save and restore
 # around recomputation (its dropout masks), which the tpu generator always has.
