@@ -254,3 +254,14 @@ def test_the_tpu_backend_name_is_ours(fresh_dynamo):
     out = fn(x.to("tpu"))
     assert out.device.type == "tpu"
     torch.testing.assert_close(out.cpu(), (x.sin() * 2).sum(0))
+
+
+def test_a_graph_moving_a_tensor_to_a_tpu_index_that_does_not_exist_raises(fresh_dynamo):
+    # With one tpu device, `.to("tpu:1")` inside a compiled function gave a tpu:0 tensor where
+    # eager (and CUDA, for an index past its count) raises.
+    with pytest.raises(RuntimeError, match="tpu:1 does not exist"):
+        torch.ones(2).to("tpu:1")
+    with pytest.raises(RuntimeError, match="tpu:1 does not exist"):
+        torch.compile(lambda x: (x * 2).to("tpu:1"), backend="torchtpu")(torch.ones(2))
+    out = torch.compile(lambda x: (x * 2).to("tpu:0"), backend="torchtpu")(torch.ones(2))
+    assert out.device == torch.device("tpu", 0) and out.cpu().tolist() == [2.0, 2.0]

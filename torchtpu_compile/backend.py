@@ -135,6 +135,26 @@ def _check_compile_arguments(arguments: dict) -> None:
                   "one XLA executable whatever the mode", arguments)
 
 
+def _check_devices_exist(gm: torch.fx.GraphModule) -> None:
+    """Refuse a tensor the graph makes on a device index past its type's count
+    (``x.to("tpu:1")`` with one tpu device): eager raises there, and our program's result
+    would have landed on device 0. One pass per graph compiled."""
+    seen = set()
+    for node in gm.graph.nodes:
+        value = node.meta.get("example_value")
+        if not isinstance(value, torch.Tensor) or not value.device.index:
+            continue
+        device = value.device
+        if device in seen:
+            continue
+        seen.add(device)
+        count = getattr(getattr(torch, device.type, None), "device_count", None)
+        if count is not None and device.index >= count():
+            raise RuntimeError(
+                f"{device} does not exist: torch.{device.type}.device_count() is {count()} "
+                f"(made by {node.format_node()})")
+
+
 def torchtpu_backend(gm: torch.fx.GraphModule, example_inputs, **options):
     """Compile a Dynamo FX graph for the PJRT device.
 
@@ -144,6 +164,7 @@ def torchtpu_backend(gm: torch.fx.GraphModule, example_inputs, **options):
         compiled(torch.randn(2, 4))
     """
     _check_compile_arguments(options)
+    _check_devices_exist(gm)
     from functorch.compile import min_cut_rematerialization_partition
     from torch._dynamo.backends.common import aot_autograd
     from torch.nn.attention import SDPBackend, sdpa_kernel
