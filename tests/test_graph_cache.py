@@ -186,6 +186,31 @@ def test_same_graph_hits_from_disk(isolated_cache):
     assert counts("aot_autograd")["hits"] == 1 and counts("lowering")["hits"] == 1
 
 
+def test_an_entry_whose_trace_fixed_a_float_input_is_not_served(isolated_cache):
+    # AdamW under a scheduler that cycles beta1 (OneCycleLR's cycle_momentum): Dynamo passes
+    # the changing floats as 0-d tensor inputs, and aot_autograd's trace bakes beta1's value
+    # into pow.Scalar(beta1, step), with a guard that torch's cache entry cannot record. Served
+    # to a warm process, the entry of the last beta1 compiled ran every later step with it.
+    def train(compiled: bool):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        x = torch.randn(3, 4)
+        step = torch.compile(opt.step, backend="torchtpu") if compiled else opt.step
+        for beta1, lr in ((0.95, 0.01), (0.9, 0.02), (0.85, 0.03), (0.9, 0.02), (0.95, 0.01)):
+            opt.param_groups[0]["betas"] = (beta1, 0.999)
+            opt.param_groups[0]["lr"] = lr
+            opt.zero_grad()
+            model(x).square().sum().backward()
+            step()
+        return [p.detach() for p in model.parameters()]
+
+    train(compiled=True)
+    isolated_cache()   # a fresh process over the same disk cache
+    for got, expected in zip(train(compiled=True), train(compiled=False)):
+        torch.testing.assert_close(got, expected)
+
+
 @pytest.mark.parametrize("change", ["dtype", "shape", "requires_grad"])
 def test_changed_inputs_do_not_hit(isolated_cache, change):
     f = lambda x: torch.sin(x) * 2

@@ -201,11 +201,12 @@ _levels = Levels("aot_autograd", PickledBytesCodec(check=_require_aot_entry),
 class _StoreAdapter:
     """torch's "remote cache" interface (get/put of JSON dicts) over our cache levels."""
 
-    def __init__(self, salt: str):
+    def __init__(self, salt: str, specialized=lambda: False):
         self.salt = salt
         self.used_key: str | None = None  # the entry this graph hit or saved, if any
         self.served_key: str | None = None  # the entry handed to torch, if any
         self.saved = False  # whether torch saved an entry (after a miss)
+        self._specialized = specialized  # () -> whether the trace fixed a float input's value
 
     def _key(self, key: str) -> str:
         return f"aot|{key}|{self.salt}"
@@ -219,11 +220,43 @@ class _StoreAdapter:
         return {"data": base64.b64encode(payload).decode("ascii")}
 
     def put(self, key: str, data: dict) -> None:
+        if self._specialized():
+            _levels.count_event("bypasses")
+            log.debug("aot_autograd entry not saved: its trace fixed the value of a float "
+                      "input, which the entry's guards cannot record")
+            return
         payload = base64.b64decode(data["data"])
         _levels.put(self._key(key), payload,
                     compute_seconds=float(data.get("time_taken_ms", 0)) / 1000.0)
         self.used_key = self._key(key)
         self.saved = True
+
+
+def _float_specializations():
+    """``() -> bool``: whether, since this call, Dynamo's shape environment gained a guard on
+    a float symbol.
+
+    Dynamo passes a Python float it does not specialize (an optimizer's ``lr`` or ``betas``
+    once a scheduler changed them) as a 0-d tensor input. Where aot_autograd's trace needs
+    the float itself (``pow.Scalar(beta1, step)`` in Adam), it bakes in the value and guards
+    on it, and Dynamo recompiles when it changes. torch's cache entry records guards on the
+    graph's int inputs only: served to another process, an entry baked with one step's
+    beta1 ran every later step with it, and no guard asked Dynamo to recompile. Such entries
+    are not saved."""
+    from torch._guards import TracingContext
+    from torch.utils._sympy.symbol import SymT, symbol_is_type
+
+    context = TracingContext.try_get()
+    shape_env = getattr(getattr(context, "fake_mode", None), "shape_env", None)
+    if shape_env is None:
+        return lambda: False
+    before = len(shape_env.guards)
+
+    def specialized() -> bool:
+        return any(symbol_is_type(symbol, (SymT.FLOAT, SymT.UNBACKED_FLOAT))
+                   for guard in shape_env.guards[before:]
+                   for symbol in guard.expr.free_symbols)
+    return specialized
 
 
 def _input_aliasing(example_inputs) -> str | None:
@@ -273,7 +306,7 @@ def scope(gm: torch.fx.GraphModule, example_inputs=()):
     salt = hashlib.sha256("|".join((
         versions.stack_versions(), versions.source_digest(*_KEYED_SOURCES),
         held, graph_fingerprint(gm)) + ((aliasing,) if aliasing else ())).encode()).hexdigest()
-    adapter = _StoreAdapter(salt)
+    adapter = _StoreAdapter(salt, _float_specializations())
     patched = {"get_remote_cache": staticmethod(lambda: adapter),
                # torch also writes every entry to its own folder; ours are in our levels only.
                "_write_to_local_cache": staticmethod(lambda key, content: None)}
