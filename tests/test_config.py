@@ -384,3 +384,17 @@ def test_torch_compile_options_are_an_error_and_mode_a_warning(caplog):
     assert torch.equal(out, torch.sin(torch.ones(3)))
     assert any("ignoring torch.compile arguments {'mode': 'reduce-overhead'}" in r.getMessage()
                for r in caplog.records)
+
+
+def test_a_variable_that_nearly_spells_a_setting_is_warned_about():
+    # TORCHTPU_DEFER_AND_FUSE (the mode's variable is TORCH_TPU_DEFER_AND_FUSE) and a missing
+    # letter were ignored without a word: the run went on in strict mode, at the default
+    # precision.
+    with pytest.warns(UserWarning, match="did you mean TORCH_TPU_DEFER_AND_FUSE"):
+        config._check_variable_names({"TORCHTPU_DEFER_AND_FUSE": "1"})
+    with pytest.warns(UserWarning, match="did you mean TORCHTPU_MATMUL_PRECISION"):
+        config._check_variable_names({"TORCHTPU_MATMUL_PRECISON": "highest"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # names of our own, other tools', and the real ones
+        config._check_variable_names({"TORCHTPU_MATMUL_PRECISION": "highest",
+                                      "TORCHTPU_OPINFO_JOBS": "2", "PATH": "/bin"})

@@ -597,7 +597,8 @@ cache puts it in its key.
 The variables of the eager device's mode keep PyTorch's device spelling
 (`TORCH_TPU_LAUNCH_BLOCKING`, `TORCH_TPU_DEFER_AND_FUSE`); every other one is `TORCHTPU_*`. The
 former `TORCH_TPU_FUSE_*` names are still read, with a `FutureWarning`, when the new name is
-unset; they stop working in the next release.
+unset; they stop working in the next release. A set variable that nearly spells a setting's
+(`TORCHTPU_DEFER_AND_FUSE`, `TORCHTPU_MATMUL_PRECISON`) gets a `UserWarning` naming it.
 
 The logger is configured by PyTorch's `TORCH_LOGS` (`+torchtpu` debug, `torchtpu` info,
 `-torchtpu` errors only), not here.
@@ -652,7 +653,30 @@ class _ConfigModule(types.ModuleType):
         return sorted(set(super().__dir__()) | set(_BY_NAME))
 
 
+def _check_variable_names(environ=os.environ) -> None:
+    """Warn for each set variable that is no setting's but nearly spells one's (a letter
+    missing, ``TORCHTPU_DEFER_AND_FUSE`` for ``TORCH_TPU_DEFER_AND_FUSE``): such a typo was
+    ignored without a word, and the run went on under the default.
+
+    Example::
+
+        _check_variable_names({"TORCHTPU_MATMUL_PRECISON": "highest"})
+        # UserWarning: TORCHTPU_MATMUL_PRECISON is set but is no torchtpu setting; did you
+        # mean TORCHTPU_MATMUL_PRECISION? ...
+    """
+    known = {s.env for s in _SETTINGS} | {old for s in _SETTINGS for old in s.old_env or ()}
+    for name in environ:
+        if name in known or not name.startswith(("TORCHTPU_", "TORCH_TPU_")):
+            continue
+        import difflib
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.9)
+        if close:
+            warnings.warn(f"{name} is set but is no torchtpu setting; did you mean {close[0]}? "
+                          f"(every setting: docs/configuration.md)", UserWarning, stacklevel=2)
+
+
 for _s in _SETTINGS:
     setattr(_ConfigModule, _s.name, _property(_s))
 del _s
+_check_variable_names()
 sys.modules[__name__].__class__ = _ConfigModule
