@@ -211,6 +211,31 @@ def test_an_entry_whose_trace_fixed_a_float_input_is_not_served(isolated_cache):
         torch.testing.assert_close(got, expected)
 
 
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+def test_backward_through_a_retained_graph_runs_twice(isolated_cache, warm):
+    # The graph cache compiles every backward with its forward; aot_autograd then refused
+    # backward(retain_graph=True) ("compiled with non-empty donated buffers"), which eager
+    # runs: gradient accumulation through one retained graph, a GAN's two losses.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    x = torch.randn(3, 4)
+
+    def grads(fn):
+        model.zero_grad()
+        loss = fn(x).square().sum()
+        loss.backward(retain_graph=True)
+        loss.backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    with config.patch(matmul_precision="highest"):
+        if warm:
+            grads(torch.compile(model, backend="torchtpu"))
+            isolated_cache()
+        got = grads(torch.compile(model, backend="torchtpu"))
+    for g, expected in zip(got, grads(model)):
+        torch.testing.assert_close(g, expected)
+
+
 @pytest.mark.parametrize("change", ["dtype", "shape", "requires_grad"])
 def test_changed_inputs_do_not_hit(isolated_cache, change):
     f = lambda x: torch.sin(x) * 2

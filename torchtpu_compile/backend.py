@@ -33,6 +33,18 @@ def _forward_metadata(kind: str):
     return getattr(context, "fw_metadata", None)
 
 
+def _keep_saved_tensors(kind: str) -> None:
+    """Tell aot_autograd that our backward graphs overwrite none of the tensors saved for
+    them (its "donated buffers", an Inductor memory saving we do not use; our programs donate
+    on their own terms, program/donation.py). With the list non-empty, aot_autograd refuses
+    ``backward(retain_graph=True)`` through any backward compiled with the forward, as the
+    graph cache has every backward compiled: a second backward through a retained graph, or a
+    GAN's, raised where eager returns."""
+    metadata = _forward_metadata(kind)
+    if metadata is not None and getattr(metadata, "bw_donated_idxs", None):
+        metadata.bw_donated_idxs = []
+
+
 def _static_inputs(kind: str, inputs: int | None = None) -> frozenset:
     """Forward inputs that stay resident on the device: parameters and buffers, and inputs the
     graph writes in place (a static KV cache and its length, made by an earlier graph: state
@@ -86,6 +98,7 @@ def _user_outputs(kind: str, gm: torch.fx.GraphModule) -> tuple:
 
 def _compiler(kind: str, graph_id: int, cached: bool):
     def compile_graph(gm: torch.fx.GraphModule, example_inputs):
+        _keep_saved_tensors(kind)
         inputs = sum(1 for node in gm.graph.nodes if node.op == "placeholder")
         name, resident = f"graph_{graph_id}/{kind}", _static_inputs(kind, inputs)
         mutated, layouts = _mutated_inputs(kind, gm), _user_outputs(kind, gm)
