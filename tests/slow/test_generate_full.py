@@ -1,6 +1,8 @@
 """The issue-17 generate() runs: a tiny random-init Llama (2 layers, d=128) and GPT-2 with
 ``model.forward = torch.compile(model.forward, backend="torchtpu")``, three prompts of different
-lengths, tokens identical to eager's, and compiles per graph bounded by the buckets touched."""
+lengths, tokens identical to eager's, and compiles per graph bounded by the buckets touched.
+Then the modes beyond greedy (docs/coverage.md, "generate() modes"): beam search, the logits
+processors under sampling, and the encoder-decoders T5 and Whisper."""
 from __future__ import annotations
 
 import pytest
@@ -94,3 +96,70 @@ def test_gpt2_greedy_dynamic_cache():
 
 def test_gpt2_static_cache_padded_batch():
     _run(_gpt2(), 16, batch=2, cache_implementation="static")
+
+
+def _t5():
+    from transformers import T5Config, T5ForConditionalGeneration
+    torch.manual_seed(0)
+    return T5ForConditionalGeneration(T5Config(
+        vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+        decoder_start_token_id=0, pad_token_id=0, eos_token_id=1, dropout_rate=0.0)).eval()
+
+
+def _whisper():
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+    torch.manual_seed(0)
+    return WhisperForConditionalGeneration(WhisperConfig(
+        vocab_size=100, d_model=32, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+        decoder_ffn_dim=64, num_mel_bins=16, max_source_positions=16, max_target_positions=32,
+        pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=0,
+        begin_suppress_tokens=None, suppress_tokens=None)).eval()
+
+
+def _same_as_eager(model, inputs: dict, modes: list) -> None:
+    """generate() with the compiled forward gives eager's tokens, seed for seed, for each of
+    ``modes`` (generate's keyword arguments), with no compile per exact shape."""
+    runs = [dict(max_new_tokens=8, min_new_tokens=8, **each) for each in modes]
+
+    def generate_all():
+        out = []
+        for kwargs in runs:
+            torch.manual_seed(2)
+            out.append(model.generate(**inputs, **kwargs))
+        return out
+
+    with torch.no_grad(), config.patch(matmul_precision="highest"):
+        expected = generate_all()
+        model.forward = torch.compile(model.forward, backend="torchtpu")
+        for got, want, kwargs in zip(generate_all(), expected, runs):
+            assert torch.equal(got, want), kwargs
+    assert torchtpu_compile.stats()["buckets"]["exact_shape_compiles"] == 0
+
+
+_BEAMS = dict(do_sample=False, num_beams=3, num_return_sequences=2)
+
+
+def test_llama_beam_search_and_logits_processors_left_padded():
+    ids = torch.randint(3, 100, (2, 7), generator=torch.Generator().manual_seed(5))
+    mask = torch.ones_like(ids)
+    ids[1, :3], mask[1, :3] = 0, 0
+    _same_as_eager(zoo.llama()[0].eval(), dict(input_ids=ids, attention_mask=mask), modes=[
+        _BEAMS, dict(_BEAMS, early_stopping=True), dict(do_sample=True, num_beams=3),
+        dict(do_sample=True, top_k=10, temperature=0.7), dict(do_sample=True, top_p=0.9),
+        dict(do_sample=True, repetition_penalty=1.3, no_repeat_ngram_size=2,
+             bad_words_ids=[[5], [7, 8]])])
+
+
+def test_t5_greedy_and_beam_search_right_padded():
+    ids = torch.randint(3, 100, (2, 7), generator=torch.Generator().manual_seed(5))
+    mask = torch.ones_like(ids)
+    ids[1, -3:], mask[1, -3:] = 0, 0
+    _same_as_eager(_t5(), dict(input_ids=ids, attention_mask=mask),
+                   modes=[dict(do_sample=False), _BEAMS, dict(do_sample=True, top_k=10)])
+
+
+def test_whisper_greedy_and_beam_search():
+    features = torch.randn(2, 16, 32, generator=torch.Generator().manual_seed(5))
+    _same_as_eager(_whisper(), dict(input_features=features),
+                   modes=[dict(do_sample=False), _BEAMS])
