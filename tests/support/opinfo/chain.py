@@ -39,7 +39,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 from . import paths
-from .harness import (DTYPE_NAMES, Result, _compare, _one_line, _sample_call, _samples,
+from .harness import (_WIDER, DTYPE_NAMES, Result, _compare, _one_line, _sample_call, _samples,
                       entry_name, skipped)
 
 #: The paths a chain runs on: the tpu device in strict and in defer-and-fuse mode.
@@ -136,8 +136,8 @@ def _numel(shape) -> int:
 class _Chain:
     """One run of a chain's steps on one side (CPU, or the tpu device in a mode)."""
 
-    def __init__(self, plan: _Plan, device: str, sync=None):
-        self.plan, self.device, self.sync = plan, device, sync
+    def __init__(self, plan: _Plan, device: str, sync=None, widen=None):
+        self.plan, self.device, self.sync, self.widen = plan, device, sync, widen
         self.pool: list = []     # every tensor a step made or took, in order
         self.groups: list = []   # CPU run: the storage group of each pool tensor
         self.values: list = []   # host values: non-tensor results, reads in the middle
@@ -176,8 +176,18 @@ class _Chain:
 
     # -- steps ----------------------------------------------------------------------------
     def to_side(self, value):
-        return tree_map(paths._to(self.device), value, is_leaf=paths._is_leaf) \
-            if self.device != "cpu" else value
+        """A sample's (args, kwargs) on this side: tensors moved, and a factory's
+        ``device="cpu"`` (OpInfo's samples name it) made this side's device."""
+        if self.widen is not None:  # the wider reference: dtype's tensors and dtype args
+            wide = _WIDER[self.widen]
+            return tree_map(lambda v: v.to(wide) if isinstance(v, torch.Tensor) and
+                            v.dtype is self.widen else wide if v is self.widen else v, value)
+        if self.device == "cpu":
+            return value
+        args, kwargs = tree_map(paths._to(self.device), value, is_leaf=paths._is_leaf)
+        if "device" in kwargs and torch.device(kwargs["device"]).type == "cpu":
+            kwargs = {**kwargs, "device": self.device}
+        return args, kwargs
 
     def sample_step(self, k: int, op, sample, grad: bool, allow_write: bool = True) -> None:
         plan = self.plan
@@ -407,8 +417,8 @@ def _eligible_ops(dtype, path: str, grad: bool) -> list:
     return _ELIGIBLE[key]
 
 
-def _play(items, plan: _Plan, grad: bool, device: str, sync=None, single: bool = False):
-    chain = _Chain(plan, device, sync)
+def _play(items, plan: _Plan, grad: bool, device: str, sync=None, widen=None):
+    chain = _Chain(plan, device, sync, widen)
     try:
         for k, item in enumerate(items):
             if k in plan.dropped:
@@ -450,6 +460,18 @@ def record(items, seed: int, grad: bool, dropped_limit: int = 64) -> tuple:
             dropped.add(why.step)
 
 
+def _wider(items, plan: _Plan, grad: bool, dtype):
+    """The chain replayed on the CPU in the next wider dtype (fp64 for fp32): a result nearer
+    it than eager's passes, as in ``harness.check`` (chained solves amplify rounding); None
+    where that run fails or the dtype has no wider one."""
+    if dtype not in _WIDER:
+        return None
+    try:
+        return _play(items, plan.replay(), grad, "cpu", widen=dtype)
+    except Exception:
+        return None
+
+
 def check_chain(name: str, path: str, dtype: torch.dtype, length: int = 16,
                 verbose: bool = False) -> Result:
     """Record chain ``name`` (see the module docstring) of ``length`` steps on ``path``'s mode
@@ -488,11 +510,14 @@ def check_chain(name: str, path: str, dtype: torch.dtype, length: int = 16,
             actual = _play(items, plan.replay(), grad, "tpu", sync=torch.tpu.synchronize)
             got = [t.detach().cpu() for t in actual.pool]
             grads = [t.grad.cpu() if t.grad is not None else None for t in actual.leaves]
+        wide = _wider(items, plan, grad, dtype)
         want = [t.detach() for t in expected.pool]
         for i, (a, e) in enumerate(zip(got, want)):
-            _compare(a, e, dtype, what=f"pool {i}")
-        _compare(actual.values, expected.values, dtype, what="host value")
-        _compare(grads, [t.grad for t in expected.leaves], dtype, what="grad")
+            _compare(a, e, dtype, wide.pool[i].detach() if wide else None, what=f"pool {i}")
+        _compare(actual.values, expected.values, dtype, wide.values if wide else None,
+                 what="host value")
+        _compare(grads, [t.grad for t in expected.leaves], dtype,
+                 [t.grad for t in wide.leaves] if wide else None, what="grad")
         result.samples = len(items) - len(plan.dropped)
         result.fallback_ops = dict.fromkeys(torchtpu_compile.stats()["fallback_ops"], "")
         result.detail = f"{len(plan.dropped)} steps eager rejects dropped" \
