@@ -386,8 +386,9 @@ def _chain_items(name: str, dtype, length: int, path: str) -> tuple:
                 samples = _samples(op, dtype, 3)
                 if samples:
                     items.append(("sample", op, rng.choice(samples)))
-            else:
-                items.append(rng.choice(["view", "view", "poke", "poke", "read", "sync",
+            else:  # grad chains switch no mode: the backward would see none of it
+                items.append(rng.choice(["view", "view", "poke", "read", "sync"] if grad else
+                                        ["view", "view", "poke", "poke", "read", "sync",
                                          "enter", "exit"]))
         return items, grad
     from torch.testing._internal.common_methods_invocations import op_db
@@ -434,7 +435,7 @@ def _play(items, plan: _Plan, grad: bool, device: str, sync=None, widen=None):
                 raise AssertionError(f"{plan.trace[-1] if plan.trace else f'step {k}'}: "
                                      f"raised {type(exc).__name__} where eager returned: "
                                      f"{exc}") from exc
-        if grad:
+        if grad and len(items) not in plan.dropped:  # backward is step len(items)
             try:
                 chain.backward()
             except Exception as exc:
@@ -450,14 +451,16 @@ def _play(items, plan: _Plan, grad: bool, device: str, sync=None, widen=None):
 def record(items, seed: int, grad: bool, dropped_limit: int = 64) -> tuple:
     """The CPU run (the reference) and its plan, steps eager rejects dropped."""
     dropped: set = set()
+    reasons = record.reasons = {}  # step -> why eager rejected it (for --verbose)
     while True:
         plan = _Plan(seed, dropped)
         try:
             return _play(items, plan, grad, "cpu"), plan
         except _Dropped as why:
-            if len(dropped) >= dropped_limit:
+            if len(dropped) >= dropped_limit or why.step in dropped:
                 raise
             dropped.add(why.step)
+            reasons[why.step] = str(why)
 
 
 def _wider(items, plan: _Plan, grad: bool, dtype):
@@ -524,6 +527,7 @@ def check_chain(name: str, path: str, dtype: torch.dtype, length: int = 16,
             if plan.dropped else ""
         if verbose:
             print("\n".join(plan.trace))
+            print("dropped:", record.reasons)
     except Exception as exc:
         result.status = "fail"
         steps = " | ".join(plan.trace[-4:]) if plan is not None else ""
