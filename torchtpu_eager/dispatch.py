@@ -19,6 +19,8 @@ Example::
 """
 from __future__ import annotations
 
+import contextlib
+
 import logging
 import warnings
 
@@ -961,9 +963,21 @@ def run_view(func, args, kwargs):
                 t._st.stands_for = str(func)
         return out
     storage = base._st
-    if geometry and type(geometry[-1]) is bool:  # one result: (size, stride, offset, dense)
-        return view_tensor(storage, *geometry)
-    return type(geometry)(view_tensor(storage, *g) for g in geometry)  # split, unbind
+    # A view of a normal tensor is a normal tensor, in inference mode too (the CPU's view
+    # shares its base's dispatch keys): made there, our wrapper was an inference tensor, and
+    # autograd raised "Cannot set version_counter for inference tensor" on every view.
+    with _outside_inference_mode(base):
+        if geometry and type(geometry[-1]) is bool:  # one result: (size, stride, offset, dense)
+            return view_tensor(storage, *geometry)
+        return type(geometry)(view_tensor(storage, *g) for g in geometry)  # split, unbind
+
+
+def _outside_inference_mode(base: TpuTensor):
+    """Inference mode off while a view of ``base`` is made, where ``base`` is no inference
+    tensor; a no-op otherwise (only the wrapper is made under it: nothing dispatches)."""
+    if torch.is_inference_mode_enabled() and not base.is_inference():
+        return torch._C._InferenceMode(False)
+    return contextlib.nullcontext()
 
 
 class _NotAView(Exception):

@@ -15,6 +15,12 @@ Usage (from the repository root)::
 see ``paths.py``. ``--max-samples 0`` runs every sample; ``--reference-inputs`` takes OpInfo's
 ``reference_inputs`` (its sample inputs first, then, for many ops, more) instead.
 
+``--chain N`` runs chains instead (``chain.py``): N samples of one entry, or of a random mix
+(``mix.SEED``, ``grad.SEED`` with a backward at the end; ``--mixes M`` of each), recorded back to
+back on the device with results fed into later samples, compared with eager CPU at the end::
+
+    python -m tests.support.opinfo.sweep --chain 12 --paths fuse,eager --dtypes fp32 --mixes 40
+
 ``--errors`` runs the entries' error inputs instead of their samples (``errors.py``: where eager
 CPU raises, each path must raise the same type), over the entries that have them::
 
@@ -66,12 +72,19 @@ def entries(only=None, db: str = "ops", errors: bool = False) -> list:
 
 
 def _worker(jobs: list, max_samples: int, db: str = "ops", errors: bool = False,
-            reference: bool = False) -> None:
+            reference: bool = False, chain: int = 0) -> None:
     """Run (entry, path, dtype) jobs read as JSON from argv; one line per start and result."""
     import torchtpu_compile
     from .harness import DTYPES_BY_NAME
     torchtpu_compile.config.matmul_precision = "highest"  # fp32 comparisons at fp32 tolerance
-    if errors:
+    if chain:
+        from .chain import check_chain
+
+        by_name = {name: name for name, _, _ in jobs}
+
+        def check(name, path, dtype, max_samples):
+            return check_chain(name, path, dtype, chain)
+    elif errors:
         from . import errors as error_inputs
         if db == "modules":
             from .modules import module_entries
@@ -111,12 +124,14 @@ def _crashed(job, why: str) -> dict:
 
 
 def _run_chunk(jobs: list, max_samples: int, timeout: float, results: dict, log,
-               db: str = "ops", errors: bool = False, reference: bool = False) -> list:
+               db: str = "ops", errors: bool = False, reference: bool = False,
+               chain: int = 0) -> list:
     """Run jobs in one worker; return the jobs it did not reach (after a crash or hang)."""
     env = python_env()
     cmd = [sys.executable, "-m", "tests.support.opinfo.sweep", "--worker", json.dumps(jobs),
            "--max-samples", str(max_samples), "--db", db] + \
-        (["--errors"] if errors else []) + (["--reference-inputs"] if reference else [])
+        (["--errors"] if errors else []) + (["--reference-inputs"] if reference else []) + \
+        (["--chain", str(chain)] if chain else [])
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
                             text=True)
     lines: queue.Queue = queue.Queue()
@@ -162,7 +177,7 @@ def _run_chunk(jobs: list, max_samples: int, timeout: float, results: dict, log,
 
 def sweep(names: list, paths=PATHS, dtypes=DTYPES, max_samples: int = 3, timeout: float = 300,
           chunk: int = 150, jobs: int = 1, log=print, db: str = "ops",
-          errors: bool = False, reference: bool = False) -> list:
+          errors: bool = False, reference: bool = False, chain: int = 0) -> list:
     """Check every (entry, path, dtype) of ``db`` in ``jobs`` parallel workers; returns the
     result dicts.
 
@@ -184,7 +199,7 @@ def sweep(names: list, paths=PATHS, dtypes=DTYPES, max_samples: int = 3, timeout
     def run(batch):
         while batch:
             batch = _run_chunk(batch, max_samples, timeout, results, log, db, errors,
-                               reference)
+                               reference, chain)
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         list(pool.map(run, chunks))
@@ -219,11 +234,15 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="worker processes at a time")
     parser.add_argument("--errors", action="store_true", help="run the entries' error inputs "
                         "(errors.py): where eager CPU raises, each path must raise the same type")
+    parser.add_argument("--chain", type=int, default=0, help="run chains of this many steps "
+                        "(chain.py) on the device paths instead of single samples")
+    parser.add_argument("--mixes", type=int, default=20, help="with --chain: mix.SEED and "
+                        "grad.SEED chains, SEED 0..MIXES-1, besides one chain per entry")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         _worker(json.loads(args.worker), args.max_samples, args.db, args.errors,
-                args.reference_inputs)
+                args.reference_inputs, args.chain)
         return 0
     if args.reference_inputs and args.db == "modules":
         parser.error("--reference-inputs is OpInfo's: ModuleInfo has no reference inputs")
@@ -231,17 +250,22 @@ def main(argv=None) -> int:
     if unknown:
         parser.error(f"unknown paths {', '.join(sorted(unknown))}: choose from {', '.join(PATHS)}")
     modules = args.db == "modules"
+    if args.chain and (modules or args.errors):
+        parser.error("--chain runs OpInfo samples: not with --db modules or --errors")
     default = ("errors-modules" if modules else "errors-ops") if args.errors else \
-        ("modinfo" if modules else "opinfo")
+        ("modinfo" if modules else "chains" if args.chain else "opinfo")
     args.out = args.out or f"build/coverage/{default}.json"
     # Error inputs have no dtype (OpInfo's) or are built in fp32 (ModuleInfo's): one column.
     dtypes = args.dtypes.split(",") if args.dtypes else \
         (["fp32"] if modules or args.errors else DTYPES)
-    names = entries(args.ops.split(",") if args.ops else None, args.db, args.errors)
+    names = chain_names(args) if args.chain else \
+        entries(args.ops.split(",") if args.ops else None, args.db, args.errors)
+    if args.chain:  # chains run on the device only
+        args.paths = ",".join(p for p in args.paths.split(",") if p != "compile")
     start = time.perf_counter()
     results = sweep(names, args.paths.split(","), dtypes, args.max_samples,
                     args.timeout, jobs=args.jobs, log=_print_result, db=args.db,
-                    errors=args.errors, reference=args.reference_inputs)
+                    errors=args.errors, reference=args.reference_inputs, chain=args.chain)
     elapsed = time.perf_counter() - start
     write(args.out, results, elapsed, args.max_samples)
     print(f"{len(results)} results in {elapsed:.0f} s -> {args.out}")
@@ -250,6 +274,17 @@ def main(argv=None) -> int:
         for path, counts in totals(results).items():
             print(f"{path}: " + ", ".join(f"{v} {n}" for v, n in sorted(counts.items())))
     return 0
+
+
+def chain_names(args) -> list:
+    """--chain's jobs: the entries --ops names (every entry when none), and its mix.SEED and
+    grad.SEED names, or --mixes of each when --ops names none."""
+    wanted = args.ops.split(",") if args.ops else []
+    mixes = [n for n in wanted if n.startswith(("mix.", "grad."))]
+    ops = [n for n in wanted if n not in mixes]
+    if not wanted:
+        mixes = [f"{kind}.{seed}" for seed in range(args.mixes) for kind in ("mix", "grad")]
+    return (entries(ops or None) if ops or not wanted else []) + mixes
 
 
 def write(path: str, results: list, seconds: float, max_samples: int) -> None:
