@@ -135,6 +135,15 @@ def _check_compile_arguments(arguments: dict) -> None:
                   "one XLA executable whatever the mode", arguments)
 
 
+def _raising(error: BaseException):
+    """A compiled function that raises ``error``'s like at every call, as eager does."""
+    from .dtype_support import _fresh
+
+    def refused(*args, **kwargs):
+        raise _fresh(error)
+    return refused
+
+
 def torchtpu_backend(gm: torch.fx.GraphModule, example_inputs, **options):
     """Compile a Dynamo FX graph for the PJRT device.
 
@@ -144,6 +153,13 @@ def torchtpu_backend(gm: torch.fx.GraphModule, example_inputs, **options):
         compiled(torch.randn(2, 4))
     """
     _check_compile_arguments(options)
+    # Eager's CPU kernels refuse some dtypes that XLA would take (bmm of bool): where eager
+    # raises, so does every call, and nothing is lowered (dtype_support.py; once per
+    # signature, at compile time only).
+    from .dtype_support import graph_error
+    refused = graph_error(gm)
+    if refused is not None:
+        return _raising(refused)
     from functorch.compile import min_cut_rematerialization_partition
     from torch._dynamo.backends.common import aot_autograd
     from torch.nn.attention import SDPBackend, sdpa_kernel
