@@ -6,8 +6,9 @@ paths. The whole sweep is ``python -m tests.support.opinfo.sweep --unsupported-d
 The entries are the kinds the sweep found returning values: matmuls of bool (bmm, mm, matmul
 as dot, baddbmm), activations and pools without integer kernels (hardswish, celu,
 adaptive_avg_pool2d, avg_pool2d), a transposed convolution of int8, bilinear interpolation of
-bool, and a loss whose composite writes a float into an integer tensor (soft_margin_loss:
-RuntimeError, not NotImplementedError).
+bool, a loss whose composite writes a float into an integer tensor (soft_margin_loss:
+RuntimeError, not NotImplementedError), and kernels that refuse a kind of dtype in their own
+words (maximum and hardtanh of complex, relu and argmax of bool).
 """
 from __future__ import annotations
 
@@ -23,7 +24,11 @@ CASES = [("bmm", "b8"), ("mm", "b8"), ("matmul", "b8"), ("baddbmm", "b8"),
          ("nn.functional.hardswish", "u8"), ("nn.functional.celu", "i32"),
          ("nn.functional.adaptive_avg_pool2d", "i64"), ("nn.functional.avg_pool2d", "i16"),
          ("nn.functional.conv_transpose2d", "i8"), ("nn.functional.interpolate.bilinear", "b8"),
-         ("nn.functional.soft_margin_loss", "i64")]
+         ("nn.functional.soft_margin_loss", "i64"),
+         # refusals in kernels' own words: maximum of complex, hardtanh of complex (clamp's;
+         # it aborted the process in lowering), relu and argmax of bool
+         ("maximum", "c64"), ("nn.functional.hardtanh", "c64"), ("nn.functional.relu", "b8"),
+         ("argmax", "b8")]
 
 
 def _op(name):

@@ -32,6 +32,17 @@ _DTYPE_REFUSALS = (
     # TensorIterator's, where a composite op writes a float result into an integer tensor
     # (soft_margin_loss of int64): result type Float can't be cast to the desired output type
     re.compile(r"result type \w+ can't be cast to the desired output type \w+"),
+    # Kernels that name the kind of dtype they refuse: maximum and fmax ("not implemented for
+    # complex tensors"), clamp and so hardtanh ("not supported for complex types"), relu
+    # ("Boolean inputs not supported"), argmax ("does not support bool input"), polar
+    # ("Expected both inputs to be Half, Float or Double tensors but got BFloat16 ...") and
+    # addcdiv of integers ("Integer division with addcdiv is no longer supported").
+    # sort, topk and nansum on CPU: "... does not support complex dtypes" ("... inputs").
+    re.compile(r"not implemented for complex tensors|not supported for complex types|"
+               r"does not support complex (?:dtypes|inputs)"),
+    re.compile(r"Boolean inputs not supported|does not support bool input"),
+    re.compile(r"Expected both inputs to be [\w ,]+ tensors but got \w+ and \w+"),
+    re.compile(r"Integer division with addcdiv is no longer supported"),
 )
 #: Inputs of at most this many elements in all are probed at their real shapes: exactly
 #: eager's call but for the values, and still microseconds.
