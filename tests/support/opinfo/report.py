@@ -290,14 +290,15 @@ def errors_section(ops: dict, modules: dict, seconds: dict | None = None) -> lis
 
 
 #: The unsupported-dtype sweep's verdicts (unsupported.py), as its table's columns.
-UNSUPPORTED_COLUMNS = ("returns-value", "other-error", "dynamo", "pass", "cpu-specific",
-                       "unbuildable")
+UNSUPPORTED_COLUMNS = ("returns-value", "other-error", "crashed entries", "dynamo", "pass",
+                       "cpu-specific", "unbuildable")
 
 
 def unsupported_section(runs: dict) -> list:
     """The unsupported-dtype sweep (unsupported.py, ``sweep --unsupported-dtypes``): samples
     per verdict and path for each run (``runs``: label -> {key: result}, e.g. the results
-    before a fix and now), then every (entry, dtype) of the last run that did not pass."""
+    before a fix and now), then every (entry, dtype) of the last run that returned a value,
+    raised another error or crashed (``dynamo`` pairs are Dynamo's: counted only)."""
     from .errors import totals
     rows = ["| run | path | " + " | ".join(UNSUPPORTED_COLUMNS) + " | (entry, dtype) pairs |",
             "|---|---|" + "---|" * (len(UNSUPPORTED_COLUMNS) + 1)]
@@ -310,9 +311,9 @@ def unsupported_section(runs: dict) -> list:
     last = list(runs.values())[-1] if runs else {}
     listed = ["| entry | dtype | path | status | what it did |", "|---|---|---|---|---|"]
     for (op, path, dtype), r in sorted(last.items()):
-        if r["status"] not in ("pass", "skip"):
+        if r["status"] in ("returns-value", "other-error", "fail"):  # dynamo: counted
             listed.append(f"| `{op}` | {dtype} | {path} | {r['status']} | "
-                          f"{_short(r['detail'], 200)} |")
+                          f"{_short(r['detail'], 120)} |")
     return [
         "OpInfo samples at every dtype of bool, uint8, int8, int16, int32, int64, float16, "
         "bfloat16, float32, float64 and complex64 that `op.supported_dtypes(\"cpu\")` leaves out "

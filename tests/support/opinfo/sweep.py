@@ -252,11 +252,11 @@ def main(argv=None) -> int:
         return 0
     if args.reference_inputs and args.db == "modules":
         parser.error("--reference-inputs is OpInfo's: ModuleInfo has no reference inputs")
+    if args.unsupported_dtypes:
+        return _unsupported_main(args)
     unknown = set(args.paths.split(",")) - set(PATHS)
     if unknown:
         parser.error(f"unknown paths {', '.join(sorted(unknown))}: choose from {', '.join(PATHS)}")
-    if args.unsupported_dtypes:
-        return _unsupported_main(args)
     modules = args.db == "modules"
     default = ("errors-modules" if modules else "errors-ops") if args.errors else \
         ("modinfo" if modules else "opinfo")
@@ -288,7 +288,10 @@ def _unsupported_main(args) -> int:
     if args.db != "ops" or args.errors or args.reference_inputs:
         raise SystemExit("--unsupported-dtypes runs OpInfo's samples alone")
     args.out = args.out or "build/coverage/unsupported-dtypes.json"
+    from .paths import PATHS as RUNNERS
     paths = args.paths.split(",") if args.paths != ",".join(PATHS) else ["compile", "eager"]
+    if set(paths) - set(RUNNERS):
+        raise SystemExit(f"unknown paths: choose from {', '.join(RUNNERS)}")
     max_samples = args.max_samples if args.max_samples != 3 else 1
     wanted = set(entries(args.ops.split(",") if args.ops else None))
     only = set(args.dtypes.split(",")) if args.dtypes else None
