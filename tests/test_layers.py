@@ -22,7 +22,8 @@ LAYER_NAMES = ("base", "runtime", "lower", "core", "front end")
 LAYERS = {
     **{f"torchtpu_compile.{name}": BASE for name in (
         "config", "_logging", "errors", "versions", "counters", "output_slots",
-        "index_errors", "fallback_policy", "host_semantics", "profiling", "_native")},
+        "index_errors", "fallback_policy", "host_semantics", "dtype_support", "profiling",
+        "_native")},
     "torchtpu_compile.runtime": RUNTIME,
     "torchtpu_compile.lower": LOWER,
     "torchtpu_compile.kernels": LOWER,

@@ -148,10 +148,10 @@ def _check_compile_arguments(arguments: dict) -> None:
                   "one XLA executable whatever the mode", arguments)
 
 
-def _check_devices_exist(gm: torch.fx.GraphModule) -> None:
-    """Refuse a tensor the graph makes on a device index past its type's count
-    (``x.to("tpu:1")`` with one tpu device): eager raises there, and our program's result
-    would have landed on device 0. One pass per graph compiled."""
+def _device_error(gm: torch.fx.GraphModule) -> RuntimeError | None:
+    """The error eager raises for a tensor the graph makes on a device index past its type's
+    count (``x.to("tpu:1")`` with one tpu device), or None; our program's result would have
+    landed on device 0. One pass per graph compiled."""
     seen = set()
     for node in gm.graph.nodes:
         value = node.meta.get("example_value")
@@ -163,9 +163,19 @@ def _check_devices_exist(gm: torch.fx.GraphModule) -> None:
         seen.add(device)
         count = getattr(getattr(torch, device.type, None), "device_count", None)
         if count is not None and device.index >= count():
-            raise RuntimeError(
+            return RuntimeError(
                 f"{device} does not exist: torch.{device.type}.device_count() is {count()} "
                 f"(made by {node.format_node()})")
+    return None
+
+
+def _raising(error: BaseException):
+    """A compiled function that raises ``error``'s like at every call, as eager does."""
+    from .dtype_support import _fresh
+
+    def refused(*args, **kwargs):
+        raise _fresh(error)
+    return refused
 
 
 def torchtpu_backend(gm: torch.fx.GraphModule, example_inputs, **options):
@@ -177,7 +187,13 @@ def torchtpu_backend(gm: torch.fx.GraphModule, example_inputs, **options):
         compiled(torch.randn(2, 4))
     """
     _check_compile_arguments(options)
-    _check_devices_exist(gm)
+    # Where eager raises, so does every call, and nothing is lowered: a device that does not
+    # exist, or a dtype eager's CPU kernels refuse that XLA would take (bmm of bool;
+    # dtype_support.py, once per signature, at compile time only).
+    from .dtype_support import graph_error
+    refused = _device_error(gm) or graph_error(gm)
+    if refused is not None:
+        return _raising(refused)
     from functorch.compile import min_cut_rematerialization_partition
     from torch._dynamo.backends.common import aot_autograd
     from torch.nn.attention import SDPBackend, sdpa_kernel

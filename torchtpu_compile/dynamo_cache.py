@@ -74,7 +74,8 @@ _installed = False
 _backends: list = []  # the compiler functions whose frames this cache serves
 _FORMAT = 1
 #: Our sources whose code shapes a Dynamo-level entry or what it points to.
-_KEYED_SOURCES = ("dynamo_cache.py", "backend.py", "graph_cache.py", "program", "lower")
+_KEYED_SOURCES = ("dynamo_cache.py", "backend.py", "graph_cache.py", "dtype_support.py", "program",
+                  "lower")
 
 
 #: The torch releases (``major.minor``) whose Dynamo internals this cache was written against and

@@ -26,6 +26,7 @@ import warnings
 
 import torch
 
+from torchtpu_compile import dtype_support
 from torchtpu_compile._logging import log
 from torchtpu_compile.errors import InvalidInputError, LoweringError
 from torchtpu_compile.kernels.jax_op import kernel_of
@@ -508,8 +509,19 @@ def _check_output_casts(func, args, kwargs) -> None:
             return
 
 
+def _check_dtype_support(func, args, kwargs) -> None:
+    """Raise eager's error where its CPU kernel for ``func`` has no instance for the inputs'
+    dtypes: ``bmm`` of bool, ``hardswish`` of uint8 returned values, since meta kernels do not
+    check dtypes and XLA takes any type. Asked of the CPU kernel on small host zeros, once
+    per signature (``torchtpu_compile.dtype_support``)."""
+    if "device" in kwargs:  # a factory: its dtype is the trace's to judge
+        return
+    dtype_support.check(func, args, kwargs)
+
+
 def _build(func, args, kwargs, tensors, lift_floats=False):
     _check_meta_kernel(func, args, kwargs)
+    _check_dtype_support(func, args, kwargs)
     written = _written_leaves(func, args, kwargs)
     if written:
         _check_output_casts(func, args, kwargs)

@@ -15,7 +15,8 @@ type is the reference. Then, on each path (``paths.PATHS``), one verdict per inp
 - ``dynamo``: compile path only, where ``torch.compile(backend="eager")`` does the same (returns
   a value, or raises the same other type): Dynamo's behaviour, not ours;
 - ``cpu-specific`` (eager CPU accepts it), ``construction`` (a module whose constructor raises:
-  no path is involved): counted, not run.
+  no path is involved), ``unbuildable`` (samples at a dtype their function cannot make,
+  ``unsupported.py``): counted, not run.
 
 A pass whose message misses OpInfo's regex is counted apart too ("(pass, other message)"): the
 type is the contract, the words may name our own op. An entry's ``ErrorResult`` counts its
@@ -35,7 +36,8 @@ from . import paths, skips
 from .harness import Result, _one_line, _sample_call, entry_name, skipped
 
 #: Per-input verdicts, worst first (an entry's status is its worst one that ran).
-VERDICTS = ("returns-value", "other-error", "dynamo", "pass", "cpu-specific", "construction")
+VERDICTS = ("returns-value", "other-error", "dynamo", "pass", "cpu-specific", "construction",
+            "unbuildable")
 _RAN = VERDICTS[:4]
 
 
@@ -182,8 +184,8 @@ def _conclude(result: ErrorResult, start: float, notes: list) -> ErrorResult:
         result.status = ran[0]
     else:
         result.status, result.category = "skip", "test-artifact"
-        notes.insert(0, f"no error input reaches a path (eager CPU accepts it, or the "
-                        f"module's constructor raises): {result.verdicts}")
+        notes.insert(0, f"no error input reaches a path (eager CPU accepts it, the module's "
+                        f"constructor raises, or no sample builds): {result.verdicts}")
     result.detail = "; ".join(notes)
     return result
 

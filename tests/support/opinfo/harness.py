@@ -33,7 +33,9 @@ TOLERANCES = {torch.float32: dict(rtol=1e-4, atol=1e-5),
               # (exact for integers and bools; a float result, sqrt(int), at fp32's).
               torch.int64: {}, torch.int32: {}, torch.uint8: {}, torch.bool: {}}
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.complex64: "c64",
-               torch.int64: "i64", torch.int32: "i32", torch.uint8: "u8", torch.bool: "b8"}
+               torch.int64: "i64", torch.int32: "i32", torch.uint8: "u8", torch.bool: "b8",
+               # the unsupported-dtype sweep's others (unsupported.py)
+               torch.int8: "i8", torch.int16: "i16", torch.float16: "f16", torch.float64: "f64"}
 #: Each dtype's name (the sweep's --dtypes, the results' "dtype").
 DTYPES_BY_NAME = {name: dtype for dtype, name in DTYPE_NAMES.items()}
 

@@ -172,7 +172,9 @@ def run_eager(fn, args, kwargs, then=None, mode: str = "strict") -> Outcome:
 
 
 PATHS = {"compile": run_compiled, "eager": run_eager,
-         "fuse": functools.partial(run_eager, mode="defer_and_fuse")}
+         "fuse": functools.partial(run_eager, mode="defer_and_fuse"),
+         # PyTorch's own compiler, for comparison only (the unsupported-dtype sweep's)
+         "inductor": functools.partial(run_compiled, backend="inductor")}
 
 
 def unavailable(path: str) -> str | None:

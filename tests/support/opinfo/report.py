@@ -324,9 +324,45 @@ GENERATE_MODES = [
 ]
 
 
+#: The unsupported-dtype sweep's verdicts (unsupported.py), as its table's columns.
+UNSUPPORTED_COLUMNS = ("returns-value", "other-error", "crashed entries", "dynamo", "pass",
+                       "cpu-specific", "unbuildable")
+
+
+def unsupported_section(runs: dict) -> list:
+    """The unsupported-dtype sweep (unsupported.py, ``sweep --unsupported-dtypes``): samples
+    per verdict and path for each run (``runs``: label -> {key: result}, e.g. the results
+    before a fix and now), then every (entry, dtype) of the last run that returned a value,
+    raised another error or crashed (``dynamo`` pairs are Dynamo's: counted only)."""
+    from .errors import totals
+    rows = ["| run | path | " + " | ".join(UNSUPPORTED_COLUMNS) + " | (entry, dtype) pairs |",
+            "|---|---|" + "---|" * (len(UNSUPPORTED_COLUMNS) + 1)]
+    for label, results in runs.items():
+        counts = totals(list(results.values()))
+        for path in sorted(counts):
+            pairs = sum(1 for (_, p, _) in results if p == path)
+            cells = " | ".join(str(counts[path].get(v, 0)) for v in UNSUPPORTED_COLUMNS)
+            rows.append(f"| {label} | {path} | {cells} | {pairs} |")
+    last = list(runs.values())[-1] if runs else {}
+    listed = ["| entry | dtype | path | status | what it did |", "|---|---|---|---|---|"]
+    for (op, path, dtype), r in sorted(last.items()):
+        if r["status"] in ("returns-value", "other-error", "fail"):  # dynamo: counted
+            listed.append(f"| `{op}` | {dtype} | {path} | {r['status']} | "
+                          f"{_short(r['detail'], 120)} |")
+    return [
+        "OpInfo samples at every dtype of bool, uint8, int8, int16, int32, int64, float16, "
+        "bfloat16, float32, float64 and complex64 that `op.supported_dtypes(\"cpu\")` leaves out "
+        "(`tests/support/opinfo/unsupported.py`, `sweep --unsupported-dtypes`; first sample "
+        "per entry and dtype): eager CPU first, which must raise (where it returns a value, "
+        "the dtype is supported after all: `cpu-specific`); `unbuildable`: the sample "
+        "function cannot make inputs of that dtype. Verdicts as for error inputs. Path "
+        "`inductor` is `torch.compile(backend=\"inductor\")`, for comparison.",
+        "", *rows, "", *(listed if len(listed) > 2 else []), ""]
+
+
 def render(results: dict, seconds: dict, models: dict, dynamic_models: dict | None = None,
            modinfo: dict | None = None, modinfo_seconds: dict | None = None,
-           errors: tuple | None = None) -> str:
+           errors: tuple | None = None, unsupported: dict | None = None) -> str:
     """The whole of docs/coverage.md."""
     today = datetime.date.today().isoformat()
     lines = [
@@ -363,6 +399,9 @@ def render(results: dict, seconds: dict, models: dict, dynamic_models: dict | No
                   *modinfo_section(modinfo, modinfo_seconds)]
     if errors and (errors[0] or errors[1]):
         lines += ["## Where eager raises (error inputs)", "", *errors_section(*errors)]
+    if unsupported:
+        lines += ["## Where eager raises (dtypes an op does not support)", "",
+                  *unsupported_section(unsupported)]
     if models:
         lines += ["## Model zoo", "", zoo_paragraph(models, zoo_names()), "",
                   *zoo_table(models), ""]
@@ -407,10 +446,17 @@ def main(argv=None) -> int:
     error_modules, modules_seconds = load_opinfo(sorted(
         glob.glob("build/coverage/errors-modules*.json"), key=os.path.getmtime))
     errors = (error_ops, error_modules, {**ops_seconds, **modules_seconds})
+    # One run per file: unsupported-dtypes-<label>.json (a run before a fix, say) and
+    # unsupported-dtypes.json ("now"), in that order.
+    unsupported = {}
+    for name in sorted(glob.glob("build/coverage/unsupported-dtypes*.json"),
+                       key=lambda n: (n.endswith("unsupported-dtypes.json"), n)):
+        label = os.path.basename(name)[len("unsupported-dtypes"):-len(".json")].lstrip("-")
+        unsupported[label or "now"] = load_opinfo([name])[0]
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         f.write(render(results, seconds, models, dynamic_models, modinfo, modinfo_seconds,
-                       errors))
+                       errors, unsupported))
     print(f"wrote {args.out}: {len(results)} OpInfo results, {len(models)} models")
     return 0
 

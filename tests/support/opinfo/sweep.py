@@ -27,6 +27,12 @@ CPU raises, each path must raise the same type), over the entries that have them
     python -m tests.support.opinfo.sweep --errors            # -> build/coverage/errors-ops.json
     python -m tests.support.opinfo.sweep --errors --db modules   # -> errors-modules.json
 
+``--unsupported-dtypes`` runs each entry's samples at every dtype its CPU claims leave out
+(``unsupported.py``: eager CPU raises there, so must each path), on the compile path and the
+eager device (``--paths inductor``: what Inductor does with the same inputs)::
+
+    python -m tests.support.opinfo.sweep --unsupported-dtypes   # -> unsupported-dtypes.json
+
 A worker reads entry names, writes one JSON line when it starts an entry and one with the
 result; the driver restarts a worker that died (the entry it was on becomes a ``fail`` naming
 the crash) or went silent for ``--timeout`` seconds.
@@ -72,7 +78,7 @@ def entries(only=None, db: str = "ops", errors: bool = False) -> list:
 
 
 def _worker(jobs: list, max_samples: int, db: str = "ops", errors: bool = False,
-            reference: bool = False, chain: int = 0) -> None:
+            reference: bool = False, chain: int = 0, unsupported: bool = False) -> None:
     """Run (entry, path, dtype) jobs read as JSON from argv; one line per start and result."""
     import torchtpu_compile
     from .harness import DTYPES_BY_NAME
@@ -84,6 +90,14 @@ def _worker(jobs: list, max_samples: int, db: str = "ops", errors: bool = False,
 
         def check(name, path, dtype, max_samples):
             return check_chain(name, path, dtype, chain)
+    elif unsupported:
+        from torch.testing._internal.common_methods_invocations import op_db
+        from .harness import entry_name
+        from .unsupported import check_unsupported
+        by_name = {entry_name(op): op for op in op_db}
+
+        def check(op, path, dtype, max_samples):
+            return check_unsupported(op, path, dtype, max_samples=max_samples)
     elif errors:
         from . import errors as error_inputs
         if db == "modules":
@@ -125,13 +139,14 @@ def _crashed(job, why: str) -> dict:
 
 def _run_chunk(jobs: list, max_samples: int, timeout: float, results: dict, log,
                db: str = "ops", errors: bool = False, reference: bool = False,
-               chain: int = 0) -> list:
+               chain: int = 0, unsupported: bool = False) -> list:
     """Run jobs in one worker; return the jobs it did not reach (after a crash or hang)."""
     env = python_env()
     cmd = [sys.executable, "-m", "tests.support.opinfo.sweep", "--worker", json.dumps(jobs),
            "--max-samples", str(max_samples), "--db", db] + \
         (["--errors"] if errors else []) + (["--reference-inputs"] if reference else []) + \
-        (["--chain", str(chain)] if chain else [])
+        (["--chain", str(chain)] if chain else []) + \
+        (["--unsupported-dtypes"] if unsupported else [])
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
                             text=True)
     lines: queue.Queue = queue.Queue()
@@ -177,9 +192,10 @@ def _run_chunk(jobs: list, max_samples: int, timeout: float, results: dict, log,
 
 def sweep(names: list, paths=PATHS, dtypes=DTYPES, max_samples: int = 3, timeout: float = 300,
           chunk: int = 150, jobs: int = 1, log=print, db: str = "ops",
-          errors: bool = False, reference: bool = False, chain: int = 0) -> list:
+          errors: bool = False, reference: bool = False, chain: int = 0, pairs=None,
+          unsupported: bool = False) -> list:
     """Check every (entry, path, dtype) of ``db`` in ``jobs`` parallel workers; returns the
-    result dicts.
+    result dicts. ``pairs`` ((entry, dtype) each), if given, replaces ``names`` x ``dtypes``.
 
     Example::
 
@@ -190,7 +206,8 @@ def sweep(names: list, paths=PATHS, dtypes=DTYPES, max_samples: int = 3, timeout
     from concurrent.futures import ThreadPoolExecutor
 
     results: dict = {}
-    pending = [[n, p, d] for d in dtypes for p in paths for n in names]
+    pairs = pairs if pairs is not None else [(n, d) for d in dtypes for n in names]
+    pending = [[n, p, d] for n, d in pairs for p in paths]
     # Fresh workers every ``chunk`` entries keep memory bounded over a long sweep; chunks are
     # interleaved so that parallel workers share the slow entries.
     chunks = [pending[i::max(1, -(-len(pending) // chunk))]
@@ -199,7 +216,7 @@ def sweep(names: list, paths=PATHS, dtypes=DTYPES, max_samples: int = 3, timeout
     def run(batch):
         while batch:
             batch = _run_chunk(batch, max_samples, timeout, results, log, db, errors,
-                               reference, chain)
+                               reference, chain, unsupported)
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         list(pool.map(run, chunks))
@@ -238,14 +255,23 @@ def main(argv=None) -> int:
                         "(chain.py) on the device paths instead of single samples")
     parser.add_argument("--mixes", type=int, default=20, help="with --chain: mix.SEED and "
                         "grad.SEED chains, SEED 0..MIXES-1, besides one chain per entry")
+    parser.add_argument("--unsupported-dtypes", action="store_true", help="run each entry's "
+                        "samples at the dtypes its CPU claims leave out (unsupported.py): "
+                        "where eager CPU raises, each path must raise; default paths compile "
+                        "and eager, one sample each")
+    parser.add_argument("--rerun", help="with --unsupported-dtypes: only the (entry, dtype) "
+                        "pairs that did not pass in this results JSON (after a fix; or "
+                        "--paths inductor on what failed ours)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         _worker(json.loads(args.worker), args.max_samples, args.db, args.errors,
-                args.reference_inputs, args.chain)
+                args.reference_inputs, args.chain, args.unsupported_dtypes)
         return 0
     if args.reference_inputs and args.db == "modules":
         parser.error("--reference-inputs is OpInfo's: ModuleInfo has no reference inputs")
+    if args.unsupported_dtypes:
+        return _unsupported_main(args)
     unknown = set(args.paths.split(",")) - set(PATHS)
     if unknown:
         parser.error(f"unknown paths {', '.join(sorted(unknown))}: choose from {', '.join(PATHS)}")
@@ -285,6 +311,40 @@ def chain_names(args) -> list:
     if not wanted:
         mixes = [f"{kind}.{seed}" for seed in range(args.mixes) for kind in ("mix", "grad")]
     return (entries(ops or None) if ops or not wanted else []) + mixes
+
+
+def _unsupported_main(args) -> int:
+    """``--unsupported-dtypes``: every (entry, dtype it does not claim) on each path."""
+    from torch.testing._internal.common_methods_invocations import op_db
+    from .errors import totals
+    from .harness import entry_name
+    from .unsupported import unsupported_dtypes
+    if args.db != "ops" or args.errors or args.reference_inputs:
+        raise SystemExit("--unsupported-dtypes runs OpInfo's samples alone")
+    args.out = args.out or "build/coverage/unsupported-dtypes.json"
+    from .paths import PATHS as RUNNERS
+    paths = args.paths.split(",") if args.paths != ",".join(PATHS) else ["compile", "eager"]
+    if set(paths) - set(RUNNERS):
+        raise SystemExit(f"unknown paths: choose from {', '.join(RUNNERS)}")
+    max_samples = args.max_samples if args.max_samples != 3 else 1
+    wanted = set(entries(args.ops.split(",") if args.ops else None))
+    only = set(args.dtypes.split(",")) if args.dtypes else None
+    pairs = [(entry_name(op), d) for op in op_db if entry_name(op) in wanted
+             for d in unsupported_dtypes(op) if only is None or d in only]
+    if args.rerun:
+        with open(args.rerun) as f:
+            failed = {(r["op"], r["dtype"]) for r in json.load(f)["results"]
+                      if r["status"] not in ("pass", "skip")}
+        pairs = [pair for pair in pairs if pair in failed]
+    start = time.perf_counter()
+    results = sweep([], paths, (), max_samples, args.timeout, jobs=args.jobs,
+                    log=_print_result, pairs=pairs, unsupported=True)
+    elapsed = time.perf_counter() - start
+    write(args.out, results, elapsed, max_samples)
+    print(f"{len(results)} results in {elapsed:.0f} s -> {args.out}")
+    for path, counts in totals(results).items():
+        print(f"{path}: " + ", ".join(f"{v} {n}" for v, n in sorted(counts.items())))
+    return 0
 
 
 def write(path: str, results: list, seconds: float, max_samples: int) -> None:

@@ -1,0 +1,91 @@
+"""Where eager CPU has no kernel for a dtype, we raise its error: OpInfo samples of a few
+entries at dtypes their CPU claims leave out (tests/support/opinfo/unsupported.py), on both
+paths. The whole sweep is ``python -m tests.support.opinfo.sweep --unsupported-dtypes``
+(docs/coverage.md).
+
+The entries are the kinds the sweep found returning values: matmuls of bool (bmm, mm, matmul
+as dot, baddbmm), activations and pools without integer kernels (hardswish, celu,
+adaptive_avg_pool2d, avg_pool2d), a transposed convolution of int8, bilinear interpolation of
+bool, a loss whose composite writes a float into an integer tensor (soft_margin_loss:
+RuntimeError, not NotImplementedError), and kernels that refuse a kind of dtype in their own
+words (maximum and hardtanh of complex, relu and argmax of bool).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.support.opinfo.harness import DTYPES_BY_NAME, entry_name
+from tests.support.opinfo.unsupported import check_unsupported, unsupported_dtypes
+
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
+
+CASES = [("bmm", "b8"), ("mm", "b8"), ("matmul", "b8"), ("baddbmm", "b8"),
+         ("nn.functional.hardswish", "u8"), ("nn.functional.celu", "i32"),
+         ("nn.functional.adaptive_avg_pool2d", "i64"), ("nn.functional.avg_pool2d", "i16"),
+         ("nn.functional.conv_transpose2d", "i8"), ("nn.functional.interpolate.bilinear", "b8"),
+         ("nn.functional.soft_margin_loss", "i64"),
+         # refusals in kernels' own words: maximum of complex, hardtanh of complex (clamp's;
+         # it aborted the process in lowering), relu and argmax of bool
+         ("maximum", "c64"), ("nn.functional.hardtanh", "c64"), ("nn.functional.relu", "b8"),
+         ("argmax", "b8")]
+
+
+def _op(name):
+    from torch.testing._internal.common_methods_invocations import op_db
+    return next(op for op in op_db if entry_name(op) == name)
+
+
+@pytest.mark.parametrize("path", ["compile", "eager"])
+@pytest.mark.parametrize("entry,dtype", CASES)
+def test_unsupported_dtype_raises_as_eager(entry, dtype, path):
+    op = _op(entry)
+    assert dtype in unsupported_dtypes(op), f"OpInfo now claims {dtype} for {entry}"
+    result = check_unsupported(op, path, DTYPES_BY_NAME[dtype])
+    assert result.samples > 0, f"{entry} at {dtype}: nothing ran ({result.detail})"
+    assert set(result.verdicts) <= {"pass", "dynamo"}, \
+        f"{entry} at {dtype} on {path}: {result.verdicts}: {result.detail}"
+
+
+def test_supported_dtypes_still_run():
+    # The probe raises only for eager's refusal of a dtype: float16 and int8 matmuls have CPU
+    # kernels in this torch, and large inputs are probed at rank-preserving shapes of ones.
+    a, b = torch.randn(3, 70, 80), torch.randn(3, 80, 90)
+    for dtype in (torch.float16, torch.int8, torch.float32):
+        x, y = a.to(dtype), b.to(dtype)
+        expected = torch.bmm(x, y)
+        compiled = torch.compile(torch.bmm, backend="torchtpu")(x, y)
+        on_device = torch.bmm(x.to("tpu"), y.to("tpu")).cpu()
+        for got in (compiled, on_device):
+            torch.testing.assert_close(got, expected, rtol=1e-2, atol=1e-1)
+
+
+def test_large_bool_inputs_are_refused_too():
+    # Above the size probed exactly, the probe's zeros keep the rank with dims of 1.
+    a = torch.ones(4, 100, 100, dtype=torch.bool)
+    for run in (torch.compile(torch.bmm, backend="torchtpu"),
+                lambda x, y: torch.bmm(x.to("tpu"), y.to("tpu")).cpu()):
+        with pytest.raises(NotImplementedError, match="\"bmm\" not implemented for 'Bool'"):
+            run(a, a)
+
+
+def test_probe_once_per_signature_and_rng_untouched(monkeypatch):
+    from torchtpu_compile import dtype_support
+    probes = []
+    real = dtype_support._probe
+    monkeypatch.setattr(dtype_support, "_probe", lambda fn, sig: probes.append(fn) or
+                        real(fn, sig))
+    monkeypatch.setattr(dtype_support, "_verdicts", {})
+    state = torch.get_rng_state()
+    x = torch.ones(8)
+    dtype_support.check(torch.nn.functional.dropout, (x,), {"p": 0.5})
+    assert torch.equal(torch.get_rng_state(), state)  # a probe of dropout drew nothing
+    compiled = torch.compile(lambda a, b: torch.bmm(a, b) + 1, backend="torchtpu")
+    a = torch.ones(2, 3, 3)
+    compiled(a, a)
+    first = len(probes)
+    assert torch.bmm in probes
+    compiled(a, a)
+    torch._dynamo.reset()
+    torch.compile(lambda a, b: torch.bmm(a, b) + 1, backend="torchtpu")(a, a)
+    assert len(probes) == first  # no probe per call, and none again per signature
