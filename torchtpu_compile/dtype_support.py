@@ -215,7 +215,11 @@ def _graph_fn(node):
     if isinstance(fn, torch._ops.HigherOrderOperator):
         return None
     if isinstance(fn, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
-        return fn if fn.namespace in ("aten", "prims") else None
+        # a packet (torch.ops.aten.index_put, as user code calls it) names its namespace in
+        # its qualified name only; an overload has ``namespace``
+        namespace = fn._qualified_op_name.split("::")[0] if isinstance(
+            fn, torch._ops.OpOverloadPacket) else fn.namespace
+        return fn if namespace in ("aten", "prims") else None
     module = getattr(fn, "__module__", None) or ""
     if module == "_operator" or (module.startswith("torch") and not module.startswith(
             ("torch.distributed", "torch._dynamo", "torch.amp", "torch.autograd",

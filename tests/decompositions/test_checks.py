@@ -161,8 +161,8 @@ def test_an_integer_round_with_decimals_raises_eagers_error(dtype):
         assert isinstance(_outcome(fn, x), NotImplementedError)
         with pytest.raises(NotImplementedError, match="round"):
             fn(x.to("tpu")).cpu()
-        # Dynamo wraps the backend's error in BackendCompilerFailed, a RuntimeError
-        with pytest.raises(RuntimeError, match='"round" not implemented'):
+        # eager's own exception (dtype_support.py), at every call of the compiled function
+        with pytest.raises(NotImplementedError, match=r'"round\w*" not implemented'):
             compile_tpu(fn, dynamic=False)(x)
     if dtype == torch.bool:
         with pytest.raises(NotImplementedError, match="round"):
