@@ -18,6 +18,7 @@ import sys
 import torch
 
 from tests.support import python_env
+from torchtpu_compile import config
 
 WORKLOADS = {}
 
@@ -43,13 +44,14 @@ def _train_with_scheduler(compiled, make_opt, make_sched, steps=6) -> dict:
     forward = _maybe_compile(model, compiled)
     step = _maybe_compile(opt.step, compiled)
     losses = []
-    for _ in range(steps):
-        opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(forward(x), y)
-        loss.backward()
-        step()
-        sched.step()
-        losses.append(loss.detach())
+    with config.patch(matmul_precision="highest"):   # fp32 matmuls, as eager's
+        for _ in range(steps):
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(forward(x), y)
+            loss.backward()
+            step()
+            sched.step()
+            losses.append(loss.detach())
     return {"losses": torch.stack(losses),
             **{f"param{i}": p.detach().clone() for i, p in enumerate(model.parameters())}}
 
@@ -101,7 +103,7 @@ def dropout_train_eval(compiled: bool) -> dict:
     x = torch.randn(16, 8)
     forward = _maybe_compile(model, compiled)
     out = {}
-    with torch.no_grad():
+    with torch.no_grad(), config.patch(matmul_precision="highest"):
         for i, mode in enumerate(("eval", "train", "eval", "train")):
             getattr(model, mode)()
             torch.manual_seed(i)
@@ -114,7 +116,6 @@ def dropout_train_eval(compiled: bool) -> dict:
 def device_random_draws(compiled: bool) -> dict:
     """Dropout and randn_like drawn inside the program (``random_draws="device"``, TPU's
     default), each call right after ``torch.manual_seed(3)``: the same numbers every time."""
-    from torchtpu_compile import config
 
     def draws(x):
         return torch.nn.functional.dropout(x, 0.3, True), torch.randn_like(x)
@@ -128,6 +129,15 @@ def device_random_draws(compiled: bool) -> dict:
     return out
 
 
+@workload
+def remainder_of_literals(compiled: bool) -> dict:
+    """A remainder of values the graph makes itself: lowered through our C-fmod op."""
+    def f(x):
+        return x + (torch.arange(10) - 7) % 5, torch.remainder(torch.arange(-4.5, 0), 2)
+    ints, floats = _maybe_compile(f, compiled)(torch.zeros(10, dtype=torch.int64))
+    return {"ints": ints, "floats": floats}
+
+
 def _tiny_llama():
     from tests.support import zoo
     model, _ = zoo.llama()
@@ -136,9 +146,11 @@ def _tiny_llama():
 
 @workload
 def hf_llama_adamw_linear_warmup(compiled: bool) -> dict:
-    """A tiny Llama trained 3 steps: AdamW under transformers' linear warmup schedule."""
+    """A tiny Llama trained 3 steps: AdamW under transformers' linear warmup schedule, the
+    model compiled as Trainer's ``torch_compile`` does. The optimizer step stays eager: under
+    torch.compile, any backend (``"eager"`` too, torch 2.13), Adam's step at lr=0.0, the
+    warmup's first, turns parameters with a zero gradient into NaN."""
     from transformers import get_linear_schedule_with_warmup
-    from torchtpu_compile import config
     model = _tiny_llama()
     model.train()
     torch.manual_seed(1)
@@ -146,14 +158,13 @@ def hf_llama_adamw_linear_warmup(compiled: bool) -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     sched = get_linear_schedule_with_warmup(opt, num_warmup_steps=2, num_training_steps=10)
     forward = _maybe_compile(model, compiled)
-    step = _maybe_compile(opt.step, compiled)
     losses = []
     with config.patch(matmul_precision="highest"):
         for _ in range(3):
             opt.zero_grad()
             loss = forward(input_ids=ids, labels=ids).loss
             loss.backward()
-            step()
+            opt.step()
             sched.step()
             losses.append(loss.detach())
     return {"losses": torch.stack(losses),
@@ -163,7 +174,6 @@ def hf_llama_adamw_linear_warmup(compiled: bool) -> dict:
 @workload
 def hf_llama_greedy_generate(compiled: bool) -> dict:
     """Greedy generate() with the dynamic KV cache, prompts of three lengths."""
-    from torchtpu_compile import config
     model = _tiny_llama()
     model.eval()
     torch.manual_seed(1)
