@@ -51,10 +51,17 @@ def precision(request):
 def session_compile_cache(tmp_path_factory):
     """Compile into a cache of this test session, not the user's ~/.cache/torchtpu.
 
-    Every run then starts cold, as CI does. The variable serves this process (the setting
-    reads it while no code sets it) and the subprocesses, which inherit it.
+    Every run then starts cold, as CI does. ``TORCHTPU_TEST_CACHE_DIR`` names a folder to use
+    instead, kept between runs: ``make test-warm`` fills it in one run and judges a second,
+    warm one (a warm start must never change a result). The variable serves this process (the
+    setting reads it while no code sets it) and the subprocesses, which inherit it.
     """
-    directory = str(tmp_path_factory.mktemp("torchtpu-cache"))
+    directory = os.environ.get("TORCHTPU_TEST_CACHE_DIR")
+    if directory:
+        directory = os.path.abspath(directory)
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+    else:
+        directory = str(tmp_path_factory.mktemp("torchtpu-cache"))
     saved_env = os.environ.get("TORCHTPU_CACHE_DIR")
     os.environ["TORCHTPU_CACHE_DIR"] = directory
     assert torchtpu_compile.config.cache_dir == directory, "a test module set cache_dir"

@@ -379,3 +379,22 @@ def test_turned_on_in_code_after_the_backend_was_imported(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     counts = json.loads(proc.stdout.strip().splitlines()[-1])
     assert counts["bytes_written"] > 0, counts
+
+
+def test_a_warm_load_leaves_torchs_generator_as_manual_seed_set_it(tmp_path):
+    # Building a graph's program drew its device-random keys once as an example value, from
+    # torch's default generator. Dynamo restores the generator around a frame it traces, so a
+    # cold process never showed it; a frame served by this cache was built outside that, and the
+    # first call after torch.manual_seed gave other numbers than the cold process's.
+    from tests.support.warm_workloads import cold_then_warm
+    cold, warm = cold_then_warm("device_random_draws", tmp_path / "cache")
+    assert warm["counters"]["caches"]["dynamo"]["hits"] == 1, warm["counters"]
+    for name, got in warm["results"].items():
+        assert torch.equal(got, cold["results"][name]), f"{name} differs warm and cold"
+    for result in (cold["results"], warm["results"]):
+        # as eager's: the same seed gives the same numbers, and dropout keeps 1 / (1 - p)
+        for draw in ("dropout", "normal"):
+            assert torch.equal(result[f"{draw}_first"], result[f"{draw}_again"]), draw
+        kept = result["dropout_first"][result["dropout_first"] != 0]
+        torch.testing.assert_close(kept, torch.full_like(kept, 1 / 0.7))
+        assert 0.6 < kept.numel() / 1000 < 0.8

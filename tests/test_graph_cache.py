@@ -236,6 +236,21 @@ def test_backward_through_a_retained_graph_runs_twice(isolated_cache, warm):
         torch.testing.assert_close(g, expected)
 
 
+def test_an_entry_holds_the_graph_aot_autograd_gave_not_the_lowered_one(tmp_path):
+    # The lowering rewrites a graph in place before importing it (lower/fx_passes.py), and one
+    # rewrite changes what an op means: c_fmod_as_remainder renames our C-fmod op
+    # aten.remainder, which StableHLO computes as C's fmod. The entry pickled that rewritten
+    # graph; a warm process lowered it again, as eager's remainder: (arange(10) - 7) % 5 gave
+    # fmod's -2 for 3, a silent wrong result. (The entry now calls our op, which a fresh
+    # process must register before unpickling it.)
+    from tests.support.warm_workloads import WORKLOADS, cold_then_warm
+    cold, warm = cold_then_warm("remainder_of_literals", tmp_path / "cache")
+    assert warm["counters"]["caches"]["aot_autograd"]["hits"] == 1, warm["counters"]
+    for name, expected in WORKLOADS["remainder_of_literals"](compiled=False).items():
+        assert torch.equal(cold["results"][name], expected), name
+        assert torch.equal(warm["results"][name], expected), name
+
+
 @pytest.mark.parametrize("change", ["dtype", "shape", "requires_grad"])
 def test_changed_inputs_do_not_hit(isolated_cache, change):
     f = lambda x: torch.sin(x) * 2

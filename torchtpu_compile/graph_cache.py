@@ -47,6 +47,9 @@ from torch._inductor.output_code import OutputCode
 from . import config, versions
 from ._logging import log
 from .kernels.jax_op import graph_fingerprint
+# Our own ops (C's fmod, the index checks) must be registered before an entry whose graph
+# calls them unpickles; a fresh process has not lowered anything yet.
+from .lower import fx_passes, index_checks  # noqa: F401
 from .runtime.cache import GRAPH_FOLDER, Levels, PickledBytesCodec
 
 _scope_lock = threading.RLock()
@@ -55,6 +58,14 @@ _last_entry = threading.local()
 
 #: Our modules whose code shapes an aot_autograd result or rebuilds one from the cache.
 _KEYED_SOURCES = ("backend.py", "program", "graph_cache.py", "lower")
+
+
+def _copy_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``gm`` with a copy of its graph (nodes and their meta), sharing its parameters and
+    constants: rewriting the copy's graph leaves ``gm``'s as it was."""
+    graph = torch.fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    return torch.fx.GraphModule(gm, graph)
 
 
 @dataclasses.dataclass
@@ -93,7 +104,12 @@ class RunnerOutputCode(OutputCode):
         from .program import GraphRunner
         with _build_lock:
             if self._runner is None:
-                self._runner = GraphRunner(self.gm, name=self.name,
+                # The runner gets a copy: the lowering rewrites its graph in place
+                # (lower/fx_passes.py), and one rewrite changes what an op means (our C fmod
+                # renamed aten.remainder). The cache entry must hold aot_autograd's graph: a
+                # warm process lowers it again, and lowering the rewritten one gave eager's
+                # remainder where C's fmod was meant.
+                self._runner = GraphRunner(_copy_module(self.gm), name=self.name,
                                            resident_inputs=self.resident_inputs,
                                            mutated_inputs=self.mutated_inputs,
                                            eager_layouts=self.eager_layouts)

@@ -238,7 +238,7 @@ def prepare(gm: fx.GraphModule, rebuild_views: bool = True,
         if device_random.enabled(platform) else []
     if on_device:  # one key per draw, all in one input (device_random.py)
         keys = device_random.KeyDraw(len(on_device))
-        last = _new_placeholder(graph, last, "random_keys", keys())
+        last = _new_placeholder(graph, last, "random_keys", keys.example())
         random_inputs.append(HostDraw(keys))
         device_random.rewrite(graph, on_device, last)
     position = {n: i for i, n in enumerate(placeholders)}

@@ -114,6 +114,18 @@ class KeyDraw:
     def __call__(self, args=()) -> torch.Tensor:
         return torch.randint(_INT32_MIN, _INT32_END, (self.count, 2), dtype=torch.int32)
 
+    def example(self) -> torch.Tensor:
+        """The keys' shape and dtype, for the graph's placeholder. Not a draw: building a
+        program must leave torch's generator alone, or a program built outside Dynamo's
+        trace (a frame served by the Dynamo cache, a lazy backward) moves the numbers after
+        ``torch.manual_seed``.
+
+        Example::
+
+            KeyDraw(3).example().shape   # torch.Size([3, 2]), int32
+        """
+        return torch.zeros((self.count, 2), dtype=torch.int32)
+
 
 def _meta(node: fx.Node, val) -> None:
     node.meta["val"] = val
