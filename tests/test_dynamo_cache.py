@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import torchtpu_compile
+from tests.support import python_env
 from torchtpu_compile import dynamo_cache, versions
 
 # A model whose forward reads a module global (SCALE) and inlines a module function (helper),
@@ -398,3 +399,66 @@ def test_a_warm_load_leaves_torchs_generator_as_manual_seed_set_it(tmp_path):
         kept = result["dropout_first"][result["dropout_first"] != 0]
         torch.testing.assert_close(kept, torch.full_like(kept, 1 / 0.7))
         assert 0.6 < kept.numel() / 1000 < 0.8
+
+
+RESET_SCRIPT = textwrap.dedent("""\
+    import json, torch, torchtpu_compile
+    f = lambda x: (x.sin() * 3).sum(-1)
+    x = torch.randn(4, 4)
+    torch.compile(f, backend="torchtpu")(x)
+    torch._dynamo.reset()
+    torchtpu_compile.reset_stats()
+    out = torch.compile(f, backend="torchtpu")(x)
+    print(json.dumps({"hits": torchtpu_compile.stats()["cache_hits"],
+                      "diff": (out - f(x)).abs().max().item()}))
+""")
+
+
+def test_an_entry_refused_for_a_taken_name_loads_no_graph(tmp_path):
+    # A warm process loads a frame's entry, which installs the graph's global; after
+    # torch._dynamo.reset() the entry is refused because that name is taken. The refusal came
+    # after the graph was loaded (aot_autograd entry, lowering, executable), which then went
+    # unused: two executable lookups for one graph.
+    env = python_env(TORCHTPU_CACHE_DIR=str(tmp_path / "cache"))
+    for name in ("TORCHTPU_REMOTE_CACHE", "TORCHTPU_GRAPH_CACHE", "TORCHTPU_DYNAMO_CACHE"):
+        env.pop(name, None)
+    script = tmp_path / "reset_script.py"   # a file: Dynamo's cache needs the source
+    script.write_text(RESET_SCRIPT)
+    for process in ("cold", "warm"):
+        proc = subprocess.run([sys.executable, str(script)], env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        result = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert result["hits"] == 1 and result["diff"] <= 1e-5, (process, result)
+
+
+OPTIONS_SCRIPT = textwrap.dedent("""\
+    import sys, torch, torchtpu_compile
+    def f(x):
+        return torch.sin(x) * 2
+    options = {"matmul_precision": "highest"} if sys.argv[1] == "options" else None
+    try:
+        out = torch.compile(f, backend="torchtpu", options=options)(torch.ones(3))
+        print("ran", (out - f(torch.ones(3))).abs().max().item())
+    except Exception as exc:
+        print("raised", "takes no options" in str(exc))
+""")
+
+
+def test_a_compile_with_options_is_not_served_past_the_backend(tmp_path):
+    # torch.compile's options are an error of the backend (ignored, they could change numbers);
+    # a frame served by this cache never reached the backend, so a warm process ran
+    # options={"matmul_precision": "highest"} at the default precision, silently.
+    env = python_env(TORCHTPU_CACHE_DIR=str(tmp_path / "cache"))
+    for name in ("TORCHTPU_REMOTE_CACHE", "TORCHTPU_GRAPH_CACHE", "TORCHTPU_DYNAMO_CACHE"):
+        env.pop(name, None)
+    script = tmp_path / "options_script.py"   # a file: Dynamo's cache needs the source
+    script.write_text(OPTIONS_SCRIPT)
+    outputs = []
+    for how in ("plain", "options"):   # a cold process without options, a warm one with
+        proc = subprocess.run([sys.executable, str(script), how], env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        outputs.append(proc.stdout.strip().splitlines()[-1])
+    assert outputs[0].startswith("ran") and float(outputs[0].split()[1]) <= 1e-6, outputs
+    assert outputs[1] == "raised True", outputs

@@ -47,6 +47,7 @@ def _inside(inner, outer) -> bool:
     return outer[1] <= inner[1] and inner[2] <= outer[2]
 
 
+@pytest.mark.cold_cache  # a lowering span and compile seconds: a warm cache lowers nothing
 def test_profiled_compiled_training_step_shows_compile_run_and_transfers_in_order():
     torch.manual_seed(0)
     model = torch.nn.Linear(13, 7)  # shapes of its own: its lowering is no earlier test's
@@ -269,6 +270,7 @@ def _artifacts(folder) -> list:
     return found
 
 
+@pytest.mark.cold_cache  # xla_compile_seconds > 0: a warm cache compiles nothing
 def test_torch_trace_holds_programs_fallbacks_and_buckets(traced_run):
     artifacts = _artifacts(traced_run)
     programs = [json.loads(p) for n, p in artifacts if n == "torchtpu_program"]

@@ -50,6 +50,7 @@ import copy
 import dataclasses
 import enum
 import functools
+import gc
 import hashlib
 import importlib
 import inspect
@@ -619,6 +620,15 @@ def _build_guards(code, entry: _Entry, frame, state, guards):
     return manager
 
 
+def _name_free(f_globals: dict, name: str) -> bool:
+    """Whether ``name`` is free for a graph's global. One Dynamo (or this cache) installed for
+    code since dropped (``torch._dynamo.reset()``) goes when that code is garbage-collected,
+    which may not have happened yet: collect once before calling the name taken."""
+    if name in f_globals:
+        gc.collect()
+    return name not in f_globals
+
+
 def _try_entry(code, entry: _Entry, frame, compile_id):
     from torch._dynamo.package import SerializedCode
     from torch._dynamo.types import GuardedCode
@@ -639,11 +649,12 @@ def _try_entry(code, entry: _Entry, frame, compile_id):
                 log.info("torchtpu: Dynamo cache miss: %s guard on %s differs",
                          guards[index].create_fn_name(), guards[index].name)
                 raise Unportable("a guarded value differs")
-        compiled = {name: _load_compiled_fn(how[1])
-                    for name, how in entry.installed_globals.items() if how[0] == "compiled_fn"}
-        for name in compiled:
-            if name in frame.f_globals:
+        graphs = [(name, how[1]) for name, how in entry.installed_globals.items()
+                  if how[0] == "compiled_fn"]
+        for name, _ in graphs:   # before loading a graph (lowering, XLA) that would go unused
+            if not _name_free(frame.f_globals, name):
                 raise Unportable(f"global {name} exists")
+        compiled = {name: _load_compiled_fn(key) for name, key in graphs}
         frame.f_globals.update(compiled)
         added.extend(compiled)
         manager = _build_guards(code, entry, frame, state, guards)
@@ -703,6 +714,11 @@ def _served(compiler_fn) -> bool:
     """Whether ``compiler_fn`` (Dynamo's, maybe wrapped) is a backend this cache serves."""
     seen = 0
     while compiler_fn is not None and seen < 8:
+        if getattr(compiler_fn, "kwargs", None):
+            # torch.compile's mode or options, which the backend must see: options are an
+            # error and mode a warning there. Served from here, a warm process ran the frame
+            # with options={"matmul_precision": ...} silently ignored.
+            return False
         if any(compiler_fn is ours for ours in _backends):
             return True
         compiler_fn = (getattr(compiler_fn, "_torchdynamo_orig_backend", None)
