@@ -113,5 +113,6 @@ def test_a_random_op_in_a_region_cut_around_a_fallback_compiles(fresh_dynamo):
         assert set(coin.unique().tolist()) == {0.0, 1.0}
         assert 0.15 < coin.mean().item() < 0.45, coin.mean()
         assert ((beta > 0) & (beta < 2)).all() and 0.5 < beta.mean().item() < 0.85
-    # the one op that falls back (counted per program built: a warm load may build twice)
-    assert set(torchtpu_compile.stats()["fallback_ops"]) == {"aten._sample_dirichlet.default"}
+    # one op falls back, counted once per program built: a frame served warm builds its
+    # program once (an entry refused after loading its graph built it twice)
+    assert torchtpu_compile.stats()["fallback_ops"] == {"aten._sample_dirichlet.default": 2}

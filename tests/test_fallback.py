@@ -87,9 +87,10 @@ def test_unlowerable_op_falls_back_and_the_rest_still_compiles(caplog):
         torch.testing.assert_close(out, model(x))
         compile_tpu(model)(x)  # a second graph with the same op does not warn again
     stats = torchtpu_compile.stats()
-    # counted per program built (a frame the Dynamo cache serves may build twice: the notes)
-    assert set(stats["fallback_ops"]) == {UNLOWERABLE}
-    assert stats["graphs_with_fallback"] >= 2   # both graphs (a warm one may count twice)
+    # counted once per program built, cold or warm: an entry the Dynamo cache refused after
+    # loading its graph (the global's name taken after torch._dynamo.reset()) built it twice
+    assert stats["fallback_ops"] == {UNLOWERABLE: 2}
+    assert stats["graphs_with_fallback"] == 2
     # The regions before and after the conv ran through XLA (compiled here or cached).
     assert stats["graphs_compiled"] + stats["cache_hits"] >= 2
     warnings = [r.getMessage() for r in caplog.records if "eager PyTorch" in r.getMessage()]
