@@ -45,12 +45,14 @@ test-warm: install
 		-n $(TEST_WORKERS) --dist loadfile -m "not cold_cache" $(WARM_TESTS)
 
 # The compile report's browser test (tests/slow/test_report_browser.py) opens the page in
-# Debian's headless chromium: installed here if missing (as root, as CI runs).
+# Debian's headless chromium: installed here if missing (as root, as CI runs). The fast suite's
+# warm-cache run (test-warm) follows the whole suite.
 test-full: install
 	@command -v chromium >/dev/null || (apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || \
 		echo "make: could not install chromium; the compile report's browser test will fail"
 	$(PY) -m pytest -q tests
+	$(MAKE) test-warm
 
 # The whole OpInfo sweep alone (both paths, fp32, bf16 and complex64; TORCHTPU_OPINFO_JOBS
 # workers), and the model zoo alone; both write build/coverage/*.json, which `make coverage`
