@@ -2,6 +2,8 @@
 the device features FSDP2 uses; checked against CPU values."""
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -35,7 +37,36 @@ def test_streams_and_events_order_and_wait():
     assert _get_device_handle("tpu").Stream is torch.tpu.Stream
 
 
+def test_device_agnostic_synchronize_waits_and_raises_what_the_device_found():
+    # torch.accelerator.synchronize() (PyTorch's device-agnostic API, what code written for any
+    # accelerator calls) raised "Backend doesn't support synchronizing all streams on device";
+    # CUDA's waits. It must wait as torch.tpu.synchronize() does, raising an error the device
+    # found after the op was issued (an index out of range) as eager raises it.
+    assert torch.accelerator.current_accelerator().type == "tpu"
+    y = torch.arange(4.0).to("tpu") * 3
+    torch.accelerator.synchronize()
+    stream = torch.accelerator.current_stream()
+    stream.synchronize()
+    assert stream.query()
+    assert torch.equal(y.cpu(), torch.arange(4.0) * 3)
+    with pytest.raises(IndexError) as on_cpu:
+        torch.zeros(3)[torch.tensor([5])]
+    with pytest.raises(IndexError) as on_tpu:
+        torch.zeros(3, device="tpu")[torch.tensor([5], device="tpu")]
+        torch.accelerator.synchronize()
+    assert str(on_cpu.value) in str(on_tpu.value)
+    del on_tpu   # its traceback holds tpu tensors, which later tests' memory counts would see
+
+
+def test_a_stream_reports_its_priority_as_cudas_does():
+    # printing a torch.tpu.Stream raised AttributeError: torch.Stream keeps no priority
+    side = torch.tpu.Stream(priority=-1)
+    assert side.priority == -1 and "priority=-1" in repr(side)
+    assert torch.tpu.Stream().priority == 0
+
+
 def test_storage_free_and_realloc_keeps_views():
+    gc.collect()   # an earlier test's garbage freed now, not while this one counts bytes
     base = torch.arange(8.0).to("tpu")
     view = base.view(2, 4)[1]
     before = torch.tpu.memory_allocated()

@@ -47,7 +47,7 @@ def register() -> None:
                 "run `make install`, or `pip install --no-build-isolation -e .` in the "
                 "checkout, with torch installed first") from err
 
-        from . import autocast, kernels, module_conversion, serialization, tpu_module
+        from . import autocast, kernels, module_conversion, serialization, streams, tpu_module
         if current != NAME:
             torch.utils.rename_privateuse1_backend(NAME)
             # Tensor.tpu(), Tensor.is_tpu, Module.tpu(); storages of a Python backend have no
@@ -58,7 +58,13 @@ def register() -> None:
         # The device guard and hooks, in C++ (csrc/native.cpp): PyTorch calls the guard from
         # noexcept code, where a call into Python aborts the process, and takes the pinned
         # host allocator (pin_memory(), torch.empty(pin_memory=True)) only from C++ hooks.
-        _native.register_device()
+        # torch.accelerator.synchronize() and torch.Stream's synchronize()/query() reach the
+        # device through the guard, which calls back here.
+        try:
+            _native.register_device(streams.synchronize_device, streams.device_idle)
+        except TypeError as err:   # an extension built from an older native.cpp
+            raise ImportError(f"torchtpu's native extension is out of date ({err}): rebuild "
+                              f"it (`make install`)") from err
         kernels.register()
         module_conversion.register()  # Module.to("tpu") keeps tied weights tied
         autocast.register()  # torch.autocast("tpu"): CUDA's op lists (autocast.py)

@@ -79,7 +79,9 @@ class Stream(torch.Stream):
     """
 
     def __new__(cls, device=None, priority: int = 0, **kwargs):
-        return super().__new__(cls, device="tpu", priority=priority)
+        stream = super().__new__(cls, device="tpu", priority=priority)
+        stream.priority = priority   # torch.Stream keeps none; CUDA's stream reports it
+        return stream
 
     def wait_stream(self, stream) -> None:
         pass  # issue order is execution order

@@ -3,8 +3,10 @@
 // * The PrivateUse1 ("tpu") device guard. PyTorch's Python-backed guard
 //   (torch._C._acc.DeviceGuard) calls into Python from noexcept methods; the autograd engine
 //   calls them while unwinding from a hook's exception, with the error still pending, and
-//   the failed Python call turns into std::terminate. This guard never calls Python: one
-//   device (index 0), one stream (the default), as the tpu device has (streams.py).
+//   the failed Python call turns into std::terminate. This guard never calls Python from a
+//   noexcept method: one device (index 0), one stream (the default), as the tpu device has
+//   (streams.py). Only synchronizing and querying the stream or device, which may raise, call
+//   back into Python (streams.py waits for the device's work).
 // * The PrivateUse1 hooks, with a pinned-memory allocator: PyTorch asks the current
 //   accelerator's hooks for it in torch.empty(pin_memory=True), Tensor.pin_memory() and
 //   is_pinned() -- in CPU-only scripts too, once tpu is registered. PJRT copies from any host
@@ -23,11 +25,34 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/alloc_cpu.h>
 
+#include <torch/csrc/Exceptions.h>
+
 #include <cstdint>
 #include <map>
 #include <mutex>
 
 namespace {
+
+// streams.py's synchronize_device() and device_idle(), given to register_device.
+PyObject* synchronize_callback = nullptr;
+PyObject* query_callback = nullptr;
+
+// Calls a callback under the GIL; its Python exception, if any, propagates as is (torch's
+// bindings restore a python_error).
+bool call_back(PyObject* callback) {
+  PyGILState_STATE state = PyGILState_Ensure();
+  PyObject* result = PyObject_CallNoArgs(callback);
+  if (result == nullptr) {
+    python_error error;
+    error.persist();
+    PyGILState_Release(state);
+    throw error;
+  }
+  bool truth = PyObject_IsTrue(result) == 1;
+  Py_DECREF(result);
+  PyGILState_Release(state);
+  return truth;
+}
 
 constexpr c10::DeviceType kTpu = c10::DeviceType::PrivateUse1;
 
@@ -70,10 +95,16 @@ struct TpuGuard final : public c10::impl::DeviceGuardImplInterface {
   }
   void destroyEvent(void* /*event*/,
                     const c10::DeviceIndex /*device_index*/) const noexcept override {}
+  // torch.accelerator.synchronize(), torch.Stream.synchronize()/query() on the tpu stream.
   bool queryStream(const c10::Stream& /*stream*/) const override {
-    return true;
+    return call_back(query_callback);
   }
-  void synchronizeStream(const c10::Stream& /*stream*/) const override {}
+  void synchronizeStream(const c10::Stream& /*stream*/) const override {
+    call_back(synchronize_callback);
+  }
+  void synchronizeDevice(const c10::DeviceIndex /*device_index*/) const override {
+    call_back(synchronize_callback);
+  }
 };
 
 // Host memory that is_pinned() reports as pinned: the blocks this allocator handed out and
@@ -148,7 +179,11 @@ struct TpuHooks final : public at::PrivateUse1HooksInterface {
   }
 };
 
-PyObject* register_device(PyObject* /*self*/, PyObject* /*args*/) {
+PyObject* register_device(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2 || !PyCallable_Check(args[0]) || !PyCallable_Check(args[1])) {
+    PyErr_SetString(PyExc_TypeError, "register_device(synchronize, query)");
+    return nullptr;
+  }
   if (at::isPrivateUse1HooksRegistered() ||
       c10::impl::hasDeviceGuardImpl(kTpu)) {
     PyErr_SetString(PyExc_RuntimeError,
@@ -156,6 +191,10 @@ PyObject* register_device(PyObject* /*self*/, PyObject* /*args*/) {
                     "device guard (another out-of-tree backend registered them first)");
     return nullptr;
   }
+  Py_INCREF(args[0]);
+  Py_INCREF(args[1]);
+  synchronize_callback = args[0];
+  query_callback = args[1];
   static TpuGuard guard;
   static TpuHooks hooks;
   c10::impl::registerDeviceGuard(kTpu, &guard);
@@ -206,8 +245,12 @@ PyObject* set_storage_identity(PyObject* /*self*/, PyObject* const* args, Py_ssi
 }
 
 PyMethodDef methods[] = {
-    {"register_device", register_device, METH_NOARGS,
-     "Register the tpu (PrivateUse1) device guard and hooks; once per process."},
+    {"register_device",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(register_device)),
+     METH_FASTCALL,
+     "register_device(synchronize, query): register the tpu (PrivateUse1) device guard and "
+     "hooks, once per process; the guard calls synchronize() to wait for the device and "
+     "query() to ask whether it is idle."},
     {"report_memory", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(report_memory)),
      METH_FASTCALL,
      "report_memory(key, delta_bytes, live_bytes): one tpu allocation (delta > 0) or free "
