@@ -265,3 +265,53 @@ def test_a_graph_moving_a_tensor_to_a_tpu_index_that_does_not_exist_raises(fresh
         torch.compile(lambda x: (x * 2).to("tpu:1"), backend="torchtpu")(torch.ones(2))
     out = torch.compile(lambda x: (x * 2).to("tpu:0"), backend="torchtpu")(torch.ones(2))
     assert out.device == torch.device("tpu", 0) and out.cpu().tolist() == [2.0, 2.0]
+
+
+# A script moved from cuda to tpu keeps torch.compile's default backend. Dynamo is imported
+# after the device registered (as in a fresh script), and Inductor's compiler is stubbed to see
+# which graphs reach it without paying for a C++ build.
+DEFAULT_BACKEND = """
+import sys, torch, torchtpu_eager
+import torch._inductor.compile_fx as inductor
+from torchtpu_compile import config
+assert "torchtpu_compile.backend" not in sys.modules
+to_inductor = []
+inductor.compile_fx = lambda gm, inputs, **kw: (to_inductor.append(gm), gm.forward)[1]
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.Linear(8, 2))
+x = torch.randn(3, 4)
+cpu = {"out": model(x).detach()}
+model(x).square().mean().backward()
+cpu["grad"] = model[0].weight.grad.clone()
+model.zero_grad()
+model.to("tpu")
+with config.patch(matmul_precision="highest"):
+    out = torch.compile(model)(x.to("tpu"))
+    out.square().mean().backward()
+assert out.device.type == "tpu" and not to_inductor, (out.device, to_inductor)
+torch.testing.assert_close(out.detach().cpu(), cpu["out"])
+torch.testing.assert_close(model[0].weight.grad.cpu(), cpu["grad"])
+torch.compile(lambda a: a.sin() + 1)(torch.ones(2))      # a CPU graph: Inductor's
+assert len(to_inductor) == 1
+print("ok")
+"""
+
+
+def test_torch_compile_with_its_default_backend_compiles_tpu_graphs_with_torchtpu():
+    # torch.compile(model.to("tpu")) without backend= crashed: Dynamo, never told that tpu
+    # tensors are tensors, traced into the device's dispatch code ("execute_sharded():
+    # incompatible function arguments"), and Inductor cannot generate code for the tpu.
+    done = subprocess.run([sys.executable, "-c", DEFAULT_BACKEND], capture_output=True,
+                          text=True, timeout=600, env=python_env())
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+def test_inductor_mode_on_a_tpu_graph_is_named_and_ignored(fresh_dynamo, caplog):
+    model = torch.nn.Linear(4, 2).to("tpu")
+    x = torch.randn(3, 4)
+    with caplog.at_level("WARNING", logger="torchtpu"):
+        out = torch.compile(model, mode="max-autotune")(x.to("tpu"))
+    assert out.device.type == "tpu"
+    warned = [r.getMessage() for r in caplog.records if "configure Inductor" in r.getMessage()]
+    assert len(warned) == 1 and "max_autotune" in warned[0], warned
+    torch.testing.assert_close(out.detach().cpu(), model.cpu()(x), rtol=1e-2, atol=1e-2)

@@ -123,6 +123,58 @@ def _no_tpu_constants_in_fake_tensors() -> None:
     FakeTensorMode.may_turn_const = _may_turn_const
 
 
+def _touches_tpu(gm, example_inputs) -> bool:
+    """Whether a Dynamo graph takes or makes tpu tensors."""
+    import torch
+    values = list(example_inputs) + [node.meta.get("example_value") for node in gm.graph.nodes]
+    return any(isinstance(v, torch.Tensor) and v.device.type == DEVICE.type for v in values)
+
+
+def route_default_backend() -> None:
+    """``torch.compile(model)`` with its default backend compiles tpu graphs with torchtpu.
+
+    A script moved from cuda to tpu keeps its ``torch.compile(model)``: Inductor has no code
+    generator for the tpu (Dynamo traced into this package's dispatch code and crashed), so a
+    graph that takes or makes tpu tensors goes to the "torchtpu" backend, and every other graph
+    to Inductor as before. Dynamo learns that tpu tensors are tensors (``teach_dynamo``) when
+    ``torch.compile`` is called, before it traces. Inductor's ``mode``/``options`` do not apply
+    to torchtpu: they are ignored, with a warning naming them. Idempotent; the device calls it
+    when it registers itself.
+
+    Example::
+
+        model = torch.compile(model.to("tpu"))      # as on cuda; compiled by torchtpu
+        y = model(x.to("tpu"))
+    """
+    import torch
+    wrapper = torch._TorchCompileInductorWrapper
+    if getattr(wrapper.__call__, "_torchtpu_routes", False):
+        return
+    original_init, original_call = wrapper.__init__, wrapper.__call__
+
+    @functools.wraps(original_init)
+    def __init__(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        teach_dynamo()
+
+    @functools.wraps(original_call)
+    def __call__(self, model_, inputs_):
+        if not _touches_tpu(model_, inputs_):
+            return original_call(self, model_, inputs_)
+        from torchtpu_compile._logging import warn_once
+        from torchtpu_compile.backend import torchtpu_backend
+        if self.config:
+            warn_once(("inductor options", tuple(sorted(self.config))),
+                      "torchtpu: torch.compile's mode/options configure Inductor, which does "
+                      "not compile for the tpu; torchtpu compiles this graph and ignores %s "
+                      "(torchtpu's settings: torchtpu_compile.config)",
+                      ", ".join(sorted(self.config)))
+        return torchtpu_backend(model_, inputs_)
+
+    __call__._torchtpu_routes = True
+    wrapper.__init__, wrapper.__call__ = __init__, __call__
+
+
 def teach_dynamo_if_loaded() -> None:
     """``teach_dynamo`` when Dynamo is already imported (never imports it: that is slow)."""
     if "torch._dynamo.variables.builder" in sys.modules:
