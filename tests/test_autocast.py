@@ -210,3 +210,30 @@ def test_torch_clear_autocast_cache_clears_the_tpu_casts():
         torch.clear_autocast_cache()
         assert not autocast._cast_cache
     assert not autocast._cast_cache
+
+
+def test_the_legacy_torch_tpu_amp_names_work_as_torch_cuda_amps_do():
+    # torch.cuda.amp.autocast()/GradScaler() with the device string changed raised
+    # AttributeError: torch.tpu had no amp. They are torch.amp's, float16 by default, with
+    # CUDA's FutureWarning naming the torch.amp spelling.
+    from torch.tpu.amp import GradScaler, autocast
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(4, 3)
+    x = torch.randn(2, 4)
+    model = torch.nn.Linear(4, 3).to("tpu")
+    model.load_state_dict(linear.state_dict())
+    with pytest.warns(FutureWarning, match=r"torch.amp.autocast\('tpu'"):
+        with autocast():
+            legacy = model(x.to("tpu"))
+    with torch.autocast("tpu"):
+        current = model(x.to("tpu"))
+    assert legacy.dtype == torch.float16
+    assert torch.equal(legacy.cpu(), current.cpu())
+    with pytest.warns(FutureWarning):
+        with torch.tpu.amp.autocast(dtype=torch.bfloat16):
+            _close(model(x.to("tpu")), F.linear(x.bfloat16(), linear.weight.bfloat16(),
+                                                linear.bias.bfloat16()), torch.bfloat16)
+    with pytest.warns(FutureWarning, match="GradScaler"):
+        scaler = GradScaler(init_scale=8.0)
+    scaler.scale(model(x.to("tpu")).sum()).backward()
+    assert scaler.get_scale() == 8.0 and model.weight.grad.device.type == "tpu"

@@ -12,6 +12,7 @@ Example::
 """
 from __future__ import annotations
 
+import sys
 import threading
 
 import torch
@@ -55,6 +56,7 @@ def register() -> None:
             torch.utils.generate_methods_for_privateuse1_backend(
                 for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=False)
         torch._register_device_module(NAME, tpu_module)
+        sys.modules[f"torch.{NAME}.amp"] = tpu_module.amp   # from torch.tpu.amp import ...
         # The device guard and hooks, in C++ (csrc/native.cpp): PyTorch calls the guard from
         # noexcept code, where a call into Python aborts the process, and takes the pinned
         # host allocator (pin_memory(), torch.empty(pin_memory=True)) only from C++ hooks.

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from .modes import get_eager_mode, set_eager_mode  # noqa: F401  (part of the module API)
+from . import amp  # noqa: F401  (torch.tpu.amp: the legacy AMP names, as torch.cuda.amp)
 from . import streams as _streams
 from .streams import (Event, Stream, StreamContext, current_stream, default_stream,  # noqa: F401
                       set_stream, stream)
