@@ -60,6 +60,24 @@ def test_bucketed_graph_on_tpu_tensors_gives_tpu_tensors(fresh_dynamo):
     assert torch.equal(sequences["tpu"], sequences["cpu"])
 
 
+def test_bucketed_graph_moving_a_host_tensor_to_the_tpu(fresh_dynamo):
+    # A Hugging Face static cache keeps a host counter and moves it with .to(device) in the
+    # compiled forward: prims.device_put(x, tpu) names the device as an argument, which the
+    # bucket retrace on the host did not move there, and every generate() with
+    # cache_implementation="static" on a compiled tpu model raised "found at least two
+    # devices, cpu and tpu:0".
+    def positions(x):
+        start = torch.tensor([2]).to(x.device)
+        return x * 2 + (torch.arange(x.shape[1], device=x.device) + start)
+
+    step = torch.compile(positions, backend="torchtpu")
+    for length in (3, 4, 5, 7):
+        x = torch.arange(2.0 * length).reshape(2, length)
+        got = step(x.to("tpu"))
+        assert got.device.type == "tpu"
+        torch.testing.assert_close(got.cpu(), positions(x))
+
+
 def test_tensor_constructor_on_tpu_under_fake_mode():
     # Dynamo and AOTAutograd run torch.tensor(..., device="tpu") under a FakeTensorMode: the
     # boxed PrivateUse1 fallback raised an internal assert there, and the real tpu tensor it

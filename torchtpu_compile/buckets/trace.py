@@ -192,22 +192,27 @@ def _interpret(gm, spec, flat, ctx: Context, plan: BucketPlan) -> list:
             raise NotPaddable(f"{node.op} nodes are not supported")
         if not node.users:
             continue
-        args = fx.node.map_arg(node.args, lambda n: env[n])
-        kwargs = _on_the_host(fx.node.map_arg(node.kwargs, lambda n: env[n]))
+        args, kwargs = _on_the_host(fx.node.map_arg(node.args, lambda n: env[n]),
+                                    fx.node.map_arg(node.kwargs, lambda n: env[n]))
         with fx_traceback.set_current_meta(node):
             env[node] = _run_node(node, args, kwargs, ctx)
     raise NotPaddable("graph without output")
 
 
-def _on_the_host(kwargs: dict) -> dict:
+def _on_the_host(args: tuple, kwargs: dict) -> tuple:
     # The bucket is retraced with CPU examples, and the rules make their masks and indices on
     # the CPU; a graph compiled on tpu tensors names tpu in its factories and copies
-    # (arange(..., device=tpu)), which would meet those CPU tensors. The program built from
-    # the trace holds no device: the CPU stands for whichever device runs it.
+    # (arange(..., device=tpu), prims.device_put(x, tpu) from a Hugging Face static cache's
+    # .to(device)), which would meet those CPU tensors. The program built from the trace holds
+    # no device: the CPU stands for whichever device runs it.
+    def host(value):
+        if isinstance(value, torch.device) and value.type != "cpu":
+            return torch.device("cpu")
+        return value
     device = kwargs.get("device")
-    if device is None or torch.device(device).type == "cpu":
-        return kwargs
-    return {**kwargs, "device": torch.device("cpu")}
+    if device is not None and torch.device(device).type != "cpu":
+        kwargs = {**kwargs, "device": torch.device("cpu")}
+    return tuple(host(a) for a in args), kwargs
 
 
 def _constant(gm: fx.GraphModule, node: fx.Node) -> Padded:
