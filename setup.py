@@ -1,6 +1,7 @@
 """The native extension, ``torchtpu_compile._native`` (``torchtpu_compile/csrc/native.cpp``):
-the tpu device guard, hooks with pinned host memory, and tpu allocations for the profiler --
-what PyTorch only accepts from C++. Everything else is in pyproject.toml.
+the tpu device guard, hooks with pinned host memory and the tpu generator, and tpu
+allocations for the profiler -- what PyTorch only accepts from C++. Everything else is in
+pyproject.toml.
 
 Built against the installed torch with the system C++ compiler, so the build needs torch
 first and no build isolation (``make install``: ``pip install --no-build-isolation -e .``).

@@ -1015,8 +1015,8 @@ def run_inplace_view(func, args, kwargs):
 
 
 def run_random(func, args, kwargs):
-    with rng.drawing_from_tpu_generator():
-        return fallback.run_on_host(func, args, kwargs, reason=None)
+    with rng.drawing_on_host(args, kwargs) as (host_args, host_kwargs):
+        return fallback.run_on_host(func, host_args, host_kwargs, reason=None)
 
 
 def run_data_dependent(func, args, kwargs):

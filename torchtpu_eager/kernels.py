@@ -28,13 +28,25 @@ def _on_host(op, args, kwargs):
     from . import rng
     from .device import check_device
     from .transfer import from_cpu
+    if _cpu_op_given_tpu_generator(kwargs, args):
+        # A tpu generator's dispatch key sent a CPU op (torch.randn(3, generator=g)) here:
+        # run as it is (below this key), CPU's kernel refuses the generator as it refuses a
+        # CUDA one ("Expected a 'cpu' device type for generator but found 'tpu'").
+        return op(*args, **kwargs)
     kwargs = dict(kwargs)
     if "device" in kwargs:
         check_device(kwargs["device"])   # tpu:1 and up do not exist
         kwargs["device"] = _CPU
-    with rng.drawing_from_tpu_generator():
-        out = op(*args, **kwargs)
+    with rng.drawing_on_host(args, kwargs) as (host_args, host_kwargs):
+        out = op(*host_args, **host_kwargs)
     return from_cpu(out) if isinstance(out, torch.Tensor) else out
+
+
+def _cpu_op_given_tpu_generator(kwargs, args) -> bool:
+    device = kwargs.get("device")
+    return (device is None or device.type != "tpu") and any(
+        type(v) is torch.Generator and v.device.type == "tpu"
+        for v in (*args, *kwargs.values()))
 
 
 def _backend_fallback(op, *args, **kwargs):

@@ -2,7 +2,9 @@
 
 Random ops run on the host, drawn from a generator of their own: results follow
 ``torch.tpu.manual_seed`` and do not move the CPU generator, and a seed gives the same numbers
-on every platform. (TPUs draw on device in other stacks; here reproducibility across platforms
+on every platform. An op given ``generator=torch.Generator("tpu")`` draws from that one
+instead (its state is a CPU generator's, csrc/native.cpp), with the numbers of a CPU generator
+given the same seed. (TPUs draw on device in other stacks; here reproducibility across platforms
 wins, and masks are small next to the matmuls they gate.)
 
 Example::
@@ -16,7 +18,7 @@ import contextlib
 
 import torch
 
-from .device import check_device
+from .device import NAME, check_device
 
 _generator = torch.Generator()
 _initial_seed = _generator.seed()
@@ -59,6 +61,43 @@ def get_rng_state(device="tpu") -> torch.Tensor:
 def set_rng_state(state: torch.Tensor, device="tpu") -> None:
     check_device(device)
     _generator.set_state(state)
+
+
+@contextlib.contextmanager
+def drawing_on_host(args, kwargs):
+    """Run a tpu random op's host draw as the device would: from the tpu generator it is given
+    (``generator=g``, ``g = torch.Generator("tpu")``), else from the default tpu generator.
+    Yields the op's ``(args, kwargs)`` for the host, each tpu generator replaced by a CPU one
+    holding its state; the tpu generator gets the advanced state back, so its draws are a CPU
+    generator's with the same seed. A CPU generator is refused, as a CUDA op refuses one.
+
+    Example::
+
+        with drawing_on_host(args, kwargs) as (host_args, host_kwargs):
+            out = func(*host_args, **host_kwargs)
+    """
+    given = {}   # id of a tpu generator -> (it, the CPU generator that draws for it)
+
+    def on_host(value):
+        if type(value) is not torch.Generator:  # isinstance: a Python metaclass hook
+            return value
+        if value.device.type != NAME:
+            raise RuntimeError(f"Expected a '{NAME}' device type for generator but found "
+                               f"'{value.device.type}'")
+        if id(value) not in given:   # one generator passed twice draws from one state
+            host = torch.Generator()
+            host.set_state(value.get_state())
+            given[id(value)] = (value, host)
+        return given[id(value)][1]
+
+    host_args = tuple(on_host(a) for a in args)
+    host_kwargs = {k: on_host(v) for k, v in kwargs.items()}
+    try:
+        with drawing_from_tpu_generator():
+            yield host_args, host_kwargs
+    finally:
+        for tpu, host in given.values():
+            tpu.set_state(host.get_state())
 
 
 @contextlib.contextmanager

@@ -11,6 +11,7 @@
 //   accelerator's hooks for it in torch.empty(pin_memory=True), Tensor.pin_memory() and
 //   is_pinned() -- in CPU-only scripts too, once tpu is registered. PJRT copies from any host
 //   memory, so "pinned" is ordinary host memory whose blocks we remember.
+// * The tpu generator, torch.Generator(device="tpu"): PyTorch asks the hooks for it.
 // * report_memory: PJRT buffer allocations and frees, for the profiler's memory timeline
 //   (profile_memory=True); only C++ can reach c10::reportMemoryUsageToProfiler.
 //
@@ -20,6 +21,7 @@
 #include <Python.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -161,6 +163,61 @@ class PinnedAllocator final : public c10::Allocator {
   std::map<uintptr_t, size_t> blocks_;  // start address -> bytes
 };
 
+// torch.Generator(device="tpu"). Random ops on the tpu draw on the host (torchtpu_eager/rng.py):
+// a tpu generator is a CPU generator (mt19937) whose device is tpu:0. The host draw runs
+// from a CPU generator given this one's state and writes the advanced state back, so a seed
+// gives CPU's numbers and states move between tpu and CPU generators in CPU's byte format.
+// Its device being tpu is what makes a CPU op refuse it, as a CPU op refuses a CUDA one.
+class TpuGenerator final : public c10::GeneratorImpl {
+ public:
+  TpuGenerator()
+      : c10::GeneratorImpl(tpu0(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)),
+        host_(c10::make_intrusive<at::CPUGeneratorImpl>()) {}
+
+  void set_current_seed(uint64_t seed) override {
+    host_->set_current_seed(seed);
+  }
+  // mt19937 has no offset: it reads 0. Pickling and copy.deepcopy save and restore it for
+  // every generator but CPU's (CPU's raises here), so 0 is taken back; any other offset is
+  // refused as CPU's refuses it.
+  void set_offset(uint64_t offset) override {
+    if (offset != 0) {
+      host_->set_offset(offset);
+    }
+  }
+  uint64_t get_offset() const override {
+    return 0;
+  }
+  uint64_t current_seed() const override {
+    return host_->current_seed();
+  }
+  uint64_t seed() override {
+    return host_->seed();
+  }
+  void set_state(const c10::TensorImpl& new_state) override {
+    host_->set_state(new_state);
+  }
+  c10::intrusive_ptr<c10::TensorImpl> get_state() const override {
+    return host_->get_state();
+  }
+
+ private:
+  TpuGenerator* clone_impl() const override {
+    auto* copy = new TpuGenerator();
+    copy->host_->set_state(*host_->get_state());
+    return copy;
+  }
+
+  c10::intrusive_ptr<at::CPUGeneratorImpl> host_;
+};
+
+// PyTorch's error for a device index past the last device (CUDA raises the same type).
+void check_device_index(c10::DeviceIndex device_index) {
+  TORCH_CHECK(device_index <= 0, "tpu:", static_cast<int>(device_index),
+              " does not exist: this process drives one device, tpu:0 "
+              "(torch.tpu.device_count() is 1)");
+}
+
 struct TpuHooks final : public at::PrivateUse1HooksInterface {
   bool isBuilt() const override {
     return true;
@@ -176,6 +233,10 @@ struct TpuHooks final : public at::PrivateUse1HooksInterface {
   }
   c10::Allocator* getPinnedMemoryAllocator() const override {
     return &PinnedAllocator::instance();
+  }
+  at::Generator getNewGenerator(c10::DeviceIndex device_index) const override {
+    check_device_index(device_index);
+    return at::make_generator<TpuGenerator>();
   }
 };
 
