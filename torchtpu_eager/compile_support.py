@@ -161,15 +161,17 @@ def route_default_backend() -> None:
     def __call__(self, model_, inputs_):
         if not _touches_tpu(model_, inputs_):
             return original_call(self, model_, inputs_)
+        from torch._dynamo.backends.registry import lookup_backend
+
         from torchtpu_compile._logging import warn_once
-        from torchtpu_compile.backend import torchtpu_backend
         if self.config:
             warn_once(("inductor options", tuple(sorted(self.config))),
                       "torchtpu: torch.compile's mode/options configure Inductor, which does "
                       "not compile for the tpu; torchtpu compiles this graph and ignores %s "
                       "(torchtpu's settings: torchtpu_compile.config)",
                       ", ".join(sorted(self.config)))
-        return torchtpu_backend(model_, inputs_)
+        # By its registered name: the compile front end imports this module (backend.py).
+        return lookup_backend("torchtpu")(model_, inputs_)
 
     __call__._torchtpu_routes = True
     wrapper.__init__, wrapper.__call__ = __init__, __call__
