@@ -11,8 +11,12 @@ there, but accelerate (which moves each batch) chooses its device from a fixed l
 types and falls back to the CPU; ``ACCELERATE_TORCH_DEVICE`` is accelerate's own switch. Why the
 second: ``TrainingArguments(torch_compile_backend=...)`` accepts only the names in accelerate's
 ``DynamoBackend`` enum; compiling the model before handing it to ``Trainer`` does the same.
+A CUDA script's own ``TrainingArguments(torch_compile=True)`` (Inductor, the default backend)
+runs unchanged too (``torch_compile`` below): torch.compile's default backend hands tpu graphs
+to torchtpu.
 
-Run it: ``ACCELERATE_TORCH_DEVICE=tpu python -m tests.migration.hf_trainer tpu [compile] [bert]``;
+Run it: ``ACCELERATE_TORCH_DEVICE=tpu python -m tests.migration.hf_trainer tpu [compile |
+torch_compile] [bert]``;
 ``python -m tests.migration.hf_trainer cpu [bert]`` for the reference. Prints one JSON line.
 """
 from __future__ import annotations
@@ -69,7 +73,8 @@ def bert():
 MODELS = {"llama": llama, "bert": bert}
 
 
-def main(device: str, compiled: bool = False, model_name: str = "llama") -> dict:
+def main(device: str, compiled: bool = False, model_name: str = "llama",
+         torch_compile: bool = False) -> dict:
     from transformers import Trainer, TrainingArguments
 
     model, dataset = MODELS[model_name]()
@@ -78,7 +83,7 @@ def main(device: str, compiled: bool = False, model_name: str = "llama") -> dict
     with tempfile.TemporaryDirectory() as out:
         args = TrainingArguments(output_dir=out, per_device_train_batch_size=4, max_steps=3,
                                  logging_steps=1, report_to=[], save_strategy="no",
-                                 use_cpu=device == "cpu")
+                                 use_cpu=device == "cpu", torch_compile=torch_compile)
         trainer = Trainer(model=model, args=args, train_dataset=dataset)
         trainer.train()
     if model_name == "llama":
@@ -97,4 +102,5 @@ def main(device: str, compiled: bool = False, model_name: str = "llama") -> dict
 
 if __name__ == "__main__":
     print(json.dumps(main(sys.argv[1], compiled="compile" in sys.argv[2:],
-                          model_name="bert" if "bert" in sys.argv[2:] else "llama")))
+                          model_name="bert" if "bert" in sys.argv[2:] else "llama",
+                          torch_compile="torch_compile" in sys.argv[2:])))
