@@ -414,21 +414,27 @@ RESET_SCRIPT = textwrap.dedent("""\
 """)
 
 
+def _script_output(tmp_path, name: str, source: str, *args: str) -> str:
+    """The last line ``source``, saved as a file (Dynamo's cache needs the source), prints in a
+    process of its own over ``tmp_path``'s cache dir, with the caches at their defaults."""
+    env = python_env(TORCHTPU_CACHE_DIR=str(tmp_path / "cache"))
+    for variable in ("TORCHTPU_REMOTE_CACHE", "TORCHTPU_GRAPH_CACHE", "TORCHTPU_DYNAMO_CACHE"):
+        env.pop(variable, None)
+    script = tmp_path / name
+    script.write_text(source)
+    proc = subprocess.run([sys.executable, str(script), *args], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.strip().splitlines()[-1]
+
+
 def test_an_entry_refused_for_a_taken_name_loads_no_graph(tmp_path):
     # A warm process loads a frame's entry, which installs the graph's global; after
     # torch._dynamo.reset() the entry is refused because that name is taken. The refusal came
     # after the graph was loaded (aot_autograd entry, lowering, executable), which then went
     # unused: two executable lookups for one graph.
-    env = python_env(TORCHTPU_CACHE_DIR=str(tmp_path / "cache"))
-    for name in ("TORCHTPU_REMOTE_CACHE", "TORCHTPU_GRAPH_CACHE", "TORCHTPU_DYNAMO_CACHE"):
-        env.pop(name, None)
-    script = tmp_path / "reset_script.py"   # a file: Dynamo's cache needs the source
-    script.write_text(RESET_SCRIPT)
     for process in ("cold", "warm"):
-        proc = subprocess.run([sys.executable, str(script)], env=env,
-                              capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        result = json.loads(proc.stdout.strip().splitlines()[-1])
+        result = json.loads(_script_output(tmp_path, "reset_script.py", RESET_SCRIPT))
         assert result["hits"] == 1 and result["diff"] <= 1e-5, (process, result)
 
 
@@ -449,16 +455,8 @@ def test_a_compile_with_options_is_not_served_past_the_backend(tmp_path):
     # torch.compile's options are an error of the backend (ignored, they could change numbers);
     # a frame served by this cache never reached the backend, so a warm process ran
     # options={"matmul_precision": "highest"} at the default precision, silently.
-    env = python_env(TORCHTPU_CACHE_DIR=str(tmp_path / "cache"))
-    for name in ("TORCHTPU_REMOTE_CACHE", "TORCHTPU_GRAPH_CACHE", "TORCHTPU_DYNAMO_CACHE"):
-        env.pop(name, None)
-    script = tmp_path / "options_script.py"   # a file: Dynamo's cache needs the source
-    script.write_text(OPTIONS_SCRIPT)
-    outputs = []
-    for how in ("plain", "options"):   # a cold process without options, a warm one with
-        proc = subprocess.run([sys.executable, str(script), how], env=env,
-                              capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        outputs.append(proc.stdout.strip().splitlines()[-1])
+    # a cold process without options, a warm one with
+    outputs = [_script_output(tmp_path, "options_script.py", OPTIONS_SCRIPT, how)
+               for how in ("plain", "options")]
     assert outputs[0].startswith("ran") and float(outputs[0].split()[1]) <= 1e-6, outputs
     assert outputs[1] == "raised True", outputs
