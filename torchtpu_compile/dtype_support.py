@@ -163,6 +163,8 @@ def unsupported_dtype_error(fn, args, kwargs) -> BaseException | None:
         unsupported_dtype_error(torch.bmm, (bool_a, bool_b), {})
         # NotImplementedError('"bmm" not implemented for \\'Bool\\'')
     """
+    if "device" in kwargs:  # a factory: its dtype is the trace's to judge, not a kernel's
+        return None
     small = _numel((args, kwargs)) <= _SMALL
     try:
         signature = (_signature(tuple(args), small), _signature(dict(kwargs), small))
@@ -266,8 +268,8 @@ def graph_error(gm: torch.fx.GraphModule) -> BaseException | None:
             args, kwargs = map_aggregate((node.args, node.kwargs), _example)
         except _Unprobeable:
             continue
-        if not _has_tensor((args, kwargs)) or "device" in kwargs:
-            continue  # a factory or no tensor: no kernel dtype to ask about
+        if not _has_tensor((args, kwargs)):
+            continue  # no tensor: no kernel dtype to ask about
         error = unsupported_dtype_error(fn, args, kwargs)
         if error is not None:
             return _fresh(error)

@@ -514,8 +514,6 @@ def _check_dtype_support(func, args, kwargs) -> None:
     dtypes: ``bmm`` of bool, ``hardswish`` of uint8 returned values, since meta kernels do not
     check dtypes and XLA takes any type. Asked of the CPU kernel on small host zeros, once
     per signature (``torchtpu_compile.dtype_support``)."""
-    if "device" in kwargs:  # a factory: its dtype is the trace's to judge
-        return
     dtype_support.check(func, args, kwargs)
 
 
