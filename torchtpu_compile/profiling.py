@@ -105,8 +105,11 @@ def spanning(name: str, **args):
         with spanning("torchtpu::xla_compile"):
             loaded = client.compile_and_load(...)
     """
-    return _RecordFunctionFast(name, (), args) if args else _RecordFunctionFast(name) \
-        if TORCH_PROFILER._is_profiler_enabled else _OFF
+    if not TORCH_PROFILER._is_profiler_enabled:
+        # Checked first: read as `a if args else (b if on else off)`, a span with arguments
+        # was made (and entered) with the profiler off too: defer-and-fuse's every run.
+        return _OFF
+    return _RecordFunctionFast(name, (), args) if args else _RecordFunctionFast(name)
 
 
 def reentered() -> bool:
