@@ -1,0 +1,166 @@
+"""A defer-and-fuse training step repeated: recorded op by op, its fused program compiled once
+and then taken from the cache, and every step's values eager CPU PyTorch's, also after the
+parameters, the learning rate or the batch shape change."""
+
+import pytest
+import torch
+
+import torchtpu_compile
+import torchtpu_eager  # noqa: F401  (registers the device)
+from torchtpu_compile import config, profiling
+
+TPU = torch.device("tpu", 0)
+
+
+@pytest.fixture(autouse=True)
+def defer_and_fuse():
+    saved = torch.tpu.get_eager_mode()
+    torch.tpu.set_eager_mode("defer_and_fuse")
+    with config.patch(matmul_precision="highest"):
+        yield
+    torch.tpu.set_eager_mode(saved)
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                               torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 5))
+
+
+def _step(model, opt, x, y):
+    opt.zero_grad()
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    return loss.item()
+
+
+class _Pair:
+    """The same model and SGD optimizer on the host (eager CPU, the reference) and on tpu."""
+
+    def __init__(self, lr=0.05):
+        self.cpu = _mlp()
+        self.tpu = _mlp().to(TPU)
+        self.opt_cpu = torch.optim.SGD(self.cpu.parameters(), lr=lr, momentum=0.9)
+        self.opt_tpu = torch.optim.SGD(self.tpu.parameters(), lr=lr, momentum=0.9)
+
+    def step(self, x, y):
+        expected = _step(self.cpu, self.opt_cpu, x, y)
+        got = _step(self.tpu, self.opt_tpu, x.to(TPU), y.to(TPU))
+        assert got == pytest.approx(expected, rel=1e-5, abs=1e-6)
+        for p, q in zip(self.cpu.parameters(), self.tpu.parameters()):
+            torch.testing.assert_close(q.cpu(), p, rtol=1e-5, atol=1e-6)
+
+
+def _batch(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 16, generator=g), torch.randint(0, 5, (n,), generator=g)
+
+
+def test_a_repeated_step_compiles_nothing_new_and_gives_eagers_values():
+    pair = _Pair()
+    for seed in range(3):
+        pair.step(*_batch(8, seed))
+    before = torchtpu_compile.stats()
+    for seed in range(3, 8):
+        pair.step(*_batch(8, seed))  # new data each step: the program is replayed on it
+    after = torchtpu_compile.stats()
+    assert after["eager_programs_compiled"] == before["eager_programs_compiled"]
+    runs = after["fused_graphs_run"] - before["fused_graphs_run"]
+    assert after["fused_graph_cache_hits"] - before["fused_graph_cache_hits"] == runs > 0
+
+
+def test_a_replayed_step_after_the_parameters_change():
+    pair = _Pair()
+    x, y = _batch(8, 0)
+    for _ in range(3):
+        pair.step(x, y)
+    with torch.no_grad():  # written outside the step, on both sides alike
+        for p, q in zip(pair.cpu.parameters(), pair.tpu.parameters()):
+            p.mul_(0.5)
+            q.mul_(0.5)
+        pair.cpu[0].weight.data = pair.cpu[0].weight.data + 1
+        pair.tpu[0].weight.data = pair.tpu[0].weight.data + 1
+    for _ in range(3):
+        pair.step(x, y)
+
+
+def test_a_replayed_step_after_the_learning_rate_changes():
+    pair = _Pair()
+    x, y = _batch(8, 0)
+    for lr in (0.05, 0.05, 0.2, 0.2, 0.01, 0.3):
+        for opt in (pair.opt_cpu, pair.opt_tpu):
+            opt.param_groups[0]["lr"] = lr
+        pair.step(x, y)
+
+
+def test_a_replayed_step_after_the_batch_shape_changes():
+    pair = _Pair()
+    for n in (8, 8, 3, 3, 8, 1):
+        pair.step(*_batch(n, n))
+
+
+def test_dense_and_strided_ops_mixed_in_one_recording_match_eager():
+    # Dense inputs, a host scalar tensor, a strided view, a value of an earlier recording and
+    # an in-place write through a view, in one recording.
+    torch.manual_seed(0)
+    a, b = torch.randn(4, 6), torch.randn(6, 4)
+    x, w = a.to(TPU), b.to(TPU)
+    earlier = (x * 2).cpu()  # a flush: x * 2's recording ran
+    r = x * 3
+    s = r + torch.tensor(1.5)              # a 0-dim host tensor: uploaded
+    t = s + w.t()                          # a strided read folded in
+    t.add_(x)                              # in place, dense
+    t[:, 1].mul_(2)                        # in place through a view
+    u = t.relu()
+    expected = (a * 3 + 1.5 + b.t() + a)
+    expected[:, 1] *= 2
+    torch.testing.assert_close(earlier, a * 2)
+    torch.testing.assert_close(u.cpu(), expected.relu())
+    torch.testing.assert_close(t.cpu(), expected)
+
+
+def test_a_stacked_model_still_cuts_at_its_repeated_block():
+    # A repeated block of 8+ ops is cut (and reused).
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(8, 8) for _ in range(6)]
+    x_cpu = torch.randn(4, 8)
+
+    def run(x, mods):
+        for m in mods:
+            x = torch.tanh(m(x)) * 1.5 + 0.1
+            x = x - x.mean() + x.sigmoid() * 0.5
+        return x
+
+    expected = run(x_cpu, layers)
+    mods = [torch.nn.Linear(8, 8).to(TPU) for _ in range(6)]
+    for m, ref in zip(mods, layers):
+        m.load_state_dict(ref.state_dict())
+    before = torchtpu_compile.stats()["fused_graphs_run"]
+    with torch.no_grad():
+        got = run(x_cpu.to(TPU), mods).cpu()
+    torch.testing.assert_close(got, expected.detach())
+    assert torchtpu_compile.stats()["fused_graphs_run"] - before > 1
+
+
+@pytest.mark.parametrize("mode", ["defer_and_fuse", "strict"])
+def test_detach_shares_its_bases_storage(mode):
+    torch.tpu.set_eager_mode(mode)
+    a = torch.arange(12.0).reshape(3, 4)
+    x = a.to(TPU)
+    for base, ref in ((x, a), (x.t(), a.t()), (x[1:], a[1:])):
+        d = base.detach()
+        assert d.shape == ref.shape and d.stride() == ref.stride()
+        assert d.storage_offset() == ref.storage_offset()
+    d = x.t().detach()
+    x.add_(1)
+    torch.testing.assert_close(d.cpu(), (a + 1).t())
+    with torch.inference_mode():
+        assert not x.detach().is_inference()
+
+
+def test_a_span_with_arguments_costs_nothing_with_the_profiler_off():
+    # spanning(name, **args) made and entered a RecordFunction with the profiler off: every
+    # defer-and-fuse run paid for one.
+    assert not torch.autograd.profiler._is_profiler_enabled
+    assert profiling.spanning("torchtpu::fused_graph", ops=3) is profiling.spanning("x")
