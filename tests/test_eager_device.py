@@ -345,6 +345,31 @@ def test_dropout_follows_tpu_seed():
     assert set(first.unique().tolist()) == {0.0, 2.0}
 
 
+def test_dropout_draws_cpus_masks_under_the_same_seed():
+    # Host draws (the CPU client's default) gave a mask from torch.rand(...) < 1 - p, where CPU
+    # draws bernoulli_: an LSTM with dropout between its layers, seeded alike, trained to
+    # other numbers than on the CPU. torch.native_dropout with p == 1 divided by zero.
+    x = torch.randn(4, 37)
+    with config.patch(random_draws="host"):
+        for p in (0.1, 0.5, 0.9):
+            torch.manual_seed(5)
+            expected = torch.nn.functional.dropout(x, p)
+            torch.manual_seed(5)
+            got = torch.nn.functional.dropout(x.to("tpu"), p).cpu()
+            torch.testing.assert_close(got, expected, rtol=1e-6, atol=0)
+        torch.manual_seed(5)
+        lstm = torch.nn.LSTM(3, 4, num_layers=2, dropout=0.5)
+        inputs = torch.randn(5, 2, 3)
+        torch.manual_seed(6)
+        expected = lstm(inputs)[0]
+        lstm.to("tpu")
+        torch.manual_seed(6)
+        torch.testing.assert_close(lstm(inputs.to("tpu"))[0].cpu(), expected)
+        out, mask = torch.native_dropout(x.to("tpu"), 1.0, True)
+        expected_out, expected_mask = torch.native_dropout(x, 1.0, True)
+        assert torch.equal(out.cpu(), expected_out) and torch.equal(mask.cpu(), expected_mask)
+
+
 def test_save_and_load_with_map_location():
     state = {"w": torch.arange(4.0).to("tpu"), "i": torch.ones(2, dtype=torch.long).to("tpu")}
     buf = io.BytesIO()

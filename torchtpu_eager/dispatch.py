@@ -1151,10 +1151,17 @@ def native_dropout(func, args, kwargs):
             key = from_cpu(device_random.KeyDraw(1)()[0])
         mask = run_op(aten.lt.Scalar, (device_random.uniform_like(key, x), 1 - p), {})
     else:
+        # CPU's own draw (a bernoulli_ of the input's shape and dtype): the same seed gives
+        # CPU's masks, as randn and multinomial give CPU's numbers. torch.rand(...) < 1 - p,
+        # drawn before, consumed the generator differently: an LSTM with dropout between
+        # layers or a dropout MLP trained to other numbers than on the CPU.
         with rng.drawing_from_tpu_generator():
-            mask = from_cpu(torch.rand(x.shape) < (1 - p))
+            noise = torch.empty(x.shape, dtype=x.dtype).bernoulli_(1 - p)
+        mask = from_cpu(noise.bool())
     scaled = run_op(aten.mul.Tensor, (x, mask), {})
-    return run_op(aten.mul.Tensor, (scaled, 1.0 / (1 - p)), {}), mask
+    # p == 1 scales by 0 (every element dropped), as CPU's kernel does, not 1 / 0.
+    scale = 0.0 if p == 1 else 1.0 / (1 - p)
+    return run_op(aten.mul.Tensor, (scaled, scale), {}), mask
 
 
 @handles(aten.native_batch_norm.default)
