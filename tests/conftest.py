@@ -41,6 +41,18 @@ def fresh_dynamo():
 
 
 @pytest.fixture
+def defer_and_fuse():
+    """The eager tpu device in defer-and-fuse mode, at "highest" matmul precision, for one test
+    (a file takes it for all with ``pytestmark = pytest.mark.usefixtures("defer_and_fuse")``)."""
+    import torchtpu_eager  # noqa: F401  (registers the device)
+    saved = torch.tpu.get_eager_mode()
+    torch.tpu.set_eager_mode("defer_and_fuse")
+    with torchtpu_compile.config.patch(matmul_precision="highest"):
+        yield
+    torch.tpu.set_eager_mode(saved)
+
+
+@pytest.fixture
 def precision(request):
     """Set torchtpu_compile.config.matmul_precision (indirect parametrization) for one test."""
     with torchtpu_compile.config.patch(matmul_precision=request.param):

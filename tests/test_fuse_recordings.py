@@ -10,13 +10,7 @@ from torchtpu_compile import config
 TPU = torch.device("tpu", 0)
 
 
-@pytest.fixture(autouse=True)
-def defer_and_fuse():
-    saved = torch.tpu.get_eager_mode()
-    torch.tpu.set_eager_mode("defer_and_fuse")
-    with config.patch(matmul_precision="highest"):
-        yield
-    torch.tpu.set_eager_mode(saved)
+pytestmark = pytest.mark.usefixtures("defer_and_fuse")   # tests/conftest.py
 
 
 def test_a_never_written_tensor_read_in_a_recording_stays_readable_after_it_ran():

@@ -7,18 +7,12 @@ import torch
 
 import torchtpu_compile
 import torchtpu_eager  # noqa: F401  (registers the device)
-from torchtpu_compile import config, profiling
+from torchtpu_compile import profiling
 
 TPU = torch.device("tpu", 0)
 
 
-@pytest.fixture(autouse=True)
-def defer_and_fuse():
-    saved = torch.tpu.get_eager_mode()
-    torch.tpu.set_eager_mode("defer_and_fuse")
-    with config.patch(matmul_precision="highest"):
-        yield
-    torch.tpu.set_eager_mode(saved)
+pytestmark = pytest.mark.usefixtures("defer_and_fuse")   # tests/conftest.py
 
 
 def _mlp():
