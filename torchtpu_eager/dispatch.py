@@ -509,17 +509,12 @@ def _check_output_casts(func, args, kwargs) -> None:
             return
 
 
-def _check_dtype_support(func, args, kwargs) -> None:
-    """Raise eager's error where its CPU kernel for ``func`` has no instance for the inputs'
-    dtypes: ``bmm`` of bool, ``hardswish`` of uint8 returned values, since meta kernels do not
-    check dtypes and XLA takes any type. Asked of the CPU kernel on small host zeros, once
-    per signature (``torchtpu_compile.dtype_support``)."""
-    dtype_support.check(func, args, kwargs)
-
-
 def _build(func, args, kwargs, tensors, lift_floats=False):
     _check_meta_kernel(func, args, kwargs)
-    _check_dtype_support(func, args, kwargs)
+    # Eager's error where its CPU kernel has no instance for the inputs' dtypes (bmm of bool
+    # returned a value: meta kernels do not check dtypes, XLA takes any type); asked of the
+    # CPU kernel once per signature.
+    dtype_support.check(func, args, kwargs)
     written = _written_leaves(func, args, kwargs)
     if written:
         _check_output_casts(func, args, kwargs)
