@@ -170,3 +170,18 @@ def test_a_fallback_in_a_bucketed_graph_runs():
     stats = torchtpu_compile.stats()
     assert stats["fallback_ops"] == {"torchtpu_test.doubled.default": 1}
     assert stats["buckets"]["exact_shape_compiles"] == 0
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x + x.argmax().item(),
+    lambda x: x * x.sum().item(),
+    lambda x: torch.arange(3)[x.argmax() % 3].item() + x,
+], ids=["int_item", "float_item", "indexed_item"])
+def test_item_captured_in_the_graph_with_a_region_returning_one_value(fn):
+    # With capture_scalar_outputs (a common Dynamo setting for code that calls .item()), the
+    # .item() falls back and the region after it returns a single value: its runner read the
+    # region graph's output as a tuple and raised "'Node' object is not iterable".
+    torch._dynamo.reset()
+    x = torch.randn(3)
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        torch.testing.assert_close(compile_tpu(fn)(x), fn(x))

@@ -262,8 +262,11 @@ class PartitionedProgram:
             sub_placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
             for ph, arg in zip(sub_placeholders, node.args):
                 ph.meta["val"] = arg.meta.get("val")
-            out_arg = sub.graph.output_node().args[0]
-            single = not isinstance(out_arg, (tuple, list))
+            output = sub.graph.output_node()
+            single = not isinstance(output.args[0], (tuple, list))
+            if single:  # a graph returns a tuple everywhere else (the runner reads it so)
+                output.args = ((output.args[0],),)
+                sub.recompile()
             runner = GraphRunner(sub, name=f"{name}/{node.target}")
             dtypes = [v.dtype if isinstance(v, torch.Tensor) else None
                       for v in (ph.meta.get("val") for ph in sub_placeholders)]
