@@ -158,6 +158,9 @@ class Program:
         defer = False
         executable = self.executable
         if executable is not None:
+            # Host results of earlier calls that died since (a backward's saved activations,
+            # gradients set to None) are freed before this call allocates its own.
+            memory.release_dropped()
             plan = self._plan
             if plan is None:
                 plan = self._arg_plan(len(args))

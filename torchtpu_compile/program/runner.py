@@ -22,6 +22,7 @@ from .. import config, counters
 from .._logging import log, warn_once
 from ..lower.calling_convention import pin_rng_state_sizes
 from ..lower.precision import resolve_precision
+from ..runtime import memory
 from ..runtime.client import get_client
 from .build import build_program
 from .donation import host_adoptions
@@ -190,4 +191,5 @@ class GraphRunner:
             outputs = program(args)
         if boxed:
             args.clear()  # let inputs die as early as eager would
+            memory.release_dropped()  # and free their memory now, not at Python's next gc
         return outputs
