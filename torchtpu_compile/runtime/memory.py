@@ -149,24 +149,22 @@ def release_dropped() -> None:
     parameter's new value (copied back into the parameter) and each moment's old memory, 4 x
     the parameters between two collections (the GPT-2 step of ``bench/memory.py``: 684 MB).
     A dropped upload holds a view of a result in turn, so its release queues one more: the
-    queue is emptied until the live buffers stop falling. An empty queue costs a lock.
+    queue is emptied a few rounds over. A release PJRT makes on its own thread when a
+    program's use of an input ends can land just after this returns: the next call frees it.
 
     Example::
 
         del host_result        # a DLPack view of a program's result
         release_dropped()      # its buffer is freed here, not at the next gc
     """
-    live = _count
     for _ in range(_RELEASE_ROUNDS):
         _collect_garbage()
-        now = _count
-        if now == live:
-            return
-        live = now
 
 
-# A dropped DLPack view frees its buffer, whose numpy view may hold another DLPack view: a
-# chain of two seen in training steps (a gradient uploaded to the optimizer step).
+# Each round can queue the next: a dropped upload's numpy view frees the host tensor it viewed,
+# itself a DLPack view of an earlier result (a parameter's old value, adopted last step). A
+# chain of two is what training steps make; a round on an empty queue costs 0.1 us, so every
+# round runs (a round that frees no tracked buffer may still have queued the next link).
 _RELEASE_ROUNDS = 4
 _collect_garbage = _jax.collect_garbage
 
