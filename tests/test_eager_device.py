@@ -807,26 +807,6 @@ def test_max_pool2d_with_the_default_stride_runs_on_the_device():
     assert torch.equal(indices.cpu(), want_indices)
 
 
-def test_transformer_encoder_nested_tensors_raise_with_the_fix_named():
-    # nn.TransformerEncoder (enable_nested_tensor=True, the default) in eval mode with a
-    # padding mask makes a nested tensor: the host fallback failed with PyTorch's "Internal
-    # error: NestedTensorImpl doesn't support sizes. Please file an issue."
-    torch.manual_seed(0)
-    x = torch.randn(2, 5, 16)
-    pad = torch.tensor([[False] * 5, [False, False, False, True, True]])
-
-    def encode(device, nested):
-        torch.manual_seed(0)
-        layer = torch.nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True)
-        encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=nested)
-        with torch.no_grad():
-            return encoder.to(device).eval()(x.to(device), src_key_padding_mask=pad.to(device))
-    with pytest.raises(NotImplementedError, match="enable_nested_tensor=False"):
-        encode("tpu", True)
-    torch.testing.assert_close(encode("tpu", False).cpu(), encode("cpu", False), rtol=1e-4,
-                               atol=1e-5)
-
-
 def test_a_sparse_tensor_moved_to_tpu_is_a_clear_error():
     # A device buffer is one dense array; the upload failed with "unsupported memory format
     # option Contiguous", which named nothing the user did.

@@ -1221,16 +1221,14 @@ def set_(func, args, kwargs):
     return t
 
 
-@handles(aten._nested_tensor_from_mask.default, aten._nested_tensor_from_tensor_list.default,
-         aten._nested_from_padded.default)
+@handles(aten._nested_tensor_from_tensor_list.default, aten._nested_from_padded.default)
 def nested_tensor(func, args, kwargs):
     # The host fallback would build a host nested tensor that no tpu tensor can wrap (PyTorch
     # then fails with "NestedTensorImpl doesn't support sizes. Please file an issue").
+    # _nested_tensor_from_mask (nn.TransformerEncoder's fast path) is nested.py's.
     raise NotImplementedError(
-        f"{func}: nested tensors are not supported on the tpu device. nn.TransformerEncoder "
-        f"makes one in eval mode when given a src_key_padding_mask: build it with "
-        f"enable_nested_tensor=False (the same results, padded positions included in its "
-        f"output).")
+        f"{func}: nested tensors are not supported on the tpu device, beyond "
+        f"nn.TransformerEncoder's fast path: use a padded tensor with a mask.")
 
 
 __all__ = ["dispatch", "handles", "signature", "download"]
@@ -1301,3 +1299,4 @@ def index_put_with_mask(func, args, kwargs):
 
 
 from . import storage_ops  # noqa: E402,F401  (registers record_stream; FSDP2 storage helpers)
+from . import nested  # noqa: E402,F401  (registers _nested_tensor_from_mask)
