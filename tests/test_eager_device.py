@@ -190,6 +190,21 @@ def test_in_place_and_out_ops():
     torch.testing.assert_close(indices.cpu(), a_cpu.max(dim=1).indices)
 
 
+@pytest.mark.parametrize("conv", [
+    lambda x, w: F.conv2d(x, w), lambda x, w: F.conv_transpose2d(x, w.transpose(0, 1)),
+    lambda x, w: F.conv1d(x[0], w[..., 0])])
+@pytest.mark.parametrize("weight_on", ["cpu", "tpu"])
+def test_a_convolution_of_two_devices_raises_like_cuda(conv, weight_on):
+    # A module left on the host given tpu inputs (an ExportedProgram's module() not moved):
+    # convolution's device-generic kernel reached convolution_overrideable and raised
+    # NotImplementedError ("... not implemented ... TORCH_LIBRARY_IMPL"); CUDA raises a
+    # RuntimeError about the devices.
+    x, w = torch.randn(1, 3, 5, 5), torch.randn(4, 3, 3, 3)
+    x, w = (x.to("tpu"), w) if weight_on == "cpu" else (x, w.to("tpu"))
+    with pytest.raises(RuntimeError, match="same device"):
+        conv(x, w)
+
+
 def test_mixing_devices_raises_like_cuda():
     with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
         torch.ones(2, device="tpu") + torch.ones(2)

@@ -196,6 +196,13 @@ _HOST_INDICES = frozenset(id(op) for op in (
     aten._index_put_impl_.default, aten._unsafe_index.Tensor, aten._unsafe_index_put.default))
 
 
+#: Ops whose device-generic kernel reaches a backend's own (``convolution_overrideable`` on
+#: the tpu device, which PyTorch leaves unimplemented): given a host weight, they raised
+#: NotImplementedError naming that kernel, where CUDA checks the devices and raises.
+_DEVICE_CHECKED = frozenset(id(op) for op in (
+    aten.convolution.default, aten._convolution.default, aten.convolution_backward.default))
+
+
 def _check_devices(func, tensors, args=()) -> bool:
     """Raise where a host tensor (other than a 0-d scalar) is an argument of ``func``, as
     PyTorch does for a CUDA op given a CPU tensor; True where ``func`` is then to run its
@@ -205,8 +212,8 @@ def _check_devices(func, tensors, args=()) -> bool:
         if type(t) is not TpuTensor and t.dim() != 0:
             if any(t is index for index in indices):
                 continue
-            if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(),
-                                                              _COMPOSITE_EXPLICIT):
+            if id(func) not in _DEVICE_CHECKED and torch._C._dispatch_has_kernel_for_dispatch_key(
+                    func.name(), _COMPOSITE_EXPLICIT):
                 # No device check on CUDA either: the kernel reads its host arguments
                 # (pack_padded_sequence's lengths) and computes with the device tensors.
                 return True
