@@ -62,6 +62,50 @@ def test_torch_tpu_module():
     torch.tpu.synchronize()
 
 
+def test_torch_tpu_has_what_cuda_scripts_call():
+    # Each raised AttributeError: a CUDA script calling it stopped there.
+    torch.tpu.init()
+    torch.tpu._lazy_init()
+    assert torch.tpu.is_initialized()
+    torch.tpu.ipc_collect()
+    assert torch.tpu.get_device_capability() == torch.tpu.get_device_capability(0) == (0, 0)
+    props = torch.tpu.get_device_properties(0)
+    assert (props.major, props.minor) == (0, 0)
+    x = torch.ones(4, device="tpu")
+    torch.tpu.synchronize()
+    assert torch.tpu.utilization() == 0  # idle: nothing issued is still running
+    assert torch.tpu.memory_cached() == torch.tpu.memory_reserved()
+    assert torch.tpu.max_memory_cached() == torch.tpu.max_memory_reserved()
+    torch.tpu.reset_max_memory_cached()
+    with torch.tpu.device_of(x), torch.tpu.device_of(torch.ones(1)):
+        pass
+    assert torch.tpu.OutOfMemoryError is torch.cuda.OutOfMemoryError
+    with pytest.raises(RuntimeError, match="tpu:1 does not exist"):
+        torch.tpu.get_device_capability(1)
+    del x
+
+
+@pytest.mark.parametrize("name", ["FloatTensor", "DoubleTensor", "HalfTensor", "BFloat16Tensor",
+                                  "LongTensor", "IntTensor", "ShortTensor", "CharTensor",
+                                  "ByteTensor", "BoolTensor"])
+def test_legacy_typed_constructors_make_tpu_tensors(name):
+    # torch.tpu.FloatTensor(...) raised AttributeError; torch.cuda.FloatTensor makes a CUDA
+    # tensor as torch.FloatTensor makes a host one.
+    cls, host_cls = getattr(torch.tpu, name), getattr(torch, name)
+    want = host_cls([1, 0, 3])
+    got = cls([1, 0, 3])
+    assert got.device.type == "tpu" and torch.equal(got.cpu(), want)
+    empty = cls(2, 3)
+    assert empty.shape == (2, 3) and empty.dtype == want.dtype and empty.device.type == "tpu"
+    assert cls(torch.Size([4])).shape == (4,) and cls().shape == (0,)
+    assert isinstance(got, cls) and not isinstance(want, cls)
+    assert cls(got) is got  # the same tensor, as on CUDA
+    with pytest.raises(TypeError, match="expected"):
+        cls(want)  # a host tensor: CUDA's classes refuse one too
+    assert got.type() == f"torch.tpu.{name}"
+    assert torch.equal(want.type(cls).cpu(), want) and want.type(cls).device.type == "tpu"
+
+
 def test_memory_stats_follow_live_tensors():
     torch.tpu.reset_peak_memory_stats()
     before = torch.tpu.memory_allocated()
