@@ -122,8 +122,7 @@ def test_antialiased_upsampling_runs_through_xla():
     x = randn(2, 3, 16, 9)
     calls = [dict(mode=mode, align_corners=corners, **size)
              for mode in ("bilinear", "bicubic") for corners in (False, True)
-             for size in (dict(scale_factor=0.5), dict(scale_factor=1.7), dict(size=(3, 4)),
-                          dict(size=(5, 20)), dict(size=(1, 1)))]
+             for size in (dict(scale_factor=0.5), dict(size=(5, 20)), dict(size=(1, 1)))]
 
     def interpolate(x):
         return [torch.nn.functional.interpolate(x, antialias=True, **kw) for kw in calls]
