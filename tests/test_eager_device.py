@@ -62,6 +62,50 @@ def test_torch_tpu_module():
     torch.tpu.synchronize()
 
 
+def test_torch_tpu_has_what_cuda_scripts_call():
+    # Each raised AttributeError: a CUDA script calling it stopped there.
+    torch.tpu.init()
+    torch.tpu._lazy_init()
+    assert torch.tpu.is_initialized()
+    torch.tpu.ipc_collect()
+    assert torch.tpu.get_device_capability() == torch.tpu.get_device_capability(0) == (0, 0)
+    props = torch.tpu.get_device_properties(0)
+    assert (props.major, props.minor) == (0, 0)
+    x = torch.ones(4, device="tpu")
+    torch.tpu.synchronize()
+    assert torch.tpu.utilization() == 0  # idle: nothing issued is still running
+    assert torch.tpu.memory_cached() == torch.tpu.memory_reserved()
+    assert torch.tpu.max_memory_cached() == torch.tpu.max_memory_reserved()
+    torch.tpu.reset_max_memory_cached()
+    with torch.tpu.device_of(x), torch.tpu.device_of(torch.ones(1)):
+        pass
+    assert torch.tpu.OutOfMemoryError is torch.cuda.OutOfMemoryError
+    with pytest.raises(RuntimeError, match="tpu:1 does not exist"):
+        torch.tpu.get_device_capability(1)
+    del x
+
+
+@pytest.mark.parametrize("name", ["FloatTensor", "DoubleTensor", "HalfTensor", "BFloat16Tensor",
+                                  "LongTensor", "IntTensor", "ShortTensor", "CharTensor",
+                                  "ByteTensor", "BoolTensor"])
+def test_legacy_typed_constructors_make_tpu_tensors(name):
+    # torch.tpu.FloatTensor(...) raised AttributeError; torch.cuda.FloatTensor makes a CUDA
+    # tensor as torch.FloatTensor makes a host one.
+    cls, host_cls = getattr(torch.tpu, name), getattr(torch, name)
+    want = host_cls([1, 0, 3])
+    got = cls([1, 0, 3])
+    assert got.device.type == "tpu" and torch.equal(got.cpu(), want)
+    empty = cls(2, 3)
+    assert empty.shape == (2, 3) and empty.dtype == want.dtype and empty.device.type == "tpu"
+    assert cls(torch.Size([4])).shape == (4,) and cls().shape == (0,)
+    assert isinstance(got, cls) and not isinstance(want, cls)
+    assert cls(got) is got  # the same tensor, as on CUDA
+    with pytest.raises(TypeError, match="expected"):
+        cls(want)  # a host tensor: CUDA's classes refuse one too
+    assert got.type() == f"torch.tpu.{name}"
+    assert torch.equal(want.type(cls).cpu(), want) and want.type(cls).device.type == "tpu"
+
+
 def test_memory_stats_follow_live_tensors():
     torch.tpu.reset_peak_memory_stats()
     before = torch.tpu.memory_allocated()
@@ -188,6 +232,21 @@ def test_in_place_and_out_ops():
     torch.max(a, dim=1, out=(values, indices))
     torch.testing.assert_close(values.cpu(), a_cpu.max(dim=1).values)
     torch.testing.assert_close(indices.cpu(), a_cpu.max(dim=1).indices)
+
+
+@pytest.mark.parametrize("conv", [
+    lambda x, w: F.conv2d(x, w), lambda x, w: F.conv_transpose2d(x, w.transpose(0, 1)),
+    lambda x, w: F.conv1d(x[0], w[..., 0])])
+@pytest.mark.parametrize("weight_on", ["cpu", "tpu"])
+def test_a_convolution_of_two_devices_raises_like_cuda(conv, weight_on):
+    # A module left on the host given tpu inputs (an ExportedProgram's module() not moved):
+    # convolution's device-generic kernel reached convolution_overrideable and raised
+    # NotImplementedError ("... not implemented ... TORCH_LIBRARY_IMPL"); CUDA raises a
+    # RuntimeError about the devices.
+    x, w = torch.randn(1, 3, 5, 5), torch.randn(4, 3, 3, 3)
+    x, w = (x.to("tpu"), w) if weight_on == "cpu" else (x, w.to("tpu"))
+    with pytest.raises(RuntimeError, match="same device"):
+        conv(x, w)
 
 
 def test_mixing_devices_raises_like_cuda():
@@ -805,26 +864,6 @@ def test_max_pool2d_with_the_default_stride_runs_on_the_device():
     want_values, want_indices = F.max_pool2d(x, 2, return_indices=True)
     torch.testing.assert_close(values.cpu(), want_values, rtol=0, atol=0)
     assert torch.equal(indices.cpu(), want_indices)
-
-
-def test_transformer_encoder_nested_tensors_raise_with_the_fix_named():
-    # nn.TransformerEncoder (enable_nested_tensor=True, the default) in eval mode with a
-    # padding mask makes a nested tensor: the host fallback failed with PyTorch's "Internal
-    # error: NestedTensorImpl doesn't support sizes. Please file an issue."
-    torch.manual_seed(0)
-    x = torch.randn(2, 5, 16)
-    pad = torch.tensor([[False] * 5, [False, False, False, True, True]])
-
-    def encode(device, nested):
-        torch.manual_seed(0)
-        layer = torch.nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True)
-        encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=nested)
-        with torch.no_grad():
-            return encoder.to(device).eval()(x.to(device), src_key_padding_mask=pad.to(device))
-    with pytest.raises(NotImplementedError, match="enable_nested_tensor=False"):
-        encode("tpu", True)
-    torch.testing.assert_close(encode("tpu", False).cpu(), encode("cpu", False), rtol=1e-4,
-                               atol=1e-5)
 
 
 def test_a_sparse_tensor_moved_to_tpu_is_a_clear_error():

@@ -105,20 +105,74 @@ def round_trip(obj):
     return torch.load(f, map_location="tpu")
 d = round_trip({"x": torch.arange(6.0, device="tpu"), "host": torch.ones(2)})
 d["x"][2:].fill_(-1.0)
-print(d["x"].device, d["x"].cpu().tolist(), d["host"].device, d["host"].tolist())
+print(d["x"].device, d["x"].cpu().tolist(), d["host"].device, d["host"].cpu().tolist())
 """
 
 
-def test_map_location_tpu_loads_tpu_tensors_on_the_device_and_keeps_host_ones():
-    """A storage cannot be put on the tpu device: PyTorch's PrivateUse1 deserializer would
-    allocate one and crash the process (a subprocess, then). Tensors saved from the tpu device
-    load on it; tensors saved from the host stay there, with a warning that says so."""
+def test_map_location_tpu_loads_every_tensor_on_the_device():
+    """In a subprocess: were the tpu deserializer not registered, PyTorch's PrivateUse1 one
+    would allocate a tpu storage and crash the process. Tensors saved from the host stayed
+    there, with a warning; CUDA puts them on the device."""
     done = subprocess.run([sys.executable, "-c", MAP_LOCATION_TPU], capture_output=True,
                           text=True, timeout=300, cwd=os.path.dirname(__file__))
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split("\n")[0] == \
-        "tpu:0 [0.0, 1.0, -1.0, -1.0, -1.0, -1.0] cpu [1.0, 1.0]", done.stdout
-    assert "tensors saved from the host stay on the host" in done.stderr
+        "tpu:0 [0.0, 1.0, -1.0, -1.0, -1.0, -1.0] tpu:0 [1.0, 1.0]", done.stdout
+
+
+def _host_saved():
+    base = torch.arange(24.0)
+    return {**_views(base), "long": torch.arange(5), "bool": torch.tensor([True, False]),
+            "empty": torch.empty(0), "half": base.half(), "param": torch.nn.Parameter(base[:3])}
+
+
+@pytest.mark.parametrize("map_location", ["tpu", "tpu:0", torch.device("tpu"), {"cpu": "tpu"}])
+@pytest.mark.parametrize("mmap", [False, True])
+def test_host_saved_tensors_load_on_the_device_as_views_of_one_storage(map_location, mmap,
+                                                                       tmp_path):
+    saved = _host_saved()
+    path = tmp_path / "host.pt"
+    torch.save(saved, path)
+    want = torch.load(path)
+    got = torch.load(path, map_location=map_location, mmap=mmap)
+    for name, w in want.items():
+        g = got[name]
+        assert g.device == torch.device("tpu", 0) and g.dtype == w.dtype, name
+        assert (g.shape, g.stride(), g.storage_offset()) == \
+            (w.shape, w.stride(), w.storage_offset()), name
+        assert isinstance(g, torch.nn.Parameter) == isinstance(w, torch.nn.Parameter), name
+        assert g.requires_grad == w.requires_grad, name
+        assert torch.equal(g.detach().cpu(), w.detach()), name
+    for loaded in (want, got):
+        loaded["x"].add_(1)
+    for name in ("tail", "t", "step"):  # views of x see the write, as on the CPU
+        assert torch.equal(got[name].cpu(), want[name]), name
+
+
+def test_a_host_checkpoint_resumes_training_on_the_device(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.Adam(model.parameters())
+    x = torch.randn(4, 3)
+    model(x).sum().backward()
+    opt.step()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, tmp_path / "ck.pt")
+    state = torch.load(tmp_path / "ck.pt", map_location="tpu")
+    assert state["model"]["weight"].device.type == "tpu"
+    resumed = torch.nn.Linear(3, 2).to("tpu")
+    resumed_opt = torch.optim.Adam(resumed.parameters())
+    resumed.load_state_dict(state["model"])
+    resumed_opt.load_state_dict(state["opt"])
+    for m, o, inp in ((model, opt, x), (resumed, resumed_opt, x.to("tpu"))):
+        o.zero_grad()
+        m(inp).sum().backward()
+        o.step()
+    torch.testing.assert_close(resumed.weight.detach().cpu(), model.weight.detach())
+
+
+def test_setting_a_tpu_tensor_to_a_host_storage_raises_as_cuda_does():
+    with pytest.raises(RuntimeError, match="the devices must match"):
+        torch.empty(0, device="tpu").set_(torch.arange(3.0).untyped_storage())
 
 
 def test_storages_have_an_identity_as_on_cuda():

@@ -196,6 +196,13 @@ _HOST_INDICES = frozenset(id(op) for op in (
     aten._index_put_impl_.default, aten._unsafe_index.Tensor, aten._unsafe_index_put.default))
 
 
+#: Ops whose device-generic kernel reaches a backend's own (``convolution_overrideable`` on
+#: the tpu device, which PyTorch leaves unimplemented): given a host weight, they raised
+#: NotImplementedError naming that kernel, where CUDA checks the devices and raises.
+_DEVICE_CHECKED = frozenset(id(op) for op in (
+    aten.convolution.default, aten._convolution.default, aten.convolution_backward.default))
+
+
 def _check_devices(func, tensors, args=()) -> bool:
     """Raise where a host tensor (other than a 0-d scalar) is an argument of ``func``, as
     PyTorch does for a CUDA op given a CPU tensor; True where ``func`` is then to run its
@@ -205,8 +212,8 @@ def _check_devices(func, tensors, args=()) -> bool:
         if type(t) is not TpuTensor and t.dim() != 0:
             if any(t is index for index in indices):
                 continue
-            if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(),
-                                                              _COMPOSITE_EXPLICIT):
+            if id(func) not in _DEVICE_CHECKED and torch._C._dispatch_has_kernel_for_dispatch_key(
+                    func.name(), _COMPOSITE_EXPLICIT):
                 # No device check on CUDA either: the kernel reads its host arguments
                 # (pack_padded_sequence's lengths) and computes with the device tensors.
                 return True
@@ -1221,16 +1228,14 @@ def set_(func, args, kwargs):
     return t
 
 
-@handles(aten._nested_tensor_from_mask.default, aten._nested_tensor_from_tensor_list.default,
-         aten._nested_from_padded.default)
+@handles(aten._nested_tensor_from_tensor_list.default, aten._nested_from_padded.default)
 def nested_tensor(func, args, kwargs):
     # The host fallback would build a host nested tensor that no tpu tensor can wrap (PyTorch
     # then fails with "NestedTensorImpl doesn't support sizes. Please file an issue").
+    # _nested_tensor_from_mask (nn.TransformerEncoder's fast path) is nested.py's.
     raise NotImplementedError(
-        f"{func}: nested tensors are not supported on the tpu device. nn.TransformerEncoder "
-        f"makes one in eval mode when given a src_key_padding_mask: build it with "
-        f"enable_nested_tensor=False (the same results, padded positions included in its "
-        f"output).")
+        f"{func}: nested tensors are not supported on the tpu device, beyond "
+        f"nn.TransformerEncoder's fast path: use a padded tensor with a mask.")
 
 
 __all__ = ["dispatch", "handles", "signature", "download"]
@@ -1301,3 +1306,4 @@ def index_put_with_mask(func, args, kwargs):
 
 
 from . import storage_ops  # noqa: E402,F401  (registers record_stream; FSDP2 storage helpers)
+from . import nested  # noqa: E402,F401  (registers _nested_tensor_from_mask)

@@ -7,6 +7,12 @@ tensors. Loading makes one tpu storage per host copy, and every tensor a view of
 ``map_location="cpu"`` the tensors are views of one CPU storage. Mutation through one is then
 seen through the others, as after saving and loading CPU tensors.
 
+``map_location="tpu"`` (or ``torch.device("tpu")``, ``{"cpu": "tpu"}``) puts tensors saved
+from the host on the device, as ``map_location="cuda"`` does: a storage cannot live on the tpu
+device, so the restored host storage says it is a tpu one (``_HostStorageForTpu``), PyTorch's
+rebuild makes a tpu tensor and ``set_``s it to that storage, and the ``set_`` handler
+(``storage_ops.py``) uploads the storage once for all the tensors that view it.
+
 Example::
 
     x = torch.arange(5.0, device="tpu")
@@ -57,10 +63,14 @@ def rebuild(host: torch.Tensor, offset: int, size: tuple, stride: tuple, device:
             requires_grad: bool) -> torch.Tensor:
     """A tensor viewing ``host`` (a storage's contents) as it was saved, on ``device`` or where
     ``torch.load``'s ``map_location`` sends it; views of one saved storage share one again."""
+    from .tensor import TpuTensor
     target = torch.device(torch._utils._get_restore_location(device))
-    if target.type == "tpu":
+    if type(host) is TpuTensor:  # map_location sent the host copy itself to the device
+        out = TpuTensor(host._st, size, stride, offset)
+        if target.type != "tpu":
+            out = out.to(target)
+    elif target.type == "tpu":
         from .storage import Storage
-        from .tensor import TpuTensor
         from .transfer import upload
         storage = _loaded.get(host)
         if storage is None:
@@ -75,26 +85,74 @@ def rebuild(host: torch.Tensor, offset: int, size: tuple, stride: tuple, device:
     return out
 
 
-def _restore_on_host(storage, location: str):
-    """The deserializer of location "tpu" (``torch.load(..., map_location="tpu")``).
+class _HostStorageForTpu(torch.UntypedStorage):
+    """A storage ``torch.load`` restored for the tpu device: its bytes are on the host, its
+    ``device`` says tpu, so PyTorch's ``_rebuild_tensor`` makes a tpu tensor for it."""
 
-    A storage cannot live on the tpu device (PyTorch would allocate one and crash): it stays on
-    the host. A tpu tensor's host copy goes on to ``rebuild``, which puts it on the device; a
-    tensor saved from the host stays there, which the warning says, with what to do instead.
+    @property
+    def device(self) -> torch.device:
+        return self._tpu_device
+
+
+# data_ptr of a restored host storage -> [weak reference to it, its tpu Storage per dtype]
+_restored: dict = {}
+
+
+def _restore_on_tpu(storage, location: str):
+    """The deserializer of location "tpu[:n]" (``torch.load(..., map_location="tpu")``).
+
+    The storage stays on the host, marked for the device; ``device_storage`` uploads it when
+    PyTorch's rebuild sets a tpu tensor to it.
     """
     if not re.fullmatch(r"tpu(:\d+)?", location):
         return None
-    from torchtpu_compile._logging import warn_once
-    warn_once(("map_location", "tpu"),
-              "torchtpu: torch.load(map_location='tpu'): tensors saved from the tpu device load "
-              "on it, tensors saved from the host stay on the host (a tpu tensor has no storage "
-              "to load them into). Move those with .to('tpu'), or load_state_dict them into a "
-              "model on the tpu device.")
+    from .device import check_device
+    device = torch.device(location)
+    check_device(device)
+    storage.__class__ = _HostStorageForTpu
+    storage._tpu_device = torch.device("tpu", device.index or 0)
+    if storage.nbytes():
+        for key in [k for k, (ref, _) in _restored.items() if ref() is None]:
+            del _restored[key]
+        _restored[storage.data_ptr()] = [weakref.ref(storage), {}]
     return storage
+
+
+def device_storage(storage, dtype: torch.dtype):
+    """The tpu ``Storage`` of a host storage ``torch.load`` restored for the device (one per
+    storage and dtype, shared by every tensor that views it), or None for any other storage.
+
+    Example::
+
+        device_storage(t.untyped_storage(), torch.float32)   # None: not a restored storage
+    """
+    if not storage.nbytes():  # a restored empty storage has no address to know it by
+        return _empty(dtype) if _cpu(storage) else None
+    known = _restored.get(storage.data_ptr())
+    if known is None or known[0]() is None or known[0]().nbytes() != storage.nbytes():
+        return None
+    made = known[1].get(dtype)
+    if made is None:
+        from .storage import Storage
+        from .transfer import upload
+        host = torch.empty(0, dtype=torch.uint8).set_(storage).view(dtype)
+        made = known[1][dtype] = Storage(upload(host), tuple(host.shape), dtype, host.numel())
+    return made
+
+
+def _cpu(storage) -> bool:
+    return torch._C.StorageBase.device.__get__(storage).type == "cpu"  # not what it says
+
+
+def _empty(dtype: torch.dtype):
+    from .storage import Storage
+    from .transfer import upload
+    host = torch.empty(0, dtype=dtype)
+    return Storage(upload(host), (0,), dtype, 0)
 
 
 def register() -> None:
     """Let ``torch.load(weights_only=True)`` (its default) call ``rebuild``, and
     ``map_location="tpu"`` restore storages (before PyTorch's PrivateUse1 deserializer)."""
     torch.serialization.add_safe_globals([rebuild])
-    torch.serialization.register_package(15, lambda storage: None, _restore_on_host)
+    torch.serialization.register_package(15, lambda storage: None, _restore_on_tpu)

@@ -30,6 +30,7 @@ import torch
 
 from .device import NAME
 from .dispatch import handles
+from .serialization import device_storage
 from .module_conversion import move_in_place
 from .tensor import TpuTensor
 
@@ -137,3 +138,25 @@ def install_fsdp_hooks() -> None:
     _fsdp_init._move_states_to_device = move_states_to_device
     register_fsdp_ops()
     _installed = True
+
+
+@handles(aten.set_.source_Storage, aten.set_.source_Storage_storage_offset)
+def set_storage(func, args, kwargs):
+    """``t.set_(storage, offset, size, stride)``: PyTorch's ``_rebuild_tensor`` makes each
+    tensor ``torch.load(map_location="tpu")`` loads this way, from a host storage restored for
+    the device (``serialization.py``). Any other storage is refused, as CUDA refuses a storage
+    of another device."""
+    t, storage = args[0], args[1]
+    if len(args) > 2:
+        offset, size = args[2], tuple(args[3])
+        stride = tuple(args[4]) if len(args) > 4 and args[4] else None
+    else:
+        offset, size, stride = 0, None, None
+    source = device_storage(storage, t.dtype)
+    if source is None:
+        raise RuntimeError(
+            f'Attempted to set the storage of a tensor on device "{t.device}" to a storage on '
+            f'different device "{storage.device}".  This is no longer allowed; the devices '
+            f"must match.")
+    t._become(TpuTensor(source, (source.numel,) if size is None else size, stride, offset))
+    return t

@@ -24,6 +24,12 @@ from .streams import (Event, Stream, StreamContext, current_stream, default_stre
                       set_stream, stream)
 from .device import check_device  # noqa: F401
 from .rng import get_rng_state, initial_seed, manual_seed, seed, set_rng_state  # noqa: F401
+from .legacy_tensors import legacy_types
+
+globals().update(legacy_types())  # FloatTensor, LongTensor, ...: torch.cuda's legacy classes
+
+#: ``except torch.tpu.OutOfMemoryError`` as ``except torch.cuda.OutOfMemoryError``.
+OutOfMemoryError = torch.OutOfMemoryError
 
 # Read by torch.utils.checkpoint: an initialized device has RNG state to save and restore
 # around recomputation (its dropout masks), which the tpu generator always has.
@@ -36,6 +42,20 @@ def is_available() -> bool:
 
 def is_initialized() -> bool:
     return True
+
+
+def init() -> None:
+    """Start the device (the PJRT client), as ``torch.cuda.init()`` starts CUDA; the first op
+    would. Calling it again does nothing."""
+    _client()
+
+
+_lazy_init = init  # called by libraries that initialize CUDA ahead of use
+
+
+def ipc_collect() -> None:
+    """Nothing to collect: tpu memory is never shared between processes by IPC handles. Kept
+    so that scripts calling it (between training and evaluation) run unchanged."""
 
 
 def _is_in_bad_fork() -> bool:
@@ -71,6 +91,14 @@ class device:
 
     def __exit__(self, *exc):
         return False
+
+
+class device_of(device):
+    """``torch.tpu.device_of(tensor)``: selects the tensor's device if it is a tpu one, as
+    ``torch.cuda.device_of`` does (a no-op with one device)."""
+
+    def __init__(self, obj):
+        super().__init__(obj.get_device() if obj.device.type == "tpu" else None)
 
 
 def get_rng_state_all() -> list:
@@ -116,12 +144,43 @@ class DeviceProperties:
     platform: str
     device_kind: str
     total_memory: int
+    major: int = 0
+    minor: int = 0
 
 
 def get_device_properties(device=None) -> DeviceProperties:
     client = _client()
+    major, minor = get_device_capability(device)
     return DeviceProperties(get_device_name(), client.platform, client.device.device_kind,
-                            mem_get_info(device)[1])
+                            mem_get_info(device)[1], major, minor)
+
+
+def get_device_capability(device=None) -> tuple:
+    """``(major, minor)``: the TPU generation (``"TPU v5 lite"``: (5, 0)); on the CUDA plugin
+    the GPU's compute capability; (0, 0) on the CPU client. A TPU's numbers are not CUDA
+    compute capabilities: ask ``is_bf16_supported()`` for dtypes, not ``major >= 8``.
+
+    Example::
+
+        torch.tpu.get_device_capability()      # (0, 0) here (the PJRT CPU client)
+    """
+    import re
+    check_device(device)
+    pjrt = _client().device
+    compute = getattr(pjrt, "compute_capability", None)  # jaxlib's GPU devices: "9.0"
+    found = re.fullmatch(r"(\d+)\.(\d+)", str(compute)) if compute else None
+    if found is None:
+        version = re.search(r"\bv(\d+)", pjrt.device_kind)
+        return (int(version.group(1)), 0) if version else (0, 0)
+    return int(found.group(1)), int(found.group(2))
+
+
+def utilization(device=None) -> int:
+    """Percent of now the device is busy, as ``torch.cuda.utilization`` reports NVML's: PJRT
+    reports no such figure, so this is a sample of this moment: 100 while ops issued are still
+    running, else 0."""
+    check_device(device)
+    return 0 if _streams.device_idle() else 100
 
 
 # --- memory: the bytes of live PJRT buffers (torchtpu_compile.runtime.memory counts them) ----
@@ -169,6 +228,19 @@ def reset_peak_memory_stats(device=None) -> None:
 
 
 def reset_max_memory_allocated(device=None) -> None:
+    reset_peak_memory_stats(device)
+
+
+def memory_cached(device=None) -> int:
+    """``memory_reserved`` under its old name, as ``torch.cuda.memory_cached``."""
+    return memory_reserved(device)
+
+
+def max_memory_cached(device=None) -> int:
+    return max_memory_reserved(device)
+
+
+def reset_max_memory_cached(device=None) -> None:
     reset_peak_memory_stats(device)
 
 

@@ -116,6 +116,19 @@ def test_bicubic_upsampling_backward_with_and_without_scales():
     check_bicubic_upsampling_backward(cases=[(3, 7, 2.5)])
 
 
+def test_antialiased_upsampling_runs_through_xla():
+    # interpolate(antialias=True) (torchvision's Resize on tensors) ran on the host on both
+    # paths. Down and up, scales and sizes, both corner conventions; strict: no fallback.
+    x = randn(2, 3, 16, 9)
+    calls = [dict(mode=mode, align_corners=corners, **size)
+             for mode in ("bilinear", "bicubic") for corners in (False, True)
+             for size in (dict(scale_factor=0.5), dict(size=(5, 20)), dict(size=(1, 1)))]
+
+    def interpolate(x):
+        return [torch.nn.functional.interpolate(x, antialias=True, **kw) for kw in calls]
+    check_on_both_paths(interpolate, x, rtol=1e-4, atol=1e-5)  # eager sums in another order
+
+
 # --- grid sampling ---------------------------------------------------------------------------
 
 def check_grid_sampler_backward(paddings=(0, 1, 2)):

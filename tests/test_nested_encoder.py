@@ -1,0 +1,86 @@
+"""nn.TransformerEncoder's fast path on the tpu device (eval mode, no grad, a padding mask):
+PyTorch packs the batch into a nested tensor (``torchtpu_eager/nested.py``). Each result is
+compared with eager CPU's, padded positions (zeros on CPU) included."""
+import pytest
+import torch
+from torch import nn
+
+import torchtpu_eager  # noqa: F401  (registers the device)
+from torchtpu_compile import config
+
+# Left-aligned padding, a row of padding only, no padding.
+PAD = torch.tensor([[False] * 5, [False] * 3 + [True] * 2, [True] * 5, [False] * 4 + [True]])
+
+
+@pytest.fixture(params=["strict", "defer_and_fuse"])
+def mode(request):
+    saved = torch.tpu.get_eager_mode()
+    torch.tpu.set_eager_mode(request.param)
+    with config.patch(matmul_precision="highest"):
+        yield request.param
+    torch.tpu.set_eager_mode(saved)
+
+
+def _both(model, *inputs, **kwargs):
+    """(eager CPU's result, the tpu device's result on CPU) of ``model`` in eval, no grad."""
+    model.eval()
+    with torch.no_grad():
+        want = model(*inputs, **kwargs)
+        moved = {k: v.to("tpu") for k, v in kwargs.items()}
+        got = model.to("tpu")(*(x.to("tpu") for x in inputs), **moved)
+    model.to("cpu")
+    return want, got.cpu()
+
+
+@pytest.mark.parametrize("norm_first,activation,final_norm", [
+    (False, "relu", False), (False, "gelu", True), (True, "relu", False)])
+def test_encoder_fast_path_gives_cpus_numbers(mode, norm_first, activation, final_norm):
+    # It raised NotImplementedError (aten._nested_tensor_from_mask); CUDA runs it.
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True,
+                                       norm_first=norm_first, activation=activation)
+    encoder = nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm(16) if final_norm else None)
+    x = torch.randn(4, 5, 16)
+    want, got = _both(encoder, x, src_key_padding_mask=PAD)
+    fast_path = not norm_first and not final_norm  # norm_first: PyTorch's slow path, NaN rows
+    assert not fast_path or torch.equal(want[PAD], torch.zeros_like(want[PAD]))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
+def test_transformer_with_padding_masks_gives_cpus_numbers(mode):
+    torch.manual_seed(0)
+    model = nn.Transformer(16, 2, 1, 1, 32, dropout=0.0, batch_first=True)
+    src, tgt = torch.randn(4, 5, 16), torch.randn(4, 3, 16)
+    want, got = _both(model, src, tgt, src_key_padding_mask=PAD, memory_key_padding_mask=PAD)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
+def test_nested_from_mask_and_back_to_padded(mode):
+    x = torch.randn(4, 5, 3)
+    keep = PAD.logical_not()
+
+    def padded(t, keep, *args):
+        return torch._nested_tensor_from_mask(t, keep, mask_check=False).to_padded_tensor(*args)
+    for args in [(0.0,), (-1.0, (4, 5, 3)), (2.0, (5, 7, 4))]:
+        want = padded(x, keep, *args)
+        got = padded(x.to("tpu"), keep.to("tpu"), *args).cpu()
+        assert torch.equal(got, want), args
+    short = keep[:, :4].clone()  # no sequence longer than 3: padded to 3 without a size
+    short[:, 3] = False
+    assert torch.equal(padded(x[:, :4].to("tpu"), short.to("tpu"), 0.0).cpu(),
+                       padded(x[:, :4], short, 0.0))
+
+
+def test_nested_tensor_misuse_raises_as_eager_does():
+    x, gaps = torch.randn(2, 3, 4), torch.tensor([[True, False, True], [True, True, True]])
+    with pytest.raises(RuntimeError) as want:
+        torch._nested_tensor_from_mask(x, gaps)
+    with pytest.raises(RuntimeError, match=str(want.value)[:40]):
+        torch._nested_tensor_from_mask(x.to("tpu"), gaps.to("tpu"))
+    nested = torch._nested_tensor_from_mask(x.to("tpu"), gaps.to("tpu"), mask_check=False)
+    with pytest.raises(NotImplementedError, match="aten.mul"):
+        nested * 2
+    with pytest.raises(RuntimeError):
+        torch._nested_tensor_from_mask(x, gaps, mask_check=False).to_padded_tensor(0.0, (2, 1, 4))
+    with pytest.raises(RuntimeError):
+        nested.to_padded_tensor(0.0, (2, 1, 4))
