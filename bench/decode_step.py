@@ -1,6 +1,7 @@
 """Where a decode step goes, in counts that do not depend on the machine's load.
 
-Greedy ``generate()`` of the tiny Llama of ``generation.py`` (prompt 7, 16 new tokens), with
+Greedy ``generate()`` of the tiny Llama of ``generation.py`` (or another of its models, the
+fourth argument; prompt 7, 16 new tokens), with
 ``model.forward`` compiled for a backend, after two warm-up generations; one more generation
 runs under ``sys.setprofile`` and reports, per decode step: Python calls (by where they run:
 transformers, Dynamo, aot_autograd, torchtpu, the rest of torch, other), C calls, ``copy_`` calls
@@ -12,6 +13,7 @@ execution (``Executable.run`` to its results being ready) over 5 more.
 
     python bench/decode_step.py torchtpu static        # or: inductor dynamic, eager static, ...
     python bench/decode_step.py torchtpu static tpu    # the model on the tpu device
+    python bench/decode_step.py torchtpu dynamic cpu gpt2   # the tiny GPT-2
 """
 from __future__ import annotations
 
@@ -107,14 +109,14 @@ def _in_execute(generate, runs: int = 5) -> dict:
             "execute_cpu": spent["cpu"] / tokens * 1e3}
 
 
-def main(backend: str, cache: str, device: str = "cpu") -> dict:
+def main(backend: str, cache: str, device: str = "cpu", name: str = "llama") -> dict:
     import torch
     import torchtpu_compile
     from generation import MODELS
     torch.set_float32_matmul_precision("highest")
     torchtpu_compile.config.matmul_precision = "highest"
     torch.manual_seed(0)
-    model = MODELS["llama"][0]().eval()
+    model = MODELS[name][0]().eval()
     ids = torch.randint(3, model.config.vocab_size, (1, 7))
     prompt = dict(input_ids=ids, attention_mask=torch.ones_like(ids))
     if device != "cpu":
@@ -156,7 +158,7 @@ def main(backend: str, cache: str, device: str = "cpu") -> dict:
         ms = _in_execute(lambda: model.generate(**prompt, **kwargs)) \
             if backend == "torchtpu" else {}
     per_step = {k: round(v / NEW_TOKENS, 2) for k, v in python.items()}
-    return {"backend": backend, "cache": cache, "device": device,
+    return {"model": name, "backend": backend, "cache": cache, "device": device,
             "python_calls": round(sum(python.values()) / NEW_TOKENS, 1), "by_place": per_step,
             "c_calls": round(c_calls / NEW_TOKENS, 1),
             "transfers": {k: round(v / NEW_TOKENS, 2) for k, v in moved.items()},

@@ -21,10 +21,12 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from .. import config, counters
 from .._logging import log
 from ..profiling import trace_artifact
-from .layout import NotPaddable, has_padding, outputs_by, outputs_plan, pad_plan, pad_with
+from .layout import NotPaddable, has_padding, outputs_plan, pad_plan, pad_with
 from .background import compile_ahead
+from .kept_padding import KeptPadding, handed_back
 from .policy import bucket_size, choose
 from .trace import analyze, trace_bucket
+from .write_back import outputs_written, write_plans
 
 # Layouts of the tensors a forward graph returns, by node name, per backend graph ("graph_3"):
 # its backward graph takes the saved ones as inputs under the same names.
@@ -40,17 +42,22 @@ def _family(name: str) -> str:
 class BucketedGraph:
     """The programs of one symbolic graph, one per bucket (and precision)."""
 
-    def __init__(self, gm, name: str, build, resident_inputs: frozenset = frozenset()):
+    def __init__(self, gm, name: str, build, resident_inputs: frozenset = frozenset(),
+                 mutated_inputs: tuple = ()):
         self.gm = gm
         self.name = name
         # (static gm, precision, label, resident, **build_program options) -> program
         self._build = build
         self.resident_inputs = resident_inputs
+        # (graph input, graph output) pairs: inputs the graph overwrites (write_back.py)
+        self.mutated_inputs = tuple(mutated_inputs)
+        self._kept = KeptPadding()
         self.spec = None
         self._programs: dict = {}   # (precision, bucket key) -> (program, plan)
         self._device = False        # the results' device type (None: as traced), once known
         self._calls: dict = {}      # (precision, real sizes) -> _call_plan's tuple
-        self._shapes: dict = {}     # (precision, real sizes) -> [pad plans, outputs plan]
+        # (precision, real sizes) -> [pad plans, outputs plan, write plans]
+        self._shapes: dict = {}
 
     def _analyze(self):
         if self.spec is None:
@@ -104,8 +111,11 @@ class BucketedGraph:
         if config.background_buckets:  # also at the first use of a bucket built ahead
             self._build_next_ahead(precision, key, len(existing) + new)
         tensors = [i for i, kind in enumerate(spec.kinds) if kind == "tensor"]
-        padded = [(j, spec.layouts[i]) for j, i in enumerate(tensors)
-                  if has_padding(spec.layouts[i])]
+        # Inputs padded into a tensor kept across calls (kept_padding.py): not where an output
+        # could show it, nor where results stay on a device (the program may still run).
+        shown = handed_back(program) if self._result_device() is None else None
+        padded = [(j, spec.layouts[i], shown is not None and j not in shown)
+                  for j, i in enumerate(tensors) if has_padding(spec.layouts[i])]
         return (program, plan, pad_env, tensors, padded, sizes, key), new
 
     def _build_next_ahead(self, precision: str, key: tuple, buckets: int) -> None:
@@ -143,12 +153,13 @@ class BucketedGraph:
         shapes = self._shapes.get((precision, sizes))
         if shapes is None:
             shapes = self._shapes[(precision, sizes)] = [
-                [(j, pad_plan(layout, real_env, pad_env, inputs[j].shape)) for j, layout in padded],
-                None]
+                [(j, pad_plan(layout, real_env, pad_env, inputs[j].shape), keep)
+                 for j, layout, keep in padded],
+                None, ()]
         padded_elements, real_elements = 0, 0
-        for j, pad_as in shapes[0]:
+        for j, pad_as, keep in shapes[0]:
             arg = inputs[j]
-            inputs[j] = pad_with(arg, pad_as)
+            inputs[j] = self._kept.pad(j, arg, pad_as) if keep else pad_with(arg, pad_as)
             padded_elements += inputs[j].numel()
             real_elements += arg.numel()
         # Fresh each call: a program may alias (or, donated, overwrite) its input buffers.
@@ -163,7 +174,8 @@ class BucketedGraph:
         results = program(inputs, self._result_device())
         if shapes[1] is None:
             shapes[1] = outputs_plan(results, plan.outputs, real_env, pad_env)
-        return outputs_by(results, shapes[1])
+            shapes[2] = write_plans(shapes[1], self.mutated_inputs)
+        return outputs_written(results, shapes[1], shapes[2], args)
 
     def _result_device(self) -> str | None:
         # A bucket is traced on the host (trace.py), so its program would hand back host

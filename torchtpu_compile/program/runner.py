@@ -127,6 +127,8 @@ class GraphRunner:
         # (input, output) pairs: the output is the input's new value (donation.py); static
         # graphs only (a specialized graph's inputs are numbered otherwise)
         self.mutated_inputs = tuple(mutated_inputs) if self.static else ()
+        # the same pairs for a bucketed graph, whose inputs are numbered as the graph's
+        self._bucket_mutated = tuple(mutated_inputs)
         # the outputs the user sees, returned with eager's strides (calling_convention.py);
         # a bucket's outputs are cut back into contiguous copies
         self.eager_layouts = tuple(eager_layouts)
@@ -163,7 +165,7 @@ class GraphRunner:
         from ..buckets import BucketedGraph, NotPaddable
         if self._bucketed is None:
             self._bucketed = BucketedGraph(self.gm, self.name, _build_outside_fake,
-                                           self.resident_inputs)
+                                           self.resident_inputs, self._bucket_mutated)
         try:
             return self._bucketed(args, precision)
         except NotPaddable as reason:

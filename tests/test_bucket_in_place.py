@@ -1,0 +1,110 @@
+"""A bucketed graph that writes its input in place (a static KV cache whose length Dynamo made
+dynamic): the steady call pads into a kept tensor (no upload of the cache) and writes the new
+value straight into the input (no copy of it by aot_autograd), with eager's values throughout.
+"""
+from __future__ import annotations
+
+import torch
+
+import torchtpu_compile
+from torchtpu_compile import config
+
+
+def _static_cache_step(cache, new, position, query):
+    # HF's StaticCache.update, then attention over the whole cache
+    cache.index_copy_(2, position, new)
+    return torch.softmax(query @ cache.transpose(-1, -2), dim=-1) @ cache
+
+
+class _CopiesInto:
+    """Counts ``copy_`` calls writing another tensor into ``target`` (aot_autograd's epilogue
+    writing a mutated input's new value back)."""
+
+    def __init__(self, target):
+        self.target, self.count, self._copy = target, 0, torch.Tensor.copy_
+
+    def __enter__(self):
+        copy = self._copy
+
+        def counted(dst, src, *args, **kwargs):
+            if dst is self.target and src is not dst:
+                self.count += 1
+            return copy(dst, src, *args, **kwargs)
+
+        torch.Tensor.copy_ = counted
+        return self
+
+    def __exit__(self, *exc):
+        torch.Tensor.copy_ = self._copy
+
+
+def test_static_cache_of_dynamic_length_stays_resident_and_is_written_in_place(fresh_dynamo):
+    compiled = torch.compile(_static_cache_step, backend="torchtpu")
+    torch.manual_seed(0)
+    with torch.no_grad(), config.patch(matmul_precision="highest"):
+        # two cache lengths: Dynamo makes the length dynamic, then a decode loop at length 11
+        for length in (9, 10, 11):
+            cache, expected = torch.zeros(1, 2, length, 4), torch.zeros(1, 2, length, 4)
+            for position in range(3):
+                new, query = torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4)
+                pos = torch.tensor([position])
+                out = compiled(cache, new, pos, query)
+                want = _static_cache_step(expected, new, pos, query)
+                torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
+                torch.testing.assert_close(cache, expected, rtol=0, atol=0)
+        uploads = torchtpu_compile.stats()["resident_uploads"]
+        with _CopiesInto(cache) as copies:
+            for position in range(3, 8):
+                new, query = torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4)
+                pos = torch.tensor([position])
+                out = compiled(cache, new, pos, query)
+                want = _static_cache_step(expected, new, pos, query)
+                torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
+                torch.testing.assert_close(cache, expected, rtol=0, atol=0)
+    graphs = torchtpu_compile.stats()["graphs"]
+    assert any(g["buckets"] for g in graphs.values()), graphs  # the loop ran a bucket
+    # the padded cache was kept from the first steady call on: not uploaded again
+    assert torchtpu_compile.stats()["resident_uploads"] == uploads
+    # its new value was written into it by the runner, not copied in by aot_autograd
+    assert copies.count == 0
+
+
+def test_kept_padding_sees_writes_between_calls(fresh_dynamo):
+    # The padded copy is kept, but each call copies the input in again: a write to the cache
+    # outside the compiled function (in place, or through .data) is what the next call reads.
+    compiled = torch.compile(_static_cache_step, backend="torchtpu")
+    torch.manual_seed(0)
+    with torch.no_grad(), config.patch(matmul_precision="highest"):
+        for length in (9, 10, 11, 11, 11, 11):
+            cache = torch.randn(1, 2, length, 4)
+            expected = cache.clone()
+            for step, position in enumerate(range(3)):
+                if step == 1:
+                    cache.mul_(2)
+                    expected.mul_(2)
+                if step == 2:
+                    cache.data[..., 0, :] = 5.0
+                    expected[..., 0, :] = 5.0
+                new, query = torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4)
+                pos = torch.tensor([position])
+                out = compiled(cache, new, pos, query)
+                want = _static_cache_step(expected, new, pos, query)
+                torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
+                torch.testing.assert_close(cache, expected, rtol=0, atol=0)
+
+
+def test_kept_padding_of_a_shrinking_input_keeps_padding_zero(fresh_dynamo):
+    # A dynamic cache inside one bucket: lengths grow (the kept tensor is reused), then shrink
+    # (a fresh one: the old rows would otherwise sit in the padding). A sum over the padded
+    # dim and a matmul contracting it read every position of the bucket.
+    def f(x, w):
+        return x.sum(1), x.transpose(1, 2) @ w
+
+    compiled = torch.compile(f, backend="torchtpu")
+    torch.manual_seed(0)
+    with config.patch(matmul_precision="highest"):
+        for length in (3, 4, 5, 7, 4, 6, 2, 8, 5):
+            x, w = torch.randn(2, length, 3) * 100, torch.randn(2, length, 5)
+            for got, want in zip(compiled(x, w), f(x, w)):
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+    assert torchtpu_compile.stats()["buckets"]["exact_shape_compiles"] == 0
