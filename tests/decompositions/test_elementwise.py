@@ -166,6 +166,24 @@ def test_expressions_of_literals_fold_on_the_host():
     check(literals, randn(4))
 
 
+def test_literal_float_positions_converted_to_indices_are_eagers():
+    # Source rows computed from arange and a float32 ratio (an upsampling backward's taps),
+    # read only by a scatter-add: XLA:CPU contracted 4.5 * r - r into one FMA, the position
+    # became 8.0 instead of eager's 7.9999995, and row 7's gradient went to row 8.
+    ratio = 2.1428570747375488  # float32(15 / 7)
+
+    def scatter_to_rows(g):
+        position = (torch.arange(8).to(torch.float32) + 0.5) * ratio - ratio + 0.5
+        return torch.zeros(16, 3).index_add(0, position.to(torch.int64), g)
+
+    def rows(g):  # the same literal returned, and used in the program as well
+        position = (torch.arange(8).to(torch.float32) + 0.5) * ratio - ratio + 0.5
+        return position.to(torch.int64), position.to(torch.int64) + g.to(torch.int64)
+
+    check(scatter_to_rows, randn(8, 3))
+    check(rows, randn(8))
+
+
 def test_comparisons_of_shape_only_literals_fold_on_the_host():
     # full_like(x, 4.0) is a literal whatever x holds; torch-mlir folded lt(it, 1) to true
     # and the whole result to NaN.

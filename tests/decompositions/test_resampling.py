@@ -129,6 +129,24 @@ def test_antialiased_upsampling_runs_through_xla():
     check_on_both_paths(interpolate, x, rtol=1e-4, atol=1e-5)  # eager sums in another order
 
 
+def test_antialiased_upsampling_backward_runs_through_xla():
+    # _upsample_*2d_aa_backward ran on the host on both paths. Down (16 -> 8 rows with
+    # align_corners once summed into the wrong rows), up, to one, by a scale; strict.
+    aten = torch.ops.aten
+    sizes = [([16, 3], [8, 3], None), ([16, 9], [5, 20], None), ([7, 9], [1, 1], None),
+             ([16, 9], [8, 4], (0.5, 0.5))]
+
+    def backward(*grads):
+        return [op(g, out, [2, 3, *size], corners, *(scales or (None, None)))
+                for op in (aten._upsample_bilinear2d_aa_backward.default,
+                           aten._upsample_bicubic2d_aa_backward.default)
+                for corners in (False, True)
+                for g, (size, out, scales) in zip(grads, sizes)
+                if not (corners and scales)]  # align_corners takes no scale
+    grads = [randn(2, 3, *out, seed=k) for k, (_, out, _) in enumerate(sizes)]
+    check_on_both_paths(backward, *grads, rtol=1e-4, atol=1e-5)  # eager sums in another order
+
+
 # --- grid sampling ---------------------------------------------------------------------------
 
 def check_grid_sampler_backward(paddings=(0, 1, 2)):

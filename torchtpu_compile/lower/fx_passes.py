@@ -294,9 +294,42 @@ def fold_literal_expressions(gm):
         known[folded] = value
         node.replace_all_uses_with(folded)
         gm.graph.erase_node(node)
+    _hold_inexact_literals(gm, known)
     for node in reversed(list(gm.graph.nodes)):  # the literals the folds left unused
         if node in known and not node.users:
             gm.graph.erase_node(node)
+
+
+def _hold_inexact_literals(gm, known: dict) -> None:
+    # A literal computed through floating-point arithmetic (an upsampling's source rows, from
+    # arange, a ratio and a float-to-int conversion) is not always what eager computes once
+    # XLA compiles it: XLA:CPU always contracts a multiply and an add into one FMA, rounded
+    # once, so (4.5 * r - r + 0.5).to(int64) with r = float32(15 / 7) gave 8, not eager's 7,
+    # and the scatter it indexed summed into the wrong rows. So each literal that the rest of
+    # the graph reads is held as eager's value (an argument, resident), not recomputed by XLA.
+    inexact: set = set()  # literals with a floating-point literal among their inputs
+    for node in list(gm.graph.nodes):
+        if node not in known or not node.all_input_nodes:
+            continue  # not a literal, or a factory (arange, full): exact as XLA makes it
+        if any(n in inexact or (n in known and known[n].is_floating_point())
+               for n in node.all_input_nodes):
+            inexact.add(node)
+        readers = [user for user in node.users if user not in known]
+        if node not in inexact or not readers:
+            continue
+        name = f"_folded_literal_{node.name}"
+        gm.register_buffer(name, known[node].contiguous().clone())
+        with gm.graph.inserting_before(node):
+            held = gm.graph.get_attr(name)
+        held.meta = dict(node.meta)
+        for user in readers:
+            # A returned literal is copied, so that no caller ever holds the resident constant.
+            replacement = held
+            if user.op == "output":
+                with gm.graph.inserting_after(held):
+                    replacement = gm.graph.call_function(aten.clone.default, (held,))
+                replacement.meta = dict(node.meta)
+            user.replace_input_with(node, replacement)
 
 
 @fx_pass

@@ -1,6 +1,7 @@
 """Resampling: upsampling's output-size overloads (which the eager device meets) through PyTorch's
 own decompositions, and the backwards of nearest, linear and bicubic upsampling and of the grid
-sampler as scatter-adds.
+sampler as scatter-adds; antialiased upsampling as gathers of eager's filter taps, its
+backward as scatter-adds of the same taps.
 
 Example::
 
@@ -323,8 +324,22 @@ def _antialiased(interp_size: int, kernel):
     return forward
 
 
-# The backwards (_upsample_*2d_aa_backward) stay unlowered, on the host: as scatter-adds of
-# these taps (_scatter_back) they matched eager on the CPU but gave wrong sums once lowered
-# for some sizes (16 -> 8 rows with align_corners=True; not yet minimized).
+def _antialiased_backward(interp_size: int, kernel):
+    taps = _aa_taps(interp_size, kernel)
+
+    def backward(grad, output_size, input_size, align_corners, *scales):
+        # Each output's gradient goes back to its window of inputs with the forward's weights.
+        # (Once wrong for 16 -> 8 rows with align_corners: XLA recomputed these taps' source
+        # rows with an FMA; fx_passes.fold_literal_expressions now holds eager's.)
+        return _scatter_back(grad, output_size, input_size, scales,
+                             lambda n_in, n_out, scale, dtype: taps(
+                                 n_in, n_out, scale, align_corners, dtype))
+    return backward
+
+
 decomposition(aten._upsample_bilinear2d_aa.default)(_antialiased(2, _triangle))
 decomposition(aten._upsample_bicubic2d_aa.default)(_antialiased(4, _keys_cubic))
+decomposition(aten._upsample_bilinear2d_aa_backward.default)(
+    _antialiased_backward(2, _triangle))
+decomposition(aten._upsample_bicubic2d_aa_backward.default)(
+    _antialiased_backward(4, _keys_cubic))
