@@ -16,6 +16,17 @@ def _static_cache_step(cache, new, position, query):
     return torch.softmax(query @ cache.transpose(-1, -2), dim=-1) @ cache
 
 
+def _step_matches_eager(compiled, cache, expected, position: int) -> None:
+    """One decode step at ``position``, compiled on ``cache`` and eager on ``expected``: the
+    outputs and the written caches are the same."""
+    new, query = torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4)
+    pos = torch.tensor([position])
+    out = compiled(cache, new, pos, query)
+    want = _static_cache_step(expected, new, pos, query)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(cache, expected, rtol=0, atol=0)
+
+
 class _CopiesInto:
     """Counts ``copy_`` calls writing another tensor into ``target`` (aot_autograd's epilogue
     writing a mutated input's new value back)."""
@@ -46,21 +57,11 @@ def test_static_cache_of_dynamic_length_stays_resident_and_is_written_in_place(f
         for length in (9, 10, 11):
             cache, expected = torch.zeros(1, 2, length, 4), torch.zeros(1, 2, length, 4)
             for position in range(3):
-                new, query = torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4)
-                pos = torch.tensor([position])
-                out = compiled(cache, new, pos, query)
-                want = _static_cache_step(expected, new, pos, query)
-                torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
-                torch.testing.assert_close(cache, expected, rtol=0, atol=0)
+                _step_matches_eager(compiled, cache, expected, position)
         uploads = torchtpu_compile.stats()["resident_uploads"]
         with _CopiesInto(cache) as copies:
             for position in range(3, 8):
-                new, query = torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4)
-                pos = torch.tensor([position])
-                out = compiled(cache, new, pos, query)
-                want = _static_cache_step(expected, new, pos, query)
-                torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
-                torch.testing.assert_close(cache, expected, rtol=0, atol=0)
+                _step_matches_eager(compiled, cache, expected, position)
     graphs = torchtpu_compile.stats()["graphs"]
     assert any(g["buckets"] for g in graphs.values()), graphs  # the loop ran a bucket
     # the padded cache was kept from the first steady call on: not uploaded again
@@ -85,12 +86,7 @@ def test_kept_padding_sees_writes_between_calls(fresh_dynamo):
                 if step == 2:
                     cache.data[..., 0, :] = 5.0
                     expected[..., 0, :] = 5.0
-                new, query = torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4)
-                pos = torch.tensor([position])
-                out = compiled(cache, new, pos, query)
-                want = _static_cache_step(expected, new, pos, query)
-                torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
-                torch.testing.assert_close(cache, expected, rtol=0, atol=0)
+                _step_matches_eager(compiled, cache, expected, position)
 
 
 def test_kept_padding_of_a_shrinking_input_keeps_padding_zero(fresh_dynamo):
