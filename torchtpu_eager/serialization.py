@@ -70,12 +70,9 @@ def rebuild(host: torch.Tensor, offset: int, size: tuple, stride: tuple, device:
         if target.type != "tpu":
             out = out.to(target)
     elif target.type == "tpu":
-        from .storage import Storage
-        from .transfer import upload
         storage = _loaded.get(host)
         if storage is None:
-            storage = _loaded[host] = Storage(upload(host), tuple(host.shape), host.dtype,
-                                              host.numel())
+            storage = _loaded[host] = _uploaded(host)
         out = TpuTensor(storage, size, stride, offset)
     else:
         out = host.as_strided(size, stride, offset)
@@ -127,16 +124,14 @@ def device_storage(storage, dtype: torch.dtype):
         device_storage(t.untyped_storage(), torch.float32)   # None: not a restored storage
     """
     if not storage.nbytes():  # a restored empty storage has no address to know it by
-        return _empty(dtype) if _cpu(storage) else None
+        return _uploaded(torch.empty(0, dtype=dtype)) if _cpu(storage) else None
     known = _restored.get(storage.data_ptr())
     if known is None or known[0]() is None or known[0]().nbytes() != storage.nbytes():
         return None
     made = known[1].get(dtype)
     if made is None:
-        from .storage import Storage
-        from .transfer import upload
         host = torch.empty(0, dtype=torch.uint8).set_(storage).view(dtype)
-        made = known[1][dtype] = Storage(upload(host), tuple(host.shape), dtype, host.numel())
+        made = known[1][dtype] = _uploaded(host)
     return made
 
 
@@ -144,11 +139,11 @@ def _cpu(storage) -> bool:
     return torch._C.StorageBase.device.__get__(storage).type == "cpu"  # not what it says
 
 
-def _empty(dtype: torch.dtype):
+def _uploaded(host: torch.Tensor):
+    """A tpu ``Storage`` holding ``host``'s contents (a 1-d host tensor: a storage's elements)."""
     from .storage import Storage
     from .transfer import upload
-    host = torch.empty(0, dtype=dtype)
-    return Storage(upload(host), (0,), dtype, 0)
+    return Storage(upload(host), tuple(host.shape), host.dtype, host.numel())
 
 
 def register() -> None:
