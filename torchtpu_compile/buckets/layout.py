@@ -265,10 +265,12 @@ def outputs_plan(results: list, plan_outputs: list, real_env: dict, pad_env: dic
     return plans
 
 
-def outputs_by(results: list, plans: list) -> list:
-    """``unpad_outputs`` by an ``outputs_plan``."""
-    return [unpad_with(results[rest[0]], rest[1]) if kind == "tensor" else rest[0]
-            for kind, *rest in plans]
+def outputs_by(results: list, plans: list, skip=()) -> list:
+    """``unpad_outputs`` by an ``outputs_plan``; None for the outputs in ``skip`` (indices
+    whose value the caller makes otherwise: ``write_back.py``)."""
+    return [None if k in skip else (unpad_with(results[rest[0]], rest[1])
+                                    if kind == "tensor" else rest[0])
+            for k, (kind, *rest) in enumerate(plans)]
 
 
 # --- views -------------------------------------------------------------------------------------

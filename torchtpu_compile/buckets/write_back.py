@@ -47,10 +47,7 @@ def outputs_written(results: list, plans: list, written: tuple, args: list) -> l
     that can take its new value in place gets it and is its own output (module doc)."""
     if not written:
         return outputs_by(results, plans)
-    skip = {w[1] for w in written}
-    outputs = [None if k in skip else (unpad_with(results[rest[0]], rest[1])
-                                       if kind == "tensor" else rest[0])
-               for k, (kind, *rest) in enumerate(plans)]
+    outputs = outputs_by(results, plans, skip={w[1] for w in written})
     for graph_input, graph_output, index, padded, region, real_shape in written:
         tensor, result = args[graph_input], results[index]
         if type(tensor) is _Tensor and tensor.is_cpu and not tensor.requires_grad \
