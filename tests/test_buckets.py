@@ -155,6 +155,25 @@ def test_a_slice_whose_length_is_a_remainder_of_the_size_matches_eager(fresh_dyn
         assert torch.equal(compiled(x), fn(x))
 
 
+def test_a_size_dynamo_made_a_constant_next_to_a_padded_tensor_runs_exact(fresh_dynamo):
+    # Dynamo gives ``linspace(..., x.numel())`` the real numel as a constant (under a guard)
+    # while x stays symbolic: the bucket met x padded and raised a broadcast error; forward
+    # and backward now compile for the exact shape.
+    def step(x):
+        return (x.reshape(-1).cumsum(0) * torch.linspace(0.5, 1.5, x.numel())).sum()
+
+    compiled = compile_tpu(step, dynamic=True)
+    for n in (5, 7):
+        x = torch.randn(n, 4, requires_grad=True)
+        mine = x.detach().clone().requires_grad_()
+        expected = step(x)
+        expected.backward()
+        actual = compiled(mine)
+        actual.backward()
+        _close(actual, expected)
+        _close(mine.grad, x.grad)
+
+
 def _attend_with_mask(cache, new, mask):
     keys = torch.cat([cache, new], dim=1)                          # (b, s + 1, d)
     scores = (keys @ new.transpose(1, 2)).squeeze(-1) + mask       # mask: (b, s + 1)

@@ -241,6 +241,13 @@ def pointwise(ctx, node, *args, **kwargs):
             args, kwargs = _numbers_as_tensors(op, args, kwargs)
         op = _tensor_overload(op)
     tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, Padded)]
+    try:
+        torch.broadcast_shapes(*(t.tensor.shape for t in tensors))
+    except RuntimeError as exc:
+        # A padded operand meets one whose size Dynamo made a constant under a guard
+        # (``x.reshape(-1) * linspace(0, 1, x.numel())``): the graph only runs exact.
+        raise NotPaddable(f"{op} combines a padded tensor with one of a fixed size: "
+                          f"{exc}") from exc
     result = op(*unwrap(args, ctx, real=True), **unwrap(kwargs, ctx, real=True))
     return Padded(result, broadcast_layout(tensors, result.dim()))
 

@@ -195,7 +195,16 @@ def _interpret(gm, spec, flat, ctx: Context, plan: BucketPlan) -> list:
         args, kwargs = _on_the_host(fx.node.map_arg(node.args, lambda n: env[n]),
                                     fx.node.map_arg(node.kwargs, lambda n: env[n]))
         with fx_traceback.set_current_meta(node):
-            env[node] = _run_node(node, args, kwargs, ctx)
+            try:
+                env[node] = _run_node(node, args, kwargs, ctx)
+            except NotPaddable:
+                raise
+            except RuntimeError as exc:
+                # A size Dynamo made a constant under a guard (``linspace(0, 1, x.numel())``
+                # holds the real numel) meets a padded tensor: the graph only runs exact.
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc)
+                raise NotPaddable(f"{node.target} fails at the bucket's sizes: "
+                                  f"{first}") from exc
     raise NotPaddable("graph without output")
 
 
