@@ -174,6 +174,20 @@ def test_a_size_dynamo_made_a_constant_next_to_a_padded_tensor_runs_exact(fresh_
         _close(mine.grad, x.grad)
 
 
+def test_a_float_computed_from_a_size_keeps_eager_dtype(fresh_dynamo):
+    # Label smoothing scales the loss by ``0.1 / num_classes``: with the class count dynamic,
+    # the bucket took the number as a float64 tensor and returned a float64 loss.
+    def loss(x):
+        return F.cross_entropy(x, torch.arange(x.shape[0]) % 4, label_smoothing=0.1)
+
+    compiled = compile_tpu(loss, dynamic=True)
+    for n in (5, 7):
+        x = torch.randn(n, 4)
+        actual, expected = compiled(x), loss(x)
+        assert actual.dtype == expected.dtype
+        _close(actual, expected)
+
+
 def _attend_with_mask(cache, new, mask):
     keys = torch.cat([cache, new], dim=1)                          # (b, s + 1, d)
     scores = (keys @ new.transpose(1, 2)).squeeze(-1) + mask       # mask: (b, s + 1)

@@ -236,7 +236,8 @@ def _numbers_as_tensors(op, args, kwargs):
 def pointwise(ctx, node, *args, **kwargs):
     """Elementwise ops: padding stays padding; sizes used as values are the real ones."""
     op = node.target
-    if any(isinstance(a, Size) for a in list(args) + list(kwargs.values())):
+    sized = any(isinstance(a, Size) for a in list(args) + list(kwargs.values()))
+    if sized:
         if op._overloadname == "default":   # clamp's other bound, a number, as a tensor too
             args, kwargs = _numbers_as_tensors(op, args, kwargs)
         op = _tensor_overload(op)
@@ -248,8 +249,30 @@ def pointwise(ctx, node, *args, **kwargs):
         # (``x.reshape(-1) * linspace(0, 1, x.numel())``): the graph only runs exact.
         raise NotPaddable(f"{op} combines a padded tensor with one of a fixed size: "
                           f"{exc}") from exc
-    result = op(*unwrap(args, ctx, real=True), **unwrap(kwargs, ctx, real=True))
+    call_args, call_kwargs = unwrap(args, ctx, real=True), unwrap(kwargs, ctx, real=True)
+    if sized:
+        call_args, call_kwargs = _numbers_in_result_dtype(node, args, call_args, kwargs,
+                                                          call_kwargs)
+    result = op(*call_args, **call_kwargs)
     return Padded(result, broadcast_layout(tensors, result.dim()))
+
+
+def _numbers_in_result_dtype(node, args, call_args, kwargs, call_kwargs):
+    # A size or number given as a 0-d int64/float64 tensor promotes like a tensor: next to a
+    # 0-d float32 (a loss times ``0.1 / num_classes``) the op ran in float64 and returned
+    # float64. Eager takes them as Python numbers, computed in the result's float dtype.
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor) or not val.dtype.is_floating_point:
+        return call_args, call_kwargs
+
+    def cast(original, value):
+        if isinstance(original, Padded) or not isinstance(value, torch.Tensor) or \
+                value.dtype == val.dtype:
+            return value
+        return aten._to_copy.default(value, dtype=val.dtype)
+
+    return (tuple(cast(a, v) for a, v in zip(args, call_args)),
+            {k: cast(kwargs[k], v) for k, v in call_kwargs.items()})
 
 
 def same_layout(ctx, node, x, *args, **kwargs):
