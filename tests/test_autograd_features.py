@@ -29,3 +29,40 @@ def test_make_fx_records_ops_on_tpu_tensors():
     assert ops == [torch.ops.aten.mul.Tensor, torch.ops.aten.sin.default]
     t = torch.randn(3)
     torch.testing.assert_close(gm(t.to("tpu")).cpu(), (t * w.cpu()).sin())
+
+
+def _dual_call(f, x, t):
+    import torch.autograd.forward_ad as fwAD
+    with fwAD.dual_level():
+        out = fwAD.unpack_dual(f(fwAD.make_dual(x, t)))
+    return out.primal, out.tangent
+
+
+def test_dual_tensors_into_a_compiled_function_keep_their_tangents(fresh_dynamo):
+    # The XLA program computed the primal only: unpack_dual gave a None tangent.
+    import torchtpu_compile
+    torch.manual_seed(0)
+    x, t = torch.randn(4, 3), torch.randn(4, 3)
+
+    def f(x):
+        return (x.sin() * x.cos().exp()).sum(-1)
+    want = _dual_call(f, x, t)
+    for device in ("cpu", "tpu"):
+        torch._dynamo.reset()
+        primal, tangent = _dual_call(torch.compile(f, backend="torchtpu"), x.to(device),
+                                     t.to(device))
+        assert tangent is not None and tangent.device.type == device
+        torch.testing.assert_close((primal.cpu(), tangent.cpu()), want)
+    assert torchtpu_compile.stats()["fallback_ops"]["forward_ad"] == 2
+
+
+def test_dual_tensors_into_a_compiled_function_under_strict_raise(fresh_dynamo):
+    import pytest
+
+    from torchtpu_compile import config
+    from torchtpu_compile.errors import UnsupportedOpError
+    f = torch.compile(lambda x: x.sin(), backend="torchtpu")
+    with config.patch(strict=True):
+        f(torch.randn(3))  # no tangents: XLA, no error
+        with pytest.raises(UnsupportedOpError, match="forward-mode AD"):
+            _dual_call(f, torch.randn(3), torch.randn(3))
