@@ -66,3 +66,19 @@ def test_dual_tensors_into_a_compiled_function_under_strict_raise(fresh_dynamo):
         f(torch.randn(3))  # no tangents: XLA, no error
         with pytest.raises(UnsupportedOpError, match="forward-mode AD"):
             _dual_call(f, torch.randn(3), torch.randn(3))
+
+
+def test_a_view_of_an_inference_tensor_is_one_outside_inference_mode():
+    # The view was made as a normal tensor: a write through it went through where the CPU
+    # raises "Inplace update to inference tensor outside InferenceMode".
+    import pytest
+
+    def views(y):
+        return [y[0], y.t(), y.view(12), *y.split(2)]
+
+    for device in ("cpu", "tpu"):
+        with torch.inference_mode():
+            y = torch.randn(4, 3).to(device)
+        assert all(v.is_inference() for v in views(y)), device
+        with pytest.raises(RuntimeError, match="Inplace update to inference tensor"):
+            y[0].mul_(2)
