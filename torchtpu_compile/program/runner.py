@@ -150,8 +150,8 @@ class GraphRunner:
         self._boxed_call = True
         # Building rewrites the graph in place for XLA (lower/fx_passes.py: tpu literals made
         # host ones, C's fmod renamed aten.remainder), so it rewrites a copy: ``gm`` stays
-        # aot_autograd's graph, which the graph cache pickles and calls with forward-mode AD
-        # tangents run (_run_with_tangents).
+        # aot_autograd's graph, the one the graph cache pickles and the one eager PyTorch
+        # runs for calls with forward-mode AD tangents (_run_with_tangents).
         self._source = gm
         self.gm = copy_module(gm)
         self.name = name or f"graph_{next(_graph_ids)}"
