@@ -60,14 +60,6 @@ _last_entry = threading.local()
 _KEYED_SOURCES = ("backend.py", "program", "graph_cache.py", "lower")
 
 
-def _copy_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """``gm`` with a copy of its graph (nodes and their meta), sharing its parameters and
-    constants: rewriting the copy's graph leaves ``gm``'s as it was."""
-    graph = torch.fx.Graph()
-    graph.output(graph.graph_copy(gm.graph, {}))
-    return torch.fx.GraphModule(gm, graph)
-
-
 @dataclasses.dataclass
 class RunnerOutputCode(OutputCode):
     """An aot_autograd graph and the ``GraphRunner`` that runs it, in a form PyTorch's
@@ -104,12 +96,11 @@ class RunnerOutputCode(OutputCode):
         from .program import GraphRunner
         with _build_lock:
             if self._runner is None:
-                # The runner gets a copy: the lowering rewrites its graph in place
-                # (lower/fx_passes.py), and one rewrite changes what an op means (our C fmod
-                # renamed aten.remainder). The cache entry must hold aot_autograd's graph: a
-                # warm process lowers it again, and lowering the rewritten one gave eager's
-                # remainder where C's fmod was meant.
-                self._runner = GraphRunner(_copy_module(self.gm), name=self.name,
+                # The cache entry must hold aot_autograd's graph: a warm process lowers it
+                # again, and lowering a rewritten one (lower/fx_passes.py: our C fmod renamed
+                # aten.remainder) gave eager's remainder where C's fmod was meant. The runner
+                # rewrites a copy of the graph it is given, never the graph itself.
+                self._runner = GraphRunner(self.gm, name=self.name,
                                            resident_inputs=self.resident_inputs,
                                            mutated_inputs=self.mutated_inputs,
                                            eager_layouts=self.eager_layouts)

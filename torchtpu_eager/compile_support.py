@@ -82,6 +82,27 @@ def register_with_runtime() -> None:
     register_donor(TpuTensor, DEVICE.type, _private_buffers, _adopt)
 
 
+def teach_make_fx() -> None:
+    """Make ``make_fx`` trace ops on ``TpuTensor`` values as ops on tensors (idempotent).
+
+    ProxyTensorMode records an op only when it knows every tensor's type; for any other
+    subclass it steps aside and lets the subclass's ``__torch_dispatch__`` run under it, so
+    tracing recorded our dispatch code's own work (meta-device shape runs, host fallbacks)
+    instead of the op, and a tpu tensor captured by the traced function became a constant
+    computed at trace time. ``torch.func.linearize`` on tpu tensors (it traces ``jvp`` with
+    ``make_fx``) then returned the tracing tangents' values, not the jvp. As a known type, a
+    tpu tensor is recorded as a CUDA tensor is: ops on it become graph nodes, and its value a
+    constant of the graph.
+
+    Example::
+
+        gm = make_fx(lambda t: t * x_tpu)(t_tpu)   # graph: mul(t, _tensor_constant0)
+    """
+    from torch.fx.experimental import proxy_tensor
+    if TpuTensor not in proxy_tensor.HANDLED_TYPES:
+        proxy_tensor.HANDLED_TYPES = (*proxy_tensor.HANDLED_TYPES, TpuTensor)
+
+
 def teach_dynamo() -> None:
     """Make Dynamo trace ``TpuTensor`` values as tensors (idempotent; imports Dynamo)."""
     global _taught

@@ -74,6 +74,7 @@ def register() -> None:
         from . import compile_support, stats  # noqa: F401  (stats: the device's counters)
         compile_support.register_with_runtime()  # compiled programs take and give tpu tensors
         compile_support.route_default_backend()  # torch.compile(model) on tpu: torchtpu
+        compile_support.teach_make_fx()  # make_fx records ops on tpu tensors, not our dispatch
         _registered = True
     from . import compile_support
     compile_support.teach_dynamo_if_loaded()

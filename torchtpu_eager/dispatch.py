@@ -975,20 +975,30 @@ def run_view(func, args, kwargs):
                 t._st.stands_for = str(func)
         return out
     storage = base._st
-    # A view of a normal tensor is a normal tensor, in inference mode too (the CPU's view
-    # shares its base's dispatch keys): made there, our wrapper was an inference tensor, and
-    # autograd raised "Cannot set version_counter for inference tensor" on every view.
-    with _outside_inference_mode(base):
+    # The CPU's view shares its base's dispatch keys: a view of a normal tensor is a normal
+    # tensor, in inference mode too (made there, our wrapper was an inference tensor, and
+    # autograd raised "Cannot set version_counter for inference tensor" on every view), and a
+    # view of an inference tensor is one outside it too (made as a normal tensor, a write
+    # through it was allowed where the CPU raises "Inplace update to inference tensor").
+    with _inference_mode_of(base):
         if geometry and type(geometry[-1]) is bool:  # one result: (size, stride, offset, dense)
             return view_tensor(storage, *geometry)
         return type(geometry)(view_tensor(storage, *g) for g in geometry)  # split, unbind
 
 
-def _outside_inference_mode(base: TpuTensor):
-    """Inference mode off while a view of ``base`` is made, where ``base`` is no inference
-    tensor; a no-op otherwise (only the wrapper is made under it: nothing dispatches)."""
-    if torch.is_inference_mode_enabled() and not base.is_inference():
-        return torch._C._InferenceMode(False)
+def _inference_mode_of(base: TpuTensor):
+    """Inference mode on while a view of ``base`` is made exactly when ``base`` is an inference
+    tensor; a no-op where it already is so (only the wrapper is made under it: nothing
+    dispatches).
+
+    Example::
+
+        with _inference_mode_of(base):
+            view = view_tensor(base._st, size, stride, offset, dense)
+    """
+    inference = base.is_inference()
+    if torch.is_inference_mode_enabled() != inference:
+        return torch._C._InferenceMode(inference)
     return contextlib.nullcontext()
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 
 import torch
+import torch.autograd.forward_ad as forward_ad
 import torch.fx as fx
 from torch._C._dynamo.guards import compute_overlapping_tensors
 from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -20,6 +21,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from .. import config, counters
 from .._logging import log, warn_once
+from ..fallback_policy import fall_back
 from ..lower.calling_convention import pin_rng_state_sizes
 from ..lower.precision import resolve_precision
 from ..runtime import memory
@@ -104,6 +106,33 @@ def refuse_written_aliases(args: list, mutated_inputs: tuple, name: str) -> None
                     f"inputs.")
 
 
+def copy_module(gm: fx.GraphModule) -> fx.GraphModule:
+    """``gm`` with a copy of its graph (nodes and their meta), sharing its parameters and
+    constants: rewriting the copy's graph leaves ``gm``'s as it was.
+
+    Example::
+
+        copy = copy_module(gm); copy.graph.erase_node(...)   # gm unchanged
+    """
+    graph = fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    return fx.GraphModule(gm, graph)
+
+
+def _has_tangents(args: list) -> bool:
+    """Whether a forward-mode AD level is open and an argument carries a tangent at it.
+
+    Example::
+
+        with fwAD.dual_level():
+            _has_tangents([fwAD.make_dual(x, t)])   # True
+    """
+    if forward_ad._current_level < 0:  # no dual level open: the common case, one read
+        return False
+    return any(isinstance(a, torch.Tensor) and forward_ad.unpack_dual(a).tangent is not None
+               for a in args)
+
+
 class GraphRunner:
     """The callable aot_autograd gets for one graph (boxed: called with a list of args).
 
@@ -119,10 +148,15 @@ class GraphRunner:
         # An instance attribute, so that wrappers which copy __dict__ (torch._dynamo.disable,
         # around backward graphs) still tell aot_autograd we take boxed arguments.
         self._boxed_call = True
-        self.gm = gm
+        # Building rewrites the graph in place for XLA (lower/fx_passes.py: tpu literals made
+        # host ones, C's fmod renamed aten.remainder), so it rewrites a copy: ``gm`` stays
+        # aot_autograd's graph, the one the graph cache pickles and the one eager PyTorch
+        # runs for calls with forward-mode AD tangents (_run_with_tangents).
+        self._source = gm
+        self.gm = copy_module(gm)
         self.name = name or f"graph_{next(_graph_ids)}"
-        pin_rng_state_sizes(gm)
-        self.static = _is_static(gm)
+        pin_rng_state_sizes(self.gm)
+        self.static = _is_static(self.gm)
         self.resident_inputs = resident_inputs
         # (input, output) pairs: the output is the input's new value (donation.py); static
         # graphs only (a specialized graph's inputs are numbered otherwise)
@@ -175,11 +209,25 @@ class GraphRunner:
                       reason)
             return None
 
+    def _run_with_tangents(self, args: list) -> list:
+        """The graph run by eager PyTorch, whose ops carry dual tensors' tangents.
+
+        An XLA program computes values only: the tangents of dual inputs
+        (``torch.autograd.forward_ad``) were dropped and ``unpack_dual`` of the result gave
+        None where eager gives the jvp. Under strict, an error; otherwise counted and warned
+        about once, as any fallback.
+        """
+        fall_back("forward_ad", f"{self.name} called with forward-mode AD dual tensors",
+                  "an XLA program computes no tangents", path="compile")
+        return list(self._source(*args))
+
     def __call__(self, *call_args) -> list:
         # aot_autograd calls forward graphs boxed (one list) and, through Dynamo's disable
         # wrapper, backward graphs with positional args; graph inputs are never lists.
         boxed = len(call_args) == 1 and type(call_args[0]) is list
         args = call_args[0] if boxed else list(call_args)
+        if _has_tangents(args):
+            return self._run_with_tangents(args)
         if self.mutated_inputs:
             refuse_written_aliases(args, self.mutated_inputs, self.name)
         precision = resolve_precision(self._platform)
