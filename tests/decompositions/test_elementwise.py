@@ -199,6 +199,22 @@ def test_boolean_and_uint8_comparisons():
           torch.tensor([130, 100, 5], dtype=torch.uint8))
 
 
+def test_comparisons_and_logical_ops_read_a_0d_tensor_in_the_promoted_dtype():
+    # A 0-d tensor does not promote a dimensioned tensor of its kind: eager reads it in the
+    # dimensioned one's dtype (int64 256 beside uint8 is 0, float64 1e-50 beside float32 is 0).
+    # torch-mlir compared in the left operand's dtype: 256 == uint8 0 was False. Found by the
+    # fuzzer (tests/support/fuzz.py, seed 129).
+    def compare(u, big, f32, tiny, i64, f32_0d):
+        i8 = u.to(torch.int8)
+        return (big == u, u != big, big > i8, i8 <= big, tiny == f32, f32 >= tiny,
+                torch.logical_and(big, u), torch.logical_or(u, big), torch.logical_xor(big, u),
+                torch.logical_and(big, u.to(torch.complex64)), i64 == f32_0d, f32_0d < i64)
+    args = (torch.tensor([0, 1, 200], dtype=torch.uint8), torch.tensor(256),
+            torch.tensor([0.0, 1.0, -0.0]), torch.tensor(1e-50, dtype=torch.float64),
+            torch.tensor([2 ** 24 + 1, 3]), torch.tensor(float(2 ** 24)))
+    check_on_both_paths(compare, *args)
+
+
 def test_comparisons_of_a_value_with_itself_see_nan():
     # torch-mlir folded eq(x, x) to true: isfinite(nan) was True.
     x = torch.tensor([1.0, NAN, INF, -INF, 0.0])

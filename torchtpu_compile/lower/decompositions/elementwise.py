@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..fx_passes import C_FMOD
-from .common import computing_dtype
+from .common import computing_dtype, in_common_dtype
 from .jax_functions import builds, jax_function
 from .registry import decomposition
 
@@ -336,6 +336,29 @@ def pow_scalar(x, exponent):
     if x.is_floating_point() and exponent == -2:
         return torch.reciprocal(x * x)
     return NotImplemented
+
+
+# --- comparisons and logical ops -------------------------------------------------------------
+
+def _compared_in_common_dtype(op):
+    """``op(a, b)`` with both tensors cast to their promoted dtype first, as eager's kernels
+    compare; NotImplemented (the usual lowering) where they share one already.
+
+    torch-mlir converts the right operand to the left one's dtype, so where a 0-d tensor takes
+    part (its dtype does not promote a dimensioned tensor of its kind) the comparison ran in the
+    wrong dtype: ``torch.tensor(256) == uint8_zeros`` was False (eager casts 256 to uint8, 0:
+    True), ``float64(1e-50) == float32_zeros`` False (eager: True).
+    """
+    def compare(a, b):
+        cast = in_common_dtype(a, b)
+        return NotImplemented if cast is None else op(*cast)
+    compare.__name__ = f"{op.__name__.split('.')[0]}_in_common_dtype"
+    return compare
+
+
+for _op in (aten.eq.Tensor, aten.ne.Tensor, aten.lt.Tensor, aten.le.Tensor, aten.gt.Tensor,
+            aten.ge.Tensor):
+    decomposition(_op)(_compared_in_common_dtype(_op))
 
 
 # --- floats bit by bit -----------------------------------------------------------------------
