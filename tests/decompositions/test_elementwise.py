@@ -199,6 +199,49 @@ def test_boolean_and_uint8_comparisons():
           torch.tensor([130, 100, 5], dtype=torch.uint8))
 
 
+def test_comparisons_and_logical_ops_read_a_0d_tensor_in_the_promoted_dtype():
+    # A 0-d tensor does not promote a dimensioned tensor of its kind: eager reads it in the
+    # dimensioned one's dtype (int64 256 beside uint8 is 0, float64 1e-50 beside float32 is 0).
+    # torch-mlir compared in the left operand's dtype: 256 == uint8 0 was False. Found by the
+    # fuzzer (tests/support/fuzz.py, seed 129).
+    def compare(u, big, f32, tiny, i64, f32_0d):
+        i8 = u.to(torch.int8)
+        return (big == u, u != big, big > i8, i8 <= big, tiny == f32, f32 >= tiny,
+                torch.logical_and(big, u), torch.logical_or(u, big), torch.logical_xor(big, u),
+                torch.logical_and(big, u.to(torch.complex64)), i64 == f32_0d, f32_0d < i64)
+    args = (torch.tensor([0, 1, 200], dtype=torch.uint8), torch.tensor(256),
+            torch.tensor([0.0, 1.0, -0.0]), torch.tensor(1e-50, dtype=torch.float64),
+            torch.tensor([2 ** 24 + 1, 3]), torch.tensor(float(2 ** 24)))
+    check_on_both_paths(compare, *args)
+
+
+def test_division_and_remainder_read_a_0d_tensor_in_the_promoted_dtype():
+    # An int64 0-d -130 beside int8 is 126 in eager's kernels: int8 1 // it is 0 and 1 % it is
+    # 1; computed in int64 they were -1 and 127. A float64 0-d 70000 beside float16 is inf.
+    # Found by the fuzzer's 0-d probe (tests/support/fuzz.py).
+    def divide(i8, m130, half, big):
+        return (i8 // m130, m130 // i8.clamp(min=1), i8 % m130, m130 % i8.clamp(min=1),
+                torch.fmod(i8, m130), torch.div(i8, m130, rounding_mode="floor"), big // half,
+                half // big, half % big)
+    check_on_both_paths(divide, torch.tensor([0, 1, -7, 100, 127], dtype=torch.int8),
+                        torch.tensor(-130), torch.tensor([0.0, 1.0, -7.5, INF, 3.0],
+                                                         dtype=torch.float16),
+                        torch.tensor(70000.0, dtype=torch.float64))
+
+
+def test_integer_powers_wrap_as_eager():
+    # torch-mlir's integer power was wrong past small exponents (int16 (-7) ** 4464 gave
+    # 14465; eager and exact arithmetic mod 2**16: 1665), and read an int64 0-d exponent
+    # beside int16 in int64. Found by the fuzzer's 0-d probe.
+    def powers(i16, e, i64, u8, e64):
+        return (torch.pow(i16, e), torch.pow(e, i16.abs()), i16 ** 4464, i64 ** 3, i64 ** e64,
+                u8 ** u8, torch.pow(i16, -i16.abs()), i16 ** 0, u8 ** 7)
+    check_on_both_paths(powers, torch.tensor([0, 1, -7, 3, 2, -1, -1], dtype=torch.int16),
+                        torch.tensor(70000), torch.tensor([2 ** 40, -3, 5, 7, 0]),
+                        torch.tensor([0, 1, 3, 255, 16], dtype=torch.uint8),
+                        torch.tensor([63, 62, 100, 21, 0]))
+
+
 def test_comparisons_of_a_value_with_itself_see_nan():
     # torch-mlir folded eq(x, x) to true: isfinite(nan) was True.
     x = torch.tensor([1.0, NAN, INF, -INF, 0.0])

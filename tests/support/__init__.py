@@ -7,6 +7,7 @@
 - ``decomposition_checks``: one decomposition against eager, on every path;
 - ``dist_launch``, ``dist_workers``, ``dist_fsdp``: tpu_dist worker processes;
 - ``checkpoint_worker``: activation checkpointing, run in a subprocess;
+- ``fuzz``: small random programs compared with eager CPU on every path (differential fuzzing);
 - ``opinfo``: PyTorch's OpInfo and ModuleInfo databases run on both paths (harnesses, sweep,
   coverage report).
 

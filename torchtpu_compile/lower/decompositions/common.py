@@ -4,6 +4,7 @@ Example::
 
     computing_dtype(torch.bfloat16)          # torch.float32, as eager's CPU kernels compute
     float_dtypes(torch.tensor([1, 2]))       # (torch.float32, torch.float32)
+    in_common_dtype(torch.tensor(256), torch.zeros(2, dtype=torch.uint8))   # (0, [0, 0]) uint8
 """
 from __future__ import annotations
 
@@ -21,3 +22,18 @@ def float_dtypes(*tensors):
     if not result.is_floating_point:
         result = torch.get_default_dtype()
     return computing_dtype(result), result
+
+
+def in_common_dtype(a, b):
+    """``a`` and ``b`` cast to their promoted dtype, as eager's kernels read them before they
+    compare or combine (a 0-d int64 256 beside a uint8 tensor is read as uint8: 0), or None
+    where they have that dtype already.
+
+    Example::
+
+        in_common_dtype(torch.tensor(256), torch.zeros(2, dtype=torch.uint8))  # (0, [0, 0])
+    """
+    dtype = torch.result_type(a, b)
+    if a.dtype == dtype and b.dtype == dtype:
+        return None
+    return a.to(dtype), b.to(dtype)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..fx_passes import C_FMOD
-from .common import computing_dtype
+from .common import computing_dtype, in_common_dtype
 from .jax_functions import builds, jax_function
 from .registry import decomposition
 
@@ -37,8 +37,10 @@ def _as_tensor(value, like):
 @decomposition(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)
 def remainder(a, b):
     # torch-mlir's lowering gives the C remainder (sign of the dividend) for floats; Python's
-    # takes the divisor's sign. From fmod, as the CPU kernel does, to keep its rounding.
-    a, b = _as_tensor(a, b), _as_tensor(b, a)
+    # takes the divisor's sign. From fmod, as the CPU kernel does, to keep its rounding. The
+    # sign test reads the divisor in the promoted dtype: an int64 0-d -130 beside int8 is 126
+    # there, and int8 1 % it was 127 (eager: 1).
+    a, b = _promoted(_as_tensor(a, b), _as_tensor(b, a))
     mod = _c_fmod(a, b)
     # logical_xor, not !=: torch-mlir compares booleans as signed, which XLA rejects.
     wrong_sign = (mod != 0) & torch.logical_xor(mod < 0, b < 0)
@@ -85,7 +87,10 @@ def div_mode(a, b, *, rounding_mode=None):
     # (and TPUs have no float64). Integers are floored exactly here; floats stay torch-mlir's.
     if rounding_mode != "floor":
         return NotImplemented
+    # A 0-d tensor operand is read in the promoted dtype first, as eager's kernel reads it (an
+    # int64 -130 beside int8 is 126: int8 1 // it is 0; it was -1, computed in int64).
     dtype = torch.result_type(a, b)
+    a, b = (v.to(dtype) if isinstance(v, torch.Tensor) else v for v in (a, b))
     if not _is_integer(dtype):
         return _floor_divide_floats(a, b, dtype)
     return _floor_divide_integers(_as_tensor(a, b), _as_tensor(b, a))
@@ -335,7 +340,63 @@ def pow_scalar(x, exponent):
         return torch.sqrt(x) if exponent == 0.5 else torch.rsqrt(x)
     if x.is_floating_point() and exponent == -2:
         return torch.reciprocal(x * x)
+    if _is_integer(x.dtype) and isinstance(exponent, int) and exponent >= 0:
+        return _integer_power(x, torch.full_like(x, exponent))
     return NotImplemented
+
+
+def _integer_power(x, exponent):
+    """x ** exponent for integers of one dtype, as eager's kernel computes it: by squaring,
+    wrapping in the dtype (a negative exponent: 1 for 1, +-1 for -1, else 0). torch-mlir's
+    integer power was wrong past small exponents: int16 (-7) ** 4464 gave 14465 (eager and
+    exact arithmetic: 1665)."""
+    result = torch.ones_like(x)
+    base, rest = x, exponent
+    for _ in range(torch.iinfo(x.dtype).bits):
+        result = torch.where((rest & 1) != 0, result * base, result)
+        base, rest = base * base, rest >> 1
+    if x.dtype == torch.uint8:
+        return result
+    odd = (exponent & 1) != 0
+    negative = torch.where(x == 1, torch.ones_like(x),
+                           torch.where(x == -1, torch.where(odd, -torch.ones_like(x),
+                                                            torch.ones_like(x)),
+                                       torch.zeros_like(x)))
+    return torch.where(exponent < 0, negative, result)
+
+
+@decomposition(aten.pow.Tensor_Tensor)
+def pow_integers(x, exponent):
+    # Both operands read in the result's dtype, as eager's kernel does (an int64 0-d exponent
+    # 70000 beside int16 is 4464 there).
+    dtype = torch.result_type(x, exponent)
+    if not _is_integer(dtype):
+        return NotImplemented
+    x, exponent = torch.broadcast_tensors(x.to(dtype), exponent.to(dtype))
+    return _integer_power(x, exponent)
+
+
+# --- comparisons and logical ops -------------------------------------------------------------
+
+def _compared_in_common_dtype(op):
+    """``op(a, b)`` with both tensors cast to their promoted dtype first, as eager's kernels
+    compare; NotImplemented (the usual lowering) where they share one already.
+
+    torch-mlir converts the right operand to the left one's dtype, so where a 0-d tensor takes
+    part (its dtype does not promote a dimensioned tensor of its kind) the comparison ran in the
+    wrong dtype: ``torch.tensor(256) == uint8_zeros`` was False (eager casts 256 to uint8, 0:
+    True), ``float64(1e-50) == float32_zeros`` False (eager: True).
+    """
+    def compare(a, b):
+        cast = in_common_dtype(a, b)
+        return NotImplemented if cast is None else op(*cast)
+    compare.__name__ = f"{op.__name__.split('.')[0]}_in_common_dtype"
+    return compare
+
+
+for _op in (aten.eq.Tensor, aten.ne.Tensor, aten.lt.Tensor, aten.le.Tensor, aten.gt.Tensor,
+            aten.ge.Tensor):
+    decomposition(_op)(_compared_in_common_dtype(_op))
 
 
 # --- floats bit by bit -----------------------------------------------------------------------

@@ -12,6 +12,7 @@ import math
 
 import torch
 
+from .common import in_common_dtype
 from .jax_functions import builds, jax_function
 from .registry import decomposition
 
@@ -172,6 +173,17 @@ def _as_truth(x):
     return _truth(x) if isinstance(x, torch.Tensor) and x.is_complex() else x
 
 
+def _truths(a, b):
+    """The operands of a logical op as eager reads them: cast to their promoted dtype (a 0-d
+    int64 256 beside uint8 is 0, False), complex ones as their truth; (None, None) where the
+    usual lowering reads them so already."""
+    cast = in_common_dtype(a, b)
+    if cast is None and not _any_complex(a, b):
+        return None, None
+    a, b = cast or (a, b)
+    return _as_truth(a), _as_truth(b)
+
+
 def _any_complex(*tensors) -> bool:
     return any(isinstance(t, torch.Tensor) and t.is_complex() for t in tensors)
 
@@ -192,23 +204,20 @@ def logical_not(x):
 
 @decomposition(aten.logical_and.default)
 def logical_and(a, b):
-    if not _any_complex(a, b):
-        return NotImplemented
-    return torch.logical_and(_as_truth(a), _as_truth(b))
+    a, b = _truths(a, b)
+    return NotImplemented if a is None else torch.logical_and(a, b)
 
 
 @decomposition(aten.logical_or.default)
 def logical_or(a, b):
-    if not _any_complex(a, b):
-        return NotImplemented
-    return torch.logical_or(_as_truth(a), _as_truth(b))
+    a, b = _truths(a, b)
+    return NotImplemented if a is None else torch.logical_or(a, b)
 
 
 @decomposition(aten.logical_xor.default)
 def logical_xor(a, b):
-    if not _any_complex(a, b):
-        return NotImplemented
-    return torch.logical_xor(_as_truth(a), _as_truth(b))
+    a, b = _truths(a, b)
+    return NotImplemented if a is None else torch.logical_xor(a, b)
 
 
 # torch-mlir divides the complex log by log(base) as a complex number: (-inf + 0j) / (c + 0j)

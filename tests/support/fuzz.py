@@ -1,0 +1,739 @@
+"""Differential fuzzing: small seeded random programs run on eager CPU PyTorch (the reference)
+and on torchtpu's paths, every result compared. ``program(seed)`` draws one; ``check(prog,
+path)`` runs it on a path and returns None or the mismatch; ``minimize`` shrinks a failing
+program to the lines that still fail.
+
+Per-op sweeps (``tests/support/opinfo``) pass; wrong results hide in compositions: views and
+in-place writes, dtype promotion across ops, float/int conversions, indices computed from data,
+special values (NaN, inf, -0.0, integer extremes) flowing through several ops. A program here
+is Python source: a few input tensors built from literals (some transposed, strided, offset or
+expanded views), then ``ops`` statements drawn from ``TEMPLATES`` (one decorator per template),
+each kept only if eager CPU accepts it (so shape and dtype rules are eager's own), or, at the
+end and rarely, one eager rejects (then every path must raise its exception type). The function
+returns every value it made; the inputs are compared after the call too (in-place writes).
+
+Paths (``PATHS``): ``compile`` (``torch.compile(backend="torchtpu")`` on CPU tensors),
+``dynamic`` (the same with ``dynamic=True``), ``eager`` (the tpu device, strict) and ``fuse``
+(the tpu device in defer-and-fuse mode). Repro from the command line::
+
+    python -m tests.support.fuzz --seeds 0:200 --paths compile,eager,fuse --jobs 1
+    python -m tests.support.fuzz --seeds 17 --paths fuse --minimize --show
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import random
+import sys
+import time
+import traceback
+
+import torch
+
+from .opinfo.errors import unwrap
+
+FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+INTS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+DTYPES = FLOATS + INTS + (torch.bool,)
+#: Tolerances per dtype: tight (assert_close's defaults, a little more atol for f32 chains).
+TOLERANCES = {torch.float32: dict(rtol=1.3e-6, atol=1e-5),
+              torch.float64: dict(rtol=1e-7, atol=1e-7),
+              torch.float16: dict(rtol=1e-3, atol=1e-3),
+              torch.bfloat16: dict(rtol=1.6e-2, atol=1e-2)}
+SPECIAL_FLOATS = (math.nan, math.inf, -math.inf, -0.0, 0.0, 0.5, -0.5, 1.5, 2.5, -2.5, 3.0, -7.0,
+                  1e-3, 1e30, -1e30, 100.25)
+SHAPES = ((), (1,), (4,), (3, 1), (2, 3), (3, 3), (0,), (0, 3), (2, 1, 3), (1, 3))
+
+
+# ----------------------------------------------------------------------------------- inputs
+
+def _scalar_source(value, dtype) -> str:
+    if dtype == torch.bool:
+        return "True" if value else "False"
+    if dtype.is_floating_point:
+        return f"float('{value}')" if not math.isfinite(value) else repr(float(value))
+    return str(int(value))
+
+
+def _values(rng: random.Random, n: int, dtype) -> list:
+    if dtype == torch.bool:
+        return [rng.random() < 0.5 for _ in range(n)]
+    if dtype.is_floating_point:
+        special = rng.random() < 0.6
+        return [rng.choice(SPECIAL_FLOATS) if special and rng.random() < 0.4
+                else round(rng.uniform(-6, 6) * 4) / 4 for _ in range(n)]
+    info = torch.iinfo(dtype)
+    extremes = (info.min, info.max, info.min + 1, info.max - 1, 0, -1 if info.min < 0 else 1)
+    extreme = rng.random() < 0.3
+    return [rng.choice(extremes) if extreme and rng.random() < 0.3
+            else rng.randint(max(info.min, -9), min(info.max, 9)) for _ in range(n)]
+
+
+def _nested(flat, shape) -> str:
+    """Source of a nested list of ``shape`` holding the literals ``flat``."""
+    if not shape:
+        return flat[0]
+    step = len(flat) // shape[0] if shape[0] else 0
+    return "[" + ", ".join(_nested(flat[i * step:(i + 1) * step], shape[1:])
+                           for i in range(shape[0])) + "]"
+
+
+def _input_source(rng: random.Random, shape, dtype) -> str:
+    """Source that builds a tensor of ``shape`` and ``dtype`` on device ``dev``: contiguous or a
+    transposed, strided, offset or expanded view of a bigger tensor."""
+    layouts = ["contiguous"]
+    if len(shape) >= 2:
+        layouts += ["transposed", "strided"]
+    if len(shape) >= 1:
+        layouts += ["offset", "expanded"]
+    layout = rng.choice(layouts)
+    base, suffix = list(shape), ""
+    if layout == "transposed":
+        base[-1], base[-2] = base[-2], base[-1]
+        suffix = ".transpose(-1, -2)"
+    elif layout == "strided":
+        base[-1] *= 2
+        suffix = "[..., ::2]"
+    elif layout == "offset":
+        base[0] += 1
+        suffix = "[1:]"
+    elif layout == "expanded":
+        base[0] = 1
+        suffix = f".expand({', '.join(map(str, shape))})"
+    n = math.prod(base)
+    flat = [_scalar_source(v, dtype) for v in _values(rng, n, dtype)]
+    if n == 0:  # a nested empty list loses the other dims
+        return f"torch.empty({tuple(base)}, dtype={dtype}, device=dev){suffix}"
+    return f"torch.tensor({_nested(flat, base)}, dtype={dtype}, device=dev){suffix}"
+
+
+# -------------------------------------------------------------------------------- templates
+
+#: name -> (weight, function(rng, env) -> a statement's right-hand side, or None to skip).
+TEMPLATES: dict = {}
+
+
+def template(weight: float = 1.0):
+    """Register an op template: ``fn(rng, env)`` returns source over the names in ``env``
+    (name -> eager value) or None when ``env`` has nothing it applies to.
+
+    Example::
+
+        @template(2)
+        def neg(rng, env):
+            return f"torch.neg({pick(rng, env)})"
+    """
+    def register(fn):
+        TEMPLATES[fn.__name__] = (weight, fn)
+        return fn
+    return register
+
+
+def pick(rng, env, want=lambda t: True):
+    """A random name in ``env`` whose value satisfies ``want``, or None."""
+    names = [n for n, v in env.items() if isinstance(v, torch.Tensor) and want(v)]
+    return rng.choice(names) if names else None
+
+
+def _is_float(t):
+    return t.is_floating_point()
+
+
+def _is_int(t):
+    return not t.is_floating_point() and t.dtype != torch.bool
+
+
+def _nonempty(t):
+    return t.numel() > 0
+
+
+def _dim(rng, t):
+    return rng.randrange(-t.dim(), t.dim()) if t.dim() else 0
+
+
+ROUNDING_MODES = ("None", "'floor'", "'trunc'")
+
+
+def _scalar(rng):
+    return rng.choice(("2", "-3", "0.5", "1.5", "-2.5", "7", "True", "1e-3", "-0.0"))
+
+
+def _index(rng, env, size):
+    """An int64 index expression in [0, size) built from some tensor's data, or None."""
+    source = pick(rng, env, lambda t: t.dim() >= 1 and t.numel() > 0 and not t.is_complex())
+    if source is None or size == 0:
+        return None
+    build = rng.choice((
+        f"{source}.long().remainder({size})",
+        f"{source}.argsort(dim=-1, stable=True).remainder({size})",
+        f"({source}.float().nan_to_num(0.5).abs() * 3).long().remainder({size})",
+        f"{source}.argmax(dim=-1, keepdim=True).remainder({size})",
+    ))
+    return build
+
+
+@template(3)
+def unary(rng, env):
+    x = pick(rng, env)
+    if x is None:
+        return None
+    t = env[x]
+    if _is_float(t):
+        op = rng.choice(("abs", "neg", "floor", "ceil", "round", "trunc", "sign", "sqrt", "exp",
+                         "log", "sigmoid", "relu", "reciprocal", "frac", "square", "sin",
+                         "signbit", "isnan", "isinf", "isfinite", "nan_to_num", "rsqrt"))
+    elif _is_int(t):
+        op = rng.choice(("abs", "neg", "sign", "bitwise_not", "square", "logical_not"))
+    else:
+        op = rng.choice(("logical_not", "bitwise_not"))
+    return f"torch.{op}({x})"
+
+
+@template(2)
+def rounding(rng, env):
+    x = pick(rng, env, _is_float)
+    if x is None:
+        return None
+    return rng.choice((f"torch.round({x}, decimals={rng.choice((1, -1, 2))})",
+                       f"{x}.clamp({rng.choice(('-1.5', 'None', '0'))}, "
+                       f"{rng.choice(('2.5', '0.0'))})",
+                       f"{x}.clamp(min={rng.choice(('-0.0', '1'))})",
+                       f"torch.nan_to_num({x}, nan={rng.choice(('0.0', '-1.5'))}, posinf=3.0)"))
+
+
+@template(3)
+def convert(rng, env):
+    x = pick(rng, env)
+    if x is None:
+        return None
+    dtype = rng.choice(DTYPES)
+    return rng.choice((f"{x}.to({dtype})", f"{x}.long()", f"{x}.float()", f"{x}.int()",
+                       f"{x}.to({dtype})"))
+
+
+@template(5)
+def binary(rng, env):
+    a, b = pick(rng, env), pick(rng, env)
+    if a is None:
+        return None
+    op = rng.choice(("+", "-", "*", "/", "//", "%", "<", "<=", "==", "!=", ">", "&", "|", "^",
+                     "<<", ">>", "**"))
+    if op == "**":
+        return f"torch.pow({a}, {b})"
+    return f"({a} {op} {b})"
+
+
+@template(3)
+def binary_fn(rng, env):
+    a, b = pick(rng, env), pick(rng, env)
+    if a is None:
+        return None
+    op = rng.choice(("maximum", "minimum", "fmax", "fmin", "fmod", "remainder", "floor_divide",
+                     "atan2", "copysign", "bitwise_and", "logical_and", "logical_xor", "hypot",
+                     "true_divide", "eq", "ne"))
+    return f"torch.{op}({a}, {b})"
+
+
+@template(3)
+def with_scalar(rng, env):
+    a = pick(rng, env)
+    if a is None:
+        return None
+    s = _scalar(rng)
+    return rng.choice((f"({a} + {s})", f"({a} * {s})", f"({a} - {s})", f"({a} / {s})",
+                       f"({a} // {s})", f"({a} % {s})", f"torch.fmod({a}, {s})",
+                       f"{a}.div({s}, rounding_mode={rng.choice(ROUNDING_MODES)})",
+                       f"({s} - {a})", f"torch.pow({a}, {rng.choice(('2', '0.5', '-1', '3'))})",
+                       f"({a} << {rng.choice(('1', '3', '63'))})",
+                       f"({a} >> {rng.choice(('1', '7'))})"))
+
+
+@template(3)
+def where(rng, env):
+    c, a, b = pick(rng, env), pick(rng, env), pick(rng, env)
+    if c is None:
+        return None
+    cond = c if env[c].dtype == torch.bool else f"({c} > 0)"
+    return rng.choice((f"torch.where({cond}, {a}, {b})", f"{a}.masked_fill({cond}, {_scalar(rng)})",
+                       f"torch.where({cond}, {a}, {_scalar(rng)})"))
+
+
+@template(4)
+def reduce(rng, env):
+    x = pick(rng, env)
+    if x is None:
+        return None
+    t = env[x]
+    d = _dim(rng, t)
+    keep = rng.choice(("True", "False"))
+    op = rng.choice(("sum", "prod", "amax", "amin", "argmax", "argmin", "any", "all", "mean",
+                     "count_nonzero", "nansum", "logsumexp", "std", "var"))
+    if op == "count_nonzero":
+        return f"torch.count_nonzero({x}, dim={d})"
+    form = rng.choice(("all", "dim", "dim"))
+    if form == "all":
+        return f"{x}.{op}()"
+    return f"{x}.{op}(dim={d}, keepdim={keep})" if op not in ("any", "all") or True else None
+
+
+@template(2)
+def reduce_pair(rng, env):
+    x = pick(rng, env, lambda t: t.dim() >= 1)
+    if x is None:
+        return None
+    d = _dim(rng, env[x])
+    op = rng.choice(("max", "min", "sort", "median", "mode", "cummax", "cummin"))
+    part = rng.choice(("[0]", "[1]"))
+    if op == "sort":
+        return f"{x}.sort(dim={d}, descending={rng.choice(('True', 'False'))}, stable=True){part}"
+    if op in ("cummax", "cummin"):
+        return f"{x}.{op}(dim={d}){part}"
+    return f"{x}.{op}(dim={d}){part}"
+
+
+@template(3)
+def scan(rng, env):
+    x = pick(rng, env, lambda t: t.dim() >= 1)
+    if x is None:
+        return None
+    d = _dim(rng, env[x])
+    op = rng.choice(("cumsum", "cumprod", "cumsum", "logcumsumexp"))
+    dtype = rng.choice(("", ", dtype=torch.int64", ", dtype=torch.float64", ""))
+    if op == "logcumsumexp":
+        dtype = ""
+    return f"torch.{op}({x}, dim={d}{dtype})"
+
+
+@template(4)
+def view(rng, env):
+    x = pick(rng, env)
+    if x is None:
+        return None
+    t = env[x]
+    forms = [f"{x}.view(-1)", f"{x}.reshape(-1)", f"{x}.unsqueeze(0)", f"{x}[None]"]
+    if t.dim() >= 1:
+        forms += [f"{x}[1:]", f"{x}[::2]", f"{x}.flip(0)", f"{x}[-1]", f"{x}.narrow(0, 0, 1)",
+                  f"{x}.expand(2, *{x}.shape)", f"{x}.roll(1, 0)", f"{x}[{x}.shape[0] // 2:]"]
+    if t.dim() >= 2:
+        forms += [f"{x}.t()", f"{x}.transpose(0, 1)", f"{x}.diagonal()", f"{x}[:, 1:]",
+                  f"{x}.permute(1, 0, *range(2, {x}.dim()))", f"{x}.tril()", f"{x}.mT"]
+    return rng.choice(forms)
+
+
+@template(2)
+def combine(rng, env):
+    a = pick(rng, env)
+    if a is None:
+        return None
+    b = pick(rng, env, lambda t: t.shape == env[a].shape)
+    return rng.choice((f"torch.cat([{a}, {b}])", f"torch.stack([{a}, {b}])",
+                       f"torch.cat([{a}, {b}], dim=-1)"))
+
+
+@template(3)
+def gather_index(rng, env):
+    x = pick(rng, env, lambda t: t.dim() >= 1 and t.shape[0] > 0)
+    if x is None:
+        return None
+    t = env[x]
+    idx = _index(rng, env, t.shape[0])
+    if idx is None:
+        return None
+    if rng.random() < 0.05:  # occasionally out of range: every path must raise eager's error
+        idx = f"({idx} + {t.shape[0]})"
+    return rng.choice((f"{x}[{idx}]", f"{x}.index_select(0, {idx}.reshape(-1))",
+                       f"torch.take({x}, {idx})", f"{x}.gather(0, {idx}.expand_as({x}))"
+                       if t.dim() == 1 else f"{x}[{idx}.reshape(-1)]"))
+
+
+@template(4)
+def in_place(rng, env):
+    x = pick(rng, env)
+    if x is None:
+        return None
+    t = env[x]
+    v = pick(rng, env)
+    forms = [f"{x}.add_({v})", f"{x}.mul_({_scalar(rng)})", f"{x}.copy_({v})",
+             f"{x}.clamp_(max={rng.choice(('0', '1.5'))})", f"{x}.zero_()",
+             f"{x}.masked_fill_({v} > 0, {_scalar(rng)})", f"{x}.fill_({_scalar(rng)})",
+             f"{x}.sub_({v}, alpha={rng.choice(('2', '0.5'))})", f"{x}.floor_divide_({v})",
+             f"{x}.abs_()", f"{x}.neg_()"]
+    if t.dim() >= 1 and t.shape[0] > 0:
+        n = t.shape[0]
+        forms += [f"{x}[0].add_({v})", f"{x}[{rng.randrange(n)}] = {_scalar(rng)}",
+                  f"{x}[1:].copy_({x}[:-1])", f"{x}[::2].mul_({_scalar(rng)})",
+                  f"{x}[{x} > 0] = {_scalar(rng)}"]
+        idx = _index(rng, env, n)
+        if idx is not None:
+            accumulate = rng.choice(('True', 'False'))
+            forms += [f"{x}.index_put_(({idx}.reshape(-1),), {v}, accumulate={accumulate})",
+                      f"{x}.index_add_(0, {idx}.reshape(-1), {v})",
+                      f"{x}.index_fill_(0, {idx}.reshape(-1), {_scalar(rng)})",
+                      f"{x}[{idx}.reshape(-1)] = {v}"]
+            if t.dim() == 1:
+                forms += [f"{x}.scatter_add_(0, {idx}.reshape(-1), {v}.reshape(-1))",
+                          f"{x}.scatter_(0, {idx}.reshape(-1), {v}.reshape(-1))",
+                          f"{x}.scatter_reduce_(0, {idx}.reshape(-1), {v}.reshape(-1), "
+                          f"reduce={rng.choice(('sum', 'prod', 'amax', 'amin', 'mean'))!r}, "
+                          f"include_self={rng.choice(('True', 'False'))})"]
+    stmt = rng.choice(forms)
+    return "STMT " + stmt  # a statement, not an expression: it binds nothing new
+
+
+@template(2)
+def matmul(rng, env):
+    a = pick(rng, env, lambda t: _is_float(t) and t.dim() >= 1)
+    if a is None:
+        return None
+    b = pick(rng, env, lambda t: _is_float(t) and t.dim() >= 1)
+    return rng.choice((f"({a} @ {b})", f"torch.matmul({a}, {b}.mT if {b}.dim() > 1 else {b})",
+                       f"({a} @ {a}.mT)" if env[a].dim() >= 2 else f"torch.dot({a}, {a})"))
+
+
+@template(2)
+def index_math(rng, env):
+    """Float arithmetic turned into an index: the class of the FMA bug (a ratio times a
+    position, minus a constant, truncated)."""
+    x = pick(rng, env, lambda t: t.dim() >= 1 and t.shape[0] > 1)
+    if x is None:
+        return None
+    n = env[x].shape[0]
+    r = rng.choice(("(15 / 7)", "(1 / 3)", "0.1", "(7 / 15)"))
+    pos = rng.choice((f"(torch.arange({n}, device={x}.device).float() + 0.5)",
+                      f"(torch.arange({n}, device={x}.device) * {r})"))
+    return f"{x}[(({pos} * {r} - {r} + 0.5).long()).clamp(0, {n - 1})]"
+
+
+# --------------------------------------------------------------------------------- programs
+
+@dataclasses.dataclass
+class Program:
+    """A program's source: its inputs' builders and its statements; ``source()`` is the
+    function, runnable alone."""
+    seed: int
+    inputs: list          # source per input, over ``dev``
+    lines: list           # statements of the body
+    returns: list         # names returned
+    raises: bool = False  # eager CPU rejects the last line
+
+    def source(self) -> str:
+        names = ", ".join(f"x{i}" for i in range(len(self.inputs)))
+        body = "\n".join(f"    {line}" for line in self.lines)
+        ret = ", ".join(self.returns) + ("," if len(self.returns) == 1 else "")
+        return f"def f({names}):\n{body}\n    return ({ret})\n"
+
+    def repro(self) -> str:
+        made = "\n".join(f"x{i} = {s}" for i, s in enumerate(self.inputs))
+        return f"dev = 'cpu'\n{made}\n{self.source()}"
+
+    def make_inputs(self, dev="cpu") -> list:
+        return [eval(s, {"torch": torch, "dev": dev}) for s in self.inputs]
+
+    def function(self):
+        scope = {"torch": torch}
+        exec(compile(self.source(), f"<fuzz {self.seed}>", "exec"), scope)
+        return scope["f"]
+
+
+def _run_eager_cpu(prog: Program):
+    """(inputs after, env of every name, exception or None) of ``prog`` on eager CPU."""
+    inputs = prog.make_inputs()
+    env = {f"x{i}": t for i, t in enumerate(inputs)}
+    scope = {"torch": torch, **env}
+    try:
+        exec(compile("\n".join(prog.lines) or "pass", "<fuzz>", "exec"), scope)
+    except Exception as exc:  # the program's last line is one eager rejects
+        return inputs, None, exc
+    return inputs, {k: v for k, v in scope.items() if k in env or k.startswith("v")}, None
+
+
+def program(seed: int, ops: int = 6) -> Program:
+    """Draw the program of ``seed``: inputs, then ``ops`` statements eager CPU accepts (and,
+    rarely, a last one it rejects).
+
+    Example::
+
+        print(program(3).repro())
+    """
+    rng = random.Random(seed)
+    dtype_mix = rng.sample(DTYPES, 3)
+    shape = rng.choice(SHAPES)
+    inputs = []
+    for _ in range(rng.randint(1, 3)):
+        s = shape if rng.random() < 0.7 else rng.choice(SHAPES)
+        inputs.append(_input_source(rng, s, rng.choice(dtype_mix)))
+    prog = Program(seed, inputs, [], [])
+    weights = [w for w, _ in TEMPLATES.values()]
+    fns = [fn for _, fn in TEMPLATES.values()]
+    _, env, _ = _run_eager_cpu(prog)
+    made = 0
+    for _attempt in range(ops * 12):
+        if made >= ops:
+            break
+        rhs = rng.choices(fns, weights)[0](rng, env)
+        if rhs is None:
+            continue
+        line = rhs[5:] if rhs.startswith("STMT ") else f"v{made} = {rhs}"
+        trial = dataclasses.replace(prog, lines=prog.lines + [line])
+        _, trial_env, error = _run_eager_cpu(trial)
+        if error is not None:
+            rejected = not isinstance(error, (NameError, TypeError))  # not a generator slip
+            if made == ops - 1 and rng.random() < 0.15 and rejected:
+                prog = dataclasses.replace(trial, raises=True)
+                break
+            continue
+        if any(isinstance(v, torch.Tensor) and v.numel() > 4096 for v in trial_env.values()):
+            continue
+        prog, env = trial, trial_env
+        if not rhs.startswith("STMT "):
+            made += 1
+    prog.returns = [f"v{i}" for i in range(made)] or ["x0"]
+    return prog
+
+
+# ------------------------------------------------------------------------------------ paths
+
+def _to_cpu(value):
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_to_cpu(v) for v in value)
+    return value
+
+
+def _run_compile(prog: Program, dynamic: bool, backend: str = "torchtpu"):
+    import torch._dynamo
+    torch._dynamo.reset()
+    inputs = prog.make_inputs()
+    fn = torch.compile(prog.function(), backend=backend, dynamic=dynamic)
+    return fn(*inputs), inputs
+
+
+def _run_device(prog: Program, mode: str):
+    import torchtpu_eager  # noqa: F401  (registers the device)
+    from .helpers import eager_mode
+    with eager_mode(mode):
+        inputs = prog.make_inputs("tpu")
+        out = prog.function()(*inputs)
+        return _to_cpu(out), _to_cpu(inputs)
+
+
+def _run_reference(prog: Program):
+    inputs = prog.make_inputs()
+    return prog.function()(*inputs), inputs
+
+
+PATHS = {
+    "compile": lambda prog: _run_compile(prog, dynamic=False),
+    "dynamic": lambda prog: _run_compile(prog, dynamic=True),
+    "eager": lambda prog: _run_device(prog, "strict"),
+    "fuse": lambda prog: _run_device(prog, "defer_and_fuse"),
+}
+#: The compile paths with Dynamo alone (``backend="eager"``): where Dynamo itself raises
+#: another exception type than eager (its fake tensors' meta checks), the backend is not at
+#: fault, as in the OpInfo error sweep's ``dynamo`` verdict.
+DYNAMO_ALONE = {
+    "compile": lambda prog: _run_compile(prog, dynamic=False, backend="eager"),
+    "dynamic": lambda prog: _run_compile(prog, dynamic=True, backend="eager"),
+}
+
+
+def _dynamo_raises_so_too(prog: Program, path: str, error: BaseException) -> bool:
+    if path not in DYNAMO_ALONE:
+        return False
+    try:
+        DYNAMO_ALONE[path](prog)
+    except Exception as exc:
+        return type(unwrap(exc)) is type(error)
+    return False
+
+
+# ------------------------------------------------------------------------------- comparison
+
+def compare(actual, expected, what: str) -> str | None:
+    """The first difference between two results (tensors exact for ints and bools, within
+    ``TOLERANCES`` for floats, NaN where NaN; dtype and shape equal), or None.
+
+    Example::
+
+        compare(torch.tensor([1, 2]), torch.tensor([1, 3]), "output")   # "output: values ..."
+    """
+    if isinstance(expected, (tuple, list)):
+        if not isinstance(actual, (tuple, list)) or len(actual) != len(expected):
+            return f"{what}: {type(actual).__name__} instead of {len(expected)} values"
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            found = compare(a, e, f"{what}[{i}]")
+            if found:
+                return found
+        return None
+    if not isinstance(expected, torch.Tensor):
+        return None if actual == expected else f"{what}: {actual!r} instead of {expected!r}"
+    if not isinstance(actual, torch.Tensor):
+        return f"{what}: {type(actual).__name__} instead of a tensor"
+    if actual.dtype != expected.dtype or actual.shape != expected.shape:
+        return (f"{what}: {actual.dtype}{list(actual.shape)} instead of "
+                f"{expected.dtype}{list(expected.shape)}")
+    a, e = actual.detach().cpu(), expected.detach()
+    if e.is_floating_point():
+        close = torch.isclose(a.double(), e.double(), equal_nan=True, **TOLERANCES[e.dtype])
+        # isclose calls inf == inf close; -0.0 and 0.0 are equal (docs/reliability.md).
+    else:
+        close = a == e
+    if bool(close.all()):
+        return None
+    bad = (~close).nonzero()[0].tolist()
+    at = tuple(bad)
+    return (f"{what}: {(~close).sum().item()} of {e.numel()} differ, first at {at}: "
+            f"{a[at].item()!r} instead of {e[at].item()!r}")
+
+
+@dataclasses.dataclass
+class Mismatch:
+    """One path's difference from eager CPU on one program."""
+    seed: int
+    path: str
+    what: str
+    prog: Program
+
+    def __str__(self):
+        return f"seed {self.seed} [{self.path}] {self.what}\n{self.prog.repro()}"
+
+
+def check(prog: Program, path: str, run=None) -> Mismatch | None:
+    """Run ``prog`` on eager CPU and on ``path`` (``run`` overrides ``PATHS[path]``); the
+    mismatch, or None where the path matches: same values, same inputs after, or the same
+    exception type where eager raises.
+
+    Example::
+
+        check(program(0), "compile")   # None
+    """
+    run = run or PATHS[path]
+    try:
+        expected, expected_inputs = _run_reference(prog)
+        reference_error = None
+    except Exception as exc:
+        reference_error = exc
+    try:
+        actual, actual_inputs = run(prog)
+        error = None
+    except Exception as exc:
+        error = unwrap(exc)
+    if reference_error is not None:
+        if error is None:
+            what = f"returned a value where eager raises {type(reference_error).__name__}: " \
+                   f"{str(reference_error).splitlines()[0][:160]}"
+        elif not isinstance(error, type(reference_error)) and \
+                not (run is PATHS.get(path) and _dynamo_raises_so_too(prog, path, error)):
+            what = (f"raised {type(error).__name__}: {str(error).splitlines()[0][:160]} where "
+                    f"eager raises {type(reference_error).__name__}: "
+                    f"{str(reference_error).splitlines()[0][:160]}")
+        else:
+            return None
+        return Mismatch(prog.seed, path, what, prog)
+    if error is not None:
+        if run is PATHS.get(path) and _dynamo_raises_so_too(prog, path, error):
+            return None  # Dynamo's own refusal (a meta check stricter than eager's kernel)
+        lines = "".join(traceback.format_exception_only(type(error), error)).strip().splitlines()
+        return Mismatch(prog.seed, path, f"raised {lines[0][:300]}", prog)
+    what = compare(actual, expected, "output") or compare(actual_inputs, expected_inputs, "input")
+    return Mismatch(prog.seed, path, what, prog) if what else None
+
+
+def minimize(mismatch: Mismatch, run=None) -> Mismatch:
+    """Drop statements (last first), returned values and inputs while the path still differs
+    from eager CPU in the same way (same first words of the difference).
+
+    Example::
+
+        small = minimize(check(program(17), "fuse"))
+    """
+    kind = mismatch.what.split(":")[0].split("[")[0]
+    best = mismatch
+
+    def still(prog):
+        found = check(prog, mismatch.path, run)
+        return found if found and found.what.split(":")[0].split("[")[0] == kind else None
+
+    changed = True
+    while changed:
+        changed = False
+        prog = best.prog
+        for i in reversed(range(len(prog.lines))):
+            lines = prog.lines[:i] + prog.lines[i + 1:]
+            defined = {line.split(" = ")[0] for line in lines if " = " in line}
+            returns = [r for r in prog.returns if r in defined] or ["x0"]
+            found = still(dataclasses.replace(prog, lines=lines, returns=returns))
+            if found:
+                best, changed = found, True
+                break
+        prog = best.prog
+        for r in list(prog.returns):
+            if len(prog.returns) > 1:
+                fewer = [x for x in prog.returns if x != r]
+                found = still(dataclasses.replace(prog, returns=fewer))
+                if found:
+                    best, changed = found, True
+                    break
+    return best
+
+
+# ------------------------------------------------------------------------------------- main
+
+def sweep(seeds, paths, ops=6, minimize_found=False, out=sys.stdout, minutes=None) -> list:
+    """Run the programs of ``seeds`` on ``paths`` (stopping after ``minutes``, if given); print
+    and return the mismatches."""
+    torch.set_float32_matmul_precision("highest")
+    found, start, ran = [], time.time(), 0
+    for seed in seeds:
+        if minutes is not None and time.time() - start > minutes * 60:
+            break
+        ran += 1
+        prog = program(seed, ops)
+        for path in paths:
+            try:
+                mismatch = check(prog, path)
+            except Exception as exc:  # the harness itself broke: a finding too
+                mismatch = Mismatch(seed, path, f"harness: {exc!r}", prog)
+            if mismatch and minimize_found:
+                mismatch = minimize(mismatch)
+            if mismatch:
+                found.append(mismatch)
+                print(mismatch, file=out, flush=True)
+    print(f"{ran} programs (seeds {seeds[0]}..{seeds[0] + ran - 1}) x {len(paths)} paths, "
+          f"{len(found)} mismatches, "
+          f"{time.time() - start:.0f}s", file=out, flush=True)
+    return found
+
+
+def _seeds(text: str) -> range | list:
+    if ":" in text:
+        lo, hi = text.split(":")
+        return range(int(lo), int(hi))
+    return [int(s) for s in text.split(",")]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", default="0:50", help="a:b or a,b,c")
+    parser.add_argument("--paths", default="compile,eager,fuse")
+    parser.add_argument("--ops", type=int, default=6)
+    parser.add_argument("--jobs", type=int, default=1, help="only 1 (the machine is shared)")
+    parser.add_argument("--minimize", action="store_true")
+    parser.add_argument("--minutes", type=float, help="stop after this long")
+    parser.add_argument("--show", action="store_true", help="print the programs and stop")
+    args = parser.parse_args(argv)
+    import logging
+    logging.getLogger("torchtpu").setLevel(logging.ERROR)
+    if args.show:
+        for seed in _seeds(args.seeds):
+            print(f"# seed {seed}\n{program(seed, args.ops).repro()}")
+        return 0
+    found = sweep(_seeds(args.seeds), args.paths.split(","), args.ops, args.minimize,
+                  minutes=args.minutes)
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
