@@ -341,8 +341,22 @@ def pow_scalar(x, exponent):
     if x.is_floating_point() and exponent == -2:
         return torch.reciprocal(x * x)
     if _is_integer(x.dtype) and isinstance(exponent, int) and exponent >= 0:
-        return _integer_power(x, torch.full_like(x, exponent))
+        return _integer_power_of(x, exponent)
     return NotImplemented
+
+
+def _integer_power_of(x, exponent: int):
+    """x ** exponent for a Python int exponent >= 0: by squaring, one multiply per bit of the
+    exponent (``x ** 2`` is one), wrapping in x's dtype as eager's kernel does (products
+    modulo 2**bits agree however they are grouped)."""
+    result, base = None, x
+    while exponent:
+        if exponent & 1:
+            result = base if result is None else result * base
+        exponent >>= 1
+        if exponent:
+            base = base * base
+    return torch.ones_like(x) if result is None else result
 
 
 def _integer_power(x, exponent):
