@@ -188,6 +188,19 @@ def test_a_float_computed_from_a_size_keeps_eager_dtype(fresh_dynamo):
         _close(actual, expected)
 
 
+def test_a_slice_from_a_dynamic_count_before_the_end_keeps_the_last_rows(fresh_dynamo):
+    # x[:, -k:] with k dynamic too (Hugging Face's ``logits_to_keep``, which assisted decoding
+    # passes): the padded rule took -k as a position from the front, clamped to 0, and returned
+    # the first k rows, so the compiled model verified the assistant's tokens against the wrong
+    # logits. Sizes (8, 9, 12) with k (2, 2, 3): buckets 8 and 16, both sides of a bucket.
+    fn = lambda x, k: (x * 2)[:, -k:, :]  # noqa: E731
+    compiled = compile_tpu(fn)
+    for n, k in ((7, 1), (8, 2), (9, 2), (12, 3)):
+        x = torch.randn(1, n, 4)
+        assert torch.equal(compiled(x, k), fn(x, k)), (n, k)
+    assert torchtpu_compile.stats()["buckets"]["exact_shape_compiles"] == 0
+
+
 def _attend_with_mask(cache, new, mask):
     keys = torch.cat([cache, new], dim=1)                          # (b, s + 1, d)
     scores = (keys @ new.transpose(1, 2)).squeeze(-1) + mask       # mask: (b, s + 1)

@@ -412,15 +412,26 @@ def slice_(ctx, node, x, dim=0, start=None, end=None, step=1):
         if start + length > x.tensor.shape[dim]:
             raise NotPaddable("a slice reaches past the padded size")
         return Padded(aten.slice.Tensor(x.tensor, dim, start, start + length), tuple(layout))
-    # The start counts from the real end (x[-k:]): gather from real positions.
+    # The start counts from the real end (x[-k:]) or is dynamic: gather from real positions.
     real_in = evaluate(in_expr, ctx.real_env)
-    real_start = start.real if isinstance(start, Size) else real_in + start
-    if isinstance(start, Size) and is_symbolic(start.expr) is False and start.pad < 0:
-        real_start = real_in + start.pad
+    real_start = _real_start(start, real_in)
     real_start = aten.clamp.default(_as_tensor(real_start), 0)
     index = aten.add.Tensor(aten.arange.default(length, dtype=torch.int64), real_start)
     index = aten.clamp.default(index, 0, x.tensor.shape[dim] - 1)
     return Padded(aten.index_select.default(x.tensor, dim, index), tuple(layout))
+
+
+def _real_start(start, real_in):
+    """Where a slice starting at ``start`` begins in a dim of ``real_in`` real elements: a
+    negative start counts from the real end, as Python's does. A dynamic start (``x[-k:]``
+    with ``k`` dynamic: Hugging Face's ``logits_to_keep``) is negative at run time exactly when
+    it is at the bucket, since Dynamo guards its sign; it was taken as an offset from the front
+    (position -k, clamped to 0), which kept the first rows instead of the last."""
+    if not isinstance(start, Size):
+        return real_in + start
+    if start.pad < 0:
+        return aten.add.Tensor(_as_tensor(real_in), start.real)
+    return start.real
 
 
 def _unbounded_at_padding(expr) -> bool:
