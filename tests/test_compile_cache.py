@@ -132,6 +132,33 @@ def test_disk_cache_evicts_least_recently_used(tmp_path):
     assert store.get("b") is None and store.get("c") is not None
 
 
+def test_disk_cache_lists_its_folder_once_until_it_may_be_full(tmp_path, monkeypatch):
+    # Each put listed and stat-ed every entry: over the 100,000 entries of a cache used for
+    # weeks, 0.5 s per put, most of every new eager op's first call.
+    listings = []
+    real_listdir = os.listdir
+    monkeypatch.setattr(stores.os, "listdir", lambda d: listings.append(d) or real_listdir(d))
+    store = stores.DiskStore(str(tmp_path), max_bytes=100_000)
+    for i in range(40):
+        store.put(f"k{i}", b"0" * 200)          # 8,000 bytes: under a tenth of the cap
+    assert len(listings) == 1
+    for i in range(40, 80):
+        store.put(f"k{i}", b"0" * 200)          # past a tenth: listed again, once
+    assert len(listings) == 2
+    assert all(store.get(f"k{i}") is not None for i in range(80))
+
+
+def test_disk_cache_evicts_below_its_cap_once_full(tmp_path):
+    store = stores.DiskStore(str(tmp_path), max_bytes=10_000)
+    for i in range(12):
+        store.put(f"k{i}", b"0" * 1000)
+        os.utime(tmp_path / frame.entry_name(f"k{i}"), (1000 + i, 1000 + i))
+    on_disk = sum(f.stat().st_size for f in tmp_path.iterdir() if f.name.endswith(".xla"))
+    assert on_disk <= 10_000
+    # the newest entries are the ones kept
+    assert store.get("k11") is not None and store.get("k0") is None
+
+
 def test_remote_file_cache_fills_disk_of_a_new_machine(tmp_path, isolated_cache):
     remote = tmp_path / "remote"
     torchtpu_compile.config.remote_cache = f"file://{remote}"
