@@ -89,3 +89,18 @@ def test_probe_once_per_signature_and_rng_untouched(monkeypatch):
     torch._dynamo.reset()
     torch.compile(lambda a, b: torch.bmm(a, b) + 1, backend="torchtpu")(a, a)
     assert len(probes) == first  # no probe per call, and none again per signature
+
+
+def test_histc_of_integers_runs_off_the_cpu_as_cuda_does():
+    # transformers' MoE layers count tokens per expert with histc of int32 on any device but
+    # the CPU (whose kernel refuses integers): Mixtral on the tpu device raised the CPU's
+    # refusal. CUDA counts them, in the input's dtype; CPU tensors still raise.
+    from tests.support.helpers import compile_tpu
+    experts = torch.tensor([[0, 3], [1, 3], [3, 2], [5, -1]], dtype=torch.int32)
+    expected = torch.histc(experts.float(), bins=4, min=0, max=3).to(torch.int32)
+    counts = torch.histc(experts.to("tpu"), bins=4, min=0, max=3)
+    assert counts.dtype == torch.int32 and torch.equal(counts.cpu(), expected)
+    count = compile_tpu(lambda e: torch.histc(e, bins=4, min=0, max=3))
+    assert torch.equal(count(experts.to("tpu")).cpu(), expected)
+    with pytest.raises(NotImplementedError, match="not implemented for 'Int'"):
+        torch.histc(experts, bins=4, min=0, max=3)

@@ -54,6 +54,18 @@ _LARGEST_RESULT = 1 << 16
 
 _verdicts: dict = {}   # signature -> the exception eager raises, or None
 
+#: Ops whose CUDA kernels take dtypes the CPU's refuse, called with them by code written for
+#: accelerators, and lowered as CUDA computes them: off the CPU they are not refused.
+#: transformers' MoE layers count tokens per expert with ``histc`` of int32 on any device
+#: but the CPU and MPS ("torch.histc() does not support integer dtypes on CPU"): Mixtral on
+#: the tpu device raised CPU's '"histogram_cpu" not implemented for 'Int''.
+_ACCELERATOR_DTYPES = frozenset({torch.ops.aten.histc.default, torch.histc, torch.Tensor.histc})
+
+
+def _off_the_cpu(args, kwargs) -> bool:
+    tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+    return any(t.device.type != "cpu" for t in tensors)
+
 
 class _Unprobeable(Exception):
     """An argument the probe cannot make concrete (a symbolic size)."""
@@ -164,6 +176,8 @@ def unsupported_dtype_error(fn, args, kwargs) -> BaseException | None:
         # NotImplementedError('"bmm" not implemented for \\'Bool\\'')
     """
     if "device" in kwargs:  # a factory: its dtype is the trace's to judge, not a kernel's
+        return None
+    if fn in _ACCELERATOR_DTYPES and _off_the_cpu(args, kwargs):
         return None
     small = _numel((args, kwargs)) <= _SMALL
     try:
