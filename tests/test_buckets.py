@@ -201,6 +201,22 @@ def test_a_slice_from_a_dynamic_count_before_the_end_keeps_the_last_rows(fresh_d
     assert torchtpu_compile.stats()["buckets"]["exact_shape_compiles"] == 0
 
 
+def test_a_bucketed_graph_refuses_inputs_that_overlap_one_it_writes(fresh_dynamo):
+    # A static graph raised; a bucketed one skipped the check and returned x * 2 from x as it
+    # was before the write through its view w: no error, eager's values missed.
+    def writes_w_reads_x(w, x):
+        w.add_(1)
+        return x * 2
+
+    compiled = compile_tpu(writes_w_reads_x, dynamic=True)
+    for n in (6, 9):
+        compiled(torch.ones(n - 1), torch.ones(n))
+        x = torch.arange(float(n))
+        with pytest.raises(RuntimeError, match="overlaps the memory of another"):
+            compiled(x[1:], x)
+    assert torchtpu_compile.stats()["buckets"]["compiles"] >= 1
+
+
 def _attend_with_mask(cache, new, mask):
     keys = torch.cat([cache, new], dim=1)                          # (b, s + 1, d)
     scores = (keys @ new.transpose(1, 2)).squeeze(-1) + mask       # mask: (b, s + 1)

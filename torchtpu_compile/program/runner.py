@@ -161,8 +161,9 @@ class GraphRunner:
         # (input, output) pairs: the output is the input's new value (donation.py); static
         # graphs only (a specialized graph's inputs are numbered otherwise)
         self.mutated_inputs = tuple(mutated_inputs) if self.static else ()
-        # the same pairs for a bucketed graph, whose inputs are numbered as the graph's
-        self._bucket_mutated = tuple(mutated_inputs)
+        # the same pairs numbered as the graph's inputs, which are a call's arguments: for the
+        # alias check of every call, and a bucketed graph's write-back
+        self._graph_mutated = tuple(mutated_inputs)
         # the outputs the user sees, returned with eager's strides (calling_convention.py);
         # a bucket's outputs are cut back into contiguous copies
         self.eager_layouts = tuple(eager_layouts)
@@ -199,7 +200,7 @@ class GraphRunner:
         from ..buckets import BucketedGraph, NotPaddable
         if self._bucketed is None:
             self._bucketed = BucketedGraph(self.gm, self.name, _build_outside_fake,
-                                           self.resident_inputs, self._bucket_mutated)
+                                           self.resident_inputs, self._graph_mutated)
         try:
             return self._bucketed(args, precision)
         except NotPaddable as reason:
@@ -228,8 +229,8 @@ class GraphRunner:
         args = call_args[0] if boxed else list(call_args)
         if _has_tangents(args):
             return self._run_with_tangents(args)
-        if self.mutated_inputs:
-            refuse_written_aliases(args, self.mutated_inputs, self.name)
+        if self._graph_mutated:  # bucketed graphs too: their results missed the write
+            refuse_written_aliases(args, self._graph_mutated, self.name)
         precision = resolve_precision(self._platform)
         outputs = None
         if not self.static and config.buckets and self._bucketed is not False:
