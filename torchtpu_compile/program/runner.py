@@ -133,6 +133,31 @@ def _has_tangents(args: list) -> bool:
                for a in args)
 
 
+def _refuse_views_of_inputs(gm: fx.GraphModule, user_outputs: tuple) -> None:
+    """Raise NotPaddable where a user output is a view of a graph input.
+
+    aot_autograd rebuilds such an output from the input with the size and strides of the one
+    the graph returns; a bucket returns contiguous copies cut back from its padded results, so
+    ``x[..., ::2].expand(2, ...)`` came back reading the wrong elements (no error) or raised
+    ``setStorage ... out of bounds``. Compiled per exact shape, the output keeps eager's
+    strides.
+
+    Example::
+
+        _refuse_views_of_inputs(gm, (0,))   # NotPaddable: output 0 is a view of input arg0_1
+    """
+    from ..buckets import NotPaddable
+    outputs = gm.graph.output_node().args[0]
+    for i in user_outputs:
+        node = outputs[i] if i < len(outputs) else None
+        while isinstance(node, fx.Node) and node.op == "call_function" and \
+                isinstance(node.target, torch._ops.OpOverload) and node.target.is_view:
+            node = node.args[0]
+        if isinstance(node, fx.Node) and node.op == "placeholder" and node is not outputs[i]:
+            raise NotPaddable(f"output {i} is a view of input {node.name}, which aot_autograd "
+                              f"rebuilds with the strides the graph returns")
+
+
 class GraphRunner:
     """The callable aot_autograd gets for one graph (boxed: called with a list of args).
 
@@ -198,10 +223,11 @@ class GraphRunner:
     def _run_bucketed(self, args: list, precision: str):
         """Outputs from the graph's padded buckets, or None where it needs exact shapes."""
         from ..buckets import BucketedGraph, NotPaddable
-        if self._bucketed is None:
-            self._bucketed = BucketedGraph(self.gm, self.name, _build_outside_fake,
-                                           self.resident_inputs, self._graph_mutated)
         try:
+            if self._bucketed is None:
+                _refuse_views_of_inputs(self.gm, self.eager_layouts)
+                self._bucketed = BucketedGraph(self.gm, self.name, _build_outside_fake,
+                                               self.resident_inputs, self._graph_mutated)
             return self._bucketed(args, precision)
         except NotPaddable as reason:
             self._bucketed = False
