@@ -684,7 +684,14 @@ def minimize(mismatch: Mismatch, run=None) -> Mismatch:
 def sweep(seeds, paths, ops=6, minimize_found=False, out=sys.stdout, minutes=None) -> list:
     """Run the programs of ``seeds`` on ``paths`` (stopping after ``minutes``, if given); print
     and return the mismatches."""
-    torch.set_float32_matmul_precision("highest")
+    import torchtpu_compile
+    # our setting, not torch's global one: a test run in the same process after a sweep must
+    # see torch's precision as nobody set it
+    with torchtpu_compile.config.patch(matmul_precision="highest"):
+        return _sweep(seeds, paths, ops, minimize_found, out, minutes)
+
+
+def _sweep(seeds, paths, ops, minimize_found, out, minutes) -> list:
     found, start, ran = [], time.time(), 0
     for seed in seeds:
         if minutes is not None and time.time() - start > minutes * 60:
