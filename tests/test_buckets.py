@@ -129,6 +129,9 @@ CASES = {
     # get_attr nodes: tensors the graph holds (a cache's empty start)
     "constants": lambda x: (x * torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0]),
                             torch.cat([torch.tensor([]), x.sum(2).reshape(-1)])),
+    # every part of a cat is a 1-d empty tensor (fuzz seed 1078: the rule indexed its first
+    # kept part and raised IndexError)
+    "cat_of_only_empty_parts": lambda x: (x * 2, torch.cat([x[0, 0, 5:], x[1, 0, 5:]])),
 }
 
 
@@ -145,6 +148,16 @@ def test_rule_matches_eager_at_every_size(name, fresh_dynamo):
     stats = torchtpu_compile.stats()
     assert stats["buckets"]["exact_shape_compiles"] == 0
     assert stats["buckets"]["compiles"] == 2 and stats["buckets"]["hits"] == 1
+
+
+def test_a_stack_of_empty_tensors_next_to_a_padded_one_matches_eager(fresh_dynamo):
+    # fuzz seed 1078: the cat rule indexed its first non-empty part and raised IndexError
+    fn = lambda x, e: (x * 2, torch.stack([e, e]))  # noqa: E731
+    compiled = compile_tpu(fn, dynamic=True)
+    for n in (5, 6):
+        args = torch.randn(n, 3), torch.ones(1, dtype=torch.float16)[1:]
+        for actual, expected in zip(compiled(*args), fn(*args)):
+            assert actual.dtype == expected.dtype and torch.equal(actual, expected)
 
 
 def test_a_slice_whose_length_is_a_remainder_of_the_size_matches_eager(fresh_dynamo):

@@ -496,6 +496,9 @@ def cat(ctx, node, tensors, dim=0):
             for t, n in zip(tensors, node.args[0])
             if not (t.tensor.dim() == 1 and t.tensor.shape[0] == 0)]
     parts = [t for t, _ in kept]
+    if not parts:
+        # every part was a 1-d empty tensor: so is the result (a stack of empties is one)
+        return Padded(aten.cat.default([t.tensor for t in tensors], dim), tensors[0].layout)
     rank = len(parts[0].layout)
     dim = _norm_dim(dim, rank)
     layout = [merge_dims([p.layout[d] for p in parts]) if d != dim else None
