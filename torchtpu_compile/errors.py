@@ -54,3 +54,30 @@ def invalid_input(kind: type, message: str) -> InvalidInputError:
 class ConfigError(TorchTPUError, ValueError):
     """A setting of ``torchtpu_compile.config`` was given a value it does not accept (set in
     code, or in its environment variable); the message names both and the accepted values."""
+
+
+def raise_if_out_of_memory(exc: BaseException, what: str) -> None:
+    """Raise ``torch.OutOfMemoryError`` for PJRT's out-of-memory error ``exc`` (status
+    RESOURCE_EXHAUSTED: a buffer, a program's outputs or its compile did not fit); otherwise
+    return, for the caller to re-raise ``exc``.
+
+    ``except torch.OutOfMemoryError`` (``torch.tpu.OutOfMemoryError``, ``torch.cuda``'s
+    name for the same class) then catches it, and batch-size finders that read the message
+    (accelerate's ``find_executable_batch_size``: " out of memory.") reduce the batch as on CUDA.
+
+    Example::
+
+        try:
+            results = loaded.execute_sharded(buffers)
+        except JaxRuntimeError as exc:
+            raise_if_out_of_memory(exc, "running graph_0")
+            raise
+    """
+    message = str(exc).strip()
+    if not message.startswith("RESOURCE_EXHAUSTED"):
+        return
+    import torch
+    first = message.splitlines()[0].rstrip(".")
+    raise torch.OutOfMemoryError(
+        f"TPU out of memory. {what}: {first}. Free tensors you no longer need (del, then "
+        f"torch.tpu.empty_cache()), or reduce the batch size.") from exc

@@ -174,7 +174,7 @@ def outside_dynamo():
 def trace(fn, examples: list, label: str) -> OpGraph:
     """Trace ``fn`` (tensors in, tuple of tensors out) into a functional, decomposed OpGraph.
 
-    ``examples`` are CPU tensors giving shapes and dtypes only (their values are not read).
+    ``examples`` (``example``) give shapes and dtypes only (their values are not read).
     """
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -186,7 +186,8 @@ def trace(fn, examples: list, label: str) -> OpGraph:
     with torch._C._ForceDispatchKeyGuard(include, exclude), sdpa_kernel(SDPBackend.MATH), \
             torch.no_grad(), one_op_at_a_time(), _quiet_meta_failures(), outside_dynamo():
         gm = make_fx(torch.func.functionalize(fn, remove="mutations"),
-                     decomposition_table=_decompositions(), tracing_mode="fake")(*examples)
+                     decomposition_table=_decompositions(),
+                     tracing_mode="fake")(*_fake_examples(examples))
     normalize(gm)
     return OpGraph(gm, label)
 
@@ -255,5 +256,23 @@ def _top_level_keys():
 
 
 def example(shape, dtype) -> torch.Tensor:
-    """A CPU tensor standing for a device value while tracing (never read)."""
-    return torch.empty(shape, dtype=dtype)
+    """A meta tensor standing for a device value while tracing (``trace`` makes it a fake CPU
+    tensor). It holds no memory: a host tensor of the value's size made the first op on a
+    value larger than host memory raise the CPU allocator's error, not the device's."""
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+def _fake_examples(examples: list) -> list:
+    """``examples`` as fake CPU tensors of one fake mode, as ``make_fx(tracing_mode="fake")``
+    would make from CPU tensors (meta ones are made CPU's without allocating)."""
+    import torch._functorch.config as functorch_config
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    with functorch_config.patch(fake_tensor_allow_unsafe_data_ptr_access=False):
+        mode = FakeTensorMode(allow_fallback_kernels=True, shape_env=ShapeEnv(),
+                              static_shapes=True)
+    cpu = torch.device("cpu")
+    convert = mode.fake_tensor_converter.from_meta_and_device
+    return [convert(mode, e, cpu) if e.device.type == "meta" else mode.from_tensor(e)
+            for e in examples]

@@ -22,7 +22,7 @@ from jaxlib import _jax
 
 from .. import counters
 from .._logging import log
-from ..errors import LoweringError
+from ..errors import LoweringError, raise_if_out_of_memory
 from ..profiling import TORCH_PROFILER, executed, reentered, spanning
 from . import memory
 from .cache import Levels
@@ -44,6 +44,7 @@ class Executable:
         self._result_handlers = None  # built from the first call's results
         self._output_bytes = None     # their sizes, for the memory figures (memory.py)
         self.donated = ()             # input positions donated to outputs (donation.py)
+        self.name = "a program"       # what errors call it (compile_stablehlo's ``what``)
 
     def serialize(self) -> bytes:
         """The executable's bytes, for the disk cache and AOT artifacts.
@@ -62,7 +63,11 @@ class Executable:
     def run(self, buffers: list) -> list:
         if TORCH_PROFILER._is_profiler_enabled and not reentered():
             return executed(self.run, buffers)  # a span to completion (profiling.py)
-        results = self.loaded.execute_sharded(buffers)
+        try:
+            results = self.loaded.execute_sharded(buffers)
+        except _jax.JaxRuntimeError as exc:
+            raise_if_out_of_memory(exc, f"running {self.name}")
+            raise
         if self.donated:  # their memory is the outputs' now: counted once, not twice
             memory.donated([buffers[i] for i in self.donated])
         handlers = self._result_handlers
@@ -173,6 +178,7 @@ def compile_stablehlo(bytecode: bytes, fingerprint: str, precision: str,
         _levels.put(key, exe, compute_seconds=seconds, codec=codec)
     if donate:
         exe.donated = tuple(sorted(donate))
+    exe.name = what
     return exe
 
 
@@ -183,6 +189,8 @@ def _compile(bytecode: bytes, what: str, key: str, replicas: tuple) -> tuple[Exe
         with spanning("torchtpu::xla_compile", program=what):
             loaded = client.pjrt.compile_and_load(bytecode, *_placement(client, replicas))
     except Exception as exc:
+        # on TPU a program whose buffers do not fit in HBM fails here, not when run
+        raise_if_out_of_memory(exc, f"compiling {what}")
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise LoweringError(f"XLA could not compile {what}: {first_line}") from exc
     seconds = time.perf_counter() - start

@@ -33,6 +33,7 @@ import torch
 from jaxlib import _jax
 
 from .. import counters
+from ..errors import raise_if_out_of_memory
 from .._logging import info_once, warn_once
 from ..profiling import TORCH_PROFILER, around, reentered
 from . import memory
@@ -123,18 +124,23 @@ def upload(tensor: torch.Tensor, device, copy: bool = False, asynchronous: bool 
     sharding = _shardings.get(device)
     if sharding is None:
         sharding = _sharding(device)
-    if asynchronous and (device.platform != "cpu" or tensor.data_ptr() % _ALIGNMENT):
-        # PJRT cannot alias this memory, so ZERO_COPY means: transfer from it after the call,
-        # holding ``array`` (and so ``tensor``) until done.
-        buffer = _jax.batched_device_put(aval, sharding, [array], [device], True, False,
-                                          _ZERO_COPY, enable_x64=True)
-        _hold_until_waited(buffer, tensor)
-    else:
-        # Zero-copy where the memory is aligned; jaxlib holds ``array`` until the buffer is
-        # gone. force_copy copies during the call (PJRT's "immutable only during call").
-        buffer = _jax.batched_device_put(aval, sharding, [array], [device], True,
-                                          copy and not own,
-                                          enable_x64=True)  # int64 and float64 stay 64-bit
+    try:
+        if asynchronous and (device.platform != "cpu" or tensor.data_ptr() % _ALIGNMENT):
+            # PJRT cannot alias this memory, so ZERO_COPY means: transfer from it after the
+            # call, holding ``array`` (and so ``tensor``) until done.
+            buffer = _jax.batched_device_put(aval, sharding, [array], [device], True, False,
+                                              _ZERO_COPY, enable_x64=True)
+            _hold_until_waited(buffer, tensor)
+        else:
+            # Zero-copy where the memory is aligned; jaxlib holds ``array`` until the buffer
+            # is gone. force_copy copies during the call (PJRT's "immutable only during call").
+            buffer = _jax.batched_device_put(aval, sharding, [array], [device], True,
+                                              copy and not own,
+                                              enable_x64=True)  # int64, float64 stay 64-bit
+    except _jax.JaxRuntimeError as exc:
+        raise_if_out_of_memory(exc, f"copying a tensor of shape {list(tensor.shape)} and dtype "
+                                    f"{tensor.dtype} to the device")
+        raise
     memory.track((buffer,), (array.nbytes,), device)
     return buffer
 
@@ -364,8 +370,13 @@ def to_buffers(tensors: list, plan, client) -> tuple[list, int, int]:
             aval = _avals.get((array.shape, array.dtype))
             if aval is None:
                 aval = _aval(array)
-            buffers.append(_jax.batched_device_put(aval, sharding, [array], [device], True,
-                                                   False, enable_x64=True))
+            try:  # free when nothing is raised (Python 3.11's zero-cost exceptions)
+                buffers.append(_jax.batched_device_put(aval, sharding, [array], [device], True,
+                                                       False, enable_x64=True))
+            except _jax.JaxRuntimeError as exc:
+                raise_if_out_of_memory(exc, f"copying argument {i} of shape {list(array.shape)} "
+                                            f"to the device")
+                raise
             made += array.nbytes
             count += 1
         else:
