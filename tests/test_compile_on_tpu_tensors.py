@@ -333,3 +333,31 @@ def test_inductor_mode_on_a_tpu_graph_is_named_and_ignored(fresh_dynamo, caplog)
     warned = [r.getMessage() for r in caplog.records if "configure Inductor" in r.getMessage()]
     assert len(warned) == 1 and "max_autotune" in warned[0], warned
     torch.testing.assert_close(out.detach().cpu(), model.cpu()(x), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("mode, shape", [("strict", (11, 3)), ("defer_and_fuse", (3, 11))])
+def test_compiled_optimizer_step_creates_its_state_on_the_device(fresh_dynamo, mode, shape):
+    # Dynamo runs an optimizer's _init_group for real while it traces a compiled opt.step();
+    # a new op there (the state's zeros_like) was traced with Dynamo's fake mode, whose shapes
+    # are symbolic: it ran on the host (strict) or raised "unhashable type: non-nested SymInt"
+    # (defer-and-fuse). The shape is one no other test traces: the op must be new.
+    import torchtpu_compile
+    from torchtpu_compile import config
+
+    torch.manual_seed(0)
+    weight, grad = torch.randn(shape), torch.randn(shape)
+    got = {}
+    saved = torch.tpu.get_eager_mode()
+    torch.tpu.set_eager_mode(mode)
+    try:
+        for device, backend in (("cpu", "eager"), ("tpu", "torchtpu")):
+            p = torch.nn.Parameter(weight.to(device, copy=True))
+            p.grad = grad.to(device)
+            opt = torch.optim.AdamW([p], lr=0.1, foreach=True)
+            with config.patch(matmul_precision="highest"):
+                torch.compile(opt.step, backend=backend)()
+            got[device] = (p.detach().cpu(), opt.state[p]["exp_avg"].cpu())
+    finally:
+        torch.tpu.set_eager_mode(saved)
+    torch.testing.assert_close(got["tpu"], got["cpu"])
+    assert torchtpu_compile.stats()["eager_fallbacks"] == 0

@@ -159,3 +159,25 @@ def test_a_learning_rate_schedule_does_not_compile_a_step_per_learning_rate(opti
     assert compiled[-1] == compiled[1], f"programs compiled after each step: {compiled}"
     for p_ref, p_dev in zip(ref.parameters(), dev.parameters()):
         torch.testing.assert_close(p_dev.detach().cpu(), p_ref.detach(), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("optimizer", [
+    lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1, fused=True),
+    lambda p: torch.optim.Adam(p, lr=0.01, amsgrad=True, fused=True),
+    lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, dampening=0.1, fused=True),
+], ids=["adamw", "adam_amsgrad", "sgd_dampening"])
+def test_a_momentum_schedule_does_not_compile_a_step_per_momentum(optimizer):
+    # OneCycleLR cycles Adam's beta1 (SGD's momentum) every step by default: 1 - beta1 and
+    # beta1 ** step were constants of the program, so each step compiled the update again.
+    ref, dev = _models()
+    opts = [optimizer(ref.parameters()), optimizer(dev.parameters())]
+    schedules = [torch.optim.lr_scheduler.OneCycleLR(o, max_lr=0.05, total_steps=10)
+                 for o in opts]
+    x, y = torch.randn(5, 6), torch.randn(5, 2)
+    compiled = []
+    train_side_by_side([(ref, opts[0], schedules[0]), (dev, opts[1], schedules[1])], x, y,
+                       steps=6, after_step=lambda step: compiled.append(
+                           torchtpu_compile.stats()["eager_programs_compiled"]))
+    assert compiled[-1] == compiled[2], f"programs compiled after each step: {compiled}"
+    for p_ref, p_dev in zip(ref.parameters(), dev.parameters()):
+        torch.testing.assert_close(p_dev.detach().cpu(), p_ref.detach(), atol=1e-5, rtol=1e-4)

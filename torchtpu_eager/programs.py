@@ -163,10 +163,16 @@ def outside_dynamo():
     (``compile_support.teach_dynamo``), but the frames they call were not: Dynamo compiled the
     lowering's and jax_op's helpers, with dozens of graph breaks per new op. As
     ``torch._dynamo.disable`` does, without importing Dynamo.
+
+    Dynamo's tracing context is put aside too: Dynamo runs some code for real while it traces
+    (an optimizer's ``_init_group`` under a compiled ``opt.step()``), and ``make_fx`` took the
+    context's fake mode, whose shape env made the op's shapes symbolic: the op fell back to the
+    host (strict) or raised "unhashable type: non-nested SymInt" (defer-and-fuse).
     """
     prior = set_eval_frame(None)
     try:
-        yield
+        with torch._guards.tracing(None):
+            yield
     finally:
         set_eval_frame(prior)
 

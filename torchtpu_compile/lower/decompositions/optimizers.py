@@ -32,6 +32,16 @@ def _unscaled(grad, grad_scale):
     return grad if grad_scale is None else grad / grad_scale
 
 
+def _as_tensor(step, value):
+    """``value`` (a float) as a tensor computed from ``step``. A schedule that cycles momentum
+    (OneCycleLR's default) passes new betas every step; as Python floats, ``1 - beta1`` and
+    ``beta1 ** step`` were constants derived from them, which scalars.py cannot lift into a
+    program input, so the eager device compiled the whole update again each step. Added to a
+    value of an input (a constant would be folded back into ``1 - beta1``), the float sits
+    where it can be lifted."""
+    return step * 0 + value
+
+
 def _unless_found_inf(found_inf, new: list, old: list) -> list:
     """``new``, or ``old`` where ``found_inf`` is 1 (GradScaler found an inf: no step)."""
     if found_inf is None:
@@ -48,16 +58,17 @@ def _adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *,
         grad = _opmath(_unscaled(grads[i], grad_scale))
         p, m, v = _opmath(param), _opmath(exp_avgs[i]), _opmath(exp_avg_sqs[i])
         step = state_steps[i]
+        b1, b2 = _as_tensor(step, beta1), _as_tensor(step, beta2)
         g = -grad if maximize else grad
         if weight_decay != 0:
             if decoupled:   # AdamW: the decay scales the parameter
                 p = p - p * (lr * weight_decay)
             else:           # Adam: the decay is added to the gradient
                 g = g + p * weight_decay
-        m = m * beta1 + g * (1 - beta1)
-        v = v * beta2 + g * g * (1 - beta2)
-        bias_correction1 = 1 - torch.pow(beta1, step)
-        bias_correction2_sqrt = torch.sqrt(1 - torch.pow(beta2, step))
+        m = m * b1 + g * (1 - b1)
+        v = v * b2 + g * g * (1 - b2)
+        bias_correction1 = 1 - torch.pow(b1, step)
+        bias_correction2_sqrt = torch.sqrt(1 - torch.pow(b2, step))
         if amsgrad:
             v_max = torch.maximum(_opmath(max_exp_avg_sqs[i]), v)
             denom = torch.sqrt(v_max) / bias_correction2_sqrt + eps
@@ -99,7 +110,7 @@ def fused_sgd(params, grads, momentum_buffer_list, *, weight_decay, momentum, lr
         old = [param, grads[i]]
         if momentum != 0:
             buf = g if is_first_step else \
-                _opmath(momentum_buffer_list[i]) * momentum + g * (1 - dampening)
+                _opmath(momentum_buffer_list[i]) * momentum + (g - g * dampening)
             g = g + buf * momentum if nesterov else buf
             new.append(buf.to(momentum_buffer_list[i].dtype))
             old.append(momentum_buffer_list[i])
