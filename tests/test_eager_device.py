@@ -934,3 +934,15 @@ def test_out_of_another_dtype_is_eagers_to_refuse_or_take(name):
     with pytest.raises(RuntimeError) as got:
         fn(x.to("tpu"))
     assert str(got.value) == str(want.value)
+
+
+def test_new_float_arguments_of_a_double_op_keep_their_double_value():
+    # Lifted floats were float32: x.add(y, alpha=t) on float64 tensors (LBFGS's step) was
+    # wrong in the 8th digit from the second value of t on, with no error.
+    x_cpu, y_cpu = torch.randn(5, dtype=torch.float64), torch.randn(5, dtype=torch.float64)
+    x, y = x_cpu.to("tpu"), y_cpu.to("tpu")
+    for value in (0.5, 0.123456789123, 1 / 3):
+        torch.testing.assert_close(x.add(y, alpha=value).cpu(), x_cpu.add(y_cpu, alpha=value),
+                                   rtol=1e-15, atol=1e-15)
+        torch.testing.assert_close((x * value).cpu(), x_cpu * value, rtol=1e-15, atol=1e-15)
+
