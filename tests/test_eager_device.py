@@ -946,3 +946,18 @@ def test_new_float_arguments_of_a_double_op_keep_their_double_value():
                                    rtol=1e-15, atol=1e-15)
         torch.testing.assert_close((x * value).cpu(), x_cpu * value, rtol=1e-15, atol=1e-15)
 
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool])
+def test_torch_tensor_of_a_list_of_0_dim_tpu_tensors_reads_their_values(dtype):
+    # torch.tensor reads its elements with Python dispatch off: float(x) of a tpu element
+    # reached the backend key's boxed fallback and raised PyTorch's "func != nullptr" assert
+    # (actor-critic's torch.tensor([R]), R from a tpu tensor). CPU and CUDA build the tensor.
+    values = torch.tensor([1.5, 0.0, -2.0]).to(dtype)
+    r, r_cpu = values.to("tpu")[0], values[0]
+    for make in (lambda x: torch.tensor([x]), lambda x: torch.tensor([[x, x]]),
+                 lambda x: torch.as_tensor([x])):
+        out, ref = make(r), make(r_cpu)
+        assert out.device == ref.device and out.dtype == ref.dtype and torch.equal(out, ref)
+    out = torch.tensor([r], device="tpu")
+    assert out.device == TPU and torch.equal(out.cpu(), torch.tensor([r_cpu]))

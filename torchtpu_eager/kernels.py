@@ -57,7 +57,8 @@ def _backend_fallback(op, *args, **kwargs):
     return _on_host(op, args, kwargs)
 
 
-def _new_storage(op):
+def _dispatching(op):
+    """``op``'s kernel at the backend key: our dispatcher, as the boxed fallback would be."""
     def kernel(*args, **kwargs):
         # Imported at the first call: registration runs at ``import torch`` and must not load
         # the dispatcher (and the compile stack behind it).
@@ -155,7 +156,12 @@ def register() -> None:
     # torch.tensor(..., device="tpu") makes its real tensor under FakeTensorMode (Dynamo).
     for op in (torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default):
         aten.impl(op._schema.name.split("::")[1] + (op._overloadname != "default") * (
-            "." + op._overloadname), _new_storage(op), "PrivateUse1")
+            "." + op._overloadname), _dispatching(op), "PrivateUse1")
+    # The same assert met float(x) of a 0-dim tpu tensor inside torch.tensor([x]) (Python
+    # dispatch off while it reads its elements): actor-critic's torch.tensor([R]) with R an
+    # element of a tpu tensor raised it where CPU and CUDA build the tensor.
+    aten.impl("_local_scalar_dense", _dispatching(torch.ops.aten._local_scalar_dense.default),
+              "PrivateUse1")
     aten.impl("_efficientzerotensor", _zeros_for_zerotensor, "PrivateUse1")
     aten.impl("ctc_loss.Tensor", _ctc_loss_host_lengths, "AutogradPrivateUse1")
     aten.impl("one_hot", one_hot_checked, "AutogradPrivateUse1")
