@@ -961,3 +961,20 @@ def test_torch_tensor_of_a_list_of_0_dim_tpu_tensors_reads_their_values(dtype):
         assert out.device == ref.device and out.dtype == ref.dtype and torch.equal(out, ref)
     out = torch.tensor([r], device="tpu")
     assert out.device == TPU and torch.equal(out.cpu(), torch.tensor([r_cpu]))
+
+
+def test_torch_tensor_of_a_deferred_tpu_value_runs_its_recording():
+    # In defer-and-fuse mode the element's read runs the pending recording, whose program is
+    # traced with fake tensors; with the Python key off (inside torch.tensor) they were real
+    # tensors, and an expanded view (Categorical.log_prob's broadcast) reached the lowering
+    # as uninitialized values: "Could not deduce type from value info" (actor-critic).
+    from torch.distributions import Categorical
+    probs_cpu, action_cpu = torch.tensor([[0.3, 0.7]]), torch.tensor([1])
+    saved = torch.tpu.get_eager_mode()
+    torch.tpu.set_eager_mode("defer_and_fuse")
+    try:
+        log_prob = Categorical(probs_cpu.to("tpu")).log_prob(action_cpu.to("tpu"))
+        out = torch.tensor([log_prob[0]])
+    finally:
+        torch.tpu.set_eager_mode(saved)
+    torch.testing.assert_close(out, torch.tensor([Categorical(probs_cpu).log_prob(action_cpu)[0]]))

@@ -67,6 +67,17 @@ def _dispatching(op):
     return kernel
 
 
+def _read_scalar(t):
+    # Reached with Python dispatch off (torch.tensor([x]) reading its elements). Reading x may
+    # run defer-and-fuse mode's pending recording, whose program is traced with fake tensors:
+    # with the Python key off they were real, uninitialized tensors, and the lowering failed
+    # on their values. The read runs with the keys a top-level call has.
+    from .dispatch import dispatch
+    from .programs import _top_level_keys
+    with torch._C._ForceDispatchKeyGuard(*_top_level_keys()):
+        return dispatch(torch.ops.aten._local_scalar_dense.default, (t,), {})
+
+
 def _copy(dst, src, non_blocking=False):
     from .dispatch import dispatch
     return dispatch(torch.ops.aten.copy_.default, (dst, src), {"non_blocking": non_blocking})
@@ -160,8 +171,7 @@ def register() -> None:
     # The same assert met float(x) of a 0-dim tpu tensor inside torch.tensor([x]) (Python
     # dispatch off while it reads its elements): actor-critic's torch.tensor([R]) with R an
     # element of a tpu tensor raised it where CPU and CUDA build the tensor.
-    aten.impl("_local_scalar_dense", _dispatching(torch.ops.aten._local_scalar_dense.default),
-              "PrivateUse1")
+    aten.impl("_local_scalar_dense", _read_scalar, "PrivateUse1")
     aten.impl("_efficientzerotensor", _zeros_for_zerotensor, "PrivateUse1")
     aten.impl("ctc_loss.Tensor", _ctc_loss_host_lengths, "AutogradPrivateUse1")
     aten.impl("one_hot", one_hot_checked, "AutogradPrivateUse1")
