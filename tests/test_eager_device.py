@@ -934,3 +934,47 @@ def test_out_of_another_dtype_is_eagers_to_refuse_or_take(name):
     with pytest.raises(RuntimeError) as got:
         fn(x.to("tpu"))
     assert str(got.value) == str(want.value)
+
+
+def test_new_float_arguments_of_a_double_op_keep_their_double_value():
+    # Lifted floats were float32: x.add(y, alpha=t) on float64 tensors (LBFGS's step) was
+    # wrong in the 8th digit from the second value of t on, with no error.
+    x_cpu, y_cpu = torch.randn(5, dtype=torch.float64), torch.randn(5, dtype=torch.float64)
+    x, y = x_cpu.to("tpu"), y_cpu.to("tpu")
+    for value in (0.5, 0.123456789123, 1 / 3):
+        torch.testing.assert_close(x.add(y, alpha=value).cpu(), x_cpu.add(y_cpu, alpha=value),
+                                   rtol=1e-15, atol=1e-15)
+        torch.testing.assert_close((x * value).cpu(), x_cpu * value, rtol=1e-15, atol=1e-15)
+
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool])
+def test_torch_tensor_of_a_list_of_0_dim_tpu_tensors_reads_their_values(dtype):
+    # torch.tensor reads its elements with Python dispatch off: float(x) of a tpu element
+    # reached the backend key's boxed fallback and raised PyTorch's "func != nullptr" assert
+    # (actor-critic's torch.tensor([R]), R from a tpu tensor). CPU and CUDA build the tensor.
+    values = torch.tensor([1.5, 0.0, -2.0]).to(dtype)
+    r, r_cpu = values.to("tpu")[0], values[0]
+    for make in (lambda x: torch.tensor([x]), lambda x: torch.tensor([[x, x]]),
+                 lambda x: torch.as_tensor([x])):
+        out, ref = make(r), make(r_cpu)
+        assert out.device == ref.device and out.dtype == ref.dtype and torch.equal(out, ref)
+    out = torch.tensor([r], device="tpu")
+    assert out.device == TPU and torch.equal(out.cpu(), torch.tensor([r_cpu]))
+
+
+def test_torch_tensor_of_a_deferred_tpu_value_runs_its_recording():
+    # In defer-and-fuse mode the element's read runs the pending recording, whose program is
+    # traced with fake tensors; with the Python key off (inside torch.tensor) they were real
+    # tensors, and an expanded view (Categorical.log_prob's broadcast) reached the lowering
+    # as uninitialized values: "Could not deduce type from value info" (actor-critic).
+    from torch.distributions import Categorical
+    probs_cpu, action_cpu = torch.tensor([[0.3, 0.7]]), torch.tensor([1])
+    saved = torch.tpu.get_eager_mode()
+    torch.tpu.set_eager_mode("defer_and_fuse")
+    try:
+        log_prob = Categorical(probs_cpu.to("tpu")).log_prob(action_cpu.to("tpu"))
+        out = torch.tensor([log_prob[0]])
+    finally:
+        torch.tpu.set_eager_mode(saved)
+    torch.testing.assert_close(out, torch.tensor([Categorical(probs_cpu).log_prob(action_cpu)[0]]))

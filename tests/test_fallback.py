@@ -185,3 +185,16 @@ def test_item_captured_in_the_graph_with_a_region_returning_one_value(fn):
     x = torch.randn(3)
     with torch._dynamo.config.patch(capture_scalar_outputs=True):
         torch.testing.assert_close(compile_tpu(fn)(x), fn(x))
+
+
+def test_an_lstm_compiled_with_allow_rnn_lowers_whole():
+    # aten.lstm's decomposition chose mkldnn_rnn_layer for CPU tensors (no grad needed by the
+    # input, mkldnn on), which does not lower: the layer ran on the host, a fallback per layer.
+    torch.manual_seed(0)
+    lstm, x = torch.nn.LSTM(4, 5, 2), torch.randn(3, 2, 4)
+    with torch._dynamo.config.patch(allow_rnn=True), config.patch(strict=True), \
+            torch.no_grad():
+        out, (h, c) = compile_tpu(lstm)(x)
+        ref, (rh, rc) = lstm(x)
+    for got, want in ((out, ref), (h, rh), (c, rc)):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

@@ -214,8 +214,11 @@ def torchtpu_backend(gm: torch.fx.GraphModule, example_inputs, **options):
             partition_fn=min_cut_rematerialization_partition,
         )
         # The fused CPU attention kernels (_scaled_dot_product_flash_attention_for_cpu) do not
-        # lower; the math formulation does, and XLA fuses it anyway.
-        with sdpa_kernel(SDPBackend.MATH), spanning("torchtpu::aot_autograd"):
+        # lower; the math formulation does, and XLA fuses it anyway. Likewise aten.lstm's
+        # decomposition picks mkldnn's layer kernel (mkldnn_rnn_layer) for CPU tensors when
+        # mkldnn is on: an nn.LSTM under allow_rnn ran on the host; the generic cells lower.
+        with sdpa_kernel(SDPBackend.MATH), torch.backends.mkldnn.flags(enabled=False), \
+                spanning("torchtpu::aot_autograd"):
             compiled = aot(gm, example_inputs)
     # Where the Dynamo-level cache finds this graph again (dynamo_cache.py). On the innermost
     # function: Dynamo's disable() unwraps aot_autograd's wrapper before wrapping it again.

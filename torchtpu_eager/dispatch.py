@@ -334,12 +334,12 @@ def _eager_layout(entry, func, args, kwargs, tensors):
 
 class _Compiled:
     """How to run one op signature: its graph, which leaves it writes, how to rebuild returns;
-    ``lifted``: the op's floats are an extra input (``scalars.py``)."""
+    ``lifted``: the dtype of the extra input the op's floats are (``scalars.py``), or None."""
 
     __slots__ = ("graph", "mutated", "returns", "n_fresh", "lifted", "single", "result", "fast",
                  "in_place", "resized", "folds")
 
-    def __init__(self, graph, mutated, returns, n_fresh, lifted=False, resized=()):
+    def __init__(self, graph, mutated, returns, n_fresh, lifted=None, resized=()):
         self.graph, self.mutated, self.returns, self.n_fresh = graph, mutated, returns, n_fresh
         self.lifted = lifted
         # (signature position, new shape) of each out= tensor whose shape is not the result's:
@@ -562,9 +562,10 @@ def _build(func, args, kwargs, tensors, lift_floats=False):
 
     examples = [example(t.shape, t.dtype) for t in tensors]
     label = str(func)
+    lifted = scalars.dtype_for(tensors) if lift_floats else None
     try:
-        if lift_floats:
-            graph = _trace_lifted(fn, examples, label, args, kwargs)
+        if lifted is not None:
+            graph = _trace_lifted(fn, examples, label, args, kwargs, lifted)
             if graph is None:
                 return None
         else:
@@ -586,7 +587,7 @@ def _build(func, args, kwargs, tensors, lift_floats=False):
     n_fresh = len(graph.out_meta) - len(written)
     resized = tuple((leaf, shape) for leaf, (shape, _) in zip(written, graph.out_meta[n_fresh:])
                     if tuple(shape) != tuple(tensors[leaf].shape))
-    return _Compiled(graph, written, (plan, list(shapes)), n_fresh, lifted=lift_floats,
+    return _Compiled(graph, written, (plan, list(shapes)), n_fresh, lifted=lifted,
                      resized=resized)
 
 
@@ -632,7 +633,7 @@ def resize(t: TpuTensor, shape, keep: bool = True) -> None:
                           is_dense(shape, strides, offset, storage.numel)))
 
 
-def _trace_lifted(fn, examples, label, args, kwargs):
+def _trace_lifted(fn, examples, label, args, kwargs, dtype):
     """Trace ``fn`` with its floats as an input (see scalars.py), or None if they cannot be."""
     count = len(scalars.collect(args, kwargs))
     graphs = []
@@ -643,7 +644,7 @@ def _trace_lifted(fn, examples, label, args, kwargs):
         def traced(*tensors, _a=swapped_args, _k=swapped_kwargs):
             return fn(*tensors, _call=(_a, _k))
         graph = trace(traced, examples, label)
-        lifted = scalars.lift(graph.gm, values)
+        lifted = scalars.lift(graph.gm, values, dtype)
         if lifted is None:
             return None
         graphs.append(lifted)
@@ -739,7 +740,7 @@ def _fast_plan(entry: _Compiled, args):
     tensors: several written arguments, a return that is a list or None, floats as an input,
     index checks, or a program that rebuilds its outputs (constants, host draws, views)."""
     graph = entry.graph
-    if entry.lifted or graph.checked:
+    if entry.lifted is not None or graph.checked:
         return False
     precision = None
     program = graph._any_precision
@@ -878,8 +879,8 @@ def run_op(func, args, kwargs):
                 return dense_tensor(Storage(outputs[0], shape, dtype, numel), shape, strides)
             return _fast_results(fast, outputs, tensors, args)
         entry.fast = fast = None  # another matmul precision: plan again after this run
-    if entry.lifted:
-        values.append(upload(torch.tensor(scalars.collect(args, kwargs), dtype=torch.float32)))
+    if entry.lifted is not None:
+        values.append(upload(torch.tensor(scalars.collect(args, kwargs), dtype=entry.lifted)))
     graph = entry.graph
     layout = None
     if folded is not None:
@@ -1205,12 +1206,12 @@ def fused_step_with_tensor_lr(func, args, kwargs):
     # float is part of the op's cache key: each step compiled the whole update again. The
     # rate's arithmetic (lr * weight_decay) keeps it from being lifted as other floats are
     # (scalars.py); the tensor_lr overload takes it as an input instead, so one program serves
-    # every rate. The rate is float32 on the device, as the constant it replaces was.
+    # every rate. The rate travels as lifted floats do (float64 for a float64 model).
     lr = kwargs.get("lr")
     if type(lr) is not float:
         return run_op(func, args, kwargs)
     return run_op(_TENSOR_LR[func], args,
-                  {**kwargs, "lr": from_cpu(torch.tensor(lr, dtype=torch.float32))})
+                  {**kwargs, "lr": from_cpu(torch.tensor(lr, dtype=scalars.dtype_for(args[0])))})
 
 
 @handles(aten.resize_.default, aten.resize_as_.default)

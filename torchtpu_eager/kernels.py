@@ -57,13 +57,25 @@ def _backend_fallback(op, *args, **kwargs):
     return _on_host(op, args, kwargs)
 
 
-def _new_storage(op):
+def _dispatching(op):
+    """``op``'s kernel at the backend key: our dispatcher, as the boxed fallback would be."""
     def kernel(*args, **kwargs):
         # Imported at the first call: registration runs at ``import torch`` and must not load
         # the dispatcher (and the compile stack behind it).
         from .dispatch import dispatch
         return dispatch(op, args, kwargs)
     return kernel
+
+
+def _read_scalar(t):
+    # Reached with Python dispatch off (torch.tensor([x]) reading its elements). Reading x may
+    # run defer-and-fuse mode's pending recording, whose program is traced with fake tensors:
+    # with the Python key off they were real, uninitialized tensors, and the lowering failed
+    # on their values. The read runs with the keys a top-level call has.
+    from .dispatch import dispatch
+    from .programs import _top_level_keys
+    with torch._C._ForceDispatchKeyGuard(*_top_level_keys()):
+        return dispatch(torch.ops.aten._local_scalar_dense.default, (t,), {})
 
 
 def _copy(dst, src, non_blocking=False):
@@ -155,7 +167,11 @@ def register() -> None:
     # torch.tensor(..., device="tpu") makes its real tensor under FakeTensorMode (Dynamo).
     for op in (torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default):
         aten.impl(op._schema.name.split("::")[1] + (op._overloadname != "default") * (
-            "." + op._overloadname), _new_storage(op), "PrivateUse1")
+            "." + op._overloadname), _dispatching(op), "PrivateUse1")
+    # The same assert met float(x) of a 0-dim tpu tensor inside torch.tensor([x]) (Python
+    # dispatch off while it reads its elements): actor-critic's torch.tensor([R]) with R an
+    # element of a tpu tensor raised it where CPU and CUDA build the tensor.
+    aten.impl("_local_scalar_dense", _read_scalar, "PrivateUse1")
     aten.impl("_efficientzerotensor", _zeros_for_zerotensor, "PrivateUse1")
     aten.impl("ctc_loss.Tensor", _ctc_loss_host_lengths, "AutogradPrivateUse1")
     aten.impl("one_hot", one_hot_checked, "AutogradPrivateUse1")

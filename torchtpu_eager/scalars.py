@@ -3,11 +3,11 @@
 An op's cache key holds its float arguments, so ``p.addcdiv_(m, v, value=-step_size)`` with a new
 step size would compile again: Adam's bias corrections change every step. When an op is seen a
 second time with other floats, it is traced twice, with two sets of sentinel values, and each
-sentinel in the traced graph is replaced by an element of one extra 1-D float32 input. The
-result is kept only if both traces give the same graph and no sentinel is left: a float that a
-decomposition transformed (``1 - x``) or that sits where only a Python scalar fits keeps the op
-on exact keys. Lifted floats meet tensors as 0-dim float32 tensors do, which promote like
-Python floats.
+sentinel in the traced graph is replaced by an element of one extra 1-D input (``dtype_for``).
+The result is kept only if both traces give the same graph and no sentinel is left: a float
+that a decomposition transformed (``1 - x``) or that sits where only a Python scalar fits keeps
+the op on exact keys. Lifted floats meet tensors as 0-dim tensors do, which promote like Python
+floats.
 
 Example::
 
@@ -28,6 +28,20 @@ def _leaves(value, out: list):
     elif isinstance(value, (list, tuple)):
         for v in value:
             _leaves(v, out)
+
+
+def dtype_for(tensors) -> torch.dtype:
+    """The dtype an op's lifted floats travel in, given the op's tensor inputs.
+
+    Eager computes a double op with its Python floats as doubles: rounded to float32 they were
+    wrong in the 8th digit (LBFGS's ``p.add_(d, alpha=t)`` on a float64 model drifted by 1e-4
+    in two steps). Other ops keep float32, which is what eager's float kernels round the float
+    to and what the device computes natively.
+    """
+    if torch.get_default_dtype() == torch.float64 or any(
+            t.dtype in (torch.float64, torch.complex128) for t in tensors):
+        return torch.float64
+    return torch.float32
 
 
 def collect(args, kwargs) -> list:
@@ -100,8 +114,9 @@ def _alpha_as_product(graph: fx.Graph, node: fx.Node, index: dict, read) -> None
     node.kwargs = {k: v for k, v in node.kwargs.items() if k != "alpha"}
 
 
-def lift(gm: fx.GraphModule, values: list) -> fx.GraphModule | None:
-    """``gm`` with each float in ``values`` read from a new last input, or None if it cannot."""
+def lift(gm: fx.GraphModule, values: list, dtype: torch.dtype) -> fx.GraphModule | None:
+    """``gm`` with each float in ``values`` read from a new last input of ``dtype``, or None if
+    it cannot."""
     graph = gm.graph
     index = {v: i for i, v in enumerate(values)}
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
@@ -110,7 +125,7 @@ def lift(gm: fx.GraphModule, values: list) -> fx.GraphModule | None:
         graph.inserting_before(next(iter(graph.nodes)))
     with ctx:
         lifted = graph.placeholder("lifted_floats")
-    lifted.meta["val"] = torch.empty(len(values), dtype=torch.float32)
+    lifted.meta["val"] = torch.empty(len(values), dtype=dtype)
     from torch.fx.passes.shape_prop import _extract_tensor_metadata
     lifted.meta["tensor_meta"] = _extract_tensor_metadata(lifted.meta["val"])
     reads: dict = {}
@@ -120,7 +135,7 @@ def lift(gm: fx.GraphModule, values: list) -> fx.GraphModule | None:
         if node is None:
             with graph.inserting_after(lifted):
                 node = reads[i] = graph.call_function(aten.select.int, (lifted, 0, i))
-            node.meta["val"] = torch.empty((), dtype=torch.float32)
+            node.meta["val"] = torch.empty((), dtype=dtype)
             node.meta["tensor_meta"] = _extract_tensor_metadata(node.meta["val"])
         return node
 

@@ -28,6 +28,13 @@ def _opmath(t):
     return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
 
 
+def _step(step, p):
+    # The step count is a float32 tensor; PyTorch's CPU kernels compute the step's bias
+    # corrections in double, so a float64 model's are float64 (float32 ones were wrong in the
+    # 7th digit); others keep the device's float32.
+    return step.to(p.dtype) if p.dtype == torch.float64 else step
+
+
 def _unscaled(grad, grad_scale):
     return grad if grad_scale is None else grad / grad_scale
 
@@ -57,7 +64,7 @@ def _adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *,
     for i, param in enumerate(params):
         grad = _opmath(_unscaled(grads[i], grad_scale))
         p, m, v = _opmath(param), _opmath(exp_avgs[i]), _opmath(exp_avg_sqs[i])
-        step = state_steps[i]
+        step = _step(state_steps[i], p)
         b1, b2 = _as_tensor(step, beta1), _as_tensor(step, beta2)
         g = -grad if maximize else grad
         if weight_decay != 0:
@@ -129,7 +136,7 @@ def _adagrad(params, grads, state_sums, state_steps, *, lr, lr_decay, weight_dec
         g = -grad if maximize else grad
         if weight_decay != 0:
             g = g + p * weight_decay
-        clr = lr / (1 + (state_steps[i] - 1) * lr_decay)
+        clr = lr / (1 + (_step(state_steps[i], p) - 1) * lr_decay)
         total = total + g * g
         p = p - clr * g / (torch.sqrt(total) + eps)
         new = [p.to(param.dtype), grad.to(grads[i].dtype), total.to(state_sums[i].dtype)]
