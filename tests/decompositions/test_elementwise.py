@@ -442,3 +442,17 @@ def test_shrink_backward(op):
     grad = randn(9)
     backward = getattr(torch.ops.aten, op).default
     check_on_both_paths(lambda g, x: backward(g, x, 0.5), grad, x)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_where_of_one_value_broadcasts_it_to_the_condition(path, tmp_path):
+    # torch-mlir folds where(c, x, x) to x without the broadcast: a 0-d x under a [1]
+    # condition came back [] and the fused program failed to build (fuzz seed 1509).
+    def fn(x):
+        low = x.min(dim=0)[0]
+        return torch.where(x > 0, low, low), torch.where(x < 0, x.sum(), x.sum())[1:]
+    x = torch.tensor([-9, -7])[1:]
+    actual = run_on_path(path, fn, x, tmp_dir=tmp_path)
+    expected = fn(x)
+    for a, e in zip(actual, expected):
+        assert a.shape == e.shape and torch.equal(a, e), (a, e)

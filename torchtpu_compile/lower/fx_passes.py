@@ -159,6 +159,26 @@ def compare_with_itself(gm):
         gm.graph.erase_node(node)
 
 
+@fx_pass
+def where_of_one_value(gm):
+    # torch-mlir folds where(c, x, x) to x, without the broadcast to c's shape: a 0-d x under
+    # a [1] condition gave a [] result where the graph returns [1], and the program failed to
+    # build (defer-and-fuse, fuzz seed 1509). It is x broadcast to the result's shape.
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not aten.where.self or \
+                node.args[1] is not node.args[2]:
+            continue
+        val, x = node.meta.get("val"), node.args[1].meta.get("val")
+        if not isinstance(val, torch.Tensor) or not isinstance(x, torch.Tensor) or \
+                val.shape == x.shape:
+            continue
+        with gm.graph.inserting_before(node):
+            wide = gm.graph.call_function(aten.expand.default, (node.args[1], list(val.shape)))
+        wide.meta = dict(node.meta)
+        node.replace_all_uses_with(wide)
+        gm.graph.erase_node(node)
+
+
 @torch.library.custom_op("torchtpu::c_fmod", mutates_args=(), tags=(torch.Tag.pointwise,))
 def c_fmod(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """C's fmod (the dividend's sign), exact, of two tensors of one dtype. Decompositions
