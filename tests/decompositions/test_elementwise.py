@@ -456,3 +456,18 @@ def test_where_of_one_value_broadcasts_it_to_the_condition(path, tmp_path):
     expected = fn(x)
     for a, e in zip(actual, expected):
         assert a.shape == e.shape and torch.equal(a, e), (a, e)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
+def test_truncated_division_by_a_python_number_keeps_the_number(dtype):
+    # torch's decomposition of div.Scalar_mode took the number as a float32: float64
+    # 2.0 / 1e-3 truncated to 1999 (eager 2000), silently (fuzz seed 3136).
+    def trunc(x, d):
+        return (torch.div(x, 1e-3, rounding_mode="trunc"), torch.div(x, 3, rounding_mode="trunc"),
+                torch.div(x, -0.0, rounding_mode="trunc"), torch.div(x, d, rounding_mode="trunc"),
+                torch.div(7.5, d, rounding_mode="trunc"))
+    x = torch.tensor([2.0, 3.25, -1.0, 0.3, -2.9, 1e-3, 0.0, -0.0, INF, NAN, 57.0, 100.25],
+                     dtype=dtype)
+    d = torch.tensor([0.1, 1e-3, 0.7, -0.3, 0.0, 2.0, 1.5, -3.0, 0.1, 1.0, 0.57, 0.01],
+                     dtype=dtype)
+    check_on_both_paths(trunc, x, d)
