@@ -22,11 +22,19 @@ FAST = [(seed, FAST_PATHS[seed % len(FAST_PATHS)]) for seed in range(30)]
 FAST_ACCEPTED = {(15, "dynamic"): "dynamo_meta_check"}  # rshift of bools: fake tensors' error
 
 
-@pytest.mark.parametrize("seed,path", FAST, ids=[f"{s}-{p}" for s, p in FAST])
+#: (seed, path) of programs drawn from the second generation of templates (in-place ops on
+#: views, reductions over dim lists, division modes, promotion with Python scalars, broadcast
+#: where/masked_fill).
+FAST_GEN2 = [(seed, FAST_PATHS[seed % len(FAST_PATHS)]) for seed in range(3000, 3008)]
+
+
+@pytest.mark.parametrize("seed,path", FAST + FAST_GEN2,
+                         ids=[f"{s}-{p}" for s, p in FAST + FAST_GEN2])
 def test_random_programs_match_eager(seed, path):
+    generation = 2 if seed >= 3000 else 1
     # torchtpu's setting, not torch's global one, which later tests must find unset
     with torchtpu_compile.config.patch(matmul_precision="highest"):
-        mismatch = fuzz.check(fuzz.program(seed, ops=4), path)
+        mismatch = fuzz.check(fuzz.program(seed, ops=4, generation=generation), path)
     if (seed, path) in FAST_ACCEPTED:
         assert mismatch is not None and \
             mismatch.accepted.startswith(FAST_ACCEPTED[seed, path] + ":"), str(mismatch)

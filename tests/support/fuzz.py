@@ -429,6 +429,95 @@ def index_math(rng, env):
     return f"{x}[(({pos} * {r} - {r} + 0.5).long()).clamp(0, {n - 1})]"
 
 
+@template(3, generation=2)
+def in_place_view(rng, env):
+    """An in-place op through a view: the write must reach the base and every other view."""
+    x = pick(rng, env, lambda t: t.dim() >= 1 and t.numel() > 0)
+    if x is None:
+        return None
+    t, v = env[x], pick(rng, env)
+    views = [f"{x}[::2]", f"{x}[1:]", f"{x}.view(-1)[-1:]", f"{x}.unsqueeze(0)",
+             f"{x}.narrow(0, {t.shape[0] - 1}, 1)"]
+    if t.dim() >= 2:
+        views += [f"{x}.t()", f"{x}.diagonal()", f"{x}[:, ::2]", f"{x}.mT[0]", f"{x}.select(1, 0)"]
+    op = rng.choice((f"add_({v})", f"mul_({v})", f"copy_({v})", f"fill_({_scalar(rng)})",
+                     f"clamp_(min={rng.choice(('0', '-1.5'))})", f"div_({_scalar(rng)})",
+                     f"masked_fill_({v} > 0, {_scalar(rng)})", f"pow_({rng.choice(('2', '0.5'))})",
+                     f"index_fill_(0, torch.tensor([0, 0], device={x}.device), {_scalar(rng)})",
+                     f"index_put_((torch.tensor([0, 0, -1], device={x}.device),), {v}, "
+                     f"accumulate={rng.choice(('True', 'False'))})"))
+    return f"STMT {rng.choice(views)}.{op}"
+
+
+@template(3, generation=2)
+def reduce_dims(rng, env):
+    """Reductions over dim lists, keepdim, corrections, and the pairs that return two tensors."""
+    x = pick(rng, env, lambda t: t.dim() >= 1)
+    if x is None:
+        return None
+    t = env[x]
+    dims = sorted(rng.sample(range(t.dim()), rng.randint(1, t.dim())))
+    dims = tuple(d - t.dim() if rng.random() < 0.5 else d for d in dims)
+    keep = rng.choice(("True", "False"))
+    op = rng.choice(("sum", "mean", "amax", "amin", "nansum", "prod", "std", "var", "logsumexp",
+                     "norm", "var_mean", "std_mean", "aminmax", "any", "all", "count_nonzero"))
+    if op in ("std", "var", "var_mean", "std_mean"):
+        return f"torch.{op}({x}, dim={dims}, correction={rng.choice((0, 1, 2))}, keepdim={keep})" \
+            + ("[" + rng.choice("01") + "]" if op.endswith("_mean") else "")
+    if op == "aminmax":
+        return f"torch.aminmax({x}, dim={dims[0]}, keepdim={keep}){rng.choice(('.min', '.max'))}"
+    if op == "prod":  # prod takes one dim
+        return f"{x}.prod(dim={dims[0]}, keepdim={keep}, dtype={rng.choice(DTYPES[:2] + INTS[:1])})"
+    if op == "count_nonzero":
+        return f"torch.count_nonzero({x}, dim={dims})"
+    if op == "norm":
+        order = rng.choice(("2", "1", "float('inf')", "0"))
+        return f"torch.linalg.vector_norm({x}, ord={order}, dim={dims}, keepdim={keep})"
+    return f"{x}.{op}(dim={dims}, keepdim={keep})"
+
+
+@template(3, generation=2)
+def division(rng, env):
+    """Division modes on tensors of any dtypes (zero divisors, negative operands, -0.0)."""
+    a, b = pick(rng, env), pick(rng, env)
+    if a is None:
+        return None
+    mode = rng.choice(ROUNDING_MODES)
+    return rng.choice((f"torch.div({a}, {b}, rounding_mode={mode})",
+                       f"torch.div({a}, {_scalar(rng)}, rounding_mode={mode})",
+                       f"torch.remainder({_scalar(rng)}, {b})", f"torch.fmod({a}, {b})",
+                       f"torch.floor_divide({a}, {b})"))
+
+
+@template(3, generation=2)
+def promote(rng, env):
+    """Type promotion with Python scalars: an int scalar keeps an integer tensor's dtype (and
+    wraps), a float one makes it the default float, a bool one keeps a bool tensor bool."""
+    a = pick(rng, env)
+    if a is None:
+        return None
+    s = rng.choice(("2", "-1", "300", "2.5", "True", "-0.0", "1e5", "65504.0", "-129"))
+    return rng.choice((f"({a} + {s})", f"({a} * {s})", f"({s} - {a})",
+                       f"torch.add({a}, {s}, alpha=2)", f"torch.mul({a}, {s})",
+                       f"torch.where({a} > 0, {s}, {a})",
+                       f"torch.maximum({a}, torch.tensor({s}))", f"({a} == {s})",
+                       f"torch.clamp({a}, min={s})", f"({a}.sub({s}, alpha=3))"))
+
+
+@template(2, generation=2)
+def select_broadcast(rng, env):
+    """where/masked_fill whose condition, values and target broadcast against each other."""
+    c, a, b = pick(rng, env), pick(rng, env), pick(rng, env)
+    if c is None:
+        return None
+    cond = f"({c} != 0)" if env[c].dtype != torch.bool else c
+    return rng.choice((f"torch.where({cond}[..., None], {a}, {b})",
+                       f"torch.where({cond}, {a}.unsqueeze(-1), {b})",
+                       f"{a}.masked_fill({cond}[:1], {_scalar(rng)})",
+                       f"{a}.masked_fill({cond}.any(), {_scalar(rng)})",
+                       f"torch.where({cond}, {a}.sum(), {b}[..., :1])"))
+
+
 # --------------------------------------------------------------------------------- programs
 
 @dataclasses.dataclass
@@ -857,7 +946,7 @@ def _sweep(seeds, paths, ops, minimize_found, out, minutes, generation) -> list:
             if mismatch:
                 found.append(mismatch)
                 print(mismatch, file=out, flush=True)
-    print(f"{ran} programs (seeds {seeds[0]}..{seeds[0] + ran - 1}) x {len(paths)} paths, "
+    print(f"{ran} programs (seeds {seeds[0]}..{list(seeds)[ran - 1]}) x {len(paths)} paths, "
           f"{sum(not m.accepted for m in found)} mismatches "
           f"(and {sum(bool(m.accepted) for m in found)} accepted), "
           f"{time.time() - start:.0f}s", file=out, flush=True)
