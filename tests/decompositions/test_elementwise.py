@@ -471,3 +471,15 @@ def test_truncated_division_by_a_python_number_keeps_the_number(dtype):
     d = torch.tensor([0.1, 1e-3, 0.7, -0.3, 0.0, 2.0, 1.5, -3.0, 0.1, 1.0, 0.57, 0.01],
                      dtype=dtype)
     check_on_both_paths(trunc, x, d)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_where_of_a_value_and_its_view_broadcasts_them(path, tmp_path):
+    # x and x.view(-1) of a [1] x are one value to torch-mlir, which folded the where to it:
+    # LoweringError on compile (fuzz seed 3315, generation 2)
+    def fn(x, y):
+        return torch.where(y > 0, x, x.view(-1)), torch.where(y > 0, y, x.view(-1))
+    x, y = torch.tensor([5], dtype=torch.int32), torch.tensor([4, -7, -3, 3], dtype=torch.int16)
+    actual = run_on_path(path, fn, x, y, tmp_dir=tmp_path)
+    for a, e in zip(actual, fn(x, y)):
+        assert a.dtype == e.dtype and torch.equal(a, e), (a, e)
