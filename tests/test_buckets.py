@@ -245,6 +245,24 @@ def test_an_output_that_views_an_input_keeps_eager_values_and_strides(fresh_dyna
             assert torch.equal(actual, expected) and actual.stride() == expected.stride()
 
 
+def _doubles_and_returns_its_back_half(x):
+    x.add_(x)
+    return x[x.shape[0] // 2:]
+
+
+def test_an_output_that_views_a_written_input_keeps_its_offset(fresh_dynamo):
+    # the output views the input's new value, which aot_autograd rebuilds as a view of the
+    # input with the offset the graph returns; a bucket's copy has offset 0, so the output
+    # read the input's first rows (fuzz seed 1345, no error)
+    compiled = compile_tpu(_doubles_and_returns_its_back_half, dynamic=True)
+    for n in (3, 5, 9):
+        x = torch.arange(3 * n, dtype=torch.int8).reshape(n, 3)
+        x_eager = x.clone()
+        actual, expected = compiled(x), _doubles_and_returns_its_back_half(x_eager)
+        assert torch.equal(actual, expected) and torch.equal(x, x_eager)
+        assert actual.storage_offset() == expected.storage_offset()
+
+
 def _attend_with_mask(cache, new, mask):
     keys = torch.cat([cache, new], dim=1)                          # (b, s + 1, d)
     scores = (keys @ new.transpose(1, 2)).squeeze(-1) + mask       # mask: (b, s + 1)

@@ -57,3 +57,24 @@ def test_gradients_through_a_permuted_result(mode):
         ((x.t() * 2).tanh() * B.to(device)).sum().backward()
         grads.append(x.grad.cpu())
     torch.testing.assert_close(grads[1], grads[0])
+
+
+def _fills_through_expanded_views(dev):
+    # elements that share memory (an expanded view): the fills eager allows there write every
+    # location some element changes, whichever copy comes last (fuzz seed 1318: masked_fill_
+    # kept the copy the mask skipped)
+    x = torch.tensor([[[9, -7, -9]]], dtype=torch.int8, device=dev).expand(2, 1, 3)
+    x.masked_fill_(torch.tensor([[[True, False, False]], [[False, False, True]]], device=dev), 2)
+    y = torch.tensor([[1.0, 2.0, 3.0]], device=dev).expand(3, 3)
+    y.index_fill_(0, torch.tensor([1], device=dev), 5.0)
+    z = torch.tensor([[1, 2, 3]], device=dev).expand(2, 3)
+    z[torch.tensor([[True, False, False], [False, True, False]], device=dev)] = 0
+    return x, y, z
+
+
+@pytest.mark.filterwarnings("ignore:Use of .* on expanded tensors is deprecated")
+def test_a_fill_through_an_expanded_view_writes_as_eager(mode):
+    expected = _fills_through_expanded_views("cpu")
+    actual = _fills_through_expanded_views("tpu")
+    for a, e in zip(actual, expected):
+        assert torch.equal(a.cpu(), e), (a.cpu(), e)

@@ -18,14 +18,28 @@ pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 #: (seed, path): 30 programs of 4 ops, the paths taken in turn.
 FAST_PATHS = ("compile", "eager", "fuse", "dynamic", "compile", "fuse")
 FAST = [(seed, FAST_PATHS[seed % len(FAST_PATHS)]) for seed in range(30)]
+#: (seed, path) -> the accepted class (fuzz.ACCEPTED, each with its reason) of its difference.
+FAST_ACCEPTED = {(15, "dynamic"): "dynamo_meta_check"}  # rshift of bools: fake tensors' error
 
 
-@pytest.mark.parametrize("seed,path", FAST, ids=[f"{s}-{p}" for s, p in FAST])
+#: (seed, path) of programs drawn from the second generation of templates (in-place ops on
+#: views, reductions over dim lists, division modes, promotion with Python scalars, broadcast
+#: where/masked_fill).
+FAST_GEN2 = [(seed, FAST_PATHS[seed % len(FAST_PATHS)]) for seed in range(3000, 3008)]
+
+
+@pytest.mark.parametrize("seed,path", FAST + FAST_GEN2,
+                         ids=[f"{s}-{p}" for s, p in FAST + FAST_GEN2])
 def test_random_programs_match_eager(seed, path):
+    generation = 2 if seed >= 3000 else 1
     # torchtpu's setting, not torch's global one, which later tests must find unset
     with torchtpu_compile.config.patch(matmul_precision="highest"):
-        mismatch = fuzz.check(fuzz.program(seed, ops=4), path)
-    assert mismatch is None, str(mismatch)
+        mismatch = fuzz.check(fuzz.program(seed, ops=4, generation=generation), path)
+    if (seed, path) in FAST_ACCEPTED:
+        assert mismatch is not None and \
+            mismatch.accepted.startswith(FAST_ACCEPTED[seed, path] + ":"), str(mismatch)
+    else:
+        assert mismatch is None, str(mismatch)
 
 
 def _planted(change):
@@ -77,3 +91,64 @@ def test_compare_is_exact_for_integers_and_sees_nan_places():
     assert fuzz.compare(torch.tensor([float("nan"), -0.0]), torch.tensor([float("nan"), 0.0]),
                         "o") is None
     assert fuzz.compare(torch.tensor([1], dtype=torch.int32), torch.tensor([1]), "o") is not None
+
+
+def _prog(inputs, lines, returns):
+    return fuzz.Program(0, inputs, lines, returns)
+
+
+#: Dynamo's restart on a 0-d float64 input loses the write (seeds 1110, 1126, minimized).
+LOST_WRITE = _prog(["torch.tensor(-1.0, dtype=torch.float64, device=dev)"],
+                   ["x0.fill_(1e-3)", "v0 = x0 * 2"], ["v0"])
+
+
+def test_a_difference_aot_eager_shares_is_accepted_with_its_class():
+    mismatch = fuzz.check(LOST_WRITE, "compile")
+    assert mismatch is not None and mismatch.accepted.startswith("restart_lost_write:"), mismatch
+    dead = _prog(["torch.tensor([1, 2], dtype=torch.int64, device=dev)"],
+                 ["v0 = x0 + 1", "v1 = x0.var()"], ["v0"])
+    mismatch = fuzz.check(dead, "compile")
+    assert mismatch is not None and mismatch.accepted.startswith("dead_op:"), mismatch
+
+
+def test_a_difference_the_reference_backend_does_not_share_is_not_accepted():
+    # the shape of an accepted class (a compile path, a 0-d float64 input, an unused op that
+    # raises in eager), but values aot_eager does not give: ours to report
+    def wrong_input(prog):
+        out, inputs = fuzz._run_reference(prog)
+        return out, [t - 1 for t in inputs]
+    mismatch = fuzz.check(LOST_WRITE, "compile", run=wrong_input)
+    assert mismatch is not None and not mismatch.accepted
+    dead = _prog(["torch.tensor([1, 2], dtype=torch.int64, device=dev)"],
+                 ["v0 = x0 + 1", "v1 = x0.var()"], ["v0"])
+    mismatch = fuzz.check(dead, "compile", run=lambda p: ((p.make_inputs()[0] + 2,), []))
+    assert mismatch is not None and not mismatch.accepted
+
+
+#: XLA and Inductor keep pow's float32 value where eager rounds it to bfloat16 first (8303.77
+#: against 8320), and the value picks a row (seed 1226, minimized).
+EXCESS = _prog(["torch.tensor([[-4.0, -3.0, 4.5]], dtype=torch.bfloat16, device=dev).expand(2, 3)",
+                "torch.tensor([[9223372036854775806, 0, 9], [-9, -5, 4], [-1, 9, 6]], "
+                "dtype=torch.int64, device=dev)[1:]"],
+               ["v0 = torch.pow(x0, x1)",
+                "v0.index_fill_(0, (v0.float().nan_to_num(0.5).abs() * 3).long().remainder(2)"
+                ".reshape(-1), 7)",
+                "v1 = torch.where((x0 > 0), v0, -0.0)"],
+               ["v1"])
+
+
+def test_a_dropped_bfloat16_rounding_is_accepted_only_as_inductor_drops_it():
+    mismatch = fuzz.check(EXCESS, "fuse")
+    assert mismatch is not None and mismatch.accepted.startswith("excess_precision:"), mismatch
+    planted = fuzz.check(EXCESS, "fuse", run=_planted(lambda out, inputs: (
+        tuple(o + 100 for o in out), inputs)))
+    assert planted is not None and not planted.accepted
+
+
+def test_the_generator_asks_no_index_of_ties_and_no_median_of_an_expanded_tensor():
+    # seed 1193: median(dim)[1] of four equal values (which index is not defined), of an
+    # expanded input, where eager CPU's median reads past the memory and returns garbage
+    lines = fuzz.program(1193).lines
+    assert "v0 = x1.contiguous().median(dim=0)[0]" in lines, lines
+    assert fuzz._ties(torch.tensor([1.0, float("nan"), float("nan")]), 0)
+    assert not fuzz._ties(torch.tensor([[1, 2], [3, 4]]), 1)

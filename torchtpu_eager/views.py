@@ -91,6 +91,12 @@ def _flat_indices(size: tuple, stride: tuple, offset: int) -> torch.Tensor:
     return index.reshape(-1)
 
 
+def _overlaps(size: tuple, stride: tuple, offset: int) -> bool:
+    """Whether two elements of the view share a location of its storage."""
+    index = _flat_indices(size, stride, offset)
+    return index.unique().numel() < index.numel()
+
+
 def _write_graph(base_shape: tuple, dtype, size: tuple, stride: tuple, offset: int):
     key = ("write", base_shape, dtype, size, stride, offset)
     graph = _graphs.get(key)
@@ -103,12 +109,28 @@ def _write_graph(base_shape: tuple, dtype, size: tuple, stride: tuple, offset: i
             def fn(base, value):  # the inverse transpose: it writes every element of the base
                 kept = value.reshape([size[d] for d in dims])
                 return (kept.permute(order).reshape(base_shape),)
-        else:
+        elif not _overlaps(size, stride, offset):
             def fn(base, value):
                 flat = base.reshape(-1)
                 # A scatter at the view's flat positions (as_strided_scatter does not lower).
                 index = _flat_indices(size, stride, offset)
                 return (flat.index_put((index,), value.reshape(-1)).reshape(base_shape),)
+        else:
+            def fn(base, value):
+                # Elements that share a location (an expanded view): eager writes them in turn,
+                # and the ops it lets write there (fill_, masked_fill_, index_fill_, x[i] = v)
+                # skip the elements they do not change, so the last element that changed
+                # wins; a scatter of duplicate positions picks any (masked_fill_ kept a copy
+                # the mask skipped: fuzz seed 1318).
+                flat = base.reshape(-1)
+                index = _flat_indices(size, stride, offset)
+                new = value.reshape(-1)
+                order = torch.arange(new.numel(), dtype=torch.int64)
+                changed = torch.where(new != flat[index], order, -1)
+                last = torch.full(flat.shape, -1, dtype=torch.int64).scatter_reduce(
+                    0, index, changed, "amax")
+                written = torch.where(last >= 0, new[last.clamp(min=0)], flat)
+                return (written.reshape(base_shape),)
         with unchecked():
             graph = _graphs[key] = trace(fn, [example(base_shape, dtype), example(size, dtype)],
                                          f"write{list(size)}")

@@ -442,3 +442,44 @@ def test_shrink_backward(op):
     grad = randn(9)
     backward = getattr(torch.ops.aten, op).default
     check_on_both_paths(lambda g, x: backward(g, x, 0.5), grad, x)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_where_of_one_value_broadcasts_it_to_the_condition(path, tmp_path):
+    # torch-mlir folds where(c, x, x) to x without the broadcast: a 0-d x under a [1]
+    # condition came back [] and the fused program failed to build (fuzz seed 1509).
+    def fn(x):
+        low = x.min(dim=0)[0]
+        return torch.where(x > 0, low, low), torch.where(x < 0, x.sum(), x.sum())[1:]
+    x = torch.tensor([-9, -7])[1:]
+    actual = run_on_path(path, fn, x, tmp_dir=tmp_path)
+    expected = fn(x)
+    for a, e in zip(actual, expected):
+        assert a.shape == e.shape and torch.equal(a, e), (a, e)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
+def test_truncated_division_by_a_python_number_keeps_the_number(dtype):
+    # torch's decomposition of div.Scalar_mode took the number as a float32: float64
+    # 2.0 / 1e-3 truncated to 1999 (eager 2000), silently (fuzz seed 3136).
+    def trunc(x, d):
+        return (torch.div(x, 1e-3, rounding_mode="trunc"), torch.div(x, 3, rounding_mode="trunc"),
+                torch.div(x, -0.0, rounding_mode="trunc"), torch.div(x, d, rounding_mode="trunc"),
+                torch.div(7.5, d, rounding_mode="trunc"))
+    x = torch.tensor([2.0, 3.25, -1.0, 0.3, -2.9, 1e-3, 0.0, -0.0, INF, NAN, 57.0, 100.25],
+                     dtype=dtype)
+    d = torch.tensor([0.1, 1e-3, 0.7, -0.3, 0.0, 2.0, 1.5, -3.0, 0.1, 1.0, 0.57, 0.01],
+                     dtype=dtype)
+    check_on_both_paths(trunc, x, d)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_where_of_a_value_and_its_view_broadcasts_them(path, tmp_path):
+    # x and x.view(-1) of a [1] x are one value to torch-mlir, which folded the where to it:
+    # LoweringError on compile (fuzz seed 3315, generation 2)
+    def fn(x, y):
+        return torch.where(y > 0, x, x.view(-1)), torch.where(y > 0, y, x.view(-1))
+    x, y = torch.tensor([5], dtype=torch.int32), torch.tensor([4, -7, -3, 3], dtype=torch.int16)
+    actual = run_on_path(path, fn, x, y, tmp_dir=tmp_path)
+    for a, e in zip(actual, fn(x, y)):
+        assert a.dtype == e.dtype and torch.equal(a, e), (a, e)

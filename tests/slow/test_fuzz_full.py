@@ -1,7 +1,11 @@
 """The long differential fuzzing sweep (tests/support/fuzz.py): 240 random programs of 6 ops,
 each on all four paths (compile, compile with dynamic=True, the tpu device strict and in
 defer-and-fuse mode), in chunks of 20 seeds so a failure names its chunk. A mismatch prints the
-program; ``python -m tests.support.fuzz --seeds N --paths P --minimize`` shrinks it."""
+program; ``python -m tests.support.fuzz --seeds N --paths P --minimize`` shrinks it.
+
+Mismatches that are PyTorch's own come back accepted (``fuzz.ACCEPTED``: each class has a
+reference backend that must give our outcome on the same program); ``KNOWN`` lists the ones
+this sweep expects, so a new seed in an accepted class is shown, not passed over."""
 from __future__ import annotations
 
 import io
@@ -14,9 +18,24 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fresh_dynamo")]
 
 CHUNKS = [range(start, start + 20) for start in range(1000, 1240, 20)]
 
+#: (seed, path) -> the accepted class (fuzz.ACCEPTED, where each says why) of its difference.
+KNOWN = {
+    **{(1014, p): "overlapping_write" for p in fuzz.COMPILE_PATHS},
+    **{(1101, p): "overlapping_write" for p in fuzz.COMPILE_PATHS},
+    **{(1037, p): "dynamo_meta_check" for p in fuzz.COMPILE_PATHS},
+    **{(1171, p): "dynamo_meta_check" for p in fuzz.COMPILE_PATHS},
+    **{(1108, p): "dead_op" for p in fuzz.COMPILE_PATHS},
+    **{(1110, p): "restart_lost_write" for p in fuzz.COMPILE_PATHS},
+    **{(1126, p): "restart_lost_write" for p in fuzz.COMPILE_PATHS},
+    **{(1226, p): "excess_precision" for p in fuzz.COMPILE_PATHS + ("fuse",)},
+}
+
 
 @pytest.mark.parametrize("seeds", CHUNKS, ids=[f"{c.start}-{c.stop}" for c in CHUNKS])
 def test_random_programs_match_eager_on_every_path(seeds):
     out = io.StringIO()
     found = fuzz.sweep(seeds, list(fuzz.PATHS), ops=6, out=out)
-    assert not found, out.getvalue()
+    assert not [m for m in found if not m.accepted], out.getvalue()
+    accepted = {(m.seed, m.path): m.accepted.split(":")[0] for m in found if m.accepted}
+    expected = {k: v for k, v in KNOWN.items() if k[0] in seeds}
+    assert accepted == expected, out.getvalue()

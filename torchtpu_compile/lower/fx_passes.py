@@ -159,6 +159,30 @@ def compare_with_itself(gm):
         gm.graph.erase_node(node)
 
 
+@fx_pass
+def where_of_one_value(gm):
+    # torch-mlir folds where(c, x, x) to x, without the broadcast to c's shape: a 0-d x under
+    # a [1] condition gave a [] result where the graph returns [1], and the program failed to
+    # build (defer-and-fuse, fuzz seed 1509); x and x.view(-1) of a [1] x are one value there
+    # too (seed 3315). Branches narrower than the result are expanded to it first, so that
+    # a fold keeps the shape.
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not aten.where.self:
+            continue
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            continue
+        args = list(node.args)
+        for k in (1, 2):
+            x = args[k].meta.get("val") if isinstance(args[k], fx.Node) else None
+            if isinstance(x, torch.Tensor) and x.shape != val.shape:
+                with gm.graph.inserting_before(node):
+                    wide = gm.graph.call_function(aten.expand.default, (args[k], list(val.shape)))
+                wide.meta = {"val": x.expand(val.shape)}
+                args[k] = wide
+        node.args = tuple(args)
+
+
 @torch.library.custom_op("torchtpu::c_fmod", mutates_args=(), tags=(torch.Tag.pointwise,))
 def c_fmod(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """C's fmod (the dividend's sign), exact, of two tensors of one dtype. Decompositions

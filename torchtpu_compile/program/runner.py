@@ -133,8 +133,12 @@ def _has_tangents(args: list) -> bool:
                for a in args)
 
 
-def _refuse_views_of_inputs(gm: fx.GraphModule, user_outputs: tuple) -> None:
-    """Raise NotPaddable where a user output is a view of a graph input.
+def _refuse_views_of_inputs(gm: fx.GraphModule, user_outputs: tuple,
+                            mutated_inputs: tuple = ()) -> None:
+    """Raise NotPaddable where a user output is a view of a graph input, or of the new value
+    of an input the graph writes (``mutated_inputs``: (input, output) pairs), which
+    aot_autograd rebuilds as a view of the input too (``x.add_(1); return x[n // 2:]`` lost
+    its offset: fuzz seed 1345).
 
     aot_autograd rebuilds such an output from the input with the size and strides of the one
     the graph returns; a bucket returns contiguous copies cut back from its padded results, so
@@ -148,12 +152,14 @@ def _refuse_views_of_inputs(gm: fx.GraphModule, user_outputs: tuple) -> None:
     """
     from ..buckets import NotPaddable
     outputs = gm.graph.output_node().args[0]
+    new_values = {outputs[j] for _, j in mutated_inputs if j < len(outputs)}
     for i in user_outputs:
         node = outputs[i] if i < len(outputs) else None
         while isinstance(node, fx.Node) and node.op == "call_function" and \
                 isinstance(node.target, torch._ops.OpOverload) and node.target.is_view:
             node = node.args[0]
-        if isinstance(node, fx.Node) and node.op == "placeholder" and node is not outputs[i]:
+        if isinstance(node, fx.Node) and (node.op == "placeholder" or node in new_values) \
+                and node is not outputs[i]:
             raise NotPaddable(f"output {i} is a view of input {node.name}, which aot_autograd "
                               f"rebuilds with the strides the graph returns")
 
@@ -225,7 +231,7 @@ class GraphRunner:
         from ..buckets import BucketedGraph, NotPaddable
         try:
             if self._bucketed is None:
-                _refuse_views_of_inputs(self.gm, self.eager_layouts)
+                _refuse_views_of_inputs(self.gm, self.eager_layouts, self._graph_mutated)
                 self._bucketed = BucketedGraph(self.gm, self.name, _build_outside_fake,
                                                self.resident_inputs, self._graph_mutated)
             return self._bucketed(args, precision)
