@@ -145,3 +145,21 @@ def test_half_width_scans_accumulate_in_float32():
         b = x.bfloat16()
         return (b.cumsum(1), b.logcumsumexp(1), b[:, :200].cumprod(1), x.half().cumsum(1))
     check_on_both_paths(scans, x, rtol=2 ** -7, atol=0)
+
+
+@pytest.mark.parametrize("op", [torch.cumsum, torch.cumprod])
+def test_a_scan_along_a_dim_of_one_element_returns_a_new_tensor(op):
+    # Fuzz seed 1613: along a dim of one element the scan is a no-op, the decomposition
+    # returned its input, and aot_autograd then returned the caller's tensor itself, so a
+    # later in-place write to the input changed the result (eager's is a new tensor).
+    def fn(x):
+        return op(x, 0)
+
+    compiled = torch.compile(fn, backend="torchtpu")
+    for x in (torch.tensor([[3.0, -3.75, 0.5]]),
+              torch.tensor([[3.0, -5.0, -3.75, -4.5, 0.5, 1.0]], dtype=torch.float64)[..., ::2]):
+        result = compiled(x)
+        expected = fn(x)
+        assert result is not x and not torch._C._is_alias_of(result, x)
+        x.neg_()
+        assert torch.equal(result, expected)

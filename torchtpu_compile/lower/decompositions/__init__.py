@@ -52,6 +52,7 @@ Example::
 from __future__ import annotations
 
 import torch
+import torch.utils._pytree as pytree
 
 from .registry import (CHECKS, OURS, DuplicateRegistration, Registry, checked_first,
                        decomposition, torch_mlir_table)
@@ -70,6 +71,41 @@ def _checked(check, decompose):
         return NotImplemented if decompose is None else decompose(*args, **kwargs)
     run.__name__ = f"checked_{getattr(decompose, '__name__', 'op')}"
     return run
+
+
+def _fresh_results(op, decompose):
+    """``decompose``, with any result that is (or views) one of its tensor arguments cloned,
+    for an op whose schema returns new memory.
+
+    Where an op is a no-op for some shapes (a scan along a dim of one element, a cast to the
+    dtype a tensor has), a decomposition may return its input. Traced by aot_autograd, the
+    graph's output then *is* its input, which aot_autograd returns as the caller's tensor
+    itself: ``torch.cumsum(x, 0)`` of a (1, n) ``x`` came back as ``x``, and a later write to
+    ``x`` changed the result (fuzz seed 1613; eager's result is a new tensor).
+
+    Example::
+
+        fresh = _fresh_results(aten.cumsum.default, lambda x, dim: x)
+        fresh(x, 0) is x    # False: a clone
+    """
+    schema = getattr(op, "_schema", None)
+    if schema is None or any(r.alias_info is not None for r in schema.returns):
+        return decompose  # a view, an in-place or out= op: its result is an input's memory
+
+    def fresh(*args, **kwargs):
+        result = decompose(*args, **kwargs)
+        if result is NotImplemented:
+            return result
+        inputs = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        return pytree.tree_map_only(
+            torch.Tensor, lambda out: out.clone() if _aliases_any(out, inputs) else out, result)
+    fresh.__name__ = getattr(decompose, "__name__", "decompose")
+    fresh.__wrapped__ = decompose
+    return fresh
+
+
+def _aliases_any(out: torch.Tensor, inputs: list) -> bool:
+    return any(out is t or torch._C._is_alias_of(out, t) for t in inputs)
 
 
 def decomposition_table(ours: bool = True) -> dict:
@@ -91,6 +127,7 @@ def decomposition_table(ours: bool = True) -> dict:
     table = {**torch_mlir_table(), **mine}
     for op, check in CHECKS.items():
         table[op] = _checked(check, table.get(op))
+    table = {op: _fresh_results(op, fn) for op, fn in table.items()}
     # Last: indexing ops mark their indices, then decompose as above (index_checks.py).
     return with_index_checks(table)
 
