@@ -9,6 +9,8 @@ training, splits forward and backward; each resulting graph becomes a ``GraphRun
 """
 from __future__ import annotations
 
+import contextlib
+
 import itertools
 import sys
 
@@ -178,6 +180,19 @@ def _raising(error: BaseException):
     return refused
 
 
+@contextlib.contextmanager
+def _mkldnn_off():
+    """mkldnn off for this block, nothing else touched. ``torch.backends.mkldnn.flags``
+    also sets oneDNN's TF32 and fp32-precision flags, and on a CPU build warns that TF32 needs
+    an Intel GPU: one UserWarning in every process that compiled."""
+    before = torch._C._get_mkldnn_enabled()
+    torch._C._set_mkldnn_enabled(False)
+    try:
+        yield
+    finally:
+        torch._C._set_mkldnn_enabled(before)
+
+
 def torchtpu_backend(gm: torch.fx.GraphModule, example_inputs, **options):
     """Compile a Dynamo FX graph for the PJRT device.
 
@@ -217,8 +232,7 @@ def torchtpu_backend(gm: torch.fx.GraphModule, example_inputs, **options):
         # lower; the math formulation does, and XLA fuses it anyway. Likewise aten.lstm's
         # decomposition picks mkldnn's layer kernel (mkldnn_rnn_layer) for CPU tensors when
         # mkldnn is on: an nn.LSTM under allow_rnn ran on the host; the generic cells lower.
-        with sdpa_kernel(SDPBackend.MATH), torch.backends.mkldnn.flags(enabled=False), \
-                spanning("torchtpu::aot_autograd"):
+        with sdpa_kernel(SDPBackend.MATH), _mkldnn_off(), spanning("torchtpu::aot_autograd"):
             compiled = aot(gm, example_inputs)
     # Where the Dynamo-level cache finds this graph again (dynamo_cache.py). On the innermost
     # function: Dynamo's disable() unwraps aot_autograd's wrapper before wrapping it again.

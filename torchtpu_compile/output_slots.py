@@ -77,7 +77,12 @@ def collect_outputs(slots: list, results: list, args: list, device: str | None =
             outputs.append(empty_tensor(slot.value, device) if empty is None else
                            empty(slot.value))
         elif kind == "view":
-            base = results[slot.index] if slot.value["of"] == "program" else args[slot.index]
+            if slot.value["of"] == "program":
+                base = results[slot.index]
+                if "memory_order" in slot.value:  # computed in eager's memory order
+                    base = _in_eager_layout(base, slot)
+            else:
+                base = args[slot.index]
             outputs.append(_rebuilt_view(slot, base))
         elif kind == "check":
             if defer_checks:

@@ -283,7 +283,7 @@ def prepare(gm: fx.GraphModule, rebuild_views: bool = True,
     views = _rebuilt_views(values, input_pos) if rebuild_views else {}
     slots, program_values, seen = [], [], {}
     layouts: dict = {}  # graph output node -> its "program" slots' value (eager strides)
-    roots = {root for root, _ in views.values()}  # their views replay on a contiguous base
+    roots = {root for root, _ in views.values() if root not in input_pos}
     for at, value in enumerate(values):
         if value in views:
             root, steps = views[value]
@@ -292,10 +292,15 @@ def prepare(gm: fx.GraphModule, rebuild_views: bool = True,
                                         value={"of": "input", "ops": steps}))
                 continue
             if root not in seen:
+                order = _eager_layout(root)
                 seen[root] = len(program_values)
-                program_values.append(root)
-            slots.append(OutputSlot("view", index=seen[root],
-                                    value={"of": "program", "ops": steps}))
+                layouts[root] = None if order is None else {"memory_order": order}
+                program_values.append(root if order is None else
+                                      _permuted(graph, root, order, output_node))
+            view = {"of": "program", "ops": steps}
+            if layouts.get(root):  # the steps replay on the base laid out as eager's
+                view["memory_order"] = layouts[root]["memory_order"]
+            slots.append(OutputSlot("view", index=seen[root], value=view))
         elif value is None:
             slots.append(OutputSlot("none"))
         elif not isinstance(value, fx.Node):
@@ -309,7 +314,11 @@ def prepare(gm: fx.GraphModule, rebuild_views: bool = True,
         elif value in seen:
             slots.append(OutputSlot("program", index=seen[value], value=layouts.get(value)))
         else:
-            order = _eager_layout(value) if at in eager_layouts and value not in roots else None
+            # A base of rebuilt views comes in eager's layout whether or not the user sees
+            # it: aot_autograd rebuilds a view of a written input from the input's memory
+            # with the base's strides (fuzz seed 1614: a contiguous base of a transposed
+            # input read other elements).
+            order = _eager_layout(value) if at in eager_layouts or value in roots else None
             layout = None if order is None else {"memory_order": order}
             seen[value], layouts[value] = len(program_values), layout
             slots.append(OutputSlot("program", index=len(program_values), value=layout))
@@ -434,7 +443,8 @@ def _rebuilt_views(values: list, input_pos: dict) -> dict:
     computed tensor when another output shares its root (else its aliasing cannot be seen, and
     the program returns only the view's elements rather than all of its root's). The steps
     must replay on the base as it will come: an input as traced or contiguous (a region of a
-    partitioned graph gets earlier programs' results), a program result contiguous.
+    partitioned graph gets earlier programs' results), a program result in eager's layout
+    where that is a permutation (``_eager_layout``), else contiguous.
     """
     chains = {v: _view_chain(v) for v in values if isinstance(v, fx.Node)}
     sharing: dict = {}
@@ -448,6 +458,9 @@ def _rebuilt_views(values: list, input_pos: dict) -> dict:
         if not isinstance(want, torch.Tensor) or not isinstance(base, torch.Tensor):
             continue
         contiguous = torch.empty(base.shape, dtype=base.dtype, device="meta")
+        if root not in input_pos and _eager_layout(root) is not None:
+            contiguous = torch.empty_strided(base.shape, base.stride(), dtype=base.dtype,
+                                             device="meta")
         if root in input_pos:
             traced = torch.empty_strided(base.shape, base.stride(), dtype=base.dtype,
                                          device="meta")
