@@ -150,8 +150,7 @@ def _floor_divide_floats(a, b, dtype):
 
 
 def _promoted(a, b):
-    dtype = torch.result_type(a, b)
-    return a.to(dtype), b.to(dtype)
+    return in_common_dtype(a, b) or (a, b)
 
 
 def _ignoring_nan(pick, a, b):

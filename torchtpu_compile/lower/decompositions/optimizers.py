@@ -39,7 +39,7 @@ def _unscaled(grad, grad_scale):
     return grad if grad_scale is None else grad / grad_scale
 
 
-def _as_tensor(step, value):
+def _liftable(step, value):
     """``value`` (a float) as a tensor computed from ``step``. A schedule that cycles momentum
     (OneCycleLR's default) passes new betas every step; as Python floats, ``1 - beta1`` and
     ``beta1 ** step`` were constants derived from them, which scalars.py cannot lift into a
@@ -65,7 +65,7 @@ def _adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *,
         grad = _opmath(_unscaled(grads[i], grad_scale))
         p, m, v = _opmath(param), _opmath(exp_avgs[i]), _opmath(exp_avg_sqs[i])
         step = _step(state_steps[i], p)
-        b1, b2 = _as_tensor(step, beta1), _as_tensor(step, beta2)
+        b1, b2 = _liftable(step, beta1), _liftable(step, beta2)
         g = -grad if maximize else grad
         if weight_decay != 0:
             if decoupled:   # AdamW: the decay scales the parameter
