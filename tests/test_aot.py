@@ -81,6 +81,21 @@ def test_an_executable_saved_under_other_xla_flags_is_compiled_again(gpt2_artifa
         torch.testing.assert_close(run(ids).logits, expected)
 
 
+def test_an_executable_saved_under_other_xla_options_is_compiled_again(gpt2_artifact, caplog,
+                                                                       tmp_path):
+    # config.excess_precision decides XLA's xla_allow_excess_precision per compile: an
+    # executable saved under one setting rounds bf16 results otherwise than the other.
+    path, model, ids = gpt2_artifact
+    expected = aot.load(path)(ids).logits
+    with torchtpu_compile.config.patch(cache_dir=str(tmp_path), excess_precision="on"):
+        executable.clear_cache()
+        with caplog.at_level("WARNING", logger="torchtpu"):
+            run = aot.load(path)
+        assert run.recompiled
+        assert any("XLA options: none" in r.getMessage() for r in caplog.records)
+        torch.testing.assert_close(run(ids).logits, expected)
+
+
 def test_truncated_artifact_is_a_clear_error(gpt2_artifact, tmp_path):
     path = gpt2_artifact[0]
     data = open(path, "rb").read()

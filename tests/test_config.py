@@ -26,6 +26,7 @@ FROM_ENVIRONMENT = {
     "check_indices": ("off", False),
     "donate_buffers": ("no", False),
     "random_draws": ("device", "device"),
+    "excess_precision": ("ON", "on"),
     "cache_dir": ("/tmp/somewhere", "/tmp/somewhere"),
     "cache_max_bytes": ("1048576", 1 << 20),
     "remote_cache": ("file:///tmp/remote", "file:///tmp/remote"),

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import torchtpu_compile
-from tests.support.helpers import compile_tpu
+from tests.support.helpers import PATHS, compile_tpu, run_on_path
 from torchtpu_compile import config
 from torchtpu_compile.errors import PlatformError
 from torchtpu_compile.runtime import client as client_module
@@ -195,6 +195,39 @@ def test_medium_is_bf16_multiply_with_f32_accumulate():
         out = compile_tpu(lambda x, y: x @ y)(a, b)
     reference = a.bfloat16().double() @ b.bfloat16().double()  # exact products of bf16 values
     assert (out.double() - reference).abs().max().item() < 1e-4
+
+
+_HALF_WIDTH_PROGRAMS = {
+    "matmul": lambda a, b: torch.matmul(a, b).float(),
+    "elementwise": lambda a, b: ((a * b + a) * 1.1).float(),
+    "reduction": lambda a, b: (a + b).sum(0).float(),
+}
+
+
+@pytest.mark.parametrize("program", sorted(_HALF_WIDTH_PROGRAMS))
+@pytest.mark.parametrize("path", PATHS)
+def test_bf16_results_are_rounded_as_eager_rounds_them(path, program, tmp_path):
+    # XLA's default excess precision kept bf16 intermediates in float32: a matmul's result
+    # read with .float() was 0.06 off eager's on every path but the strict eager device
+    # (fuzz seed 1654), so the device's modes disagreed with each other too.
+    f = _HALF_WIDTH_PROGRAMS[program]
+    torch.manual_seed(0)
+    a, b = torch.randn(32, 32, dtype=torch.bfloat16), torch.randn(32, 32, dtype=torch.bfloat16)
+    assert torch.equal(run_on_path(path, f, a, b, tmp_dir=tmp_path), f(a, b))
+
+
+def test_excess_precision_on_is_xlas_float32_intermediates_and_another_program():
+    f = _HALF_WIDTH_PROGRAMS["matmul"]
+    torch.manual_seed(0)
+    a, b = torch.randn(32, 32, dtype=torch.bfloat16), torch.randn(32, 32, dtype=torch.bfloat16)
+    with config.patch(matmul_precision="highest"):
+        rounded = compile_tpu(f)(a, b)
+        torchtpu_compile.reset_stats()
+        with config.patch(excess_precision="on"):
+            kept = compile_tpu(f)(a, b)
+        assert torchtpu_compile.stats()["graphs_compiled"] == 1  # not off's executable
+    assert torch.equal(rounded, f(a, b))
+    assert torch.equal(kept, (a.float() @ b.float()))  # the float32 result, never rounded
 
 
 def test_precision_follows_torch_when_set_explicitly():

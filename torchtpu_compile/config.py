@@ -317,6 +317,16 @@ _SETTINGS = (
             "transfer of every mask per call), or auto (device, except on the CPU client, "
             "where the host draw measured faster). Read when a graph is built.",
             "compile", compiled=True),
+    Setting("excess_precision", "TORCHTPU_EXCESS_PRECISION", "auto",
+            _Choice("auto", "on", "off"),
+            "Whether XLA may keep bfloat16/float16 intermediates in float32 "
+            "(xla_allow_excess_precision). off: every half-width op's result is rounded, as "
+            "eager PyTorch rounds it (a bf16 matmul followed by .float() gives eager's value), "
+            "at the cost of a convert per op; on: XLA's default, faster, more precise than "
+            "eager. auto: off on the CPU and CUDA clients, on on TPU. An "
+            "--xla_allow_excess_precision in XLA_FLAGS wins over auto. Read when a program "
+            "is compiled.",
+            "compile", compiled=True),
     Setting("donate_buffers", "TORCHTPU_DONATE_BUFFERS", True, _Flag(),
             "A compiled graph that overwrites an input of the eager tpu device (an optimizer "
             "step's parameters and state, batch norm's running statistics, a static KV cache) "

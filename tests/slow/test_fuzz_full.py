@@ -27,7 +27,6 @@ KNOWN = {
     **{(1108, p): "dead_op" for p in fuzz.COMPILE_PATHS},
     **{(1110, p): "restart_lost_write" for p in fuzz.COMPILE_PATHS},
     **{(1126, p): "restart_lost_write" for p in fuzz.COMPILE_PATHS},
-    **{(1226, p): "excess_precision" for p in fuzz.COMPILE_PATHS + ("fuse",)},
 }
 
 

@@ -729,29 +729,6 @@ def restart_lost_write(prog, what):
     return ("differ" in what or "instead of" in what) and _zero_dim_float64_input(prog)
 
 
-def _eager_values_with_emulated_casts(prog, path):
-    """Inductor rounding every bf16/f16 intermediate as eager does gives eager's values: the
-    difference is exactly the dropped roundings."""
-    try:
-        out, inputs = _reference_backend("inductor", emulate_precision_casts=True)(prog, path)
-    except Exception:
-        return False
-    expected, expected_inputs = _run_reference(prog)
-    return compare(out, expected, "output") is None and \
-        compare(inputs, expected_inputs, "input") is None
-
-
-@accepted_class(COMPILE_PATHS + ("fuse",), _reference_backend("inductor"),
-                "a bfloat16/float16 rounding between fused ops is dropped: XLA computes them in "
-                "float32 and keeps the excess precision (xla_allow_excess_precision), as "
-                "Inductor does by default (emulate_precision_casts=False); the value can then "
-                "pick an index, beyond any tolerance (seed 1226). Accepted where Inductor gives "
-                "our values and, with emulate_precision_casts=True, eager's",
-                agrees=_eager_values_with_emulated_casts)
-def excess_precision(prog, what):
-    return ("differ" in what or "instead of" in what) and "float16" in prog.repro()
-
-
 def _outcome(run, prog):
     try:
         return run(prog)

@@ -83,7 +83,8 @@ def _inspect(args) -> int:
     print("versions: " + ", ".join(f"{k} {v}" for k, v in manifest["versions"].items()))
     print("executables: " + ", ".join(
         f"{p} ({v['platform_version']}"
-        + (f", XLA flags {v['xla_flags']}" if v.get("xla_flags") else "") + ")"
+        + (f", XLA flags {v['xla_flags']}" if v.get("xla_flags") else "")
+        + (f", XLA options {v['xla_options']}" if v.get("xla_options") else "") + ")"
         for p, v in manifest["executables"].items()))
     print("sizes:")
     for name, data in sorted(members.items()):

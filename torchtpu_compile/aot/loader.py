@@ -160,7 +160,8 @@ def _load_executable(path: str, members: dict, manifest: dict, entry: dict, clie
     name = entry["name"]
     recorded = manifest["executables"].get(client.platform)
     if recorded is not None:
-        recorded = {"xla_flags": "", **recorded}   # written before flags were recorded
+        # written before flags, then options, were recorded: compiled with neither
+        recorded = {"xla_flags": "", "xla_options": "", **recorded}
     here = specs.executable_tag(client)
     blob = members.get(artifact_file.executable_member(client.platform, name))
     if recorded is not None and blob is not None and recorded == here:
@@ -185,7 +186,9 @@ def _load_executable(path: str, members: dict, manifest: dict, entry: dict, clie
 
 def _described(platform: str, tag: dict) -> str:
     flags = tag.get("xla_flags") or "none"
-    return f"{platform} ({tag['platform_version']}, jaxlib {tag['jaxlib']}, XLA flags: {flags})"
+    options = tag.get("xla_options") or "none"
+    return (f"{platform} ({tag['platform_version']}, jaxlib {tag['jaxlib']}, XLA flags: {flags}, "
+            f"XLA options: {options})")
 
 
 def _load_state(path: str, members: dict, name: str, aliases: dict, convert=None) -> dict:

@@ -171,9 +171,9 @@ MANIFEST = record({
     "inputs": list_of(INPUT), "in_spec": nullable(string), "out_spec": nullable(string),
     "dynamic_dims": list_of(DYNAMIC_DIM), "programs": list_of(PROGRAM),
     "precision": one_of("medium", "high", "highest"), "stablehlo_version": string,
-    # xla_flags: absent from artifacts written before flags were recorded (read as none)
+    # xla_flags, xla_options: absent from artifacts written before they were recorded (none)
     "executables": dict_of(record({"platform_version": string, "jaxlib": string},
-                                  {"xla_flags": string})),
+                                  {"xla_flags": string, "xla_options": string})),
     "versions": dict_of(nullable(string)),
 }, {"state_aliases": dict_of(string), "out_type": string})
 

@@ -53,13 +53,17 @@ def executable_tag(client) -> dict:
     """What an executable compiled by ``client`` depends on, recorded beside it in an artifact
     and compared at load: the platform's version, jaxlib's, and the XLA flags it was compiled
     under (``client.compile_flags``: ``--xla_cpu_enable_fast_math`` or a TPU scheduler flag
-    change the code, as in the executable cache's key).
+    change the code, as in the executable cache's key) and the per-compile ``xla_options``.
 
     Example::
 
         executable_tag(get_client())
-        # {"platform_version": "cpu", "jaxlib": "0.10.2", "xla_flags": ""}
+        # {"platform_version": "cpu", "jaxlib": "0.10.2", "xla_flags": "",
+        #  "xla_options": "xla_allow_excess_precision=False"}
     """
     import jaxlib
+
+    from ..runtime.executable import xla_options
     return {"platform_version": client.pjrt.platform_version, "jaxlib": jaxlib.__version__,
-            "xla_flags": client.compile_flags}
+            "xla_flags": client.compile_flags,
+            "xla_options": ",".join(f"{k}={v}" for k, v in xla_options(client))}

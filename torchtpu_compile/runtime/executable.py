@@ -20,7 +20,7 @@ import time
 
 from jaxlib import _jax
 
-from .. import counters
+from .. import config, counters
 from .._logging import log
 from ..errors import LoweringError, raise_if_out_of_memory
 from ..profiling import TORCH_PROFILER, executed, reentered, spanning
@@ -97,16 +97,41 @@ def _result_handlers_like(outputs: list):
         return None
 
 
+def xla_options(client) -> tuple:
+    """XLA options set per compile, as (name, value) pairs: what ``config.excess_precision``
+    asks of XLA where it differs from XLA's default. Part of the cache key and of an AOT
+    artifact's executable tag.
+
+    Eager PyTorch rounds every bf16/f16 op's result; XLA by default drops a float32 -> bf16
+    -> float32 round trip between ops, so ``torch.matmul(a, b).float()`` of bf16 tensors
+    returned 1.04736 where eager returns 1.046875 (fuzz seed 1654). "auto" keeps XLA's
+    default on TPU only, where half-width math is the point and is not yet measured.
+
+    Example::
+
+        xla_options(get_client())    # (("xla_allow_excess_precision", False),) on CPU
+    """
+    mode = config.excess_precision
+    if mode == "auto":
+        if "--xla_allow_excess_precision" in client.compile_flags:
+            return ()  # the user's XLA_FLAGS decide
+        mode = "on" if client.platform == "tpu" else "off"
+    return (("xla_allow_excess_precision", False),) if mode == "off" else ()
+
+
 def cache_key(fingerprint: str, precision: str, replicas: tuple = ()) -> str:
-    """The cache key: program fingerprint, platform (and its version), options, precision, the
-    XLA flags of this process (``client.compile_flags``) and, for a multi-device program, the
-    devices it is compiled for."""
+    """The cache key: program fingerprint, platform (and its version), options (ours and
+    ``xla_options``), precision, the XLA flags of this process (``client.compile_flags``) and,
+    for a multi-device program, the devices it is compiled for."""
     client = get_client()
     import jaxlib
     parts = (fingerprint, client.platform, client.pjrt.platform_version,
              f"jaxlib-{jaxlib.__version__}", COMPILE_OPTIONS_VERSION, precision)
     if client.compile_flags:
         parts += ("xla-flags=" + client.compile_flags,)
+    options = xla_options(client)
+    if options:
+        parts += ("xla-options=" + ",".join(f"{k}={v}" for k, v in options),)
     if replicas:
         parts += ("replicas=" + ",".join(map(str, replicas)),)
     return "|".join(parts)
@@ -118,11 +143,12 @@ def _placement(client, replicas: tuple):
     ``replicas``: device ids, one replica each, for programs whose collectives span processes
     (tpu_dist); empty for the usual one-device program.
     """
+    options = _jax.CompileOptions()
+    options.env_option_overrides = list(xla_options(client))
     if not replicas:
-        return client.device_list, _jax.CompileOptions()
+        return client.device_list, options
     import numpy as np
     by_id = {d.id: d for d in client.pjrt.devices()}
-    options = _jax.CompileOptions()
     options.num_replicas = len(replicas)
     options.num_partitions = 1
     options.device_assignment = _jax.DeviceAssignment.create(
