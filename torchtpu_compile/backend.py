@@ -216,6 +216,8 @@ def torchtpu_backend(gm: torch.fx.GraphModule, example_inputs, **options):
     from . import graph_cache
     from .profiling import spanning
 
+    from .aliased_outputs import InputViews
+    gm, views = InputViews.split(gm)
     graph_id = next(_backend_ids)
     # Inside the scope, aot_autograd first looks for this graph's result in the graph cache
     # and, on a miss, saves what it builds (graph_cache.py).
@@ -234,6 +236,10 @@ def torchtpu_backend(gm: torch.fx.GraphModule, example_inputs, **options):
         # mkldnn is on: an nn.LSTM under allow_rnn ran on the host; the generic cells lower.
         with sdpa_kernel(SDPBackend.MATH), _mkldnn_off(), spanning("torchtpu::aot_autograd"):
             compiled = aot(gm, example_inputs)
+    if views is not None:
+        # Not keyed for the Dynamo-level cache: it would rebuild the split graph's function
+        # alone, without the outputs made here.
+        return views.around(compiled)
     # Where the Dynamo-level cache finds this graph again (dynamo_cache.py). On the innermost
     # function: Dynamo's disable() unwraps aot_autograd's wrapper before wrapping it again.
     from torch._dynamo.eval_frame import innermost_fn
