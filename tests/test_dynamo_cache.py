@@ -460,3 +460,32 @@ def test_a_compile_with_options_is_not_served_past_the_backend(tmp_path):
                for how in ("plain", "options")]
     assert outputs[0].startswith("ran") and float(outputs[0].split()[1]) <= 1e-6, outputs
     assert outputs[1] == "raised True", outputs
+
+
+DESCRIPTOR_SCRIPT = textwrap.dedent("""\
+    import json, sys, torch, torchtpu_compile
+    class Act(torch.nn.Module):
+        def __init__(self, fn):
+            super().__init__()
+            self.fn = fn
+        def forward(self, a):
+            return self.fn(a) + 1
+    def closure_over(op):
+        return lambda a: op(a) * 2
+    op = getattr(torch.Tensor, sys.argv[2])
+    f = closure_over(op) if sys.argv[1] == "closure" else Act(op)
+    x = torch.randn(5)
+    out = torch.compile(f, backend="torchtpu")(x)
+    counts = torchtpu_compile.stats()["caches"]["dynamo"]["all"]
+    print(json.dumps({"same": torch.allclose(out, f(x)), "loaded": counts["frames_loaded"]}))
+""")
+
+
+@pytest.mark.parametrize("holder", ["closure", "module"])
+def test_a_frame_holding_another_tensor_method_misses(tmp_path, holder):
+    # Dynamo does not guard C method descriptors (torch.Tensor.sigmoid): a second process
+    # calling the frame with sigmoid loaded the graph the first traced with relu
+    runs = [json.loads(_script_output(tmp_path, "descriptors.py", DESCRIPTOR_SCRIPT, holder, op))
+            for op in ("relu", "sigmoid", "relu")]
+    assert all(run["same"] for run in runs), runs
+    assert [run["loaded"] for run in runs] == [0, 0, 1]

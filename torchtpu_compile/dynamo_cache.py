@@ -360,6 +360,7 @@ class _Entry:
     # Dynamo's automatic-dynamic record of the frame when it was traced: input name ->
     # the sizes seen so far (torch._dynamo.pgo.FrameStateSizeEntry). Filled by _patched_call.
     sizes_seen: dict = dataclasses.field(default_factory=dict)
+    unguarded: list = dataclasses.field(default_factory=list)   # _unguarded_descriptors
 
 
 def _source_lines_digest(filename: str, first: int, last: int) -> str | None:
@@ -390,6 +391,29 @@ def _inlined_sources(traced_code) -> list:
             raise Unportable(f"cannot read {code.co_filename}")
         sources.append((code.co_filename, first, last, digest))
     return sorted(set(sources))
+
+
+def _unguarded_descriptors(local_scope: dict) -> list:
+    """(where, fingerprint) of each C method or slot descriptor (``torch.Tensor.relu``) held by
+    a frame local, a closure variable or an attribute of a module among them.
+
+    Dynamo calls such a value without guarding it ("Don't need to guard on wrappers"), so one
+    frame traced with ``op = torch.Tensor.relu`` and called again with ``torch.Tensor.sigmoid``
+    reuses relu's graph. That is Dynamo's own in one process; across processes this cache
+    would make it ours: a second process's sigmoid loaded the first's relu graph. The entry
+    keeps them and a frame that holds others misses.
+    """
+    from torch._dynamo.utils import is_wrapper_or_member_descriptor
+    found = []
+    for name, value in local_scope.items():
+        if is_wrapper_or_member_descriptor(value):
+            found.append(((name,), _identity(value)))
+        elif isinstance(value, torch.nn.Module):
+            for path, module in value.named_modules(remove_duplicate=False):
+                for attr, held in vars(module).items():
+                    if is_wrapper_or_member_descriptor(held):
+                        found.append(((name, path, attr), _identity(held)))
+    return found
 
 
 def _portable_guards(guards) -> list:
@@ -451,7 +475,8 @@ def _entry_from_trace(output, out_code) -> _Entry:
     return _Entry(dynamo_code=SerializedCode.from_code_object(out_code),
                   guards_state=guards_state, fingerprints=fingerprints,
                   installed_globals=installed,
-                  inlined_sources=_inlined_sources(output.tracing_context.traced_code))
+                  inlined_sources=_inlined_sources(output.tracing_context.traced_code),
+                  unguarded=_unguarded_descriptors(output.local_scope))
 
 
 @functools.cache
@@ -649,6 +674,10 @@ def _try_entry(code, entry: _Entry, frame, compile_id):
                 log.info("torchtpu: Dynamo cache miss: %s guard on %s differs",
                          guards[index].create_fn_name(), guards[index].name)
                 raise Unportable("a guarded value differs")
+        if _unguarded_descriptors(frame.f_locals) != entry.unguarded:
+            log.info("torchtpu: Dynamo cache miss: a method descriptor held by the frame "
+                     "differs")
+            raise Unportable("a method descriptor Dynamo does not guard differs")
         graphs = [(name, how[1]) for name, how in entry.installed_globals.items()
                   if how[0] == "compiled_fn"]
         for name, _ in graphs:   # before loading a graph (lowering, XLA) that would go unused
