@@ -230,9 +230,9 @@ _COMPOSITE = object()  # the _ops entry of a signature run by its CompositeExpli
 
 def _input_values(tensors) -> tuple:
     """(the op's input values, the reads folded into its program): a strided view's value is
-    its storage's, and ``(position, read graph)`` of each such input is listed for the op to
-    run the read itself (``_folded``); where no input is a strided view, the list is None and
-    every value is the tensor's own."""
+    its storage's, and ``(position, read graph, the read's other inputs)`` of each such input
+    is listed for the op to run the read itself (``_folded``); where no input is a strided
+    view, the list is None and every value is the tensor's own."""
     values = []
     folded = None
     for t in tensors:
@@ -249,7 +249,7 @@ def _input_values(tensors) -> tuple:
             else:
                 if folded is None:
                     folded = []
-                folded.append((len(values), read))
+                folded.append((len(values), *read))
                 values.append(views.storage_value(storage))
         else:
             values.append(upload(t))
@@ -273,7 +273,7 @@ def _folded(entry, folded: list, func, args, kwargs, tensors):
     reads ``w.t()``, a backward ``grad.t()``, and each read was a program of its own, whose
     result (on a TPU, the whole transposed weight) was written out only to be read by the
     next. None where the spliced graph does not lower: the reads then run on their own."""
-    key = tuple([(position, read.id) for position, read in folded])
+    key = tuple([(position, read.id) for position, read, _ in folded])
     folds = entry.folds
     if folds is None:
         folds = entry.folds = {}
@@ -281,9 +281,14 @@ def _folded(entry, folded: list, func, args, kwargs, tensors):
     if fold is not folds:
         return fold
     op = entry.graph
-    source = {position: k for k, (position, _) in enumerate(folded)}
-    graphs = [read for _, read in folded] + [op]
-    refs = [(-1 - position,) for position, _ in folded]
+    source = {position: k for k, (position, _, _) in enumerate(folded)}
+    graphs = [read for _, read, _ in folded] + [op]
+    # The reads' other inputs (their positions: views.py) come after the op's own inputs.
+    n_inputs = len(op.placeholders)
+    refs = []
+    for position, _, extra in folded:
+        refs.append((-1 - position, *range(-1 - n_inputs, -1 - n_inputs - len(extra), -1)))
+        n_inputs += len(extra)
     refs.append(tuple([(source[p], 0) if p in source else -1 - p
                        for p in range(len(op.placeholders))]))
     wanted = [(len(folded), j) for j in range(len(op.out_meta))]
@@ -296,7 +301,7 @@ def _folded(entry, folded: list, func, args, kwargs, tensors):
         refs.append(((len(folded), 0),))
         wanted = [(len(folded) + 1, 0)]
         layout = (tuple([shape[d] for d in walked]), strides)
-    fold = _Fold(splice(graphs, refs, len(op.placeholders), wanted, op.label + "+reads"),
+    fold = _Fold(splice(graphs, refs, n_inputs, wanted, op.label + "+reads"),
                  layout)
     try:
         modes.current().check(fold.graph)  # strict compiles it; defer-and-fuse lowers it
@@ -880,16 +885,18 @@ def run_op(func, args, kwargs):
             return _fast_results(fast, outputs, tensors, args)
         entry.fast = fast = None  # another matmul precision: plan again after this run
     if entry.lifted is not None:
-        values.append(upload(torch.tensor(scalars.collect(args, kwargs), dtype=entry.lifted)))
+        values.append(scalars.as_input(scalars.collect(args, kwargs), entry.lifted))
     graph = entry.graph
     layout = None
     if folded is not None:
         fold = _folded(entry, folded, func, args, kwargs, tensors)
         if fold is None:  # the reads as programs of their own
-            for position, _ in folded:
+            for position, _, _ in folded:
                 values[position] = views.read(tensors[position])
         else:
             graph, layout = fold.graph, fold.layout
+            for _, _, extra in folded:
+                values.extend(extra)
     outputs = mode.apply(graph, values)
     if fast is None and folded is None and type(mode) is Strict:  # planned on its own graph
         entry.fast = _fast_plan(entry, args)

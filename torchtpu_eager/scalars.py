@@ -1,4 +1,5 @@
-"""Python floats as program inputs, so that an op called with new float values compiles once.
+"""Python floats and int positions as program inputs, so that an op called with new values
+compiles once.
 
 An op's cache key holds its float arguments, so ``p.addcdiv_(m, v, value=-step_size)`` with a new
 step size would compile again: Adam's bias corrections change every step. When an op is seen a
@@ -13,6 +14,14 @@ Example::
 
     floats = collect(args, kwargs)                 # [0.9, 1e-3]
     args2, kwargs2 = replace(args, kwargs, sentinels(len(floats), 0))
+    values.append(as_input(floats, dtype_for(tensors)))
+
+Positions are the other kind: the storage offset of a view read or written with a gather or
+scatter (``x[t]``, ``x[i:i + n]``, ``narrow``, ``split``'s pieces, ``y[i] = v``: ``views.py``)
+is a 1-D int64 input of its program, read with ``read_input`` as the floats are, so a loop over
+time steps or batches compiles one program per view shape, not one per position. The position
+is checked on the host before (the view's geometry comes from eager's own view op: ``x[10]``
+on a size-4 dim raises its IndexError), so the program does no index check.
 """
 from __future__ import annotations
 
@@ -83,6 +92,32 @@ def structure(key: tuple) -> tuple:
 def sentinels(count: int, variant: int) -> list:
     """Values no program would hold by chance, distinct per position and per variant."""
     return [-(7.0 + variant) * 1.000000119 ** (i + 1) * 1e-13 for i in range(count)]
+
+
+_inputs: dict = {}   # (dtype, positions) -> their uploaded buffer
+#: Positions kept uploaded: a loop revisits the same few, and each upload is a transfer.
+MAX_KEPT_INPUTS = 4096
+
+
+def as_input(values: list, dtype: torch.dtype):
+    """``values`` as the 1-D input of ``dtype`` a lifted program takes last. Int positions are
+    uploaded once per value (eager programs do not donate their inputs); floats each call
+    (Adam's step sizes never repeat)."""
+    from .transfer import upload
+    if dtype.is_floating_point:
+        return upload(torch.tensor(values, dtype=dtype))
+    key = (dtype, tuple(values))
+    buffer = _inputs.get(key)
+    if buffer is None:
+        if len(_inputs) >= MAX_KEPT_INPUTS:
+            _inputs.clear()
+        buffer = _inputs[key] = upload(torch.tensor(values, dtype=dtype))
+    return buffer
+
+
+def read_input(lifted, i: int):
+    """Element ``i`` of a lifted input, as a 0-dim tensor (in a graph being traced)."""
+    return lifted.select(0, i)
 
 
 def _tensor_slot(node: fx.Node, position, name=None) -> bool:

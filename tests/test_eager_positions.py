@@ -1,0 +1,94 @@
+"""Int positions are program inputs on the tpu device: ``x[t]``, ``x[i:i + n]``, ``narrow``,
+``split``'s pieces and writes through them compile one program per
+shape, not one per position (forward_forward compiled 150 programs for ``y_neg[idx] = ...``).
+Values and errors are eager's on the CPU, at every position, negative ones included, in every
+mode."""
+import re
+
+import pytest
+import torch
+
+import torchtpu_compile
+import torchtpu_eager  # noqa: F401
+
+torch.manual_seed(0)
+X = torch.randn(6, 5)
+NARROW_STARTS = [-5, -4, -3, -2, 0, 1, 2, 3]   # of length 2, in a dim of 5
+
+
+def _compiled() -> int:
+    return torchtpu_compile.stats()["eager_programs_compiled"]
+
+
+@pytest.fixture(params=["strict", "debug", "defer_and_fuse"])
+def mode(request):
+    torch.tpu.set_eager_mode(request.param)
+    yield request.param
+    torch.tpu.set_eager_mode("strict")
+
+
+def _no_program_per_position(fn, positions):
+    """``fn(position)`` (a host tensor, or a tuple of them) at each position; the programs
+    compiled after the first two positions, which may compile the shape's own."""
+    compiled = None
+    for k, i in enumerate(positions):
+        if k == 2:
+            compiled = _compiled()
+        fn(i)
+    return _compiled() - compiled
+
+
+READS = {
+    "select a row": (lambda x, i: x[i] * 2, range(-6, 6)),
+    "select a column": (lambda x, i: x[:, i] + 1, range(-5, 5)),
+    "select, read alone": (lambda x, i: x.select(0, i).clone(), range(-6, 6)),
+    "slice of rows": (lambda x, i: x[i:i + 2].sum(0), range(0, 5)),
+    "slice of columns, negative start": (lambda x, i: x[:, i - 5:i - 3] * 3, range(0, 4)),
+    "narrow": (lambda x, i: x.narrow(1, i, 2) * 2 - 1, NARROW_STARTS),
+    "split's pieces": (lambda x, i: x.split(1, dim=1)[i] * x[0], range(-5, 5)),
+}
+
+
+@pytest.mark.parametrize("case", list(READS))
+def test_reads_at_every_position(case, mode):
+    fn, positions = READS[case]
+    xt = X.to("tpu")
+
+    def check(i):
+        torch.testing.assert_close(fn(xt, i).cpu(), fn(X, i), rtol=0, atol=0)
+
+    assert _no_program_per_position(check, positions) == 0
+
+
+@pytest.mark.parametrize("index", [lambda x: x[6], lambda x: x[-7], lambda x: x[:, 5],
+                                   lambda x: x.select(1, -6), lambda x: x.narrow(0, 5, 2),
+                                   lambda x: x.narrow(1, -6, 1)])
+def test_positions_out_of_range_raise_as_eager(index, mode):
+    with pytest.raises(Exception) as expected:
+        index(X)
+    with pytest.raises(type(expected.value), match=re.escape(str(expected.value))):
+        index(X.to("tpu"))
+
+
+WRITES = {  # (write, its positions: a view's shape is a program of its own)
+    "a row": (lambda y, i: y.__setitem__(i, torch.arange(5.0) * i), range(-6, 6)),
+    "a column, in place": (lambda y, i: y[:, i].add_(1.5), range(-5, 5)),
+    "a block": (lambda y, i: y.__setitem__((slice(i, i + 2), slice(1, 3)), -y[i:i + 2, 3:]),
+                range(0, 5)),
+    "narrow, copied into": (lambda y, i: y.narrow(1, i, 2).copy_(y[:, :2] * 2), NARROW_STARTS),
+    "one element of an int tensor": (lambda y, i: y.__setitem__(i, 7), range(-8, 8)),
+}
+
+
+@pytest.mark.parametrize("case", list(WRITES))
+def test_writes_at_every_position(case, mode):
+    fn, positions = WRITES[case]
+    y = torch.arange(8) % 3 if case.endswith("int tensor") else X.clone()
+    yt = y.to("tpu")
+
+    def check(i):
+        fn(y, i)
+        fn(yt, i)
+        torch.testing.assert_close(yt.cpu(), y, rtol=0, atol=0)
+
+    assert _no_program_per_position(check, positions) == 0
