@@ -1,5 +1,5 @@
 """Int positions are program inputs on the tpu device: ``x[t]``, ``x[i:i + n]``, ``narrow``,
-``split``'s pieces and writes through them compile one program per
+``split``'s pieces, writes through them, their gradients and ``roll`` compile one program per
 shape, not one per position (forward_forward compiled 150 programs for ``y_neg[idx] = ...``).
 Values and errors are eager's on the CPU, at every position, negative ones included, in every
 mode."""
@@ -92,3 +92,55 @@ def test_writes_at_every_position(case, mode):
         torch.testing.assert_close(yt.cpu(), y, rtol=0, atol=0)
 
     assert _no_program_per_position(check, positions) == 0
+
+
+GRADS = {  # (a function of a view, its positions)
+    "select": (lambda x, i: x[i] * torch.arange(5.0, device=x.device), range(-6, 6)),
+    "slice": (lambda x, i: x[i:i + 2, 1:4] ** 2, range(0, 5)),
+    "narrow": (lambda x, i: x.narrow(1, i, 2) * x.narrow(1, i, 2), NARROW_STARTS),
+}
+
+
+@pytest.mark.parametrize("case", list(GRADS))
+def test_gradients_at_every_position(case, mode):
+    fn, positions = GRADS[case]
+    xc = X.clone().requires_grad_()
+    xt = X.to("tpu").requires_grad_()
+
+    def check(i):
+        fn(xc, i).sum().backward()
+        fn(xt, i).sum().backward()
+        torch.testing.assert_close(xt.grad.cpu(), xc.grad, rtol=1e-6, atol=1e-6)
+
+    assert _no_program_per_position(check, positions) == 0
+
+
+ROLLS = {
+    "one dim": (lambda x, k: torch.roll(x, k, 0), range(-7, 8)),
+    "two dims": (lambda x, k: torch.roll(x, (k, 2 * k), (1, -2)), range(-6, 6)),
+    "flattened": (lambda x, k: torch.roll(x, k), range(-31, 31, 3)),
+}
+
+
+@pytest.mark.parametrize("case", list(ROLLS))
+def test_roll_at_every_shift(case, mode):
+    fn, shifts = ROLLS[case]
+    xt = X.to("tpu")
+
+    def check(k):
+        torch.testing.assert_close(fn(xt, k).cpu(), fn(X, k), rtol=0, atol=0)
+
+    assert _no_program_per_position(check, shifts) == 0
+
+
+def test_roll_gradient_and_errors():
+    xc = X.clone().requires_grad_()
+    xt = X.to("tpu").requires_grad_()
+    (torch.roll(xc, 2, 1) * torch.arange(5.0)).sum().backward()
+    (torch.roll(xt, 2, 1) * torch.arange(5.0, device="tpu")).sum().backward()
+    torch.testing.assert_close(xt.grad.cpu(), xc.grad, rtol=0, atol=0)
+    for args in [(1, 2), ((1, 2), (0,)), ((1, 2),)]:
+        with pytest.raises(Exception) as expected:
+            torch.roll(X, *args)
+        with pytest.raises(type(expected.value)):
+            torch.roll(X.to("tpu"), *args)

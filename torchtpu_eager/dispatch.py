@@ -1266,6 +1266,47 @@ def _broadcasts_to(shape: tuple, target: tuple) -> bool:
         return False
 
 
+@handles(aten.select_backward.default, aten.slice_backward.default)
+def view_backward(func, args, kwargs):
+    # The gradient of x[t] (x[i:i + n], narrow) is zeros with the view's gradient written
+    # through that view, whose position is an input of the write (views.py): traced as an op,
+    # each index was a constant, and a loop over time steps compiled a program per step.
+    grad, sizes = args[0], list(args[1])
+    if type(grad) is not TpuTensor:
+        return run_op(func, args, kwargs)
+    view = aten.select.int if func is aten.select_backward.default else aten.slice.Tensor
+    out = new_tensor(None, tuple(sizes), grad.dtype)  # a storage never written reads as zeros
+    aten.copy_.default(view(out, *args[2:], **kwargs), grad)
+    return out
+
+
+@handles(aten.roll.default)
+def roll(func, args, kwargs):
+    # A gather at positions computed on the host, an input kept per shift (scalars.as_input):
+    # traced as an op, each shift was a constant of its own program (and its decomposition
+    # transforms the shift, so it cannot be lifted as floats are).
+    self, shifts = args[0], args[1]
+    dims = args[2] if len(args) > 2 else kwargs.get("dims", [])
+    if type(self) is not TpuTensor or self.numel() == 0 or \
+            (len(dims) != len(shifts) and len(dims) > 0) or len(shifts) == 0:
+        return run_op(func, args, kwargs)  # eager's errors, and its flattening roll
+    if len(dims) == 0:
+        if len(shifts) != 1:
+            return run_op(func, args, kwargs)
+        flat = aten.roll.default(aten.reshape.default(self, [-1]), shifts, [0])
+        return aten.view.default(flat, list(self.shape))
+    out = self
+    for shift, dim in zip(shifts, dims):
+        dim = dim + self.dim() if dim < 0 else dim
+        if not 0 <= dim < self.dim():
+            return run_op(func, args, kwargs)  # eager's IndexError
+        n = self.shape[dim]
+        positions = [(i - shift) % n for i in range(n)]
+        index = new_tensor(scalars.as_input(positions, torch.int64), (n,), torch.int64)
+        out = aten.index_select.default(out, dim, index)
+    return out
+
+
 @handles(aten.index_put_.default, aten.index_put.default)
 def index_put_with_mask(func, args, kwargs):
     """``x[mask] = v`` (and ``index_put(..., accumulate=True)``) with one boolean mask over
