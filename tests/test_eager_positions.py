@@ -144,3 +144,33 @@ def test_roll_gradient_and_errors():
             torch.roll(X, *args)
         with pytest.raises(type(expected.value)):
             torch.roll(X.to("tpu"), *args)
+
+
+FILLS = {  # (dtype, the values filled in turn: a program for all of them)
+    torch.int64: [(i * 7) % 10 for i in range(12)],
+    torch.float32: [i * 0.37 - 1 for i in range(12)],
+    torch.int8: [3.7, -2.2, 127, -128, 5, True] * 2,
+    torch.float16: [0.1, 1e-5, 65504.0, 2049, -0.3, 7] * 2,
+    torch.bool: [2, 0, 0.5, True, False, -1] * 2,
+}
+
+
+@pytest.mark.parametrize("dtype", list(FILLS), ids=str)
+def test_fill_values_are_inputs(dtype, mode):
+    # y_neg[idx] = label (forward_forward): a value per call, converted as eager converts it
+    y = torch.zeros(8, 3, dtype=dtype)
+    yt = y.to("tpu")
+
+    def check(k):
+        value = FILLS[dtype][k]
+        y[k % 8].fill_(value)
+        yt[k % 8].fill_(value)
+        y[:, k % 3] = value
+        yt[:, k % 3] = value
+        torch.testing.assert_close(yt.cpu(), y, rtol=0, atol=0)
+
+    assert _no_program_per_position(check, range(12)) == 0
+    with pytest.raises(RuntimeError, match="overflow"):
+        torch.zeros(2, dtype=torch.int8).fill_(1000)
+    with pytest.raises(RuntimeError, match="overflow"):
+        torch.zeros(2, dtype=torch.int8).to("tpu").fill_(1000)

@@ -1280,9 +1280,23 @@ def view_backward(func, args, kwargs):
     return out
 
 
+@handles(aten.fill_.Scalar)
+def fill_scalar(func, args, kwargs):
+    # The value as an input in the tensor's dtype, converted on the host by eager's own fill
+    # (torch.full), an input of the program (scalars.as_input): y_neg[idx] = label
+    # compiled a program per label (forward_forward: 10), a float fill one per float (its
+    # decomposition, full(), takes the value where only a Python scalar fits).
+    self, value = args[0], args[1]
+    if type(self) is not TpuTensor or type(value) not in (int, float, bool):
+        return run_op(func, args, kwargs)
+    host = torch.full((), value, dtype=self.dtype)  # eager's conversion, and its errors
+    stored = new_tensor(scalars.as_input([host.item()], self.dtype), (1,), self.dtype)
+    return aten.fill_.Tensor(self, aten.view.default(stored, []))
+
+
 @handles(aten.roll.default)
 def roll(func, args, kwargs):
-    # A gather at positions computed on the host, an input kept per shift (scalars.as_input):
+    # A gather at positions computed on the host, an input (scalars.as_input):
     # traced as an op, each shift was a constant of its own program (and its decomposition
     # transforms the shift, so it cannot be lifted as floats are).
     self, shifts = args[0], args[1]

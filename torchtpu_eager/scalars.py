@@ -94,25 +94,15 @@ def sentinels(count: int, variant: int) -> list:
     return [-(7.0 + variant) * 1.000000119 ** (i + 1) * 1e-13 for i in range(count)]
 
 
-_inputs: dict = {}   # (dtype, positions) -> their uploaded buffer
-#: Positions kept uploaded: a loop revisits the same few, and each upload is a transfer.
-MAX_KEPT_INPUTS = 4096
-
-
 def as_input(values: list, dtype: torch.dtype):
-    """``values`` as the 1-D input of ``dtype`` a lifted program takes last. Int positions are
-    uploaded once per value (eager programs do not donate their inputs); floats each call
-    (Adam's step sizes never repeat)."""
+    """``values`` as the 1-D input of ``dtype`` a lifted program takes last.
+
+    Uploaded each call, not kept per value: defer-and-fuse passes one buffer given twice as one
+    input of its recording, so a kept buffer shared by chance (an offset of 3 and a fill of 3)
+    changed the recording's wiring, and compiled it again.
+    """
     from .transfer import upload
-    if dtype.is_floating_point:
-        return upload(torch.tensor(values, dtype=dtype))
-    key = (dtype, tuple(values))
-    buffer = _inputs.get(key)
-    if buffer is None:
-        if len(_inputs) >= MAX_KEPT_INPUTS:
-            _inputs.clear()
-        buffer = _inputs[key] = upload(torch.tensor(values, dtype=dtype))
-    return buffer
+    return upload(torch.tensor(values, dtype=dtype))
 
 
 def read_input(lifted, i: int):

@@ -17,6 +17,8 @@ Example::
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from torchtpu_compile.lower.index_checks import unchecked
@@ -60,6 +62,7 @@ def _permuted_dims(base_shape: tuple, size: tuple, stride: tuple, offset: int):
     return walked if expected == _numel(base_shape) else None
 
 
+@functools.lru_cache(maxsize=4096)  # asked on every strided read and write
 def _positioned(base_shape: tuple, size: tuple, stride: tuple, offset: int,
                 write: bool = False) -> bool:
     """Whether the view is read (``write``: written) with a gather (scatter) at its offset,
