@@ -1287,7 +1287,9 @@ def fill_scalar(func, args, kwargs):
     # compiled a program per label (forward_forward: 10), a float fill one per float (its
     # decomposition, full(), takes the value where only a Python scalar fits).
     self, value = args[0], args[1]
-    if type(self) is not TpuTensor or type(value) not in (int, float, bool):
+    if type(self) is not TpuTensor or type(value) not in (int, float, bool) or \
+            (not self._dense and 0 in self.stride()):
+        # An expanded tensor: eager fills it, where its fill_.Tensor refuses the overlap.
         return run_op(func, args, kwargs)
     host = torch.full((), value, dtype=self.dtype)  # eager's conversion, and its errors
     stored = new_tensor(scalars.as_input([host.item()], self.dtype), (1,), self.dtype)
