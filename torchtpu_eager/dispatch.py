@@ -230,9 +230,9 @@ _COMPOSITE = object()  # the _ops entry of a signature run by its CompositeExpli
 
 def _input_values(tensors) -> tuple:
     """(the op's input values, the reads folded into its program): a strided view's value is
-    its storage's, and ``(position, read graph)`` of each such input is listed for the op to
-    run the read itself (``_folded``); where no input is a strided view, the list is None and
-    every value is the tensor's own."""
+    its storage's, and ``(position, read graph, the read's other inputs)`` of each such input
+    is listed for the op to run the read itself (``_folded``); where no input is a strided
+    view, the list is None and every value is the tensor's own."""
     values = []
     folded = None
     for t in tensors:
@@ -249,7 +249,7 @@ def _input_values(tensors) -> tuple:
             else:
                 if folded is None:
                     folded = []
-                folded.append((len(values), read))
+                folded.append((len(values), *read))
                 values.append(views.storage_value(storage))
         else:
             values.append(upload(t))
@@ -273,7 +273,7 @@ def _folded(entry, folded: list, func, args, kwargs, tensors):
     reads ``w.t()``, a backward ``grad.t()``, and each read was a program of its own, whose
     result (on a TPU, the whole transposed weight) was written out only to be read by the
     next. None where the spliced graph does not lower: the reads then run on their own."""
-    key = tuple([(position, read.id) for position, read in folded])
+    key = tuple([(position, read.id) for position, read, _ in folded])
     folds = entry.folds
     if folds is None:
         folds = entry.folds = {}
@@ -281,9 +281,14 @@ def _folded(entry, folded: list, func, args, kwargs, tensors):
     if fold is not folds:
         return fold
     op = entry.graph
-    source = {position: k for k, (position, _) in enumerate(folded)}
-    graphs = [read for _, read in folded] + [op]
-    refs = [(-1 - position,) for position, _ in folded]
+    source = {position: k for k, (position, _, _) in enumerate(folded)}
+    graphs = [read for _, read, _ in folded] + [op]
+    # The reads' other inputs (their positions: views.py) come after the op's own inputs.
+    n_inputs = len(op.placeholders)
+    refs = []
+    for position, _, extra in folded:
+        refs.append((-1 - position, *range(-1 - n_inputs, -1 - n_inputs - len(extra), -1)))
+        n_inputs += len(extra)
     refs.append(tuple([(source[p], 0) if p in source else -1 - p
                        for p in range(len(op.placeholders))]))
     wanted = [(len(folded), j) for j in range(len(op.out_meta))]
@@ -296,7 +301,7 @@ def _folded(entry, folded: list, func, args, kwargs, tensors):
         refs.append(((len(folded), 0),))
         wanted = [(len(folded) + 1, 0)]
         layout = (tuple([shape[d] for d in walked]), strides)
-    fold = _Fold(splice(graphs, refs, len(op.placeholders), wanted, op.label + "+reads"),
+    fold = _Fold(splice(graphs, refs, n_inputs, wanted, op.label + "+reads"),
                  layout)
     try:
         modes.current().check(fold.graph)  # strict compiles it; defer-and-fuse lowers it
@@ -880,16 +885,18 @@ def run_op(func, args, kwargs):
             return _fast_results(fast, outputs, tensors, args)
         entry.fast = fast = None  # another matmul precision: plan again after this run
     if entry.lifted is not None:
-        values.append(upload(torch.tensor(scalars.collect(args, kwargs), dtype=entry.lifted)))
+        values.append(scalars.as_input(scalars.collect(args, kwargs), entry.lifted))
     graph = entry.graph
     layout = None
     if folded is not None:
         fold = _folded(entry, folded, func, args, kwargs, tensors)
         if fold is None:  # the reads as programs of their own
-            for position, _ in folded:
+            for position, _, _ in folded:
                 values[position] = views.read(tensors[position])
         else:
             graph, layout = fold.graph, fold.layout
+            for _, _, extra in folded:
+                values.extend(extra)
     outputs = mode.apply(graph, values)
     if fast is None and folded is None and type(mode) is Strict:  # planned on its own graph
         entry.fast = _fast_plan(entry, args)
@@ -1257,6 +1264,63 @@ def _broadcasts_to(shape: tuple, target: tuple) -> bool:
         return torch.broadcast_shapes(shape, target) == target
     except RuntimeError:
         return False
+
+
+@handles(aten.select_backward.default, aten.slice_backward.default)
+def view_backward(func, args, kwargs):
+    # The gradient of x[t] (x[i:i + n], narrow) is zeros with the view's gradient written
+    # through that view, whose position is an input of the write (views.py): traced as an op,
+    # each index was a constant, and a loop over time steps compiled a program per step.
+    grad, sizes = args[0], list(args[1])
+    if type(grad) is not TpuTensor:
+        return run_op(func, args, kwargs)
+    view = aten.select.int if func is aten.select_backward.default else aten.slice.Tensor
+    out = new_tensor(None, tuple(sizes), grad.dtype)  # a storage never written reads as zeros
+    aten.copy_.default(view(out, *args[2:], **kwargs), grad)
+    return out
+
+
+@handles(aten.fill_.Scalar)
+def fill_scalar(func, args, kwargs):
+    # The value as an input in the tensor's dtype, converted on the host by eager's own fill
+    # (torch.full), an input of the program (scalars.as_input): y_neg[idx] = label
+    # compiled a program per label (forward_forward: 10), a float fill one per float (its
+    # decomposition, full(), takes the value where only a Python scalar fits).
+    self, value = args[0], args[1]
+    if type(self) is not TpuTensor or type(value) not in (int, float, bool) or \
+            (not self._dense and 0 in self.stride()):
+        # An expanded tensor: eager fills it, where its fill_.Tensor refuses the overlap.
+        return run_op(func, args, kwargs)
+    host = torch.full((), value, dtype=self.dtype)  # eager's conversion, and its errors
+    stored = new_tensor(scalars.as_input([host.item()], self.dtype), (1,), self.dtype)
+    return aten.fill_.Tensor(self, aten.view.default(stored, []))
+
+
+@handles(aten.roll.default)
+def roll(func, args, kwargs):
+    # A gather at positions computed on the host, an input (scalars.as_input):
+    # traced as an op, each shift was a constant of its own program (and its decomposition
+    # transforms the shift, so it cannot be lifted as floats are).
+    self, shifts = args[0], args[1]
+    dims = args[2] if len(args) > 2 else kwargs.get("dims", [])
+    if type(self) is not TpuTensor or self.numel() == 0 or \
+            (len(dims) != len(shifts) and len(dims) > 0) or len(shifts) == 0:
+        return run_op(func, args, kwargs)  # eager's errors, and its flattening roll
+    if len(dims) == 0:
+        if len(shifts) != 1:
+            return run_op(func, args, kwargs)
+        flat = aten.roll.default(aten.reshape.default(self, [-1]), shifts, [0])
+        return aten.view.default(flat, list(self.shape))
+    out = self
+    for shift, dim in zip(shifts, dims):
+        dim = dim + self.dim() if dim < 0 else dim
+        if not 0 <= dim < self.dim():
+            return run_op(func, args, kwargs)  # eager's IndexError
+        n = self.shape[dim]
+        positions = [(i - shift) % n for i in range(n)]
+        index = new_tensor(scalars.as_input(positions, torch.int64), (n,), torch.int64)
+        out = aten.index_select.default(out, dim, index)
+    return out
 
 
 @handles(aten.index_put_.default, aten.index_put.default)

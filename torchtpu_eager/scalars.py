@@ -1,4 +1,5 @@
-"""Python floats as program inputs, so that an op called with new float values compiles once.
+"""Python floats and int positions as program inputs, so that an op called with new values
+compiles once.
 
 An op's cache key holds its float arguments, so ``p.addcdiv_(m, v, value=-step_size)`` with a new
 step size would compile again: Adam's bias corrections change every step. When an op is seen a
@@ -13,6 +14,14 @@ Example::
 
     floats = collect(args, kwargs)                 # [0.9, 1e-3]
     args2, kwargs2 = replace(args, kwargs, sentinels(len(floats), 0))
+    values.append(as_input(floats, dtype_for(tensors)))
+
+Positions are the other kind: the storage offset of a view read or written with a gather or
+scatter (``x[t]``, ``x[i:i + n]``, ``narrow``, ``split``'s pieces, ``y[i] = v``: ``views.py``)
+is a 1-D int64 input of its program, read with ``read_input`` as the floats are, so a loop over
+time steps or batches compiles one program per view shape, not one per position. The position
+is checked on the host before (the view's geometry comes from eager's own view op: ``x[10]``
+on a size-4 dim raises its IndexError), so the program does no index check.
 """
 from __future__ import annotations
 
@@ -83,6 +92,40 @@ def structure(key: tuple) -> tuple:
 def sentinels(count: int, variant: int) -> list:
     """Values no program would hold by chance, distinct per position and per variant."""
     return [-(7.0 + variant) * 1.000000119 ** (i + 1) * 1e-13 for i in range(count)]
+
+
+_kept: dict = {}   # (dtype, int values) -> their buffer, for modes that run each op now
+#: Int inputs kept uploaded: a loop revisits the same few positions, and an upload per read
+#: of a strided view cost 8 us of a 40 us op on the CPU client.
+MAX_KEPT = 4096
+
+
+def as_input(values: list, dtype: torch.dtype):
+    """``values`` as the 1-D input of ``dtype`` a lifted program takes last.
+
+    Ints are kept uploaded per value in strict and debug mode (eager programs do not donate
+    their inputs); floats (Adam's step sizes never repeat) and, in defer-and-fuse mode,
+    everything are uploaded each call: a recording passes one buffer given twice as one
+    input, so a buffer shared by chance (an offset of 3 and a fill of 3) changed the
+    recording's wiring and compiled it again.
+    """
+    from . import modes
+    from .transfer import upload
+    if dtype.is_floating_point or not isinstance(modes._current or modes.current(),
+                                                 modes.Strict):
+        return upload(torch.tensor(values, dtype=dtype))
+    key = (dtype, tuple(values))
+    buffer = _kept.get(key)
+    if buffer is None:
+        if len(_kept) >= MAX_KEPT:
+            _kept.clear()
+        buffer = _kept[key] = upload(torch.tensor(values, dtype=dtype))
+    return buffer
+
+
+def read_input(lifted, i: int):
+    """Element ``i`` of a lifted input, as a 0-dim tensor (in a graph being traced)."""
+    return lifted.select(0, i)
 
 
 def _tensor_slot(node: fx.Node, position, name=None) -> bool:

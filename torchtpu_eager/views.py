@@ -6,6 +6,10 @@ written likewise (a transpose, else a scatter), keyed by the view's geometry and
 once, so a write through ``x[0]``, ``x.t()`` or ``x.view(16)`` reaches every alias. An op
 runs its inputs' read graphs inside its own program (``read_graph_of``, ``dispatch.py``).
 
+A gather or scatter takes the view's storage offset as an input (a position:
+``scalars.as_input``), not as a constant: ``x[t]`` over time steps, ``x[i:i + bs]`` over
+batches and ``y[i] = v`` compiled a program per position (forward_forward: 150 of its 248).
+
 Example::
 
     value = read(t)          # a buffer (or lazy value) with t's shape
@@ -13,11 +17,13 @@ Example::
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from torchtpu_compile.lower.index_checks import unchecked
 
-from . import modes
+from . import modes, scalars
 from .programs import example, trace
 
 _graphs: dict = {}
@@ -56,11 +62,33 @@ def _permuted_dims(base_shape: tuple, size: tuple, stride: tuple, offset: int):
     return walked if expected == _numel(base_shape) else None
 
 
+@functools.lru_cache(maxsize=4096)  # asked on every strided read and write
+def _positioned(base_shape: tuple, size: tuple, stride: tuple, offset: int,
+                write: bool = False) -> bool:
+    """Whether the view is read (``write``: written) with a gather (scatter) at its offset,
+    taken as an input (module doc): any view but a transpose or permutation of its whole base
+    (for a read, maybe broadcast too)."""
+    if _permuted_dims(base_shape, size, stride, offset) is None:
+        return True
+    return write and not all(stride[d] or size[d] == 1 for d in range(len(size)))
+
+
+def _positions(t, write: bool = False) -> list:
+    """The inputs a read (``write``: write) of view ``t`` takes after its values: its offset,
+    or none."""
+    offset = t.storage_offset()
+    if _positioned(t._st.shape, t._shape, tuple(t.stride()), offset, write):
+        return [scalars.as_input([offset], torch.int64)]
+    return []
+
+
 def _read_graph(base_shape: tuple, dtype, size: tuple, stride: tuple, offset: int):
-    key = ("read", base_shape, dtype, size, stride, offset)
+    positioned = _positioned(base_shape, size, stride, offset)
+    key = ("read", base_shape, dtype, size, stride, None if positioned else offset)
     graph = _graphs.get(key)
     if graph is None:
-        walked = _permuted_dims(base_shape, size, stride, offset)
+        walked = None if positioned else _permuted_dims(base_shape, size, stride, offset)
+        examples = [example(base_shape, dtype)]
         if walked is not None:
             # A transpose and a broadcast, which XLA does in place of a gather's index math
             # (a gather of F.linear's w.t() cost more than the matmul).
@@ -74,16 +102,19 @@ def _read_graph(base_shape: tuple, dtype, size: tuple, stride: tuple, offset: in
         else:
             # A gather at the view's flat positions: torch-mlir's as_strided lowering crashes
             # on zero strides (expanded views).
-            def fn(base):
-                index = _flat_indices(size, stride, offset)
+            def fn(base, position):
+                index = _flat_indices(size, stride, scalars.read_input(position, 0))
                 return (base.reshape(-1)[index].reshape(size),)
+            examples.append(example((1,), torch.int64))
         with unchecked():  # positions in range by construction: no index checks
-            graph = _graphs[key] = trace(fn, [example(base_shape, dtype)], f"read{list(size)}")
+            graph = _graphs[key] = trace(fn, examples, f"read{list(size)}")
     return graph
 
 
-def _flat_indices(size: tuple, stride: tuple, offset: int) -> torch.Tensor:
-    index = torch.full((), offset, dtype=torch.int64)
+def _flat_indices(size: tuple, stride: tuple, offset) -> torch.Tensor:
+    """The storage positions of a view's elements; ``offset`` an int or a 0-dim int64 tensor."""
+    index = offset if isinstance(offset, torch.Tensor) else \
+        torch.full((), offset, dtype=torch.int64)
     for dim, (n, s) in enumerate(zip(size, stride)):
         shape = [1] * len(size)
         shape[dim] = n
@@ -98,32 +129,34 @@ def _overlaps(size: tuple, stride: tuple, offset: int) -> bool:
 
 
 def _write_graph(base_shape: tuple, dtype, size: tuple, stride: tuple, offset: int):
-    key = ("write", base_shape, dtype, size, stride, offset)
+    positioned = _positioned(base_shape, size, stride, offset, write=True)
+    key = ("write", base_shape, dtype, size, stride, None if positioned else offset)
     graph = _graphs.get(key)
     if graph is None:
-        walked = _permuted_dims(base_shape, size, stride, offset)
-        if walked is not None and all(stride[d] or size[d] == 1 for d in range(len(size))):
+        walked = None if positioned else _permuted_dims(base_shape, size, stride, offset)
+        examples = [example(base_shape, dtype), example(size, dtype)]
+        if not positioned:
             dims = sorted(walked)
             order = [dims.index(d) for d in walked]
 
             def fn(base, value):  # the inverse transpose: it writes every element of the base
                 kept = value.reshape([size[d] for d in dims])
                 return (kept.permute(order).reshape(base_shape),)
-        elif not _overlaps(size, stride, offset):
-            def fn(base, value):
+        elif not _overlaps(size, stride, 0):
+            def fn(base, value, position):
                 flat = base.reshape(-1)
                 # A scatter at the view's flat positions (as_strided_scatter does not lower).
-                index = _flat_indices(size, stride, offset)
+                index = _flat_indices(size, stride, scalars.read_input(position, 0))
                 return (flat.index_put((index,), value.reshape(-1)).reshape(base_shape),)
         else:
-            def fn(base, value):
+            def fn(base, value, position):
                 # Elements that share a location (an expanded view): eager writes them in turn,
                 # and the ops it lets write there (fill_, masked_fill_, index_fill_, x[i] = v)
                 # skip the elements they do not change, so the last element that changed
                 # wins; a scatter of duplicate positions picks any (masked_fill_ kept a copy
                 # the mask skipped: fuzz seed 1318).
                 flat = base.reshape(-1)
-                index = _flat_indices(size, stride, offset)
+                index = _flat_indices(size, stride, scalars.read_input(position, 0))
                 new = value.reshape(-1)
                 order = torch.arange(new.numel(), dtype=torch.int64)
                 changed = torch.where(new != flat[index], order, -1)
@@ -131,9 +164,10 @@ def _write_graph(base_shape: tuple, dtype, size: tuple, stride: tuple, offset: i
                     0, index, changed, "amax")
                 written = torch.where(last >= 0, new[last.clamp(min=0)], flat)
                 return (written.reshape(base_shape),)
+        if positioned:
+            examples.append(example((1,), torch.int64))
         with unchecked():
-            graph = _graphs[key] = trace(fn, [example(base_shape, dtype), example(size, dtype)],
-                                         f"write{list(size)}")
+            graph = _graphs[key] = trace(fn, examples, f"write{list(size)}")
     return graph
 
 
@@ -169,23 +203,25 @@ def read(t):
                         t.storage_offset())
     # No cut here: the op that reads ``t`` may read other views next, and a cut there would
     # drop this value, held by no storage (fuse.DeferAndFuse.apply).
-    return modes.current().apply(graph, [value], cut=False)[0]
+    return modes.current().apply(graph, [value, *_positions(t)], cut=False)[0]
 
 
 def read_graph_of(t):
-    """The graph ``read(t)`` runs on ``t``'s storage value, or None where it runs none (a dense
-    tensor, an empty one): what an op folds into its own program (``dispatch.py``).
+    """(the graph ``read(t)`` runs on ``t``'s storage value, the inputs it takes after that
+    value), or None where it runs none (a dense tensor, an empty one): what an op folds into
+    its own program (``dispatch.py``).
 
     Example::
 
-        read_graph_of(w.t())      # the transpose of w's storage
+        read_graph_of(w.t())      # (the transpose of w's storage, [])
+        read_graph_of(x[3])       # (a gather of x's storage, [the offset of x[3]])
     """
     storage = t._st
     if (t._dense and t._shape == storage.shape) or _numel(t._shape) == 0 or \
             storage.numel == 0:
         return None
-    return _read_graph(storage.shape, storage.dtype, t._shape, tuple(t.stride()),
-                       t.storage_offset())
+    return (_read_graph(storage.shape, storage.dtype, t._shape, tuple(t.stride()),
+                        t.storage_offset()), _positions(t))
 
 
 def check_writable(storage) -> None:
@@ -217,5 +253,5 @@ def write(t, value) -> None:
     base = storage_value(storage)
     graph = _write_graph(storage.shape, storage.dtype, t._shape, tuple(t.stride()),
                          t.storage_offset())
-    storage.value = modes.current().apply(graph, [base, value])[0]
+    storage.value = modes.current().apply(graph, [base, value, *_positions(t, write=True)])[0]
     modes.current().note_write(storage)
