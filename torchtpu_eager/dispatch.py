@@ -1298,7 +1298,7 @@ def fill_scalar(func, args, kwargs):
 
 @handles(aten.roll.default)
 def roll(func, args, kwargs):
-    # A gather at positions computed on the host, an input (scalars.as_input):
+    # A gather at positions (arange(n) - shift) % n, the shift an input (scalars.as_input):
     # traced as an op, each shift was a constant of its own program (and its decomposition
     # transforms the shift, so it cannot be lifted as floats are).
     self, shifts = args[0], args[1]
@@ -1317,8 +1317,9 @@ def roll(func, args, kwargs):
         if not 0 <= dim < self.dim():
             return run_op(func, args, kwargs)  # eager's IndexError
         n = self.shape[dim]
-        positions = [(i - shift) % n for i in range(n)]
-        index = new_tensor(scalars.as_input(positions, torch.int64), (n,), torch.int64)
+        by = new_tensor(scalars.as_input([shift % n], torch.int64), (1,), torch.int64)
+        index = aten.remainder.Scalar(
+            aten.sub.Tensor(torch.arange(n, device=self.device), by), n)
         out = aten.index_select.default(out, dim, index)
     return out
 

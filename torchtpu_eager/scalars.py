@@ -98,6 +98,7 @@ _kept: dict = {}   # (dtype, int values) -> their buffer, for modes that run eac
 #: Int inputs kept uploaded: a loop revisits the same few positions, and an upload per read
 #: of a strided view cost 8 us of a 40 us op on the CPU client.
 MAX_KEPT = 4096
+_KEPT_LENGTH = 8   # positions and fill values are one element: longer inputs are not kept
 
 
 def as_input(values: list, dtype: torch.dtype):
@@ -111,8 +112,8 @@ def as_input(values: list, dtype: torch.dtype):
     """
     from . import modes
     from .transfer import upload
-    if dtype.is_floating_point or not isinstance(modes._current or modes.current(),
-                                                 modes.Strict):
+    if dtype.is_floating_point or len(values) > _KEPT_LENGTH or \
+            not isinstance(modes._current or modes.current(), modes.Strict):
         return upload(torch.tensor(values, dtype=dtype))
     key = (dtype, tuple(values))
     buffer = _kept.get(key)
