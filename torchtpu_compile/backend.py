@@ -193,6 +193,47 @@ def _mkldnn_off():
         torch._C._set_mkldnn_enabled(before)
 
 
+def _attention_in_eager_layout(gm: torch.fx.GraphModule) -> None:
+    """Each scaled_dot_product_attention result laid out as Dynamo saw it in eager.
+
+    aot_autograd traces attention as its math formulation (below), whose result is contiguous,
+    while the CPU's flash kernel lays its output out as the query: with a query transposed from
+    (N, L, H, E), the SDPA tutorial's ``y.transpose(1, 2).view(N, L, H * E)`` works in eager
+    and failed here ("Cannot view a tensor ..."). Dynamo's example value holds eager's strides.
+    """
+    sdpa = torch._C._nn.scaled_dot_product_attention
+    changed = False
+    for node in list(gm.graph.nodes):
+        val = node.meta.get("example_value")
+        if node.op != "call_function" or node.target is not sdpa or \
+                not isinstance(val, torch.Tensor) or \
+                not all(type(s) is int for s in val.stride()):  # symbolic: left as it was
+            continue
+        order = tuple(sorted(range(val.dim()), key=lambda d: -val.stride(d)))
+        if order == tuple(range(val.dim())):  # the kernels return dense, fresh tensors
+            continue
+        changed = True
+        users = list(node.users)
+        inverse = tuple(order.index(d) for d in range(len(order)))
+        # Plain tensor methods, as Dynamo writes them: the graph cache keys them (graph_cache.py)
+        with gm.graph.inserting_after(node):
+            permuted = gm.graph.call_method("permute", (node, order))
+        with gm.graph.inserting_after(permuted):
+            dense = gm.graph.call_method("contiguous", (permuted,))
+        with gm.graph.inserting_after(dense):
+            laid_out = gm.graph.call_method("permute", (dense, inverse))
+        with val.fake_mode:  # their example values too: torch's cache checks them
+            values = (val.permute(order),)
+            values += (values[0].contiguous(),)
+            values += (values[1].permute(inverse),)
+        for new, value in zip((permuted, dense, laid_out), values):
+            new.meta = {**node.meta, "example_value": value}
+        for user in users:
+            user.replace_input_with(node, laid_out)
+    if changed:
+        gm.recompile()
+
+
 def torchtpu_backend(gm: torch.fx.GraphModule, example_inputs, **options):
     """Compile a Dynamo FX graph for the PJRT device.
 
@@ -216,6 +257,8 @@ def torchtpu_backend(gm: torch.fx.GraphModule, example_inputs, **options):
     from . import graph_cache
     from .profiling import spanning
 
+    # Both before the graph cache keys the graph.
+    _attention_in_eager_layout(gm)
     from .aliased_outputs import InputViews
     gm, views = InputViews.split(gm)
     graph_id = next(_backend_ids)

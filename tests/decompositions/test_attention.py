@@ -129,3 +129,22 @@ def test_a_mask_of_another_shape_raises_as_on_the_cpu():
     with config.patch(strict=True), \
             pytest.raises(RuntimeError, match="For mask_type == 2 mask shape should match"):
         torch._masked_softmax(scores.to("tpu"), mask.to("tpu"), 3, 2)
+
+
+def test_sdpa_result_laid_out_as_eager_for_a_view_of_its_transpose():
+    # The SDPA tutorial's CausalSelfAttention: heads split from one projection, attention,
+    # y.transpose(1, 2).view(N, L, H * E). The CPU's flash kernel lays its result out as the
+    # query, so the view works in eager; the math formulation's contiguous result made
+    # aot_autograd raise "Cannot view a tensor ...". Training too: the gradients through it.
+    def block(x, w):
+        q, k, v = (t.view(2, 5, 4, 4).transpose(1, 2) for t in (x @ w).chunk(3, -1))
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        flat = y.transpose(1, 2).view(2, 5, 16)
+        return flat, y, torch.autograd.grad(flat.square().sum(), (x, w))
+
+    x, w = X.clone().requires_grad_(), randn(16, 48, seed=2).div(4).requires_grad_()
+    with config.patch(strict=True, matmul_precision="highest"):
+        actual = compile_tpu(block)(x, w)
+    expected = block(x, w)
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-5)
+    assert actual[1].stride() == expected[1].stride()

@@ -96,6 +96,17 @@ def test_reductions_of_nd_tensors_keep_their_lowering():
     check(lambda x: (torch.logsumexp(x, 1), torch.var(x, 0), torch.softmax(x, -1)), randn(4, 5))
 
 
+def test_norm_without_a_dim_as_weight_and_spectral_norm_call_it():
+    # C++ callers (weight norm over every dim, spectral norm's power iteration) reach
+    # aten.norm.Scalar, which did not lower: it ran on the host (parametrizations tutorial).
+    v, g = randn(5, 3, 2), randn(1, seed=1).abs().reshape(())
+    check_on_both_paths(lambda v, g: (torch._weight_norm(v, g, -1),) + tuple(
+        torch.ops.aten.norm.Scalar(v, p) for p in (2, 1, 3.5, INF, 0)) + (
+        torch.ops.aten.norm.ScalarOpt_dtype(v, 2, dtype=torch.float64),
+        torch.ops.aten.norm.ScalarOpt_dim_dtype(v, 3, [0, 2], True, dtype=torch.float64)),
+        v, g, rtol=1e-5, atol=1e-6)
+
+
 def test_all_and_any_true_and_a_distribution_built_on_the_device():
     # torch._assert on a tensor and torch.distributions' argument checks call _is_all_true:
     # it ran on the host (a round trip per Normal(...) on the eager device).

@@ -9,8 +9,8 @@ One module per family of ops, as JAX's lax files:
 
     elementwise       remainder, floor division, fmax/fmin, clamp, hypot, angle, nextafter,
                       frexp, dropout, inductor's fma (optimizers' addcmul_/add_ in Dynamo)
-    reductions_scans  reductions of 0-d tensors, cumsum/cumprod/logcumsumexp/cummax/cummin,
-                      histc, histogram
+    reductions_scans  reductions of 0-d tensors, norm's Scalar overloads,
+                      cumsum/cumprod/logcumsumexp/cummax/cummin, histc, histogram
     sorting           stable sort, topk, kthvalue, median, nanmedian, mode, searchsorted
     indexing_scatter  index, index_put, take, put, scatter_reduce, scatter with a reduce,
                       index_reduce, segment_reduce

@@ -1,10 +1,12 @@
-"""Helpers shared by the decomposition families: the dtypes a decomposition computes in.
+"""Helpers shared by the decomposition families: the dtypes a decomposition computes in, and
+PyTorch's own decomposition of an op (where it is what we need).
 
 Example::
 
     computing_dtype(torch.bfloat16)          # torch.float32, as eager's CPU kernels compute
     float_dtypes(torch.tensor([1, 2]))       # (torch.float32, torch.float32)
     in_common_dtype(torch.tensor(256), torch.zeros(2, dtype=torch.uint8))   # (0, [0, 0]) uint8
+    torch_decomposition(torch.ops.aten.norm.Scalar)(x, 2)   # torch._refs.norm: vector_norm
 """
 from __future__ import annotations
 
@@ -37,3 +39,9 @@ def in_common_dtype(a, b):
     if a.dtype == dtype and b.dtype == dtype:
         return None
     return a.to(dtype), b.to(dtype)
+
+
+def torch_decomposition(op):
+    """PyTorch's own decomposition of ``op`` (torch._decomp's table)."""
+    from torch._decomp import decomposition_table
+    return decomposition_table[op]

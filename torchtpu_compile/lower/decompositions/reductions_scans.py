@@ -1,6 +1,7 @@
 """Reductions and scans: reductions of 0-d tensors (on which torch-mlir crashes), sums of
-half-width floats accumulated in float32 (as eager), the cumulative ops (which
-torch-mlir does not lower) as log-depth prefix combines, histograms as scatter-adds.
+half-width floats accumulated in float32 (as eager), norm's Scalar overloads as vector norms,
+the cumulative ops (which torch-mlir does not lower) as log-depth prefix combines, histograms
+as scatter-adds.
 
 Checks of reductions over no elements run before these: checks.py.
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .common import computing_dtype
+from .common import computing_dtype, torch_decomposition
 from .registry import decomposition, torch_mlir_table
 
 aten = torch.ops.aten
@@ -167,6 +168,16 @@ def _reduction_decomposition(op):
 for _op in dict.fromkeys(_OVER_ONE_ELEMENT + _ACCUMULATING + _FROM_SIGNED_EXTREME
                              + _TRUTH):
     decomposition(_op)(_reduction_decomposition(_op))
+
+
+# --- norm's Scalar overloads, as vector norms ------------------------------------------------
+# C++ callers reach at::norm without a dim: weight norm over every dim (torch._weight_norm's
+# norm_except_dim, parametrizations.weight_norm(dim=None)) and spectral norm's power iteration.
+# torch-mlir lowers none of these overloads (each call ran on the host, counted); PyTorch's own
+# decomposition is linalg_vector_norm, whose rules above apply.
+
+for _op in (aten.norm.Scalar, aten.norm.ScalarOpt_dtype, aten.norm.ScalarOpt_dim_dtype):
+    decomposition(_op)(torch_decomposition(_op))
 
 
 # --- all / any of a bool tensor, as a 0-d tensor -----------------------------------------------

@@ -15,7 +15,7 @@ import struct
 
 import torch
 
-from .common import computing_dtype
+from .common import computing_dtype, torch_decomposition
 from .registry import decomposition
 
 aten = torch.ops.aten
@@ -27,26 +27,21 @@ aten = torch.ops.aten
 # before dispatch), which do not lower. PyTorch's own decompositions (gathers and arithmetic) do.
 
 
-def _torch_decomposition(op):
-    from torch._decomp import decomposition_table
-    return decomposition_table[op]
-
-
 @decomposition(aten.upsample_bilinear2d.default)
 def upsample_bilinear2d(x, output_size, align_corners, *scales):
-    return _torch_decomposition(aten.upsample_bilinear2d.default)(x, output_size, align_corners,
+    return torch_decomposition(aten.upsample_bilinear2d.default)(x, output_size, align_corners,
                                                                   *scales)
 
 
 @decomposition(aten.upsample_bicubic2d.default)
 def upsample_bicubic2d(x, output_size, align_corners, *scales):
-    return _torch_decomposition(aten.upsample_bicubic2d.default)(x, output_size, align_corners,
+    return torch_decomposition(aten.upsample_bicubic2d.default)(x, output_size, align_corners,
                                                                  *scales)
 
 
 @decomposition(aten.upsample_trilinear3d.default)
 def upsample_trilinear3d(x, output_size, align_corners, *scales):
-    return _torch_decomposition(aten.upsample_trilinear3d.default)(x, output_size,
+    return torch_decomposition(aten.upsample_trilinear3d.default)(x, output_size,
                                                                    align_corners, *scales)
 
 
