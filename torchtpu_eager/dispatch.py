@@ -1292,8 +1292,10 @@ def fill_scalar(func, args, kwargs):
         # An expanded tensor: eager fills it, where its fill_.Tensor refuses the overlap.
         return run_op(func, args, kwargs)
     host = torch.full((), value, dtype=self.dtype)  # eager's conversion, and its errors
-    stored = new_tensor(scalars.as_input([host.item()], self.dtype), (1,), self.dtype)
-    return aten.fill_.Tensor(self, aten.view.default(stored, []))
+    # kept uploaded per value, 0-dim: an upload and a view per call made fill_ 5x slower
+    stored = new_tensor(scalars.as_input([host.item()], self.dtype, keep=True, shape=()), (),
+                        self.dtype)
+    return aten.fill_.Tensor(self, stored)
 
 
 @handles(aten.roll.default)

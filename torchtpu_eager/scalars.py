@@ -94,33 +94,37 @@ def sentinels(count: int, variant: int) -> list:
     return [-(7.0 + variant) * 1.000000119 ** (i + 1) * 1e-13 for i in range(count)]
 
 
-_kept: dict = {}   # (dtype, int values) -> their buffer, for modes that run each op now
-#: Int inputs kept uploaded: a loop revisits the same few positions, and an upload per read
-#: of a strided view cost 8 us of a 40 us op on the CPU client.
+_kept: dict = {}   # (dtype, shape, values as keyed) -> their buffer, in modes that run each op now
+#: Values kept uploaded: a loop revisits the same few positions and fill values, and an upload
+#: per read of a strided view cost 8 us of a 40 us op on the CPU client.
 MAX_KEPT = 4096
 _KEPT_LENGTH = 8   # positions and fill values are one element: longer inputs are not kept
 
 
-def as_input(values: list, dtype: torch.dtype):
-    """``values`` as the 1-D input of ``dtype`` a lifted program takes last.
+def as_input(values: list, dtype: torch.dtype, keep: bool | None = None, shape=None):
+    """``values`` as the input of ``dtype`` (1-D, or ``shape``) a lifted program takes last.
 
-    Ints are kept uploaded per value in strict and debug mode (eager programs do not donate
-    their inputs); floats (Adam's step sizes never repeat) and, in defer-and-fuse mode,
-    everything are uploaded each call: a recording passes one buffer given twice as one
-    input, so a buffer shared by chance (an offset of 3 and a fill of 3) changed the
-    recording's wiring and compiled it again.
+    Kept uploaded per value (``keep``; by default ints, which are positions) in strict and
+    debug mode (eager programs do not donate their inputs). Lifted floats (Adam's step sizes
+    never repeat) and, in defer-and-fuse mode, everything are uploaded each call: a recording
+    passes one buffer given twice as one input, so a buffer shared by chance (an offset of 3
+    and a fill of 3) changed the recording's wiring and compiled it again.
     """
     from . import modes
     from .transfer import upload
-    if dtype.is_floating_point or len(values) > _KEPT_LENGTH or \
+    if keep is None:
+        keep = not (dtype.is_floating_point or dtype.is_complex)
+    if not keep or len(values) > _KEPT_LENGTH or \
             not isinstance(modes._current or modes.current(), modes.Strict):
-        return upload(torch.tensor(values, dtype=dtype))
-    key = (dtype, tuple(values))
+        return upload(torch.tensor(values, dtype=dtype).reshape(shape or (len(values),)))
+    # repr: 0.0 and -0.0 are equal and hash alike, and are different fills
+    key = (dtype, shape, tuple(v if type(v) is int else repr(v) for v in values))
     buffer = _kept.get(key)
     if buffer is None:
         if len(_kept) >= MAX_KEPT:
             _kept.clear()
-        buffer = _kept[key] = upload(torch.tensor(values, dtype=dtype))
+        buffer = _kept[key] = upload(
+            torch.tensor(values, dtype=dtype).reshape(shape or (len(values),)))
     return buffer
 
 
