@@ -108,11 +108,13 @@ def _replace_with_zeros(gm, node: fx.Node, val: torch.Tensor) -> None:
 
 
 def _computes_nothing(node: fx.Node) -> bool:
-    """A functional ATen op whose one result has no elements (static shape)."""
+    """A functional ATen op whose one result has no elements (static shape); a view only
+    where no output returns it (an output view keeps its base: calling_convention)."""
     target = node.target
     val = node.meta.get("val")
     return (node.op == "call_function" and isinstance(target, torch._ops.OpOverload)
-            and target.namespace in ("aten", "prims") and not target.is_view
+            and target.namespace in ("aten", "prims")
+            and not (target.is_view and any(u.op == "output" for u in node.users))
             and not target._schema.is_mutable and target not in _ZEROS
             and isinstance(val, torch.Tensor) and not val.is_sparse
             and all(isinstance(s, int) for s in val.shape) and val.numel() == 0)
@@ -125,8 +127,10 @@ _ZEROS = {aten.zeros.default, aten.new_zeros.default}
 def empty_results_as_zeros(gm):
     # torch-mlir aborts the process (LLVM's report_fatal_error, no exception) legalizing a
     # gather from an operand with a dim of size 0 (nll_loss's weight gather over an empty
-    # batch and weight) and XLA rejects other degenerate windows. A result with no elements has
-    # no values to compute: its shape and dtype are all there is, so zeros of them are it.
+    # batch and weight) and XLA rejects other degenerate windows; a slice with no elements
+    # read by a reduction legalized with the whole dim (x[:, :0].sum(), fuzz seed 4034). A
+    # result with no elements has no values to compute: its shape and dtype are all there
+    # is, so zeros of them are it.
     # Index checks stay: they are their own nodes (torchtpu::index_check) on the index.
     for node in list(gm.graph.nodes):
         if not _computes_nothing(node):
