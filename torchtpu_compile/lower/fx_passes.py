@@ -283,6 +283,13 @@ def _host_args(value, known):
     return value
 
 
+#: Ops that stand for another in a normalized graph, as the host must evaluate them: a graph
+#: cut around a fallback op is normalized again piece by piece, and its aten.remainder is
+#: c_fmod_as_remainder's C fmod. Folded as eager's remainder, a roll's sign test of
+#: remainder(arange(2) - 1, 2) came out false where XLA's -1 needed it (fuzz seed 4208).
+_HOST_MEANING = {aten.remainder.Tensor: aten.fmod.Tensor}
+
+
 @fx_pass
 def fold_literal_expressions(gm):
     # torch-mlir's canonicalizer folds arithmetic on literals wrongly, or crashes, for several
@@ -296,8 +303,9 @@ def fold_literal_expressions(gm):
         if not _is_foldable(node) or not (node.target in _SHAPE_ONLY or
                                           all(n in known for n in node.all_input_nodes)):
             continue
+        target = _HOST_MEANING.get(node.target, node.target)
         try:
-            value = node.target(*_host_args(node.args, known), **_host_args(node.kwargs, known))
+            value = target(*_host_args(node.args, known), **_host_args(node.kwargs, known))
         except Exception:  # whatever the host cannot evaluate, XLA still may
             continue
         if not isinstance(value, torch.Tensor):
