@@ -793,6 +793,10 @@ def _fast_results(fast: _FastPlan, outputs: list, tensors: list, args):
                   for out, (shape, dtype, numel, strides) in zip(outputs, fast.results)])
 
 
+#: Writes eager lets through a view that overlaps itself and whose every element counts, not
+#: only the last one (accumulate=True): they run on the host (fallback.run_through_storage).
+_ACCUMULATING_PUTS = {torch.ops.aten.index_put_.default, torch.ops.aten._index_put_impl_.default}
+
 _overlap_errors: dict = {}   # (signature, geometries, storage pattern) -> eager's error or None
 
 
@@ -861,6 +865,9 @@ def run_op(func, args, kwargs):
                     if overlaps or (t is not w and type(t) is TpuTensor and t._st is w._st):
                         check_overlap(func, args, kwargs, key, tensors)
                         break
+                if overlaps and func in _ACCUMULATING_PUTS and \
+                        (args[3] if len(args) > 3 else kwargs.get("accumulate", False)):
+                    return fallback.run_through_storage(func, args, kwargs, w)
     mode = modes._current or modes.current()
     values, folded = _input_values(tensors)
     fast = entry.fast
