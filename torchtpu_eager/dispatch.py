@@ -147,7 +147,11 @@ def _sig(value, tensors: list):
     if kind is TpuTensor:
         tensors.append(value)
         return (value.dtype, value._shape)
-    if kind is float or kind is int or kind is bool:
+    if kind is float:
+        # 0.0 and -0.0 are equal and hash alike, but an op compiled for one gives the other
+        # the wrong signs: x.div(0.0, rounding_mode="floor") ran -0.0's program (fuzz seed 3588)
+        return (kind, value, value == 0.0 and str(value))
+    if kind is int or kind is bool:
         return (kind, value)  # 1, 1.0 and True hash alike but give different dtypes
     if isinstance(value, torch.Tensor):
         tensors.append(value)
@@ -166,7 +170,9 @@ def signature(func, args, kwargs):
         if kind is TpuTensor:
             tensors.append(a)
             key.append((a.dtype, a._shape))
-        elif kind is float or kind is int or kind is bool:
+        elif kind is float:
+            key.append((kind, a, a == 0.0 and str(a)))
+        elif kind is int or kind is bool:
             key.append((kind, a))
         else:
             key.append(_sig(a, tensors))
