@@ -182,3 +182,13 @@ def test_a_folded_read_leaves_the_fast_path_to_dense_calls():
     torch.mm(a, b.t())      # the same signature as mm(a, c), its first run folded
     torch.mm(a, c)
     assert _python_calls(lambda: torch.mm(a, c)) <= 18
+
+
+def test_an_op_with_zero_and_then_negative_zero_runs_each_ones_program():
+    # 0.0 == -0.0 and both hash alike: the op cache ran the program compiled for -0.0 for
+    # x.div(0.0, rounding_mode="floor"), every infinity of the wrong sign, no error (fuzz seed
+    # 3588)
+    x = torch.tensor([1.0, -2.0, 3.0])
+    for divisor in (-0.0, 0.0, -0.0):
+        got = x.to("tpu").div(divisor, rounding_mode="floor").cpu()
+        torch.testing.assert_close(got, x.div(divisor, rounding_mode="floor"))

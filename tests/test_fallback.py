@@ -198,3 +198,18 @@ def test_an_lstm_compiled_with_allow_rnn_lowers_whole():
         ref, (rh, rc) = lstm(x)
     for got, want in ((out, ref), (h, rh), (c, rc)):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+
+def test_a_roll_beside_a_fallback_op_keeps_its_positions():
+    # all.dims fails in torch-mlir only once the whole graph is lowered, so the graph is cut
+    # after the rewrites (fx_passes.normalize) ran and each piece is normalized again: there
+    # the roll's remainder, which stands for XLA's C fmod, was folded on the host as eager's
+    # remainder. Its sign test came out false, position -1 was clamped to row 0 and both rows
+    # were x[0], silently (fuzz seed 4208). dynamic=True: a graph of symbolic sizes is
+    # specialized to the call's, and its roll positions stay expressions until then.
+    x = torch.tensor([[5.0, 1.0, 5.0], [-9.0, 1.0, 4.0]])
+
+    def f(t):
+        return t.all(dim=(-2, -1), keepdim=True), t.clone().copy_(t.roll(1, 0))
+    torch.testing.assert_close(compile_tpu(f, dynamic=True)(x), f(x))

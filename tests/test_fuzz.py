@@ -26,12 +26,17 @@ FAST_ACCEPTED = {(15, "dynamic"): "dynamo_meta_check"}  # rshift of bools: fake 
 #: views, reductions over dim lists, division modes, promotion with Python scalars, broadcast
 #: where/masked_fill).
 FAST_GEN2 = [(seed, FAST_PATHS[seed % len(FAST_PATHS)]) for seed in range(3000, 3008)]
+#: ... and from the third (scatters and gathers along any dim with duplicate indices, sorts
+#: and top-k, scans, tensor clamp bounds, integer shifts and bitwise ops, NaN comparisons,
+#: reductions of nothing, float to int conversions, nonzero/masked_select, shape ops, einsum,
+#: writes into clones of expanded tensors).
+FAST_GEN3 = [(seed, FAST_PATHS[seed % len(FAST_PATHS)]) for seed in range(4000, 4008)]
+FAST_ALL = FAST + FAST_GEN2 + FAST_GEN3
 
 
-@pytest.mark.parametrize("seed,path", FAST + FAST_GEN2,
-                         ids=[f"{s}-{p}" for s, p in FAST + FAST_GEN2])
+@pytest.mark.parametrize("seed,path", FAST_ALL, ids=[f"{s}-{p}" for s, p in FAST_ALL])
 def test_random_programs_match_eager(seed, path):
-    generation = 2 if seed >= 3000 else 1
+    generation = 3 if seed >= 4000 else 2 if seed >= 3000 else 1
     # torchtpu's setting, not torch's global one, which later tests must find unset
     with torchtpu_compile.config.patch(matmul_precision="highest"):
         mismatch = fuzz.check(fuzz.program(seed, ops=4, generation=generation), path)

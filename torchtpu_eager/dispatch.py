@@ -147,7 +147,11 @@ def _sig(value, tensors: list):
     if kind is TpuTensor:
         tensors.append(value)
         return (value.dtype, value._shape)
-    if kind is float or kind is int or kind is bool:
+    if kind is float:
+        # 0.0 and -0.0 are equal and hash alike, but an op compiled for one gives the other
+        # the wrong signs: x.div(0.0, rounding_mode="floor") ran -0.0's program (fuzz seed 3588)
+        return (kind, value, value == 0.0 and str(value))
+    if kind is int or kind is bool:
         return (kind, value)  # 1, 1.0 and True hash alike but give different dtypes
     if isinstance(value, torch.Tensor):
         tensors.append(value)
@@ -166,7 +170,9 @@ def signature(func, args, kwargs):
         if kind is TpuTensor:
             tensors.append(a)
             key.append((a.dtype, a._shape))
-        elif kind is float or kind is int or kind is bool:
+        elif kind is float:
+            key.append((kind, a, a == 0.0 and str(a)))
+        elif kind is int or kind is bool:
             key.append((kind, a))
         else:
             key.append(_sig(a, tensors))
@@ -798,6 +804,10 @@ def _fast_results(fast: _FastPlan, outputs: list, tensors: list, args):
                   for out, (shape, dtype, numel, strides) in zip(outputs, fast.results)])
 
 
+#: Writes eager lets through a view that overlaps itself and whose every element counts, not
+#: only the last one (accumulate=True): they run on the host (fallback.run_through_storage).
+_ACCUMULATING_PUTS = {torch.ops.aten.index_put_.default, torch.ops.aten._index_put_impl_.default}
+
 _overlap_errors: dict = {}   # (signature, geometries, storage pattern) -> eager's error or None
 
 
@@ -866,6 +876,9 @@ def run_op(func, args, kwargs):
                     if overlaps or (t is not w and type(t) is TpuTensor and t._st is w._st):
                         check_overlap(func, args, kwargs, key, tensors)
                         break
+                if overlaps and func in _ACCUMULATING_PUTS and \
+                        (args[3] if len(args) > 3 else kwargs.get("accumulate", False)):
+                    return fallback.run_through_storage(func, args, kwargs, w)
     mode = modes._current or modes.current()
     values, folded = _input_values(tensors)
     fast = entry.fast

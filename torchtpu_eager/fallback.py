@@ -20,7 +20,7 @@ from torchtpu_compile.profiling import TORCH_PROFILER, around, reentered
 
 from . import views
 from .stats import COUNTERS
-from .tensor import TpuTensor
+from .tensor import TpuTensor, contiguous_strides, dense_tensor
 from .transfer import from_cpu, to_cpu, upload
 
 _CPU = torch.device("cpu")
@@ -115,3 +115,31 @@ def run_on_host(func, args, kwargs, reason: str | None):
             if known is not None:
                 views.write(known[0], upload(tensor))
     return _to_device(out, originals)
+
+
+def run_through_storage(func, args, kwargs, written):
+    """Run in-place ``func`` on the host, on a view of a host copy of ``written``'s whole
+    storage that overlaps itself as ``written`` does, then write the storage back.
+
+    Eager's kernel writes through the shared memory element by element: index_put_ with
+    accumulate=True into an expanded view adds every value that lands on a location. The
+    device computes the view's new value and writes one element per location
+    (``views.write``), which drops all but one of those additions (fuzz seed 3401: 27 where
+    eager gives 45, no error)."""
+    storage = written._st
+    whole = dense_tensor(storage, tuple(storage.shape), contiguous_strides(tuple(storage.shape)))
+    host_storage = to_cpu(whole)
+    host_view = host_storage.reshape(-1).as_strided(written.shape, written.stride(),
+                                                    written.storage_offset())
+    originals: dict = {}
+
+    def host(value):
+        if value is written:
+            return host_view
+        if isinstance(value, (list, tuple)):
+            return type(value)(host(v) for v in value)
+        return _to_host(value, originals)
+    with eager_semantics():
+        func(*host(tuple(args)), **{k: host(v) for k, v in kwargs.items()})
+    views.write(whole, upload(host_storage))
+    return written

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from tests.support.decomposition_checks import check, check_on_both_paths, randn
+from tests.support.helpers import compile_tpu
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
@@ -24,6 +25,23 @@ def test_as_strided_of_a_computed_tensor():
     # torch-mlir lowers as_strided through a constant XLA rejects; group_norm emits it.
     check(lambda x: torch.as_strided(x + 1, (3, 2), (1, 3), 1), randn(12))
     check(lambda x: torch.as_strided(x * 2, (4, 3), (3, 1)), randn(12))
+
+
+def test_as_strided_of_an_input_with_a_storage_offset():
+    # as_strided counts from the storage's start, and without storage_offset from the input's
+    # own offset; the graph holds the input's elements from its first one. Offset 3 was not
+    # decomposed and reached XLA as a constant it rejects (fuzz seed 4099).
+    x = torch.tensor([[-6, -5, 6], [5, -4, 9], [2, -7, -8], [1, 5, 7]], dtype=torch.int16)[1:]
+    check(lambda x: x.as_strided((2, 2), (1, 1)).tril(-1), x)
+    check(lambda x: x.as_strided((2, 2), (1, 2), 4) * 2, x)
+
+
+def test_as_strided_past_the_elements_of_its_input_reads_its_storage():
+    # x = arange(6)[:2]: as_strided((3,), (1,)) reads the storage's third element, which the
+    # graph does not hold; the gather clamped it to the second: [0, 1, 1], no error.
+    x = torch.arange(6.0)[:2]
+    f = lambda x: x.as_strided((3,), (1,)) * 1
+    torch.testing.assert_close(compile_tpu(f, dynamic=False)(x), f(x))
 
 
 def test_as_strided_scatter():

@@ -518,6 +518,265 @@ def select_broadcast(rng, env):
                        f"torch.where({cond}, {a}.sum(), {b}[..., :1])"))
 
 
+def _literal_index(rng, n, count, unique=False):
+    """Source of an int64 tensor of ``count`` indices in [0, n) (duplicates unless ``unique``;
+    some negative, which index from the end), on the device of the tensor it indexes."""
+    if unique:
+        values = rng.sample(range(n), min(count, n))
+    else:
+        values = [rng.randrange(n) for _ in range(count)]
+    return [v - n if rng.random() < 0.3 else v for v in values]
+
+
+@template(3, generation=3)
+def scatter_dim(rng, env):
+    """scatter/gather along any dim of an n-d tensor: scatter_add and scatter_reduce with
+    duplicate indices, scatter (whose pick among duplicates is not defined) with a permutation."""
+    x = pick(rng, env, lambda t: t.dim() >= 1 and t.numel() > 0)
+    if x is None:
+        return None
+    t = env[x]
+    d = _dim(rng, t)
+    v = pick(rng, env, lambda s: s.dtype == t.dtype and s.dim() == t.dim()) or f"{x}.flip(0)"
+    perm = f"{x}.argsort(dim={d}, stable=True)"
+    dup = f"({x}.long().remainder({t.shape[d]}) if {x}.dtype != torch.bool else {x}.long())"
+    form = rng.choice(("scatter", "scatter_add", "scatter_reduce", "gather", "take_along_dim",
+                       "scatter_value", "gather_dup"))
+    if form == "scatter":
+        return f"{x}.scatter({d}, {perm}, {v})"
+    if form == "scatter_value":
+        return f"{x}.scatter({d}, {perm}[..., :1], {_scalar(rng)})"
+    if form == "scatter_add":
+        return f"{x}.scatter_add({d}, {dup}, {v})"
+    if form == "scatter_reduce":
+        return (f"{x}.scatter_reduce({d}, {dup}, {v}, "
+                f"reduce={rng.choice(('sum', 'prod', 'amax', 'amin', 'mean'))!r}, "
+                f"include_self={rng.choice(('True', 'False'))})")
+    if form == "gather":
+        return f"{x}.gather({d}, {dup})"
+    if form == "gather_dup":
+        return f"torch.gather({x}, {d}, {perm}.flip({d}))"
+    return f"torch.take_along_dim({x}, {perm}, dim={d})"
+
+
+@template(3, generation=3)
+def index_dup(rng, env):
+    """index_put/index_add/index_copy with literal indices: duplicates where the op
+    accumulates, unique where it does not (eager's pick among duplicates is not defined)."""
+    x = pick(rng, env, lambda t: t.dim() >= 1 and t.shape[0] > 0)
+    if x is None:
+        return None
+    t = env[x]
+    n = t.shape[0]
+    k = rng.randint(1, 4)
+    dup = _literal_index(rng, n, k)
+    uniq = _literal_index(rng, n, k, unique=True)
+    src = f"{x}[:1].expand({len(dup)}, *{x}.shape[1:]) * 2"
+    usrc = f"{x}.flip(0)[:{len(uniq)}]"
+    idx = f"torch.tensor({dup}, device={x}.device)"
+    uidx = f"torch.tensor({uniq}, device={x}.device)"
+    alpha = ", alpha=2" if not t.is_floating_point() and t.dtype != torch.bool else ""
+    return rng.choice((f"{x}.index_put(({idx},), {src}, accumulate=True)",
+                       f"{x}.index_put(({uidx},), {usrc})",
+                       f"{x}.index_add(0, {idx}, {src}{alpha})",
+                       f"{x}.index_copy(0, {uidx}, {usrc})",
+                       f"STMT {x}.index_put_(({idx},), {src}, accumulate=True)",
+                       f"STMT {x}[{uidx}] = {usrc}",
+                       f"STMT {x}.index_add_(0, {idx}, {src})"))
+
+
+@template(3, generation=3)
+def order(rng, env):
+    """sort/argsort/topk/kthvalue/msort: indices only where the values have no ties (or the
+    sort is stable), NaN last as eager orders it."""
+    x = pick(rng, env, lambda t: t.dim() >= 1 and t.dtype != torch.bool)
+    if x is None:
+        return None
+    t = env[x]
+    d = _dim(rng, t)
+    n = t.shape[d]
+    desc = rng.choice(("True", "False"))
+    ties = _ties(t, d)
+    forms = [f"torch.argsort({x}, dim={d}, descending={desc}, stable=True)",
+             f"{x}.sort(dim={d}, descending={desc}, stable=True)[{rng.choice('01')}]",
+             f"torch.msort({x})"]
+    if n > 0:
+        k = rng.randint(1, n)
+        part = "[0]" if ties else rng.choice(("[0]", "[1]"))
+        forms += [f"{x}.topk({k}, dim={d}, largest={desc}){part}",
+                  f"torch.kthvalue({x}, {k}, dim={d}){part}"]
+    return rng.choice(forms)
+
+
+@template(3, generation=3)
+def scan_pair(rng, env):
+    """Scans over any dim, the index pairs included (cummax/cummin pick the last of equal
+    values), with their dtype arguments."""
+    x = pick(rng, env, lambda t: t.dim() >= 1)
+    if x is None:
+        return None
+    d = _dim(rng, env[x])
+    return rng.choice((f"torch.cummax({x}, {d})[{rng.choice('01')}]",
+                       f"torch.cummin({x}, {d})[{rng.choice('01')}]",
+                       f"torch.cumprod({x}, {d}, dtype={rng.choice(DTYPES[:2] + INTS[:2])})",
+                       f"torch.cumsum({x}.flip({d}), {d}).flip({d})",
+                       f"torch.logcumsumexp({x}.double(), {d})"))
+
+
+@template(3, generation=3)
+def clamp_tensor(rng, env):
+    """clamp with tensor bounds (broadcast, NaN in a bound, min above max) and min/max with NaN
+    and infinities."""
+    x, lo, hi = pick(rng, env), pick(rng, env), pick(rng, env)
+    if x is None:
+        return None
+    return rng.choice((f"torch.clamp({x}, min={lo}, max={hi})", f"torch.clamp({x}, min={lo})",
+                       f"torch.clamp({x}, max={hi})", f"{x}.clamp_min({lo})",
+                       f"{x}.clamp_max({hi})", f"torch.clip({x}, {lo}, {hi})",
+                       f"torch.max({x}, {lo})", f"torch.min({x}, {hi})",
+                       f"{x}.max()", f"{x}.min()", f"torch.max({x}, dim=-1)[0]"
+                       if env[x].dim() else f"{x}.max()",
+                       f"torch.maximum({x}, torch.tensor(float('nan'), device={x}.device))"))
+
+
+@template(3, generation=3)
+def integer(rng, env):
+    """Integer and bool ops: bitwise with tensors, shifts by tensors (wide and negative
+    amounts), remainder/fmod/floor_divide of ints of mixed signs, gcd/lcm."""
+    a = pick(rng, env, lambda t: not t.is_floating_point())
+    if a is None:
+        return None
+    b = pick(rng, env, lambda t: not t.is_floating_point())
+    shift = rng.choice(("1", "7", "8", "15", "31", "63", "64", "-1"))
+    return rng.choice((f"torch.bitwise_left_shift({a}, {b})",
+                       f"torch.bitwise_right_shift({a}, {b})",
+                       f"({a} << {shift})", f"({a} >> {shift})",
+                       f"torch.bitwise_xor({a}, {b})", f"torch.bitwise_or({a}, {b})",
+                       f"torch.bitwise_and({a}, ~{b})",
+                       f"torch.remainder({a}, {b})", f"torch.fmod({a}, {b})",
+                       f"torch.floor_divide({a}, {b})", f"torch.gcd({a}, {b})",
+                       f"torch.lcm({a}, {b})", f"({a} % {rng.choice(('-3', '5', '-1'))})",
+                       f"torch.fmod({a}, {rng.choice(('-3', '5', '-1'))})",
+                       f"({a} // {rng.choice(('-3', '5', '-1', '2'))})",
+                       f"{a}.logical_xor({b})", f"({a}.bool() ^ {b}.bool())"))
+
+
+@template(2, generation=3)
+def compare_special(rng, env):
+    """Comparisons and selections where NaN and infinities meet: eq/lt with NaN, isclose,
+    isin, equal, nan-aware reductions."""
+    a, b = pick(rng, env), pick(rng, env)
+    if a is None:
+        return None
+    s = rng.choice(("float('nan')", "float('inf')", "-float('inf')", "0.0", "-0.0"))
+    return rng.choice((f"({a} < {s})", f"({a} >= {s})", f"({a} == {s})", f"({a} != {s})",
+                       f"torch.isclose({a}.double(), {b}.double(), equal_nan=True)",
+                       f"torch.isclose({a}.double(), {b}.double())",
+                       f"torch.isin({a}, {b})", f"torch.fmax({a}, {s})",
+                       f"torch.fmin({a}, {s})", f"torch.minimum({a}, {s} + 0 * {b})",
+                       f"torch.nanmean({a}.double())", f"torch.nanmean({a}.double(), dim=-1)"
+                       if env[a].dim() else f"torch.nanmean({a}.double())"))
+
+
+@template(2, generation=3)
+def empty_reduce(rng, env):
+    """Reductions over no elements (sum 0, prod 1, mean NaN, amax raises, argmax raises)."""
+    x = pick(rng, env, lambda t: t.dim() >= 1)
+    if x is None:
+        return None
+    t = env[x]
+    d = _dim(rng, t)
+    empty = f"{x}.narrow({d}, 0, 0)"
+    op = rng.choice(("sum", "prod", "mean", "amax", "amin", "argmax", "any", "all", "nansum",
+                     "logsumexp", "std", "count_nonzero"))
+    if op == "count_nonzero":
+        return f"torch.count_nonzero({empty}, dim={d})"
+    if rng.random() < 0.4:
+        return f"{empty}.{op}()"
+    return f"{empty}.{op}(dim={d}, keepdim={rng.choice(('True', 'False'))})"
+
+
+@template(2, generation=3)
+def to_int(rng, env):
+    """Float to integer conversions (truncation toward zero) of values in range (out of range
+    is not defined), and int to float of large values."""
+    x = pick(rng, env, _is_float)
+    if x is None:
+        return None
+    dtype = rng.choice(INTS + (torch.bool,))
+    bound = {torch.uint8: "0, 255", torch.int8: "-128, 127"}.get(dtype, "-1000, 1000")
+    safe = f"{x}.nan_to_num(0.0).clamp({bound})"
+    return rng.choice((f"{safe}.to({dtype})", f"{safe}.trunc().to({dtype})",
+                       f"{x}.to(torch.bool)", f"({safe} * 0.5).to({dtype})",
+                       f"{safe}.to(torch.int64).to({x}.dtype)"))
+
+
+@template(3, generation=3)
+def where_scalars(rng, env):
+    """torch.where with scalar branches (promotion from the scalars alone), nonzero,
+    masked_select and argwhere (shapes computed from data)."""
+    c = pick(rng, env)
+    if c is None:
+        return None
+    cond = c if env[c].dtype == torch.bool else f"({c} > 0)"
+    a = pick(rng, env)
+    s, r = _scalar(rng), _scalar(rng)
+    return rng.choice((f"torch.where({cond}, {s}, {r})", f"torch.where({cond}, {s}, {a})",
+                       f"torch.where({cond}, {a}, {r})", f"torch.nonzero({c})",
+                       f"{c}.nonzero(as_tuple=True)[0]", f"torch.masked_select({a}, {cond})",
+                       f"torch.argwhere({cond})", f"{a}[{cond}]" if env[a].shape == env[c].shape
+                       else f"torch.masked_select({a}, {cond})", f"torch.where({cond})[0]"))
+
+
+@template(3, generation=3)
+def shape_ops(rng, env):
+    """repeat_interleave, roll over several dims, flip, tril/triu with offsets, diagonal with
+    offsets and dims, diag_embed, unfold, as_strided reads, tile/repeat, einsum."""
+    x = pick(rng, env)
+    if x is None:
+        return None
+    t = env[x]
+    k = rng.choice((-2, -1, 0, 1, 2))
+    forms = [f"{x}.repeat_interleave({rng.randint(0, 3)})", f"{x}.repeat(2, *([1] * {x}.dim()))",
+             f"torch.tile({x}, (2,))"]
+    if t.dim() >= 1:
+        d = _dim(rng, t)
+        n = t.shape[d]
+        forms += [f"{x}.roll({k}, {d})", f"{x}.flip({d})", f"{x}.unfold({d}, {min(n, 2)}, 1)",
+                  f"{x}.repeat_interleave(torch.tensor({[rng.randint(0, 2) for _ in range(n)]}, "
+                  f"device={x}.device), dim={d})",
+                  f"torch.diag_embed({x}, offset={k})",
+                  f"{x}.contiguous().as_strided(({max(t.numel() - 1, 0)},), (1,), 1)"
+                  if t.numel() else f"{x}.flip({d})",
+                  f"{x}.contiguous().as_strided((2, 2), (1, 1))" if t.numel() >= 3 else
+                  f"{x}.roll(1)"]
+    if t.dim() >= 2:
+        forms += [f"{x}.roll(({k}, 1), (0, -1))", f"{x}.flip((0, -1))", f"{x}.tril({k})",
+                  f"{x}.triu({k})", f"{x}.diagonal({k})", f"{x}.diagonal({k}, -1, 0)",
+                  f"torch.einsum('ij,ij->i', {x}, {x})" if _is_float(t) else f"{x}.triu({k})",
+                  f"torch.einsum('ij->ji', {x})", f"torch.einsum('ii', {x})"
+                  if t.shape[0] == t.shape[1] and _is_float(t) else f"{x}.tril({k})",
+                  f"torch.einsum('...j,kj->...k', {x}, {x})" if _is_float(t) else f"{x}.mT"]
+    return rng.choice(forms)
+
+
+@template(3, generation=3)
+def expand_write(rng, env):
+    """An expanded tensor cloned (the clone owns its elements) then written in place, and
+    in-place ops that read the tensor they write (x.add_(x.flip(0)))."""
+    x = pick(rng, env, lambda t: t.dim() >= 1 and t.numel() > 0)
+    if x is None:
+        return None
+    v = pick(rng, env)
+    return rng.choice((f"{x}.expand(2, *{x}.shape).clone().add_({v})",
+                       f"{x}.expand(2, *{x}.shape).clone().index_fill_(0, "
+                       f"torch.tensor([1], device={x}.device), {_scalar(rng)})",
+                       f"{x}[:1].expand_as({x}).clone().mul_({v})",
+                       f"{x}.clone().add_({x}.flip(0))", f"{x}.clone().copy_({x}.roll(1, 0))",
+                       f"STMT {x}.add_({x}.flip(0))", f"STMT {x}.copy_({x}.flip(0).clone())",
+                       f"STMT {x}[1:].add_({x}[:-1])"))
+
+
 # --------------------------------------------------------------------------------- programs
 
 @dataclasses.dataclass

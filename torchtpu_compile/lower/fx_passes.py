@@ -108,11 +108,13 @@ def _replace_with_zeros(gm, node: fx.Node, val: torch.Tensor) -> None:
 
 
 def _computes_nothing(node: fx.Node) -> bool:
-    """A functional ATen op whose one result has no elements (static shape)."""
+    """A functional ATen op whose one result has no elements (static shape); a view only
+    where no output returns it (an output view keeps its base: calling_convention)."""
     target = node.target
     val = node.meta.get("val")
     return (node.op == "call_function" and isinstance(target, torch._ops.OpOverload)
-            and target.namespace in ("aten", "prims") and not target.is_view
+            and target.namespace in ("aten", "prims")
+            and not (target.is_view and any(u.op == "output" for u in node.users))
             and not target._schema.is_mutable and target not in _ZEROS
             and isinstance(val, torch.Tensor) and not val.is_sparse
             and all(isinstance(s, int) for s in val.shape) and val.numel() == 0)
@@ -125,8 +127,10 @@ _ZEROS = {aten.zeros.default, aten.new_zeros.default}
 def empty_results_as_zeros(gm):
     # torch-mlir aborts the process (LLVM's report_fatal_error, no exception) legalizing a
     # gather from an operand with a dim of size 0 (nll_loss's weight gather over an empty
-    # batch and weight) and XLA rejects other degenerate windows. A result with no elements has
-    # no values to compute: its shape and dtype are all there is, so zeros of them are it.
+    # batch and weight) and XLA rejects other degenerate windows; a slice with no elements
+    # read by a reduction legalized with the whole dim (x[:, :0].sum(), fuzz seed 4034). A
+    # result with no elements has no values to compute: its shape and dtype are all there
+    # is, so zeros of them are it.
     # Index checks stay: they are their own nodes (torchtpu::index_check) on the index.
     for node in list(gm.graph.nodes):
         if not _computes_nothing(node):
@@ -279,6 +283,13 @@ def _host_args(value, known):
     return value
 
 
+#: Ops that stand for another in a normalized graph, as the host must evaluate them: a graph
+#: cut around a fallback op is normalized again piece by piece, and its aten.remainder is
+#: c_fmod_as_remainder's C fmod. Folded as eager's remainder, a roll's sign test of
+#: remainder(arange(2) - 1, 2) came out false where XLA's -1 needed it (fuzz seed 4208).
+_HOST_MEANING = {aten.remainder.Tensor: aten.fmod.Tensor}
+
+
 @fx_pass
 def fold_literal_expressions(gm):
     # torch-mlir's canonicalizer folds arithmetic on literals wrongly, or crashes, for several
@@ -292,8 +303,9 @@ def fold_literal_expressions(gm):
         if not _is_foldable(node) or not (node.target in _SHAPE_ONLY or
                                           all(n in known for n in node.all_input_nodes)):
             continue
+        target = _HOST_MEANING.get(node.target, node.target)
         try:
-            value = node.target(*_host_args(node.args, known), **_host_args(node.kwargs, known))
+            value = target(*_host_args(node.args, known), **_host_args(node.kwargs, known))
         except Exception:  # whatever the host cannot evaluate, XLA still may
             continue
         if not isinstance(value, torch.Tensor):

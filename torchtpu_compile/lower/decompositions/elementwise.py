@@ -77,6 +77,17 @@ for _op in (aten.mul.Tensor, aten.div.Tensor):
     decomposition(_op)(_with_an_unrounded_scalar(_op))
 
 
+@decomposition(aten.add.Tensor)
+def add_of_bools(a, b, *, alpha=1):
+    # Eager's bool add is a logical or. torch-mlir folds an add of i1 literals as integers mod
+    # 2, true + true = false: (x >= x) + (x >= x), both compares folded to true first, came
+    # out all false with no error (fuzz seed 4280).
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and
+            a.dtype == torch.bool and b.dtype == torch.bool and alpha in (1, True)):
+        return NotImplemented
+    return torch.logical_or(a, b)
+
+
 def _is_integer(dtype: torch.dtype) -> bool:
     return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
 

@@ -52,14 +52,21 @@ def _contiguous_strides(size) -> list:
 def as_strided(x, size, stride, storage_offset=None):
     # torch-mlir lowers as_strided through a dense_resource index constant, which XLA rejects
     # ("Only dense elements attr are supported"); group_norm's decomposition emits it. On a
-    # contiguous input it is a reshape, or a gather at indices computed in the graph.
-    if not x.is_contiguous() or x.storage_offset() != 0:
+    # contiguous input it is a reshape, or a gather at indices computed in the graph. The
+    # graph holds x's elements only, from x's own first one: positions count from there (an
+    # input with a storage offset, x[1:]: fuzz seed 4099, XLA's error), and a view reaching
+    # outside them (into storage the graph does not hold) is not decomposed.
+    base = x.storage_offset()
+    if not x.is_contiguous() or not isinstance(base, int):
         return NotImplemented
-    offset = storage_offset or 0
+    offset = (base if storage_offset is None else storage_offset) - base
     size, stride = list(size), list(stride)
     count = 1
     for s in size:
         count *= s
+    if count and not 0 <= offset + sum(min(st * (s - 1), 0) for s, st in zip(size, stride)) \
+            <= offset + sum(max(st * (s - 1), 0) for s, st in zip(size, stride)) < x.numel():
+        return NotImplemented
     if offset == 0 and count == x.numel() and all(
             st == cs for s, st, cs in zip(size, stride, _contiguous_strides(size)) if s > 1):
         return x.reshape(size).clone()
