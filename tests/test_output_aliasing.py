@@ -305,3 +305,17 @@ def test_a_view_of_a_written_input_with_an_offset_carries_gradients():
         for a, e in zip(actual, expected):
             torch.testing.assert_close(a, e)
         torch.testing.assert_close(grad, expected_grad)
+
+
+def test_an_unfolded_view_of_an_expanded_input_is_made_from_it():
+    # fuzz seed 4218: aot_autograd's rebuild of this output from the input raised
+    # "setStorage ... out of bounds" under dynamic=True
+    def f(x):
+        return x.expand(2, *x.shape).unfold(1, 2, 1)
+
+    compiled = compile_tpu(f, dynamic=True)
+    for n in (4, 6):
+        x = torch.tensor([-3.0], dtype=torch.float16).expand(n)
+        actual, expected = compiled(x), f(x)
+        assert torch.equal(actual, expected) and actual.stride() == expected.stride()
+        assert actual.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
