@@ -150,7 +150,7 @@ def _sig(value, tensors: list):
     if kind is float:
         # 0.0 and -0.0 are equal and hash alike, but an op compiled for one gives the other
         # the wrong signs: x.div(0.0, rounding_mode="floor") ran -0.0's program (fuzz seed 3588)
-        return (kind, value, value == 0.0 and str(value))
+        return (kind, value or str(value))  # a zero by its sign; still (float, _): scalars
     if kind is int or kind is bool:
         return (kind, value)  # 1, 1.0 and True hash alike but give different dtypes
     if isinstance(value, torch.Tensor):
@@ -171,7 +171,7 @@ def signature(func, args, kwargs):
             tensors.append(a)
             key.append((a.dtype, a._shape))
         elif kind is float:
-            key.append((kind, a, a == 0.0 and str(a)))
+            key.append((kind, a or str(a)))
         elif kind is int or kind is bool:
             key.append((kind, a))
         else:
