@@ -1072,6 +1072,13 @@ def one_hot(func, args, kwargs):
     return one_hot_checked(*args, **kwargs)
 
 
+@handles(aten.scaled_dot_product_attention.default)
+def attention(func, args, kwargs):
+    # Reached whole in inference mode only, as one_hot above.
+    from .kernels import attention_in_eager_layout
+    return attention_in_eager_layout(*args, **kwargs)
+
+
 @handles(aten.copy_.default)
 def copy_(func, args, kwargs):
     dst, src = args[0], args[1]
