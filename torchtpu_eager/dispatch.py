@@ -976,11 +976,11 @@ def run_view(func, args, kwargs):
     geometry = _view_geometry.get(key, _view_geometry)
     if geometry is _view_geometry:
         geometry = _view_geometry[key] = _geometry_of_view(func, args, kwargs, base)
-    if geometry is None:  # computed: a write to it is refused (views.check_writable)
+    if geometry is None:  # computed: a write to it is refused or carried (views.computed_view)
         out = run_op(func, args, kwargs)
         for t in (out if isinstance(out, (list, tuple)) else (out,)):
             if type(t) is TpuTensor:
-                t._st.stands_for = str(func)
+                views.computed_view(func, base, t)
         return out
     storage = base._st
     # The CPU's view shares its base's dispatch keys: a view of a normal tensor is a normal
