@@ -673,6 +673,62 @@ def test_writes_into_computed_views_raise():
     torch.testing.assert_close(x.cpu(), torch.zeros(4))
 
 
+@pytest.mark.parametrize("optimizer", ["Adam", "AdamW"])
+@pytest.mark.parametrize("foreach", [False, True])
+def test_adam_on_a_complex_parameter_matches_eager(optimizer, foreach):
+    # The optimizers update a complex parameter and its state through torch.view_as_real in
+    # place (the complex-numbers tutorial): the device refused to write into the real view.
+    torch.manual_seed(0)
+    w0, b0, x = torch.randn(3, 4, dtype=torch.cfloat), torch.randn(4), torch.randn(
+        5, 3, dtype=torch.cfloat)
+    results = []
+    for device in ("cpu", "tpu"):
+        w, b = (t.clone().to(device).requires_grad_() for t in (w0, b0))
+        opt = getattr(torch.optim, optimizer)([w, b], lr=0.1, foreach=foreach,
+                                              amsgrad=foreach)
+        for _ in range(3):
+            opt.zero_grad()
+            ((x.to(device) @ w).abs() + b).square().sum().backward()
+            opt.step()
+        state = opt.state[w]
+        results.append([t.detach().cpu() for t in (w, b, state["exp_avg"], state["exp_avg_sq"])])
+    for got, expected in zip(results[1], results[0]):
+        torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_writes_through_view_as_real_and_view_as_complex_reach_their_base_as_eager(mode):
+    def steps(z, f):
+        r = torch.view_as_real(z)
+        r.mul_(2)
+        seen = [z.clone()]
+        z.add_(1)                        # the base's write reaches the view
+        seen.append(r.clone())
+        r[1].zero_()                     # a view of the view
+        torch.view_as_real(z[1:])[:, 1].fill_(7)
+        seen += [z.clone(), r.clone()]
+        z.real.mul_(3)
+        seen += [z.clone(), r.clone()]
+        torch.view_as_complex(r).mul_(1j)    # a view of a view of z
+        seen += [z.clone(), r.clone()]
+        c = torch.view_as_complex(f)
+        c.mul_(2)
+        seen.append(f.clone())
+        f.add_(1)
+        seen.append(c.clone())
+        return seen
+
+    z, f = torch.randn(3, dtype=torch.cfloat), torch.randn(4, 2)
+    expected = steps(z.clone(), f.clone())
+    torch.tpu.set_eager_mode(mode)
+    try:
+        got = [t.cpu() for t in steps(z.to("tpu"), f.to("tpu"))]
+    finally:
+        torch.tpu.set_eager_mode("strict")
+    for value, want in zip(got, expected):
+        torch.testing.assert_close(value, want)
+
+
 def test_inplace_view_ops_change_the_tensors_geometry():
     # t_(), unsqueeze_(), transpose_() change the tensor's own size and strides; they were
     # traced as ops, which wrote transposed values under the old size (stft was wrong).

@@ -99,3 +99,59 @@ def test_an_accumulating_put_through_an_expanded_view_adds_every_value(mode):
     actual = _accumulating_puts_through_expanded_views("tpu")
     for a, e in zip(actual, expected):
         assert torch.equal(a.cpu(), e), (a.cpu(), e)
+
+
+ATTENTION = {
+    "plain": {},
+    "is_causal": {"is_causal": True},
+    "a bool mask": {"attn_mask": torch.rand(10, 10) > 0.3},
+    "a float mask": {"attn_mask": torch.randn(10, 10)},
+    "scale and dropout_p=0": {"scale": 0.3, "dropout_p": 0.0},
+    "enable_gqa": {"enable_gqa": True},
+}
+
+
+@pytest.mark.parametrize("case", list(ATTENTION))
+def test_attention_result_laid_out_as_eager_s_for_a_view_of_its_transpose(case, mode):
+    """The SDPA tutorial's CausalSelfAttention: q, k, v split from one projection and
+    transposed from (N, L, H, E); ``y.transpose(1, 2).view(N, L, H * E)`` raised "view size is
+    not compatible" on tpu: the CPU's flash kernel lays its result out as the query, the
+    device's math formulation made it contiguous."""
+    import torch.nn.functional as F
+    from torchtpu_compile import config
+    kwargs = ATTENTION[case]
+    heads_kv = 2 if kwargs.get("enable_gqa") else 4
+    x = torch.randn(2, 10, 32 + 2 * 8 * heads_kv)
+
+    def attend(x):
+        q, k, v = x.split([32, 8 * heads_kv, 8 * heads_kv], -1)
+        q = q.view(2, 10, 4, 8).transpose(1, 2)
+        k, v = (t.view(2, 10, heads_kv, 8).transpose(1, 2) for t in (k, v))
+        mask = kwargs.get("attn_mask")
+        y = F.scaled_dot_product_attention(q, k, v, **{
+            **kwargs, "attn_mask": None if mask is None else mask.to(x.device)})
+        return y, y.transpose(1, 2).view(2, 10, 32)
+
+    results = []
+    with config.patch(matmul_precision="highest"):
+        for device in ("cpu", "tpu"):
+            leaf = x.to(device).detach().requires_grad_()
+            y, flat = attend(leaf)
+            (flat * torch.arange(flat.numel()).view(flat.shape).to(device).sin()).sum().backward()
+            results.append((y.stride(), flat.cpu(), leaf.grad.cpu()))
+    (strides, values, grad), (got_strides, got_values, got_grad) = results
+    assert got_strides == strides
+    torch.testing.assert_close(got_values, values)
+    torch.testing.assert_close(got_grad, grad)
+
+
+def test_attention_result_laid_out_as_eager_s_in_inference_mode():
+    # Inference mode skips the autograd key, where the layout is made otherwise.
+    import torch.nn.functional as F
+    from torchtpu_compile import config
+    qkv = torch.randn(3, 2, 10, 4, 8)
+    expected = F.scaled_dot_product_attention(*qkv.transpose(2, 3))
+    with torch.inference_mode(), config.patch(matmul_precision="highest"):
+        got = F.scaled_dot_product_attention(*qkv.to("tpu").transpose(2, 3))
+    assert got.stride() == expected.stride()
+    torch.testing.assert_close(got.cpu(), expected)

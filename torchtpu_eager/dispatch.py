@@ -989,11 +989,11 @@ def run_view(func, args, kwargs):
     geometry = _view_geometry.get(key, _view_geometry)
     if geometry is _view_geometry:
         geometry = _view_geometry[key] = _geometry_of_view(func, args, kwargs, base)
-    if geometry is None:  # computed: a write to it is refused (views.check_writable)
+    if geometry is None:  # computed: a write to it is refused or carried (views.computed_view)
         out = run_op(func, args, kwargs)
         for t in (out if isinstance(out, (list, tuple)) else (out,)):
             if type(t) is TpuTensor:
-                t._st.stands_for = str(func)
+                views.computed_view(func, base, t)
         return out
     storage = base._st
     # The CPU's view shares its base's dispatch keys: a view of a normal tensor is a normal
@@ -1083,6 +1083,13 @@ def one_hot(func, args, kwargs):
     # autograd (AutogradPrivateUse1).
     from .kernels import one_hot_checked
     return one_hot_checked(*args, **kwargs)
+
+
+@handles(aten.scaled_dot_product_attention.default)
+def attention(func, args, kwargs):
+    # Reached whole in inference mode only, as one_hot above.
+    from .kernels import attention_in_eager_layout
+    return attention_in_eager_layout(*args, **kwargs)
 
 
 @handles(aten.copy_.default)

@@ -109,6 +109,50 @@ def one_hot_checked(values, num_classes=-1):
         torch._C.DispatchKey.CompositeImplicitAutograd, values, num_classes)
 
 
+def attention_in_eager_layout(query, key, value, attn_mask=None, dropout_p=0.0,
+                               is_causal=False, *, scale=None, enable_gqa=False):
+    """``F.scaled_dot_product_attention`` laid out as eager's CPU kernels lay it out.
+
+    The CPU's flash kernel returns its result laid out as the query (``empty_like``); the
+    device runs the math formulation, whose result is contiguous: with q, k, v transposed
+    from (N, L, H, E), the SDPA tutorial's ``y.transpose(1, 2).view(N, L, H * E)`` raised
+    "view size is not compatible" where eager works. The compile path does the same from
+    Dynamo's example value (``torchtpu_compile.backend._attention_in_eager_layout``).
+    """
+    out = torch.ops.aten.scaled_dot_product_attention.default.decompose(
+        query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+    strides = _eager_attention_strides(query, key, value, attn_mask, dropout_p, is_causal,
+                                       scale, enable_gqa)
+    if strides is None or out.stride() == strides:
+        return out
+    order = tuple(sorted(range(out.dim()), key=lambda d: -strides[d]))
+    inverse = tuple(order.index(d) for d in range(out.dim()))
+    return out.permute(order).contiguous().permute(inverse)
+
+
+_FLASH = int(torch.nn.attention.SDPBackend.FLASH_ATTENTION)
+
+
+def _eager_attention_strides(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                             enable_gqa):
+    """The strides of eager's result on CPU tensors of these geometries, or None where it
+    is the math formulation's (contiguous) or the sizes are symbolic.
+
+    The CPU's own choice decides, on uninitialized host tensors (no values are read), under
+    the caller's grad mode and ``sdpa_kernel`` settings, as eager's call would."""
+    tensors = [t for t in (query, key, value, attn_mask) if t is not None]
+    if any(type(s) is not int for t in tensors for s in (*t.shape, *t.stride())):
+        return None
+    from torch.utils._python_dispatch import _disable_current_modes
+    with _disable_current_modes():  # Dynamo's fake tensors trace here too: real host ones
+        host = [None if t is None else torch.empty_strided(
+            t.shape, t.stride(), dtype=t.dtype).requires_grad_(t.requires_grad)
+            for t in (query, key, value, attn_mask)]
+        choice = torch._fused_sdp_choice(*host, dropout_p, is_causal, scale=scale,
+                                         enable_gqa=enable_gqa)
+        return torch.empty_like(host[0]).stride() if choice == _FLASH else None
+
+
 def _shaped_like_first(first, *args, **kwargs):
     return torch.empty(first.shape, dtype=first.dtype, device=first.device)
 
@@ -175,6 +219,7 @@ def register() -> None:
     aten.impl("_efficientzerotensor", _zeros_for_zerotensor, "PrivateUse1")
     aten.impl("ctc_loss.Tensor", _ctc_loss_host_lengths, "AutogradPrivateUse1")
     aten.impl("one_hot", one_hot_checked, "AutogradPrivateUse1")
+    aten.impl("scaled_dot_product_attention", attention_in_eager_layout, "AutogradPrivateUse1")
     for name in _SHAPED_LIKE_FIRST:
         aten.impl(name, _shaped_like_first, "Meta")
     for name in _GRU_CELL_OPS:

@@ -54,7 +54,9 @@ class Storage:
         self.nbytes = numel * dtype.itemsize
         self.freed = False
         # The view op whose result this storage holds computed, not viewed (view(dtype),
-        # conj(), real): a write to it would not reach the base (views.check_writable).
+        # conj()): a write to it would not reach the base (views.check_writable). Or a
+        # views.Reinterpreted link, which carries writes between a storage and those computed
+        # from it by view_as_real / view_as_complex.
         self.stands_for = None
         ref = _ref(self)
         _live[id(ref)] = ref

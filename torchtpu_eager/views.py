@@ -18,6 +18,7 @@ Example::
 from __future__ import annotations
 
 import functools
+import weakref
 
 import torch
 
@@ -237,10 +238,11 @@ def check_writable(storage) -> None:
         f"here. Write the base instead, or clone() the view before writing to it.")
 
 
-def write(t, value) -> None:
+def write(t, value, _written_back_from=None) -> None:
     """Make ``value`` (with ``t``'s shape and dtype) the contents of ``t``, through its view."""
     storage = t._st
-    if storage.stands_for is not None:
+    linked = storage.stands_for
+    if type(linked) is str:
         check_writable(storage)
     if storage.freed:
         raise RuntimeError(f"tpu: writing into a tensor of shape {list(t._shape)} whose storage "
@@ -248,10 +250,90 @@ def write(t, value) -> None:
     if t._dense:
         storage.value = value
         storage.shape = t._shape
-        modes.current().note_write(storage)
-        return
-    base = storage_value(storage)
-    graph = _write_graph(storage.shape, storage.dtype, t._shape, tuple(t.stride()),
-                         t.storage_offset())
-    storage.value = modes.current().apply(graph, [base, value, *_positions(t, write=True)])[0]
+    else:
+        base = storage_value(storage)
+        graph = _write_graph(storage.shape, storage.dtype, t._shape, tuple(t.stride()),
+                             t.storage_offset())
+        storage.value = modes.current().apply(
+            graph, [base, value, *_positions(t, write=True)])[0]
     modes.current().note_write(storage)
+    if linked is not None:
+        linked.written(storage, _written_back_from)
+
+
+#: View ops whose result a storage of one dtype cannot view (a complex buffer seen as its
+#: float pairs, and back), each with the op that undoes it. The device computes the result;
+#: a ``Reinterpreted`` link then carries writes both ways, as eager's aliasing does.
+_REINTERPRETING = {
+    torch.ops.aten.view_as_real.default: torch.ops.aten.view_as_complex.default,
+    torch.ops.aten.view_as_complex.default: torch.ops.aten.view_as_real.default,
+}
+
+
+def computed_view(func, base, out) -> None:
+    """Note that ``out`` is view op ``func``'s result on ``base``, computed, not viewed.
+
+    Writes through ``view_as_real`` / ``view_as_complex`` results reach their base, and the
+    base's writes reach them: torch's Adam and AdamW update a complex parameter through
+    ``torch.view_as_real(p)`` in place, which raised here. Other computed views (``conj()``,
+    ``view(dtype)``) stay refused (``check_writable``)."""
+    inverse = _REINTERPRETING.get(func)
+    source = base._st.stands_for
+    if inverse is None or type(source) is str:  # a view of a refused view is refused too
+        out._st.stands_for = str(func)
+        return
+    from .tensor import view_tensor
+    if source is None:
+        source = base._st.stands_for = Reinterpreted()
+    # The base as it views its storage now: an in-place view op on it later (t_) leaves the
+    # computed view's meaning as it was, as in eager.
+    base = view_tensor(base._st, base._shape, tuple(base.stride()), base.storage_offset(),
+                       base._dense)
+    out._st.stands_for = Reinterpreted(base, func, inverse, (
+        out._shape, tuple(out.stride()), out.storage_offset(), out._dense))
+    # Dead ones dropped here too: a base read through a new view each step, and never
+    # written, would otherwise keep a reference per step.
+    source.derived = [ref for ref in source.derived if ref() is not None]
+    source.derived.append(weakref.ref(out._st))
+
+
+class Reinterpreted:
+    """A storage's link (``Storage.stands_for``) to the storages computed from it by a
+    ``_REINTERPRETING`` view, and, for such a storage, to the tensor it was computed from.
+
+    A write to a computed storage is written back into its base through the inverse op; a
+    write to a base recomputes every storage computed from it. Eager's views share memory;
+    a device buffer has one dtype, so the two storages are kept equal instead."""
+
+    __slots__ = ("base", "func", "inverse", "geometry", "derived")
+
+    def __init__(self, base=None, func=None, inverse=None, geometry=None):
+        self.base = base            # the tensor this storage was computed from (or None)
+        self.func, self.inverse = func, inverse
+        self.geometry = geometry    # the computed tensor's (size, stride, offset, dense)
+        self.derived: list = []     # weak references to storages computed from this one
+
+    def written(self, storage, written_back_from) -> None:
+        from .dispatch import run_op
+        from .tensor import view_tensor
+        if self.base is not None:  # (a write from its own base never comes here)
+            view = view_tensor(storage, *self.geometry)
+            write(self.base, read(run_op(self.inverse, (view,), {})), storage)
+        self._recompute_derived(skip=written_back_from)
+
+    def _recompute_derived(self, skip) -> None:
+        from .dispatch import run_op
+        live = []
+        for ref in self.derived:
+            derived = ref()
+            if derived is None:
+                continue
+            live.append(ref)
+            if derived is skip:  # the write came from it: it holds the values already
+                continue
+            link = derived.stands_for
+            fresh = run_op(link.func, (link.base,), {})._st
+            derived.value, derived.shape = fresh.value, fresh.shape
+            modes.current().note_write(derived)
+            link._recompute_derived(skip=None)
+        self.derived = live
