@@ -11,6 +11,8 @@ Example::
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 _CPU = torch.device("cpu")
@@ -143,11 +145,28 @@ def _eager_attention_strides(query, key, value, attn_mask, dropout_p, is_causal,
     tensors = [t for t in (query, key, value, attn_mask) if t is not None]
     if any(type(s) is not int for t in tensors for s in (*t.shape, *t.stride())):
         return None
+    geometry = tuple(None if t is None else (tuple(t.shape), t.stride(), t.dtype,
+                                             t.requires_grad)
+                     for t in (query, key, value, attn_mask))
+    return _cpu_attention_strides(geometry, dropout_p, is_causal, scale, enable_gqa,
+                                  torch.is_grad_enabled(), _sdp_flags())
+
+
+def _sdp_flags() -> tuple:
+    # what sdpa_kernel(...) and torch.backends.cuda.enable_*_sdp set, which the choice reads
+    c = torch._C
+    return (c._get_flash_sdp_enabled(), c._get_mem_efficient_sdp_enabled(),
+            c._get_math_sdp_enabled(), c._get_cudnn_sdp_enabled(),
+            torch.are_deterministic_algorithms_enabled())
+
+
+@functools.lru_cache(maxsize=1024)  # per call of every attention layer: host allocations
+def _cpu_attention_strides(geometry, dropout_p, is_causal, scale, enable_gqa, grad, flags):
     from torch.utils._python_dispatch import _disable_current_modes
-    with _disable_current_modes():  # Dynamo's fake tensors trace here too: real host ones
-        host = [None if t is None else torch.empty_strided(
-            t.shape, t.stride(), dtype=t.dtype).requires_grad_(t.requires_grad)
-            for t in (query, key, value, attn_mask)]
+    with _disable_current_modes(), torch.set_grad_enabled(grad):
+        # Dynamo's fake tensors trace here too: real host ones
+        host = [None if g is None else torch.empty_strided(
+            g[0], g[1], dtype=g[2]).requires_grad_(g[3]) for g in geometry]
         choice = torch._fused_sdp_choice(*host, dropout_p, is_causal, scale=scale,
                                          enable_gqa=enable_gqa)
         return torch.empty_like(host[0]).stride() if choice == _FLASH else None
