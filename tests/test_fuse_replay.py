@@ -158,3 +158,46 @@ def test_a_span_with_arguments_costs_nothing_with_the_profiler_off():
     # defer-and-fuse run paid for one.
     assert not torch.autograd.profiler._is_profiler_enabled
     assert profiling.spanning("torchtpu::fused_graph", ops=3) is profiling.spanning("x")
+
+
+def _programs_over(steps) -> int:
+    before = torchtpu_compile.stats()["eager_programs_compiled"]
+    for step in steps:
+        step()
+    return torchtpu_compile.stats()["eager_programs_compiled"] - before
+
+
+def test_a_replay_batch_that_samples_the_same_tensor_twice_reuses_the_steps_program():
+    # DQN's step: cat of 32 sampled states and of their next states, where a transition's next
+    # state is the next transition's state and samples repeat. The recording listed a buffer
+    # read twice as one input, so which inputs shared a buffer was part of the program's key,
+    # a random pattern: a new program every step (the tutorial: 130 in 150 steps).
+    import random
+    torch.manual_seed(0)
+    model_cpu = torch.nn.Linear(4, 2)
+    model = torch.nn.Linear(4, 2).to(TPU)
+    model.load_state_dict(model_cpu.state_dict())
+    opt_cpu = torch.optim.SGD(model_cpu.parameters(), lr=0.1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    states_cpu = [torch.randn(1, 4) for _ in range(12)]
+    states = [s.to(TPU) for s in states_cpu]
+    rng = random.Random(0)
+
+    def step():
+        picks = [rng.randrange(11) for _ in range(8)]   # with repeats
+        losses = []
+        for m, o, pool in ((model_cpu, opt_cpu, states_cpu), (model, opt, states)):
+            state = torch.cat([pool[i] for i in picks])
+            following = torch.cat([pool[i + 1] for i in picks])
+            o.zero_grad()
+            loss = (m(state) - m(following).detach()).pow(2).mean()
+            loss.backward()
+            o.step()
+            losses.append(loss.item())
+        assert losses[1] == pytest.approx(losses[0], rel=1e-5, abs=1e-6)
+
+    _programs_over([step] * 2)
+    assert _programs_over([step] * 6) == 0
+    for p, q in zip(model_cpu.parameters(), model.parameters()):
+        torch.testing.assert_close(q.cpu(), p, rtol=1e-5, atol=1e-6)
+
