@@ -201,3 +201,36 @@ def test_a_replay_batch_that_samples_the_same_tensor_twice_reuses_the_steps_prog
     for p, q in zip(model_cpu.parameters(), model.parameters()):
         torch.testing.assert_close(q.cpu(), p, rtol=1e-5, atol=1e-6)
 
+
+def test_a_batch_of_views_and_fresh_tensors_at_random_reuses_the_steps_program():
+    # DQN's actions: each a view (argmax(...).view(1, 1)) or, at random, a fresh tensor, read
+    # by .item(), then a sampled batch of them cat. Each view's reshape was folded into the
+    # cat's program at its position in the batch: a program per pattern, hence per step.
+    import random
+    torch.manual_seed(0)
+    q_cpu = torch.randn(16, 1, 3)
+    q = q_cpu.to(TPU)
+    rng = random.Random(0)
+    actions_cpu, actions = [], []
+    for i in range(16):
+        if rng.random() < 0.5:
+            pair = [t[i].argmax(1).view(1, 1) for t in (q_cpu, q)]
+        else:
+            k = rng.randrange(3)
+            pair = [torch.tensor([[k]]), torch.tensor([[k]], device=TPU)]
+        assert pair[1].item() == pair[0].item()
+        actions_cpu.append(pair[0])
+        actions.append(pair[1])
+    values_cpu = torch.randn(8, 3)
+    values = values_cpu.to(TPU)
+
+    def step():
+        picks = rng.sample(range(16), 8)
+        expected = values_cpu.gather(1, torch.cat([actions_cpu[i] for i in picks])).sum()
+        got = values.gather(1, torch.cat([actions[i] for i in picks])).sum()
+        assert got.item() == pytest.approx(expected.item(), rel=1e-6)
+
+    _programs_over([step] * 2)
+    assert _programs_over([step] * 6) == 0
+    for a, b in zip(actions_cpu, actions):
+        assert b.shape == a.shape and b.stride() == a.stride() and torch.equal(b.cpu(), a)

@@ -201,9 +201,20 @@ def read(t):
         return value
     graph = _read_graph(storage.shape, storage.dtype, t._shape, tuple(t.stride()),
                         t.storage_offset())
+    mode = modes.current()
     # No cut here: the op that reads ``t`` may read other views next, and a cut there would
     # drop this value, held by no storage (fuse.DeferAndFuse.apply).
-    return modes.current().apply(graph, [value, *_positions(t)], cut=False)[0]
+    [result] = mode.apply(graph, [value, *_positions(t)], cut=False)
+    if t._dense:
+        # The whole storage in order under another shape (``x.view(1, 1)``): the same values,
+        # so the storage keeps them in this shape, as a dense write does. Ops then take ``t``
+        # as is: read once (``.item()``), a view no longer differs from a fresh tensor in the
+        # programs of the ops that read it (DQN's cat of 32 actions, each a view of argmax or
+        # a fresh tensor at random, folded a reshape per view: a program per step).
+        storage.value = result
+        storage.shape = t._shape
+        mode.note_write(storage)
+    return result
 
 
 def read_graph_of(t):
