@@ -234,3 +234,36 @@ def test_a_batch_of_views_and_fresh_tensors_at_random_reuses_the_steps_program()
     assert _programs_over([step] * 6) == 0
     for a, b in zip(actions_cpu, actions):
         assert b.shape == a.shape and b.stride() == a.stride() and torch.equal(b.cpu(), a)
+
+
+def test_per_token_steps_over_sentences_of_other_lengths_reuse_their_programs():
+    # seq2seq's loops: a step per token reads target[i] of a sentence already on the device.
+    # Recorded, that read took the whole sentence as an input, so every block's program was
+    # keyed by the sentence's length and compiled again for each new length.
+    torch.manual_seed(0)
+    w_cpu, table_cpu = torch.randn(8, 8) * 0.3, torch.randn(10, 8)
+    w, table = w_cpu.to(TPU), table_cpu.to(TPU)
+    g = torch.Generator().manual_seed(1)
+
+    def sentence(length):
+        target_cpu = torch.randint(0, 10, (length, 1), generator=g)
+        target = target_cpu.to(TPU)
+
+        def run(target, w, table):
+            h = torch.zeros(1, 8, device=target.device)
+            loss = 0
+            for i in range(length):
+                e = torch.index_select(table, 0, target[i])
+                h = torch.tanh(h @ w + e) * 0.5 + h * 0.5
+                loss = loss + h.sum()
+            return loss.item()
+        return lambda: run(target, w, table) == pytest.approx(
+            run(target_cpu, w_cpu, table_cpu), rel=1e-5, abs=1e-5)
+
+    assert all(step() for step in [sentence(5), sentence(5)])
+    new_lengths = [sentence(n) for n in (6, 7, 8, 9)]
+    results = []
+    # A gather of one token per new length (a program of a few ops), no step's program.
+    assert _programs_over([lambda step=step: results.append(step()) for step in new_lengths]) \
+        <= len(new_lengths)
+    assert all(results)

@@ -143,6 +143,9 @@ class DeferAndFuse:
     """The executor of defer-and-fuse mode."""
 
     name = "defer_and_fuse"
+    #: A part of a computed buffer is gathered now (``views._apart``): recorded, the
+    #: recording's key held the whole buffer's shape (seq2seq: a sentence's length).
+    reads_apart = True
 
     def __init__(self):
         self.max_ops = config.fuse_max_ops
