@@ -74,3 +74,26 @@ def test_a_view_of_a_normal_tensor_made_in_inference_mode(mode):
                                 [v.cpu() for v in views], x.cpu())
     assert results["tpu:0"][0] == results["cpu"][0]
     torch.testing.assert_close(results["tpu:0"][1:], results["cpu"][1:])
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_a_reshaped_view_read_then_written_through_its_base_and_views(mode):
+    # A read of a reshaped view of a whole storage keeps the storage's values in the view's
+    # shape (views.read): its base, other views and writes through any of them must still see
+    # and reach the same memory.
+    torch.tpu.set_eager_mode(mode)
+    a_cpu = torch.arange(6.)
+    a = a_cpu.to(TPU)
+    for t in (a, a_cpu):
+        b = t.view(2, 3)
+        c = t.view(3, 2)
+        b.cpu()                     # read: the storage is kept as (2, 3)
+        t[1] = 10.0                 # a write through the base
+        c[2, 1] = -1.0              # and through another view
+        c.cpu()
+        b.mul_(2)
+        t.add_(1)
+    torch.testing.assert_close(a.cpu(), a_cpu)
+    torch.testing.assert_close(a.view(2, 3).cpu(), a_cpu.view(2, 3))
+    torch.testing.assert_close(a.view(3, 2).t().cpu(), a_cpu.view(3, 2).t())
+    assert a.view(2, 3).stride() == (3, 1) and a.shape == (6,)

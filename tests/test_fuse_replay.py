@@ -158,3 +158,112 @@ def test_a_span_with_arguments_costs_nothing_with_the_profiler_off():
     # defer-and-fuse run paid for one.
     assert not torch.autograd.profiler._is_profiler_enabled
     assert profiling.spanning("torchtpu::fused_graph", ops=3) is profiling.spanning("x")
+
+
+def _programs_over(steps) -> int:
+    before = torchtpu_compile.stats()["eager_programs_compiled"]
+    for step in steps:
+        step()
+    return torchtpu_compile.stats()["eager_programs_compiled"] - before
+
+
+def test_a_replay_batch_that_samples_the_same_tensor_twice_reuses_the_steps_program():
+    # DQN's step: cat of 32 sampled states and of their next states, where a transition's next
+    # state is the next transition's state and samples repeat. The recording listed a buffer
+    # read twice as one input, so which inputs shared a buffer was part of the program's key,
+    # a random pattern: a new program every step (the tutorial: 130 in 150 steps).
+    import random
+    torch.manual_seed(0)
+    model_cpu = torch.nn.Linear(4, 2)
+    model = torch.nn.Linear(4, 2).to(TPU)
+    model.load_state_dict(model_cpu.state_dict())
+    opt_cpu = torch.optim.SGD(model_cpu.parameters(), lr=0.1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    states_cpu = [torch.randn(1, 4) for _ in range(12)]
+    states = [s.to(TPU) for s in states_cpu]
+    rng = random.Random(0)
+
+    def step():
+        picks = [rng.randrange(11) for _ in range(8)]   # with repeats
+        losses = []
+        for m, o, pool in ((model_cpu, opt_cpu, states_cpu), (model, opt, states)):
+            state = torch.cat([pool[i] for i in picks])
+            following = torch.cat([pool[i + 1] for i in picks])
+            o.zero_grad()
+            loss = (m(state) - m(following).detach()).pow(2).mean()
+            loss.backward()
+            o.step()
+            losses.append(loss.item())
+        assert losses[1] == pytest.approx(losses[0], rel=1e-5, abs=1e-6)
+
+    _programs_over([step] * 2)
+    assert _programs_over([step] * 6) == 0
+    for p, q in zip(model_cpu.parameters(), model.parameters()):
+        torch.testing.assert_close(q.cpu(), p, rtol=1e-5, atol=1e-6)
+
+
+def test_a_batch_of_views_and_fresh_tensors_at_random_reuses_the_steps_program():
+    # DQN's actions: each a view (argmax(...).view(1, 1)) or, at random, a fresh tensor, read
+    # by .item(), then a sampled batch of them cat. Each view's reshape was folded into the
+    # cat's program at its position in the batch: a program per pattern, hence per step.
+    import random
+    torch.manual_seed(0)
+    q_cpu = torch.randn(16, 1, 3)
+    q = q_cpu.to(TPU)
+    rng = random.Random(0)
+    actions_cpu, actions = [], []
+    for i in range(16):
+        if rng.random() < 0.5:
+            pair = [t[i].argmax(1).view(1, 1) for t in (q_cpu, q)]
+        else:
+            k = rng.randrange(3)
+            pair = [torch.tensor([[k]]), torch.tensor([[k]], device=TPU)]
+        assert pair[1].item() == pair[0].item()
+        actions_cpu.append(pair[0])
+        actions.append(pair[1])
+    values_cpu = torch.randn(8, 3)
+    values = values_cpu.to(TPU)
+
+    def step():
+        picks = rng.sample(range(16), 8)
+        expected = values_cpu.gather(1, torch.cat([actions_cpu[i] for i in picks])).sum()
+        got = values.gather(1, torch.cat([actions[i] for i in picks])).sum()
+        assert got.item() == pytest.approx(expected.item(), rel=1e-6)
+
+    _programs_over([step] * 2)
+    assert _programs_over([step] * 6) == 0
+    for a, b in zip(actions_cpu, actions):
+        assert b.shape == a.shape and b.stride() == a.stride() and torch.equal(b.cpu(), a)
+
+
+def test_per_token_steps_over_sentences_of_other_lengths_reuse_their_programs():
+    # seq2seq's loops: a step per token reads target[i] of a sentence already on the device.
+    # Recorded, that read took the whole sentence as an input, so every block's program was
+    # keyed by the sentence's length and compiled again for each new length.
+    torch.manual_seed(0)
+    w_cpu, table_cpu = torch.randn(8, 8) * 0.3, torch.randn(10, 8)
+    w, table = w_cpu.to(TPU), table_cpu.to(TPU)
+    g = torch.Generator().manual_seed(1)
+
+    def sentence(length):
+        target_cpu = torch.randint(0, 10, (length, 1), generator=g)
+        target = target_cpu.to(TPU)
+
+        def run(target, w, table):
+            h = torch.zeros(1, 8, device=target.device)
+            loss = 0
+            for i in range(length):
+                e = torch.index_select(table, 0, target[i])
+                h = torch.tanh(h @ w + e) * 0.5 + h * 0.5
+                loss = loss + h.sum()
+            return loss.item()
+        return lambda: run(target, w, table) == pytest.approx(
+            run(target_cpu, w_cpu, table_cpu), rel=1e-5, abs=1e-5)
+
+    assert all(step() for step in [sentence(5), sentence(5)])
+    new_lengths = [sentence(n) for n in (6, 7, 8, 9)]
+    results = []
+    # A gather of one token per new length (a program of a few ops), no step's program.
+    assert _programs_over([lambda step=step: results.append(step()) for step in new_lengths]) \
+        <= len(new_lengths)
+    assert all(results)

@@ -62,8 +62,7 @@ class _Recording:
         self.graphs: list = []      # OpGraph per entry
         self.refs: list = []        # per entry: input refs, (entry, index) or -1 - input
         self.outputs: list = []     # per entry: its Lazy outputs
-        self.inputs: list = []      # concrete buffers read by the recording
-        self.input_index: dict = {}
+        self.inputs: list = []      # concrete buffers read by the recording, one per read
         self.storages: list = []    # weak references to storages holding our Lazy values
         self.locations: dict = {}   # entry -> where it was called, for entries with index checks
         self.done = False
@@ -74,12 +73,13 @@ class _Recording:
             if type(value) is Lazy and value.buffer is None and value.trace is self:
                 refs.append((value.entry, value.index))
                 continue
-            buffer = value.resolve() if type(value) is Lazy else value
-            position = self.input_index.get(id(buffer))
-            if position is None:
-                position = self.input_index[id(buffer)] = len(self.inputs)
-                self.inputs.append(buffer)
-            refs.append(-1 - position)
+            # Every read is an input of its own, even of a buffer already listed: which
+            # inputs share a buffer is data (a replay batch samples the same state twice,
+            # and a transition's next state is the next one's state), and keyed as wiring
+            # it compiled a program per step. The program is functional: sharing changes
+            # nothing it computes.
+            refs.append(-1 - len(self.inputs))
+            self.inputs.append(value.resolve() if type(value) is Lazy else value)
         entry = len(self.graphs)
         if graph.checked:
             self.locations[entry] = caller_location()
@@ -133,7 +133,6 @@ class _Recording:
                 storage.value = value.buffer  # None only for values nothing could read
         self.graphs = self.refs = self.outputs = self.storages = []
         self.inputs = []
-        self.input_index = {}
 
     def _splice(self, wanted: list) -> OpGraph:
         return splice(self.graphs, self.refs, len(self.inputs), wanted,
@@ -144,6 +143,9 @@ class DeferAndFuse:
     """The executor of defer-and-fuse mode."""
 
     name = "defer_and_fuse"
+    #: A part of a computed buffer is gathered now (``views._apart``): recorded, the
+    #: recording's key held the whole buffer's shape (seq2seq: a sentence's length).
+    reads_apart = True
 
     def __init__(self):
         self.max_ops = config.fuse_max_ops

@@ -21,6 +21,11 @@ from torchtpu_compile.index_errors import caller_location, raise_pending
 MODES = ("strict", "debug", "defer_and_fuse")
 
 
+def pending(value) -> bool:
+    """Whether ``value`` is a deferred graph's value not computed yet."""
+    return type(value).__name__ == "Lazy" and value.buffer is None
+
+
 def concrete(value):
     """A PJRT buffer for ``value``, running a deferred graph if it is still pending."""
     if type(value).__name__ == "Lazy":
@@ -32,6 +37,10 @@ class Strict:
     """Run each op now (asynchronously: PJRT returns before the computation finishes)."""
 
     name = "strict"
+    #: Whether a gather of part of a computed buffer runs as a program of its own rather than
+    #: in its op's (``views._apart``): not here, where every op runs now and a folded read is
+    #: a program less.
+    reads_apart = False
 
     def apply(self, graph, values: list, cut: bool = True) -> list:
         """Run ``graph`` on ``values``; ``cut`` is defer-and-fuse mode's (``fuse.py``)."""

@@ -26,6 +26,7 @@ from torchtpu_compile.lower.index_checks import unchecked
 
 from . import modes, scalars
 from .programs import example, trace
+from .tensor import contiguous_strides
 
 _graphs: dict = {}
 
@@ -202,9 +203,38 @@ def read(t):
         return value
     graph = _read_graph(storage.shape, storage.dtype, t._shape, tuple(t.stride()),
                         t.storage_offset())
+    mode = modes.current()
+    positions = _positions(t)
+    if mode.reads_apart and _apart(t, value):
+        return graph.run([modes.concrete(value), *positions])[0]
     # No cut here: the op that reads ``t`` may read other views next, and a cut there would
     # drop this value, held by no storage (fuse.DeferAndFuse.apply).
-    return modes.current().apply(graph, [value, *_positions(t)], cut=False)[0]
+    [result] = mode.apply(graph, [value, *positions], cut=False)
+    if t._dense:
+        # The whole storage in order under another shape (``x.view(1, 1)``): the same values,
+        # so the storage keeps them in this shape, as a dense write does. Ops then take ``t``
+        # as is: read once (``.item()``), a view no longer differs from a fresh tensor in the
+        # programs of the ops that read it (DQN's cat of 32 actions, each a view of argmax or
+        # a fresh tensor at random, folded a reshape per view: a program per step).
+        storage.value = result
+        storage.shape = t._shape
+        mode.note_write(storage)
+    return result
+
+
+def _apart(t, value) -> bool:
+    """Whether the read of view ``t`` of ``value`` runs as a program of its own, where the
+    mode's ``reads_apart`` (asked by the caller) allows it: a part of a computed buffer
+    (``target[i]`` of a batch), so that the recording that uses it takes the part, not the
+    whole buffer, and its program does not depend on the buffer's size (seq2seq's per-token
+    steps compiled again for each sentence length). Only a view laid out as a fresh tensor
+    would be: an op's result follows its inputs' strides (``dispatch._eager_layout`` reads
+    them off the folded view)."""
+    if modes.pending(value):
+        return False
+    stride = tuple(t.stride())
+    return stride == contiguous_strides(t._shape) and \
+        _positioned(t._st.shape, t._shape, stride, t.storage_offset())
 
 
 def read_graph_of(t):
@@ -221,6 +251,9 @@ def read_graph_of(t):
     if (t._dense and t._shape == storage.shape) or _numel(t._shape) == 0 or \
             storage.numel == 0:
         return None
+    # The mode's attribute first: strict mode makes no call more per strided input.
+    if (modes._current or modes.current()).reads_apart and _apart(t, storage.value):
+        return None  # read() runs it apart
     return (_read_graph(storage.shape, storage.dtype, t._shape, tuple(t.stride()),
                         t.storage_offset()), _positions(t))
 
