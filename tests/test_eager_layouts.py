@@ -72,14 +72,6 @@ def _fills_through_expanded_views(dev):
     return x, y, z
 
 
-@pytest.mark.filterwarnings("ignore:Use of .* on expanded tensors is deprecated")
-def test_a_fill_through_an_expanded_view_writes_as_eager(mode):
-    expected = _fills_through_expanded_views("cpu")
-    actual = _fills_through_expanded_views("tpu")
-    for a, e in zip(actual, expected):
-        assert torch.equal(a.cpu(), e), (a.cpu(), e)
-
-
 def _accumulating_puts_through_expanded_views(dev):
     # every value that lands on a shared location adds to it, in turn, as eager's kernel
     # writes through the memory; the view's new value written back kept one of them per
@@ -94,9 +86,12 @@ def _accumulating_puts_through_expanded_views(dev):
 
 
 @pytest.mark.filterwarnings("ignore:Use of .* on expanded tensors is deprecated")
-def test_an_accumulating_put_through_an_expanded_view_adds_every_value(mode):
-    expected = _accumulating_puts_through_expanded_views("cpu")
-    actual = _accumulating_puts_through_expanded_views("tpu")
+@pytest.mark.parametrize("writes", [_fills_through_expanded_views,
+                                    _accumulating_puts_through_expanded_views],
+                         ids=["fills", "accumulating puts"])
+def test_writes_through_an_expanded_view_write_as_eager(writes, mode):
+    expected = writes("cpu")
+    actual = writes("tpu")
     for a, e in zip(actual, expected):
         assert torch.equal(a.cpu(), e), (a.cpu(), e)
 
