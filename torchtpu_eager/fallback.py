@@ -125,17 +125,20 @@ def run_through_storage(func, args, kwargs, written):
     accumulate=True into an expanded view adds every value that lands on a location. The
     device computes the view's new value and writes one element per location
     (``views.write``), which drops all but one of those additions (fuzz seed 3401: 27 where
-    eager gives 45, no error)."""
+    eager gives 45, no error). Where an argument's elements meet the written ones, eager's
+    kernel reads some after writing them: ``x[1:].copy_(x[:-1])`` of a transposed ``x`` carries
+    ``x[0]`` forward (seeds 1884, 1893, 3687), where the device copied the old values."""
     storage = written._st
     whole = dense_tensor(storage, tuple(storage.shape), contiguous_strides(tuple(storage.shape)))
     host_storage = to_cpu(whole)
-    host_view = host_storage.reshape(-1).as_strided(written.shape, written.stride(),
-                                                    written.storage_offset())
+    flat = host_storage.reshape(-1)
     originals: dict = {}
 
     def host(value):
-        if value is written:
-            return host_view
+        # Every view of the storage (the one written, and any read) views the host copy, so
+        # the kernel reads what it has written as eager's does.
+        if type(value) is TpuTensor and value._st is storage and value.dtype == flat.dtype:
+            return flat.as_strided(value.shape, value.stride(), value.storage_offset())
         if isinstance(value, (list, tuple)):
             return type(value)(host(v) for v in value)
         return _to_host(value, originals)

@@ -184,6 +184,12 @@ REFUSED = {
     "index_add of a source of another shape": (
         lambda x, i, s: torch.index_add(x, 0, i, s),
         lambda: (torch.zeros(3, 2), torch.tensor([0, 1]), torch.ones(2))),
+    "index_add of a source of another dtype": (  # fuzz seed 4582
+        lambda x, i, s: torch.index_add(x, 0, i, s),
+        lambda: (torch.tensor([[True, False]]), torch.tensor([0]), torch.tensor([[1, 0]]) * 2)),
+    "index_add_ of a float source into float64": (
+        lambda x, i, s: x.clone().index_add_(0, i, s),
+        lambda: (torch.zeros(3, 2, dtype=torch.float64), torch.tensor([0, 2]), torch.ones(2, 2))),
     "as_strided_scatter beyond the input": (
         lambda x, s: torch.as_strided_scatter(x, s, [2, 2], [200, 200], 0),
         lambda: (torch.zeros(4, 4), torch.ones(2, 2))),

@@ -158,6 +158,21 @@ def test_half_width_scans_accumulate_in_float32():
     check_on_both_paths(scans, x, rtol=2 ** -7, atol=0)
 
 
+def test_deviations_of_values_whose_float32_squares_overflow():
+    # Fuzz seed 1857: eager's CPU kernel accumulates a float32 (or bf16) variance in float64,
+    # so the std of values near 1e30 is finite; in float32 the squares overflowed to inf.
+    x = torch.tensor([[1.25, -1e30, -7.0], [-2.1875, -1.5e30, -21.0], [3e37, 2.0, INF],
+                      [3e38, -1e30, 5.0]])
+
+    def deviations(x):
+        b = x.bfloat16()
+        return (x[:2].std(), b[:2].std(), x.std(1), x.std(0, keepdim=True),
+                torch.std_mean(x[:2], dim=[0, 1]), torch.var_mean(b, 1, correction=0),
+                x.var(1), x[:2, 1:].var(), x[3].std(), x[[0, 3]].std(0),
+                torch.std(x[:2] * 1e-3, dim=None, correction=2))
+    check_on_both_paths(deviations, x, rtol=1.3e-6, atol=1e-5)
+
+
 @pytest.mark.parametrize("op", [torch.cumsum, torch.cumprod])
 def test_a_scan_along_a_dim_of_one_element_returns_a_new_tensor(op):
     # Fuzz seed 1613: along a dim of one element the scan is a no-op, the decomposition

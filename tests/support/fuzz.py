@@ -25,6 +25,7 @@ import argparse
 import dataclasses
 import math
 import random
+import re
 import sys
 import time
 import traceback
@@ -986,6 +987,20 @@ def _zero_dim_float64_input(prog):
                 "(seeds 1110, 1126); aot_eager and Inductor the same")
 def restart_lost_write(prog, what):
     return ("differ" in what or "instead of" in what) and _zero_dim_float64_input(prog)
+
+
+#: An in-place op from one view of a tensor into another that shares elements with it.
+_SHIFTED_WRITE = re.compile(r"(\w+)\[1:\]\.(copy_|add_)\(\1\[:-1\]\)")
+
+
+@accepted_class(COMPILE_PATHS, _reference_backend("aot_eager"),
+                "an in-place op between overlapping views of one tensor (x[1:].copy_(x[:-1]) "
+                "of a strided x, where eager lets it through): eager's kernel reads elements "
+                "it has written and carries x[0] forward, aot_autograd's functional graph reads "
+                "the old values (seeds 1884, 1893, 3687); aot_eager the same")
+def overlapping_views(prog, what):
+    return ("differ" in what or "instead of" in what) and \
+        any(_SHIFTED_WRITE.search(line) for line in prog.lines)
 
 
 def _outcome(run, prog):

@@ -216,6 +216,11 @@ _FLOAT_NAMES = {torch.float32: "Float", torch.float64: "Double", torch.float16: 
                 torch.bfloat16: "BFloat16"}
 
 
+def _type_name(dtype) -> str:
+    """c10's name of ``dtype`` (``Long``, ``BFloat16``), as eager's messages spell it."""
+    return _SCALAR_NAMES.get(dtype) or _FLOAT_NAMES.get(dtype) or str(dtype)
+
+
 @checked_first(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
 def _class_weight_of_another_dtype(x, target, weight, reduction, ignore_index):
     # Eager's kernel reads the weight as the input's scalar type and refuses another; traced,
@@ -230,7 +235,12 @@ def _class_weight_of_another_dtype(x, target, weight, reduction, ignore_index):
 @checked_first(aten.index_add.default)
 def _index_add_source_of_another_shape(x, dim, index, source, alpha=1):
     # Eager's index_add checks the source against self outside its meta function (fake
-    # tensors accept [3, 2] += [2] along dim 0); traced, the source was broadcast.
+    # tensors accept [3, 2] += [2] along dim 0); traced, the source was broadcast, and one of
+    # another dtype converted (fuzz seed 4582: bool += int64 gave a value, no error).
+    if x.dtype != source.dtype:
+        raise invalid_input(RuntimeError, f"index_add_(): self ({_type_name(x.dtype)}) and "
+                                          f"source ({_type_name(source.dtype)}) must have the "
+                                          f"same scalar type")
     if x.dim() and source.dim():
         kept = [s for d, s in enumerate(x.shape) if d != dim % x.dim()]
         given = [s for d, s in enumerate(source.shape) if d != dim % source.dim()]

@@ -148,6 +148,47 @@ def _of_nonzero(op, inner):
     return decompose
 
 
+#: Variances and deviations of float32 (and the half-width floats, computed in float32):
+#: eager's CPU kernel accumulates them in float64, so the std of values near 1e30 is finite
+#: where float32 squares overflow (inf).
+_SCALED = (aten.var.correction, aten.std.correction, aten.var_mean.correction,
+           aten.std_mean.correction)
+
+#: Largest magnitude reduced unscaled: its squares, summed over 2^28 elements, stay finite.
+_UNSCALED_BOUND = 2.0 ** 50
+_LARGEST_SCALE = 2.0 ** 100
+
+
+def _scaled(op, inner):
+    """``inner``, except that a float32-computed input reaching past ``_UNSCALED_BOUND`` is
+    divided by a power of two near its largest magnitude first (per reduced slice) and the
+    results multiplied back: exact scalings, so only the float32 overflow goes away."""
+    def decompose(x, *args, **kwargs):
+        dim = args[0] if args else kwargs.get("dim")
+        if not x.is_floating_point() or computing_dtype(x.dtype) != torch.float32 or \
+                (isinstance(x.numel(), int) and x.numel() == 0):
+            return _otherwise(op, inner, x, *args, **kwargs)
+        dims = list(range(x.dim())) if dim is None else dim
+        big = torch.amax(x.abs().to(torch.float32), dim=dims, keepdim=True)
+        # The exponent field alone: 2^floor(log2(big)), exactly; at most 2^100, whose inverse
+        # is normal (XLA may multiply by the inverse, and 2^-127 flushes to zero).
+        power = torch.bitwise_and(big.view(torch.int32), 0x7F800000).view(torch.float32)
+        power = torch.clamp(power, max=_LARGEST_SCALE)
+        scale = torch.where((big >= _UNSCALED_BOUND) & (big < float("inf")), power,
+                            torch.ones_like(power)).to(x.dtype)
+        out = _otherwise(op, inner, x / scale, *args, **kwargs)
+        if out is NotImplemented:
+            return out
+        keepdim = kwargs.get("keepdim", False)
+        first = out[0] if isinstance(out, (tuple, list)) else out
+        scale = scale.reshape(first.shape) if not keepdim else scale
+        squared = op in (aten.var.correction, aten.var_mean.correction)
+        first = first * scale * scale if squared else first * scale
+        return (first, out[1] * scale) if isinstance(out, (tuple, list)) else first
+    decompose.__name__ = f"{op.__name__.replace('.', '_')}_scaled"
+    return decompose
+
+
 _TRUTH = (aten.any.default, aten.any.dim, aten.any.dims, aten.all.default, aten.all.dim,
           aten.all.dims)
 
@@ -162,6 +203,8 @@ def _reduction_decomposition(op):
         decompose = _in_float32(op, decompose)
     if op in _OF_MODULI:
         decompose = _of_moduli(op, decompose)
+    if op in _SCALED:
+        decompose = _scaled(op, decompose)
     return decompose
 
 
