@@ -162,7 +162,7 @@ def _ops_between_overlapping_views(dev):
                                     _accumulating_puts_through_expanded_views,
                                     _ops_between_overlapping_views],
                          ids=["fills", "accumulating puts", "ops between overlapping views"])
-def test_writes_through_an_expanded_view_write_as_eager(writes, mode):
+def test_writes_through_views_sharing_memory_write_as_eager(writes, mode):
     expected = writes("cpu")
     actual = writes("tpu")
     for a, e in zip(actual, expected):

@@ -150,9 +150,10 @@ def _of_nonzero(op, inner):
 
 #: Variances and deviations of float32 (and the half-width floats, computed in float32):
 #: eager's CPU kernel accumulates them in float64, so the std of values near 1e30 is finite
-#: where float32 squares overflow (inf).
-_SCALED = (aten.var.correction, aten.std.correction, aten.var_mean.correction,
-           aten.std_mean.correction)
+#: where float32 squares overflow (inf). Not var_mean: layer and group norm decompose
+#: through it, and the scaling's extra max reduction would be in every norm layer's step
+#: (their eager kernels overflow in float32 too: layer_norm of [1e30, -1e30, 0, 5] is zeros).
+_SCALED = (aten.var.correction, aten.std.correction, aten.std_mean.correction)
 
 #: Largest magnitude reduced unscaled: its squares, summed over 2^28 elements, stay finite.
 _UNSCALED_BOUND = 2.0 ** 50
