@@ -257,6 +257,8 @@ def torchtpu_backend(gm: torch.fx.GraphModule, example_inputs, **options):
     from . import graph_cache
     from .profiling import spanning
 
+    from .descriptor_guards import guard_descriptors
+    guard_descriptors()
     # Both before the graph cache keys the graph.
     _attention_in_eager_layout(gm)
     from .aliased_outputs import InputViews

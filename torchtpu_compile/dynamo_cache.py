@@ -394,26 +394,12 @@ def _inlined_sources(traced_code) -> list:
 
 
 def _unguarded_descriptors(local_scope: dict) -> list:
-    """(where, fingerprint) of each C method or slot descriptor (``torch.Tensor.relu``) held by
-    a frame local, a closure variable or an attribute of a module among them.
-
-    Dynamo calls such a value without guarding it ("Don't need to guard on wrappers"), so one
-    frame traced with ``op = torch.Tensor.relu`` and called again with ``torch.Tensor.sigmoid``
-    reuses relu's graph. That is Dynamo's own in one process; across processes this cache
-    would make it ours: a second process's sigmoid loaded the first's relu graph. The entry
-    keeps them and a frame that holds others misses.
-    """
-    from torch._dynamo.utils import is_wrapper_or_member_descriptor
-    found = []
-    for name, value in local_scope.items():
-        if is_wrapper_or_member_descriptor(value):
-            found.append(((name,), _identity(value)))
-        elif isinstance(value, torch.nn.Module):
-            for path, module in value.named_modules(remove_duplicate=False):
-                for attr, held in vars(module).items():
-                    if is_wrapper_or_member_descriptor(held):
-                        found.append(((name, path, attr), _identity(held)))
-    return found
+    """(where, fingerprint) of each C method descriptor the frame holds, which Dynamo does not
+    guard (``descriptor_guards.py``): a second process's ``torch.Tensor.sigmoid`` loaded the
+    graph a first traced with ``torch.Tensor.relu``. The entry keeps them, and a frame that
+    holds others misses (frames traced before the backend guarded them included)."""
+    from .descriptor_guards import descriptor_paths
+    return [(where, _identity(value)) for where, value in descriptor_paths(local_scope)]
 
 
 def _portable_guards(guards) -> list:
