@@ -5,7 +5,8 @@ Dynamo calls such a value without guarding it ("Don't need to guard on wrappers"
 ``torch.Tensor.sigmoid`` (a closure over it, or a module attribute holding it) ran relu's
 graph, on every backend. For our backend's frames the backend adds an ``ID_MATCH`` guard per
 descriptor the frame's locals, closure variables and their modules hold, so another one
-traces again; the Dynamo-level cache compares the same set across processes.
+traces again; the Dynamo-level cache fingerprints these guards as any other (a second
+process's sigmoid loaded the first's relu graph before).
 
 Example::
 

@@ -360,7 +360,6 @@ class _Entry:
     # Dynamo's automatic-dynamic record of the frame when it was traced: input name ->
     # the sizes seen so far (torch._dynamo.pgo.FrameStateSizeEntry). Filled by _patched_call.
     sizes_seen: dict = dataclasses.field(default_factory=dict)
-    unguarded: list = dataclasses.field(default_factory=list)   # _unguarded_descriptors
 
 
 def _source_lines_digest(filename: str, first: int, last: int) -> str | None:
@@ -391,15 +390,6 @@ def _inlined_sources(traced_code) -> list:
             raise Unportable(f"cannot read {code.co_filename}")
         sources.append((code.co_filename, first, last, digest))
     return sorted(set(sources))
-
-
-def _unguarded_descriptors(local_scope: dict) -> list:
-    """(where, fingerprint) of each C method descriptor the frame holds, which Dynamo does not
-    guard (``descriptor_guards.py``): a second process's ``torch.Tensor.sigmoid`` loaded the
-    graph a first traced with ``torch.Tensor.relu``. The entry keeps them, and a frame that
-    holds others misses (frames traced before the backend guarded them included)."""
-    from .descriptor_guards import descriptor_paths
-    return [(where, _identity(value)) for where, value in descriptor_paths(local_scope)]
 
 
 def _portable_guards(guards) -> list:
@@ -461,8 +451,7 @@ def _entry_from_trace(output, out_code) -> _Entry:
     return _Entry(dynamo_code=SerializedCode.from_code_object(out_code),
                   guards_state=guards_state, fingerprints=fingerprints,
                   installed_globals=installed,
-                  inlined_sources=_inlined_sources(output.tracing_context.traced_code),
-                  unguarded=_unguarded_descriptors(output.local_scope))
+                  inlined_sources=_inlined_sources(output.tracing_context.traced_code))
 
 
 @functools.cache
@@ -660,10 +649,6 @@ def _try_entry(code, entry: _Entry, frame, compile_id):
                 log.info("torchtpu: Dynamo cache miss: %s guard on %s differs",
                          guards[index].create_fn_name(), guards[index].name)
                 raise Unportable("a guarded value differs")
-        if _unguarded_descriptors(frame.f_locals) != entry.unguarded:
-            log.info("torchtpu: Dynamo cache miss: a method descriptor held by the frame "
-                     "differs")
-            raise Unportable("a method descriptor Dynamo does not guard differs")
         graphs = [(name, how[1]) for name, how in entry.installed_globals.items()
                   if how[0] == "compiled_fn"]
         for name, _ in graphs:   # before loading a graph (lowering, XLA) that would go unused
