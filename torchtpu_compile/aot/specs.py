@@ -63,7 +63,6 @@ def executable_tag(client) -> dict:
     """
     import jaxlib
 
-    from ..runtime.executable import xla_options
+    from ..runtime.executable import xla_options_text
     return {"platform_version": client.pjrt.platform_version, "jaxlib": jaxlib.__version__,
-            "xla_flags": client.compile_flags,
-            "xla_options": ",".join(f"{k}={v}" for k, v in xla_options(client))}
+            "xla_flags": client.compile_flags, "xla_options": xla_options_text(client)}

@@ -119,6 +119,11 @@ def xla_options(client) -> tuple:
     return (("xla_allow_excess_precision", False),) if mode == "off" else ()
 
 
+def xla_options_text(client) -> str:
+    """``xla_options`` as the cache key and an artifact's tag write them ("" for none)."""
+    return ",".join(f"{k}={v}" for k, v in xla_options(client))
+
+
 def cache_key(fingerprint: str, precision: str, replicas: tuple = ()) -> str:
     """The cache key: program fingerprint, platform (and its version), options (ours and
     ``xla_options``), precision, the XLA flags of this process (``client.compile_flags``) and,
@@ -129,9 +134,9 @@ def cache_key(fingerprint: str, precision: str, replicas: tuple = ()) -> str:
              f"jaxlib-{jaxlib.__version__}", COMPILE_OPTIONS_VERSION, precision)
     if client.compile_flags:
         parts += ("xla-flags=" + client.compile_flags,)
-    options = xla_options(client)
+    options = xla_options_text(client)
     if options:
-        parts += ("xla-options=" + ",".join(f"{k}={v}" for k, v in options),)
+        parts += ("xla-options=" + options,)
     if replicas:
         parts += ("replicas=" + ",".join(map(str, replicas)),)
     return "|".join(parts)
