@@ -201,17 +201,17 @@ def _attention_in_eager_layout(gm: torch.fx.GraphModule) -> None:
     (N, L, H, E), the SDPA tutorial's ``y.transpose(1, 2).view(N, L, H * E)`` works in eager
     and failed here ("Cannot view a tensor ..."). Dynamo's example value holds eager's strides.
     """
+    from .output_slots import memory_order
     sdpa = torch._C._nn.scaled_dot_product_attention
     changed = False
     for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not sdpa:
+            continue
         val = node.meta.get("example_value")
-        if node.op != "call_function" or node.target is not sdpa or \
-                not isinstance(val, torch.Tensor) or \
-                not all(type(s) is int for s in val.stride()):  # symbolic: left as it was
+        order = memory_order(val)  # None where contiguous, or symbolic: left as it was
+        if order is None:
             continue
-        order = tuple(sorted(range(val.dim()), key=lambda d: -val.stride(d)))
-        if order == tuple(range(val.dim())):  # the kernels return dense, fresh tensors
-            continue
+        order = tuple(order)
         changed = True
         users = list(node.users)
         inverse = tuple(order.index(d) for d in range(len(order)))

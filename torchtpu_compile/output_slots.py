@@ -173,6 +173,27 @@ def replay_view_steps(base, steps: list):
 _DTYPE_TAG = "torch.dtype"  # {"torch.dtype": "float32"}: no ATen argument is named so
 
 
+def memory_order(value) -> list | None:
+    """The dims of tensor ``value`` from outermost to innermost in memory, where its layout is
+    dense and not contiguous (``x.t() * 2``, a channels-last conv's output, the CPU's flash
+    attention result); None otherwise (contiguous, overlapping, with gaps, symbolic, fewer
+    than two elements or dims).
+
+    Example::
+
+        memory_order(torch.empty(2, 3).t())      # [1, 0]
+    """
+    import torch
+    from torch._prims_common import is_non_overlapping_and_dense_or_false
+    if not isinstance(value, torch.Tensor) or value.dim() < 2 or value.is_sparse:
+        return None
+    strides = value.stride()
+    if not all(isinstance(v, int) for v in (*value.shape, *strides)) or value.numel() < 2 \
+            or value.is_contiguous() or not is_non_overlapping_and_dense_or_false(value):
+        return None
+    return sorted(range(value.dim()), key=lambda d: (-strides[d], d))
+
+
 def _in_eager_layout(result, slot: OutputSlot):
     """The output whose elements ``result`` holds in eager's memory order (the slot's
     ``memory_order``: its dims from outermost to innermost), with eager's strides: a tensor of

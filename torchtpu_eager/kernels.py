@@ -123,11 +123,10 @@ def attention_in_eager_layout(query, key, value, attn_mask=None, dropout_p=0.0,
     """
     out = torch.ops.aten.scaled_dot_product_attention.default.decompose(
         query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
-    strides = _eager_attention_strides(query, key, value, attn_mask, dropout_p, is_causal,
-                                       scale, enable_gqa)
-    if strides is None or out.stride() == strides:
+    order = _eager_attention_order(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                                   enable_gqa)
+    if order is None:
         return out
-    order = tuple(sorted(range(out.dim()), key=lambda d: -strides[d]))
     inverse = tuple(order.index(d) for d in range(out.dim()))
     return out.permute(order).contiguous().permute(inverse)
 
@@ -135,10 +134,11 @@ def attention_in_eager_layout(query, key, value, attn_mask=None, dropout_p=0.0,
 _FLASH = int(torch.nn.attention.SDPBackend.FLASH_ATTENTION)
 
 
-def _eager_attention_strides(query, key, value, attn_mask, dropout_p, is_causal, scale,
-                             enable_gqa):
-    """The strides of eager's result on CPU tensors of these geometries, or None where it
-    is the math formulation's (contiguous) or the sizes are symbolic.
+def _eager_attention_order(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                           enable_gqa):
+    """The memory order (``output_slots.memory_order``) of eager's result on CPU tensors of
+    these geometries, or None where it is contiguous (the math formulation's) or the sizes
+    are symbolic.
 
     The CPU's own choice decides, on uninitialized host tensors (no values are read), under
     the caller's grad mode and ``sdpa_kernel`` settings, as eager's call would."""
@@ -148,8 +148,8 @@ def _eager_attention_strides(query, key, value, attn_mask, dropout_p, is_causal,
     geometry = tuple(None if t is None else (tuple(t.shape), t.stride(), t.dtype,
                                              t.requires_grad)
                      for t in (query, key, value, attn_mask))
-    return _cpu_attention_strides(geometry, dropout_p, is_causal, scale, enable_gqa,
-                                  torch.is_grad_enabled(), _sdp_flags())
+    return _cpu_attention_order(geometry, dropout_p, is_causal, scale, enable_gqa,
+                                torch.is_grad_enabled(), _sdp_flags())
 
 
 def _sdp_flags() -> tuple:
@@ -161,7 +161,8 @@ def _sdp_flags() -> tuple:
 
 
 @functools.lru_cache(maxsize=1024)  # per call of every attention layer: host allocations
-def _cpu_attention_strides(geometry, dropout_p, is_causal, scale, enable_gqa, grad, flags):
+def _cpu_attention_order(geometry, dropout_p, is_causal, scale, enable_gqa, grad, flags):
+    from torchtpu_compile.output_slots import memory_order
     from torch.utils._python_dispatch import _disable_current_modes
     with _disable_current_modes(), torch.set_grad_enabled(grad):
         # Dynamo's fake tensors trace here too: real host ones
@@ -169,7 +170,7 @@ def _cpu_attention_strides(geometry, dropout_p, is_causal, scale, enable_gqa, gr
             g[0], g[1], dtype=g[2]).requires_grad_(g[3]) for g in geometry]
         choice = torch._fused_sdp_choice(*host, dropout_p, is_causal, scale=scale,
                                          enable_gqa=enable_gqa)
-        return torch.empty_like(host[0]).stride() if choice == _FLASH else None
+        return memory_order(torch.empty_like(host[0])) if choice == _FLASH else None
 
 
 def _shaped_like_first(first, *args, **kwargs):

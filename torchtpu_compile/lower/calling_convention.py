@@ -30,11 +30,10 @@ from collections.abc import Callable
 
 import torch
 import torch.fx as fx
-from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
 from ..output_slots import (OutputSlot, decode_view_steps, empty_spec, encode_view_steps,
-                            replay_view_steps)
+                            memory_order, replay_view_steps)
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -342,14 +341,7 @@ def _eager_layout(node) -> list | None:
     overlapping, with gaps, symbolic). A compiled call's results were always contiguous, so
     code after it that views them as eager laid them out (``y.t().view(-1)``) raised, and
     ``stride()``/``is_contiguous()`` told another story than eager's and Inductor's."""
-    val = node.meta.get("val") if isinstance(node, fx.Node) else None
-    if not isinstance(val, torch.Tensor) or val.dim() < 2 or val.is_sparse:
-        return None
-    strides = val.stride()
-    if not all(isinstance(v, int) for v in (*val.shape, *strides)) or val.numel() < 2 \
-            or val.is_contiguous() or not is_non_overlapping_and_dense_or_false(val):
-        return None
-    return sorted(range(val.dim()), key=lambda d: (-strides[d], d))
+    return memory_order(node.meta.get("val") if isinstance(node, fx.Node) else None)
 
 
 def _permuted(graph: fx.Graph, node: fx.Node, order: list, before: fx.Node) -> fx.Node:
