@@ -107,8 +107,10 @@ def as_input(values: list, dtype: torch.dtype, keep: bool | None = None, shape=N
     Kept uploaded per value (``keep``; by default ints, which are positions) in strict and
     debug mode (eager programs do not donate their inputs). Lifted floats (Adam's step sizes
     never repeat) and, in defer-and-fuse mode, everything are uploaded each call: a recording
-    passes one buffer given twice as one input, so a buffer shared by chance (an offset of 3
-    and a fill of 3) changed the recording's wiring and compiled it again.
+    then passed one buffer given twice as one input, so a buffer shared by chance (an offset
+    of 3 and a fill of 3) changed its wiring and compiled it again. Recordings now take each
+    read as an input of its own (``fuse.py``), so keeping them there too may be safe; not
+    measured yet.
     """
     from . import modes
     from .transfer import upload
