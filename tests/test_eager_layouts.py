@@ -167,3 +167,48 @@ def test_writes_through_views_sharing_memory_write_as_eager(writes, mode):
     actual = writes("tpu")
     for a, e in zip(actual, expected):
         assert torch.equal(a.cpu(), e), (a.cpu(), e)
+
+
+TRANSFERS = {
+    "a transpose": lambda: torch.randn(4, 6).t(),
+    "a permuted 3-d tensor": lambda: torch.randn(2, 3, 4).permute(2, 0, 1),
+    "channels-last": lambda: torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last),
+    "a size-1 dim": lambda: torch.randn(1, 6).t(),
+    "a slice with gaps": lambda: torch.randn(4, 6)[:, ::2],
+    "an expanded tensor": lambda: torch.randn(4, 1).expand(4, 3),
+}
+
+
+@pytest.mark.parametrize("case", list(TRANSFERS))
+def test_moves_to_and_from_the_device_keep_eager_s_layout(case, mode):
+    """``.to("cuda")`` and ``.cpu()`` keep a dense tensor's strides (``preserve_format``), as
+    eager's own copy does; the device made every copy contiguous, so channels-last nets and
+    code reading ``stride()`` or ``is_contiguous()`` saw another tensor."""
+    host = TRANSFERS[case]()
+    expected = host.to("cpu", copy=True)  # eager's _to_copy: the layout a device copy gets
+    moved = host.to("tpu")
+    assert (moved.stride(), moved.is_contiguous()) == (expected.stride(),
+                                                       expected.is_contiguous())
+    back = moved.cpu()
+    assert back.stride() == expected.stride()
+    torch.testing.assert_close(back, host)
+    # a write through the copy reaches every element of it, in place
+    moved.mul_(2)[0].add_(1)
+    expected.mul_(2)[0].add_(1)
+    torch.testing.assert_close(moved.cpu(), expected)
+    assert torch.empty_like(moved).stride() == torch.empty_like(expected).stride()
+
+
+def test_a_channels_last_conv_net_keeps_eager_s_layout(mode):
+    from torchtpu_compile import config
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 1))
+    net = net.to(memory_format=torch.channels_last)
+    x = torch.randn(2, 3, 9, 9).to(memory_format=torch.channels_last)
+    expected = net(x)
+    with config.patch(matmul_precision="highest"):  # defer-and-fuse compiles at .cpu()
+        got = net.to("tpu")(x.to("tpu"))
+        assert got.stride() == expected.stride()
+        torch.testing.assert_close(got.cpu(), expected.detach())
+    assert torch.empty(2, 3, 4, 5, device="tpu", memory_format=torch.channels_last).stride() == \
+        torch.empty(2, 3, 4, 5, memory_format=torch.channels_last).stride()

@@ -174,3 +174,26 @@ def test_fill_values_are_inputs(dtype, mode):
         torch.zeros(2, dtype=torch.int8).fill_(1000)
     with pytest.raises(RuntimeError, match="overflow"):
         torch.zeros(2, dtype=torch.int8).to("tpu").fill_(1000)
+
+
+NEW_FACTORIES = {
+    "new_zeros": lambda src: src.new_zeros(3, 4),
+    "new_ones": lambda src: src.new_ones((3, 4), dtype=torch.int32),
+    "new_full": lambda src: src.new_full((3, 4), 2.5),
+}
+
+
+@pytest.mark.parametrize("case", list(NEW_FACTORIES))
+def test_new_factories_compile_per_requested_shape_not_per_source(case, mode):
+    """``x.new_zeros(3, 4)`` of sources of other shapes is one result shape: traced as an op,
+    its program took the source as an input and compiled once per source shape."""
+    fn = NEW_FACTORIES[case]
+
+    def check(rows):
+        src = torch.randn(rows, 5)
+        got = fn(src.to("tpu"))
+        expected = fn(src)
+        assert (got.dtype, got.shape) == (expected.dtype, expected.shape)
+        torch.testing.assert_close(got.cpu(), expected, rtol=0, atol=0)
+
+    assert _no_program_per_position(check, range(4, 12)) == 0

@@ -40,10 +40,11 @@ from . import fallback, modes, rng, scalars, views
 from .device import check_device
 from .fuse import Lazy
 from .modes import Strict, concrete
-from .programs import OpGraph, _platform, example, meta_kernel_failed, splice, trace
+from .programs import (OpGraph, _fake_examples, _platform, example, meta_kernel_failed, splice,
+                       trace)
 from .storage import Storage
 from .tensor import (DEVICE, TpuTensor, _numel, contiguous_strides, dense_tensor, is_dense,
-                     new_tensor, view_tensor)
+                     memory_layout, new_tensor, strided_tensor, view_tensor)
 from .transfer import download, from_cpu, to_cpu, upload
 
 aten = torch.ops.aten
@@ -321,11 +322,14 @@ def _folded(entry, folded: list, func, args, kwargs, tensors):
 def _eager_layout(entry, func, args, kwargs, tensors):
     """(its dims outermost first, its strides) where eager's one fresh result of ``func`` on
     these inputs' geometries is a permuted dense layout (``x.t() * 2`` has strides (1, n) on
-    the CPU: TensorIterator follows its inputs' layout), else None. From the op run on meta
-    tensors viewing storages as the inputs do."""
+    the CPU: TensorIterator follows its inputs' layout), else None. From the op run on fake
+    CPU tensors viewing storages as the inputs do: on meta tensors a convolution of
+    channels-last inputs picks no CPU backend and comes out contiguous, where the CPU's is
+    channels-last."""
     if not entry.single:
         return None
-    metas = iter([_meta_view(t) if type(t) is TpuTensor else t.to("meta") for t in tensors])
+    metas = iter(_fake_examples(
+        [_meta_view(t) if type(t) is TpuTensor else t.to("meta") for t in tensors]))
     try:
         out = func(*_substitute(tuple(args), metas), **{
             k: _substitute(v, metas) for k, v in kwargs.items()})
@@ -1136,8 +1140,17 @@ def copy_(func, args, kwargs):
         # non_blocking from pinned memory: PyTorch's promise that the source is not written
         # until a synchronization, so the transfer may finish after this returns.
         non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
-        views.write(dst, upload(host.contiguous(),
-                                asynchronous=bool(non_blocking) and src.is_pinned()))
+        asynchronous = bool(non_blocking) and src.is_pinned()
+        order = views.storage_order(dst)
+        if order is not None:
+            # All of dst's storage in another order (``.to("tpu")`` of ``x.t()`` or of a
+            # channels-last tensor): uploaded in that order, no transpose on the device.
+            shape = dst._st.shape
+            whole = dense_tensor(dst._st, shape, contiguous_strides(shape))
+            views.write(whole, upload(host.permute(order).contiguous().reshape(shape),
+                                      asynchronous=asynchronous))
+            return dst
+        views.write(dst, upload(host.contiguous(), asynchronous=asynchronous))
         return dst
     if dst._st is src._st or (not dst._dense and 0 in dst.stride()):
         check_overlap(func, args, kwargs, signature(func, args, kwargs)[0], [dst, src])
@@ -1196,6 +1209,20 @@ def clone(func, args, kwargs):
     return run_op(aten.clone.default, (src,), kwargs)  # memory_format: eager's layout
 
 
+@handles(aten.new_zeros.default, aten.new_ones.default, aten.new_full.default)
+def new_filled(func, args, kwargs):
+    # The factory it is, with the source's dtype and device: traced as an op, its program took
+    # the source as an input, so one was compiled per source shape for the same result.
+    src = args[0]
+    options = {"dtype": kwargs.get("dtype") or src.dtype, "layout": kwargs.get("layout"),
+               "device": kwargs.get("device") or src.device,
+               "pin_memory": kwargs.get("pin_memory")}
+    if func is aten.new_full.default:
+        return aten.full.default(args[1], args[2], **options)
+    factory = aten.zeros.default if func is aten.new_zeros.default else aten.ones.default
+    return factory(args[1], **options)
+
+
 @handles(aten.empty_like.default, aten.new_empty.default, aten.new_empty_strided.default,
          aten.empty.memory_format, aten.empty_strided.default)
 def empty(func, args, kwargs):
@@ -1209,7 +1236,36 @@ def empty(func, args, kwargs):
     if device is not None and device.type != "tpu":
         host = {k: v for k, v in kwargs.items()}
         return func(*[to_cpu(a) if type(a) is TpuTensor else a for a in args], **host)
-    return new_tensor(None, tuple(shape), dtype)
+    stride = _empty_strides(func, args, kwargs)
+    if stride is None:
+        return new_tensor(None, tuple(shape), dtype)
+    return strided_tensor(None, shape, stride, dtype)
+
+
+def _empty_strides(func, args, kwargs):
+    """The strides eager gives an empty tensor where they may not be contiguous, else None:
+    ``empty_strided``'s own (CPU's ``.to`` of a dense layout makes its copy with them), a
+    memory format's (channels-last), ``empty_like``'s of a permuted source (``preserve_format``),
+    from the op on the meta device."""
+    if func is aten.empty_strided.default:
+        return tuple(args[1])
+    if func is aten.new_empty_strided.default:
+        return tuple(args[2])
+    memory_format = kwargs.get("memory_format")
+    if func is aten.new_empty.default or memory_format is torch.contiguous_format or (
+            func is aten.empty.memory_format and memory_format is None) or (
+            func is aten.empty_like.default and memory_format in (None, torch.preserve_format)
+            and args[0].stride() == contiguous_strides(tuple(args[0].shape))):
+        return None
+    if func is aten.empty_like.default and memory_format in (None, torch.preserve_format):
+        # eager's rule: a dense source's strides as they are (the meta kernel makes a source
+        # contiguous but for a size-1 dim's stride contiguous)
+        stride = tuple(args[0].stride())
+        if memory_layout(tuple(args[0].shape), stride) is not None:
+            return stride
+    meta = {k: v for k, v in kwargs.items() if k not in ("device", "pin_memory")}
+    return tuple(func(*[_meta_view(a) if type(a) is TpuTensor else a for a in args],
+                      device="meta", **meta).stride())
 
 
 @handles(aten.native_dropout.default)
@@ -1332,6 +1388,18 @@ def view_backward(func, args, kwargs):
     out = new_tensor(None, tuple(sizes), grad.dtype)  # a storage never written reads as zeros
     aten.copy_.default(view(out, *args[2:], **kwargs), grad)
     return out
+
+
+@handles(aten.zero_.default)
+def zero_(func, args, kwargs):
+    # A storage never written reads as zeros already: torch.zeros (empty, then zero_) and
+    # new_zeros ran a program of zeros to read, and one more to write zeros over them.
+    self = args[0]
+    storage = self._st
+    if self._dense and storage.value is None and not storage.freed and \
+            storage.stands_for is None:
+        return self
+    return run_op(func, args, kwargs)
 
 
 @handles(aten.fill_.Scalar)

@@ -181,7 +181,12 @@ def is_dense(size: tuple, stride: tuple, offset: int, numel: int, contiguous=Non
     """
     if offset != 0 or _numel(size) != numel:
         return False
-    return numel <= 1 or stride == (contiguous or contiguous_strides(size))
+    if numel <= 1:
+        return True
+    contiguous = contiguous or contiguous_strides(size)
+    # A size-1 dim's stride moves no memory: ``x.t()`` of a (1, n) tensor is all of it, in order
+    return stride == contiguous or all(
+        s == c for n, s, c in zip(size, stride, contiguous) if n != 1)
 
 
 def _numel(shape) -> int:
@@ -228,6 +233,48 @@ def view_tensor(storage: Storage, shape: tuple, strides: tuple, offset: int,
     t._shape = shape
     t._dense = dense
     return t
+
+
+def strided_tensor(value, shape, stride, dtype, requires_grad: bool = False) -> TpuTensor:
+    """A tpu tensor of ``shape`` with strides ``stride`` (eager's layout of a factory or a
+    copy: ``empty_strided``, ``.to("tpu")`` of ``x.t()`` or of a channels-last tensor), over a
+    fresh storage holding ``value`` (buffer, lazy value or None) in the tensor's memory order.
+
+    A dense layout in another order (a permutation) keeps its storage in memory order, so it is
+    read with a transpose, as an op's permuted result is (``dispatch._folded``); any other
+    layout (gaps, overlap) gets a flat storage of the elements its strides reach.
+
+    Example::
+
+        t = strided_tensor(None, (3, 2), (1, 3), torch.float32)     # a transposed (2, 3)
+    """
+    shape, stride = tuple(shape), tuple(stride)
+    if stride == contiguous_strides(shape):
+        return new_tensor(value, shape, dtype, requires_grad)
+    order = memory_layout(shape, stride)
+    if order is not None:
+        storage_shape = tuple([shape[d] for d in order])
+    else:
+        reach = 0 if 0 in shape else 1 + sum((n - 1) * s for n, s in zip(shape, stride))
+        storage_shape = (reach,)
+    return TpuTensor(Storage(value, storage_shape, dtype, _numel(storage_shape)), shape, stride,
+                     requires_grad=requires_grad)
+
+
+def memory_layout(shape: tuple, stride: tuple) -> list | None:
+    """The dims of a layout ``shape``/``stride`` from outermost to innermost in memory, all of
+    them, where it is dense and non-overlapping (a permutation of a contiguous layout), else
+    None. ``output_slots.memory_order``'s decision, and the logically contiguous case too.
+
+    Example::
+
+        memory_layout((3, 2), (1, 3))      # [1, 0]
+    """
+    from torchtpu_compile.output_slots import memory_order
+    meta = torch.empty_strided(shape, stride, device="meta")
+    if meta.is_contiguous():
+        return list(range(len(shape)))
+    return memory_order(meta)
 
 
 def new_tensor(value, shape, dtype, requires_grad: bool = False) -> TpuTensor:

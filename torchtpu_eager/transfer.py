@@ -23,7 +23,7 @@ from torchtpu_compile.runtime import transfer as runtime_transfer
 from torchtpu_compile.runtime.transfer import to_torch
 
 from . import modes, views
-from .tensor import new_tensor
+from .tensor import contiguous_strides, memory_layout, new_tensor, strided_tensor
 
 
 def upload(host: torch.Tensor, asynchronous: bool = False):
@@ -52,17 +52,30 @@ def download(buffer) -> torch.Tensor:
 
 
 def to_cpu(t) -> torch.Tensor:
-    """The values of tpu tensor ``t`` on the host (runs pending deferred ops first)."""
-    return download(modes.concrete(views.read(t)))
+    """The values of tpu tensor ``t`` on the host (runs pending deferred ops first).
+
+    A tensor that is all of its storage in a permuted order comes back with its strides, as
+    eager's ``.cpu()`` of a CUDA tensor keeps a dense layout (``preserve_format``): its storage
+    already holds the values in that order, so no transpose runs on the device."""
+    order = views.storage_order(t)
+    if order is None:
+        return download(modes.concrete(views.read(t)))
+    host = download(modes.concrete(views.storage_value(t._st)))
+    return host.set_(host.untyped_storage(), 0, t.shape, t.stride())
 
 
 def from_cpu(host: torch.Tensor, requires_grad: bool = False):
-    """A new dense tpu tensor with a copy of ``host``'s values."""
+    """A new tpu tensor with a copy of ``host``'s values and, where ``host`` is dense (a
+    permuted layout: ``x.t()``, channels-last), its strides, as ``.to("cuda")`` keeps them."""
     if host.layout != torch.strided:
         # A device buffer is one dense array: PyTorch's sparse and quantized layouts have no
         # tpu form (the upload failed with "unsupported memory format option Contiguous").
         raise NotImplementedError(
             f"tpu: tensors of layout {host.layout} cannot be moved to the tpu device, which "
             f"holds dense (torch.strided) tensors only; convert with .to_dense() first")
-    t = new_tensor(upload(host), host.shape, host.dtype, requires_grad=requires_grad)
-    return t
+    shape, stride = tuple(host.shape), tuple(host.stride())
+    order = None if stride == contiguous_strides(shape) else memory_layout(shape, stride)
+    if order is None:  # contiguous; or gaps or overlap, where eager's copy is contiguous
+        return new_tensor(upload(host), host.shape, host.dtype, requires_grad=requires_grad)
+    return strided_tensor(upload(host.permute(order)), host.shape, host.stride(), host.dtype,
+                          requires_grad=requires_grad)

@@ -26,7 +26,7 @@ from torchtpu_compile.lower.index_checks import unchecked
 
 from . import modes, scalars
 from .programs import example, trace
-from .tensor import contiguous_strides
+from .tensor import contiguous_strides, memory_layout
 
 _graphs: dict = {}
 
@@ -235,6 +235,23 @@ def _apart(t, value) -> bool:
     stride = tuple(t.stride())
     return stride == contiguous_strides(t._shape) and \
         _positioned(t._st.shape, t._shape, stride, t.storage_offset())
+
+
+def storage_order(t) -> list | None:
+    """The dims of tpu tensor ``t`` from outermost to innermost in memory where ``t`` is all of
+    its storage with other strides than a contiguous tensor's (``x.t()`` of a fresh ``x``, a
+    channels-last tensor), else None: such a tensor moves to and from the host as its
+    storage, in memory order, with no transpose on the device (``transfer.py``).
+
+    Example::
+
+        storage_order(torch.zeros(2, 3, device="tpu").t())      # [1, 0]
+    """
+    stride = tuple(t.stride())
+    if stride == contiguous_strides(t._shape) or t.storage_offset() != 0 or \
+            _numel(t._shape) != t._st.numel or t._st.numel < 2:
+        return None
+    return memory_layout(t._shape, stride)
 
 
 def read_graph_of(t):
