@@ -1,7 +1,8 @@
 """Hugging Face Trainer on tpu (tests/migration/hf_trainer.py): the loss curve of a few steps
 match the CPU run, eagerly and compiled, for a causal-LM Llama (and a greedy generate() after)
 and a masked-LM BERT (and its scores for a masked prompt after); and generate() of a compiled
-Llama (tests/migration/llama_generate.py) gives eager CPU's tokens.
+Llama (tests/migration/llama_generate.py) gives eager CPU's tokens, greedy, beam searched and
+sampled on the device (tests/migration/hf_generate.py).
 
 Each run is a fresh process: accelerate reads ``ACCELERATE_TORCH_DEVICE`` once per process
 (its state is shared), which is also how a user sets it.
@@ -91,6 +92,21 @@ def test_compiled_generate_matches_cpu():
     assert (want["device"], got["device"]) == ("cpu", "tpu:0")
     assert got["tokens"] == want["tokens"] and len(got["tokens"][0]) == 8
     assert got["graph_breaks"] == {}
+
+
+@pytest.mark.parametrize("run", ["strict", "defer_and_fuse", "compile"])
+def test_generate_beyond_greedy_matches_cpu(run):
+    # tests/migration/hf_generate.py on the tpu device: beam search, a repetition penalty,
+    # sampling (top_k, top_p, temperature) under torch.manual_seed, alone and on a left-padded
+    # batch. Sampled tokens are CPU's too: the tpu generator is a CPU generator seeded alike.
+    want = _run_script("hf_generate", "cpu")
+    env = {"strict": dict(TORCHTPU_STRICT="1"),
+           "defer_and_fuse": dict(TORCHTPU_STRICT="1", TORCH_TPU_DEFER_AND_FUSE="1"),
+           "compile": {}}[run]
+    got = _run_script("hf_generate", "tpu", *(["compile"] if run == "compile" else []), **env)
+    assert (want["device"], got["device"]) == ("cpu", "tpu:0")
+    assert got["tokens"] == want["tokens"]
+    assert got["eager_fallbacks"] == 0 and got["graph_breaks"] == {}
 
 
 def test_without_the_accelerate_switch_the_batch_stays_on_the_cpu():
