@@ -202,3 +202,47 @@ def test_save_pretrained_of_a_tpu_model_loads_back_as_the_cpu_model(tmp_path):
     ids = torch.randint(0, 64, (1, 5))
     assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
     torch.testing.assert_close(loaded(ids).logits, model.cpu()(ids).logits)
+
+
+def _safetensors_file(tmp_path):
+    tensors = {"w": torch.randn(3, 8), "ids": torch.arange(8).reshape(2, 4),
+               "half": torch.randn(2, 4, dtype=torch.bfloat16),
+               "mask": torch.tensor([True, False, True, True]), "scalar": torch.tensor(2.5)}
+    path = str(tmp_path / "t.safetensors")
+    pytest.importorskip("safetensors.torch").save_file(tensors, path)
+    return path, tensors
+
+
+def test_safetensors_device_index_loads_cpus_tensors_on_the_device(tmp_path):
+    # safetensors hands an int device to torch, which takes it as the current accelerator's
+    # index: each tensor's bytes are uploaded and viewed as its dtype on the device, the
+    # widening views (uint8 -> float32, int64) with no host fallback (docs/migration.md).
+    from safetensors.torch import load_file, load_model, safe_open, save_model
+    from torchtpu_compile import config
+    path, want = _safetensors_file(tmp_path)
+    with config.patch(strict=True):
+        loaded = load_file(path, device=torch.tpu.current_device())
+        with safe_open(path, framework="pt", device=0) as f:
+            opened = {name: f.get_tensor(name) for name in f.keys()}
+            part = f.get_slice("w")[1:, :5]
+    for got in (loaded, opened):
+        assert got.keys() == want.keys()
+        for name, t in want.items():
+            assert got[name].device == torch.device("tpu", 0) and got[name].dtype == t.dtype
+            assert torch.equal(got[name].cpu(), t), name
+    assert part.device.type == "tpu" and torch.equal(part.cpu(), want["w"][1:, :5])
+    source, model = torch.nn.Linear(8, 3), torch.nn.Linear(8, 3).to("tpu")
+    save_model(source, str(tmp_path / "m.safetensors"))
+    assert load_model(model, str(tmp_path / "m.safetensors"), device=0) == (set(), [])
+    assert torch.equal(model.weight.detach().cpu(), source.weight.detach())
+
+
+@pytest.mark.parametrize("device", ["tpu", "tpu:0", torch.device("tpu")])
+def test_safetensors_refuses_the_tpu_device_by_name(tmp_path, device):
+    # safetensors' own (Rust) device parser knows a fixed list of names (cuda, mps, npu, xpu,
+    # xla, mlu, hpu, ...), not a PrivateUse1 device's: docs/migration.md gives device=0. When
+    # safetensors accepts "tpu", this fails and that line can leave the guide.
+    from safetensors.torch import load_file
+    path, _ = _safetensors_file(tmp_path)
+    with pytest.raises(Exception, match=r"device .*tpu.* is invalid"):
+        load_file(path, device=device)

@@ -87,3 +87,31 @@ def test_replication_pad_backward(shape, padding):
     grad = randn(*out.shape, seed=1)
     backward = getattr(torch.ops.aten, f"replication_pad{len(padding) // 2}d_backward")
     check_on_both_paths(lambda g, x: backward(g, x, list(padding)), grad, x, rtol=1e-6, atol=1e-6)
+
+
+# --- reinterpreted bits ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("src, dst", [
+    (torch.uint8, torch.float32), (torch.uint8, torch.int64), (torch.uint8, torch.bfloat16),
+    (torch.int32, torch.int64), (torch.float32, torch.uint8), (torch.int64, torch.int16),
+    (torch.float64, torch.int32), (torch.uint8, torch.bool), (torch.int16, torch.bool),
+    (torch.bool, torch.int8), (torch.bool, torch.int32)])
+def test_view_dtype_between_widths(src, dst):
+    # safetensors' load_file(device=0) uploads each tensor's bytes and views them as its dtype
+    # on the device: torch-mlir lowers view(dtype) between types of one width only (and to
+    # bool as if one bit wide), so these ran on the host.
+    x = torch.arange(576).to(torch.uint8).reshape(24, 24)
+    x = (x % 3 == 0) if src == torch.bool else x.view(src)
+    check_on_both_paths(lambda x: x.view(dst), x)
+    check_on_both_paths(lambda x: x.t().contiguous().view(dst), x)
+
+
+def test_view_dtype_errors_are_eagers():
+    for x, dtype in [(torch.tensor(3, dtype=torch.int32), torch.int64),
+                     (torch.zeros(2, 3, dtype=torch.uint8), torch.int32),
+                     (torch.zeros(3, 2, dtype=torch.uint8).t(), torch.int16)]:
+        with pytest.raises(RuntimeError) as want:
+            x.view(dtype)
+        with pytest.raises(RuntimeError) as got:
+            x.to("tpu").view(dtype)
+        assert str(got.value) == str(want.value)

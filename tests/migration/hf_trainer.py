@@ -15,8 +15,12 @@ A CUDA script's own ``TrainingArguments(torch_compile=True)`` (Inductor, the def
 runs unchanged too (``torch_compile`` below): torch.compile's default backend hands tpu graphs
 to torchtpu.
 
+``bf16`` (``TrainingArguments(bf16=True)``, autocast to bfloat16) and ``checkpointing``
+(``gradient_checkpointing=True``) run unchanged too. ``fp16=True`` is refused by accelerate
+(its fp16 device list has no "tpu"); ``fp16`` here shows the refusal (docs/migration.md).
+
 Run it: ``ACCELERATE_TORCH_DEVICE=tpu python -m tests.migration.hf_trainer tpu [compile |
-torch_compile] [bert]``;
+torch_compile] [bert] [bf16 | fp16] [checkpointing]``;
 ``python -m tests.migration.hf_trainer cpu [bert]`` for the reference. Prints one JSON line.
 """
 from __future__ import annotations
@@ -74,7 +78,7 @@ MODELS = {"llama": llama, "bert": bert}
 
 
 def main(device: str, compiled: bool = False, model_name: str = "llama",
-         torch_compile: bool = False) -> dict:
+         torch_compile: bool = False, precision: str = "", checkpointing: bool = False) -> dict:
     from transformers import Trainer, TrainingArguments
 
     model, dataset = MODELS[model_name]()
@@ -83,7 +87,9 @@ def main(device: str, compiled: bool = False, model_name: str = "llama",
     with tempfile.TemporaryDirectory() as out:
         args = TrainingArguments(output_dir=out, per_device_train_batch_size=4, max_steps=3,
                                  logging_steps=1, report_to=[], save_strategy="no",
-                                 use_cpu=device == "cpu", torch_compile=torch_compile)
+                                 use_cpu=device == "cpu", torch_compile=torch_compile,
+                                 bf16=precision == "bf16", fp16=precision == "fp16",
+                                 gradient_checkpointing=checkpointing)
         trainer = Trainer(model=model, args=args, train_dataset=dataset)
         trainer.train()
     if model_name == "llama":
@@ -103,4 +109,6 @@ def main(device: str, compiled: bool = False, model_name: str = "llama",
 if __name__ == "__main__":
     print(json.dumps(main(sys.argv[1], compiled="compile" in sys.argv[2:],
                           model_name="bert" if "bert" in sys.argv[2:] else "llama",
-                          torch_compile="torch_compile" in sys.argv[2:])))
+                          torch_compile="torch_compile" in sys.argv[2:],
+                          precision=next((p for p in ("bf16", "fp16") if p in sys.argv[2:]), ""),
+                          checkpointing="checkpointing" in sys.argv[2:])))

@@ -15,7 +15,7 @@ One module per family of ops, as JAX's lax files:
     indexing_scatter  index, index_put, take, put, scatter_reduce, scatter with a reduce,
                       index_reduce, segment_reduce
     views             copies of views, as_strided(_scatter), diagonal(_scatter), unfold, roll,
-                      replication padding's backward
+                      replication padding's backward, view(dtype) between widths and to bool
     pooling           max and average pools (ceil mode, divisors, 3-D, adaptive), backwards
     recurrent         the fused LSTM and GRU cells (nn.LSTM/nn.GRU off the CPU), backwards
     attention         nn.MultiheadAttention's and nn.TransformerEncoderLayer's fused inference

@@ -11,9 +11,44 @@ from __future__ import annotations
 
 import torch
 
+from .jax_functions import builds, jax_function
 from .registry import decomposition
 
 aten = torch.ops.aten
+
+
+# --- reinterpreted bits ----------------------------------------------------------------------
+
+@builds("bitcast")
+def _bitcast_fn(dtype: str):
+    import jax
+    import jax.numpy as jnp
+
+    def bitcast(x):
+        # lax's bitcast between widths adds (narrowing) or drops (widening) a last dim of the
+        # width ratio; torch's view(dtype) scales its last dim instead.
+        if jnp.dtype(dtype).itemsize < x.dtype.itemsize:
+            out = jax.lax.bitcast_convert_type(x, dtype)
+            return out.reshape(*x.shape[:-1], -1)
+        ratio = jnp.dtype(dtype).itemsize // x.dtype.itemsize
+        return jax.lax.bitcast_convert_type(x.reshape(*x.shape[:-1], -1, ratio), dtype)
+    return bitcast
+
+
+@decomposition(aten.view.dtype)
+def view_dtype(x, dtype):
+    # torch-mlir lowers view(dtype) between types of one width only, and to bool as if it were
+    # one bit wide; safetensors loads each tensor as bytes on the device and views them as its
+    # dtype (load_file(device=0)). A bool is a byte holding 0 or 1.
+    if x.dim() == 0 or x.dtype == dtype:
+        return NotImplemented   # eager's error for a 0-d tensor of another width; an alias
+    if x.dtype == torch.bool:
+        return x.to(torch.uint8).view(dtype)
+    if dtype == torch.bool:
+        return x.view(torch.uint8) != 0
+    if torch.empty((), dtype=dtype).element_size() == x.element_size():
+        return NotImplemented
+    return jax_function("bitcast", str(dtype).removeprefix("torch."))(x.contiguous())
 
 
 # --- copies of views -------------------------------------------------------------------------
