@@ -577,10 +577,11 @@ def _build(func, args, kwargs, tensors, lift_floats=False):
 
     examples = [example(t.shape, t.dtype) for t in tensors]
     label = str(func)
-    lifted = scalars.dtype_for(tensors) if lift_floats else None
+    lifted = scalars.dtype_for(tensors, scalars.collect(args, kwargs, func)) \
+        if lift_floats else None
     try:
         if lifted is not None:
-            graph = _trace_lifted(fn, examples, label, args, kwargs, lifted)
+            graph = _trace_lifted(fn, examples, label, func, args, kwargs, lifted)
             if graph is None:
                 return None
         else:
@@ -648,13 +649,16 @@ def resize(t: TpuTensor, shape, keep: bool = True) -> None:
                           is_dense(shape, strides, offset, storage.numel)))
 
 
-def _trace_lifted(fn, examples, label, args, kwargs, dtype):
-    """Trace ``fn`` with its floats as an input (see scalars.py), or None if they cannot be."""
-    count = len(scalars.collect(args, kwargs))
+def _trace_lifted(fn, examples, label, func, args, kwargs, dtype):
+    """Trace ``fn`` with its floats (or ints) as an input (see scalars.py), or None if they
+    cannot be."""
+    scalar_values = scalars.collect(args, kwargs, func)
     graphs = []
     for variant in (0, 1):
-        values = scalars.sentinels(count, variant)
-        swapped_args, swapped_kwargs = scalars.replace(args, kwargs, values)
+        values = scalars.sentinels(scalar_values, variant)
+        if values is None:
+            return None
+        swapped_args, swapped_kwargs = scalars.replace(args, kwargs, values, func)
 
         def traced(*tensors, _a=swapped_args, _k=swapped_kwargs):
             return fn(*tensors, _call=(_a, _k))
@@ -663,9 +667,13 @@ def _trace_lifted(fn, examples, label, args, kwargs, dtype):
         if lifted is None:
             return None
         graphs.append(lifted)
-    if graphs[0].code != graphs[1].code:  # a float was transformed, not just passed along
+    if graphs[0].code != graphs[1].code:  # a scalar was transformed, not just passed along
         return None
-    return OpGraph(graphs[0], label + " (floats as inputs)")
+    kind = "floats" if dtype.is_floating_point else "ints"
+    graph = OpGraph(graphs[0], f"{label} ({kind} as inputs)")
+    if graph.out_meta != OpGraph(graphs[1], label).out_meta:
+        return None  # a scalar that sized a result (arange's end), not just a value in it
+    return graph
 
 
 def _rebuild(entry: _Compiled, outputs: list, args, kwargs):
@@ -702,18 +710,19 @@ def _fresh(value, shape, dtype):
 
 
 _SEEN_ONCE, _NOT_LIFTABLE = object(), object()
-_by_structure: dict = {}   # signature with floats blanked -> lifted _Compiled, or a marker
+_by_structure: dict = {}   # signature with scalars blanked -> lifted _Compiled, or a marker
 _float_recompiles: dict = {}   # structure of a not-liftable op -> programs compiled for it
-#: Programs compiled for one op that differ only in float arguments before we say so: a loop
-#: that passes a new float each step compiles every step, and nothing else would show it.
+#: Programs compiled for one op that differ only in float (or int) arguments before we say so:
+#: a loop that passes a new value each step compiles every step, and nothing else shows it.
 FLOAT_RECOMPILE_WARNING = 8
 
 
 def _lifted_entry(func, args, kwargs, tensors, key):
-    """The op's entry with its floats as an input, once it is seen with a second set of floats."""
-    structure = scalars.structure(key)
+    """The op's entry with its floats (or its ints in scalar slots: ``scalars.int_slots``) as
+    an input, once it is seen with a second set of them."""
+    structure = scalars.structure(key, func, args, kwargs)
     if structure == key:
-        return None  # no floats
+        return None  # no floats, no ints in scalar slots
     known = _by_structure.get(structure)
     if known is None:
         _by_structure[structure] = _SEEN_ONCE
@@ -724,10 +733,12 @@ def _lifted_entry(func, args, kwargs, tensors, key):
     if known is _NOT_LIFTABLE:
         count = _float_recompiles[structure] = _float_recompiles.get(structure, 1) + 1
         if count == FLOAT_RECOMPILE_WARNING:
+            values = scalars.collect(args, kwargs, func)
+            kind = type(values[0]).__name__ if values else "scalar"
             logging.getLogger("torchtpu").warning(
-                "%s has compiled %d programs that differ only in its float arguments (%s): a "
-                "float that changes every call compiles every call. Pass it as a tensor if "
-                "the op takes one.", func, count, scalars.collect(args, kwargs))
+                "%s has compiled %d programs that differ only in its %s arguments (%s): a "
+                "%s that changes every call compiles every call. Pass it as a tensor if "
+                "the op takes one.", func, count, kind, values, kind)
         return None
     return known
 
@@ -934,7 +945,7 @@ def run_op(func, args, kwargs):
             return _fast_results(fast, outputs, tensors, args)
         entry.fast = fast = None  # another matmul precision: plan again after this run
     if entry.lifted is not None:
-        values.append(scalars.as_input(scalars.collect(args, kwargs), entry.lifted))
+        values.append(scalars.as_input(scalars.collect(args, kwargs, func), entry.lifted))
     graph = entry.graph
     layout = None
     if folded is not None:

@@ -10,6 +10,13 @@ that a decomposition transformed (``1 - x``) or that sits where only a Python sc
 the op on exact keys. Lifted floats meet tensors as 0-dim tensors do, which promote like Python
 floats.
 
+Ints are lifted the same way where an op has no floats, and only from its ``Scalar`` and
+``Tensor`` slots (``x * i``, ``loss / n``, ``pos + i``; never a dim, size or index): an int64
+input, each read cast to what eager computes the consumer in (``_operand_dtype``). An int's key
+keeps its ``_bucket``: the integer and half ranges it fits and its sign, so values an overflow
+check or a sign test tells apart never share a program, and the sentinels are drawn from the
+value's own bucket. 0 is never lifted: ``int_tensor // 0`` raises in eager.
+
 Example::
 
     floats = collect(args, kwargs)                 # [0.9, 1e-3]
@@ -31,36 +38,89 @@ import torch.fx as fx
 aten = torch.ops.aten
 
 
-def _leaves(value, out: list):
-    if type(value) is float:
+def _leaves(value, out: list, kind=float):
+    if type(value) is kind:
         out.append(value)
     elif isinstance(value, (list, tuple)):
         for v in value:
-            _leaves(v, out)
+            _leaves(v, out, kind)
 
 
-def dtype_for(tensors) -> torch.dtype:
-    """The dtype an op's lifted floats travel in, given the op's tensor inputs.
+def dtype_for(tensors, values=()) -> torch.dtype:
+    """The dtype an op's lifted ``values`` travel in, given the op's tensor inputs: int64 for
+    ints (each read is cast where it is used: ``_operand_dtype``), else a float dtype.
 
     Eager computes a double op with its Python floats as doubles: rounded to float32 they were
     wrong in the 8th digit (LBFGS's ``p.add_(d, alpha=t)`` on a float64 model drifted by 1e-4
     in two steps). Other ops keep float32, which is what eager's float kernels round the float
     to and what the device computes natively.
     """
+    if values and type(values[0]) is int:
+        return torch.int64
     if torch.get_default_dtype() == torch.float64 or any(
             t.dtype in (torch.float64, torch.complex128) for t in tensors):
         return torch.float64
     return torch.float32
 
 
-def collect(args, kwargs) -> list:
-    """The Python floats among the op's arguments, in signature order."""
+def collect(args, kwargs, func=None) -> list:
+    """The op's scalars that may become an input, in signature order: its Python floats, or,
+    where it has none and ``func`` is given, its ints in scalar slots (``int_slots``).
+
+    Example::
+
+        collect((x, 0.5), {})                    # [0.5]
+        collect((x, 3), {}, aten.mul.Tensor)     # [3]
+    """
     out: list = []
     for a in args:
         _leaves(a, out)
     for v in kwargs.values():
         _leaves(v, out)
-    return out
+    if out or func is None:
+        return out
+    return [args[where] if type(where) is int else kwargs[where]
+            for where in int_slots(func, args, kwargs)]
+
+
+_INT64 = (-2 ** 63, 2 ** 63 - 1)
+#: The ranges an eager check tells ints apart by: int8, uint8, int16, uint16, half's finite
+#: values, int32, uint32 (``uint8.clamp(min=300)`` raises, ``half + 70000`` is inf).
+_RANGES = ((-2 ** 7, 2 ** 7 - 1), (0, 2 ** 8 - 1), (-2 ** 15, 2 ** 15 - 1), (0, 2 ** 16 - 1),
+           (-65504, 65504), (-2 ** 31, 2 ** 31 - 1), (0, 2 ** 32 - 1))
+#: Where the buckets start: each range's ends and the sign split the int64 line into intervals.
+_STARTS = sorted({lo for lo, _ in _RANGES} | {hi + 1 for _, hi in _RANGES} | {1, _INT64[0]})
+_SCALAR_SLOTS = frozenset({"Tensor", "number", "Optional[number]"})  # Tensor, Scalar, Scalar?
+_slots_of: dict = {}   # op -> (positional slot kinds, keyword slot kinds)
+
+
+def _bucket(value: int) -> tuple:
+    """(start, end) of the interval of ints that fit the same ``_RANGES`` as ``value`` and
+    share its sign."""
+    start = max(s for s in _STARTS if s <= value)
+    end = min((s for s in _STARTS if s > value), default=_INT64[1] + 1) - 1
+    return start, end
+
+
+def int_slots(func, args, kwargs) -> list:
+    """Where the ints that may become an input sit: argument indices and keyword names of
+    ``Tensor`` and ``Scalar`` slots holding a nonzero int64 (never a bool), in signature
+    order; none where the op takes a float."""
+    slots = _slots_of.get(func)
+    if slots is None:
+        arguments = func._schema.arguments
+        slots = _slots_of[func] = (
+            [str(a.type) in _SCALAR_SLOTS for a in arguments],
+            {a.name for a in arguments if str(a.type) in _SCALAR_SLOTS})
+    positional, named = slots
+    where: list = [i for i, a in enumerate(args) if type(a) is int and a != 0 and
+                   i < len(positional) and positional[i] and _INT64[0] <= a <= _INT64[1]]
+    where += [k for k, v in kwargs.items() if type(v) is int and v != 0 and k in named and
+              _INT64[0] <= v <= _INT64[1]]
+    if where and (any(type(a) is float for a in args) or any(
+            type(v) is float for v in kwargs.values())):
+        return []
+    return where
 
 
 def _replace(value, it):
@@ -71,27 +131,62 @@ def _replace(value, it):
     return value
 
 
-def replace(args, kwargs, floats: list):
-    """``args`` and ``kwargs`` with their floats replaced, in order, by ``floats``."""
-    it = iter(floats)
+def replace(args, kwargs, values: list, func=None):
+    """``args`` and ``kwargs`` with the scalars ``collect`` finds replaced, in order, by
+    ``values``."""
+    if values and type(values[0]) is int:
+        args, kwargs = list(args), dict(kwargs)
+        for where, value in zip(int_slots(func, args, kwargs), values):
+            if type(where) is int:
+                args[where] = value
+            else:
+                kwargs[where] = value
+        return tuple(args), kwargs
+    it = iter(values)
     return (tuple(_replace(a, it) for a in args),
             {k: _replace(v, it) for k, v in kwargs.items()})
 
 
-def structure(key: tuple) -> tuple:
-    """A signature with its float values blanked (floats appear as ``(float, value)``)."""
+def structure(key: tuple, func=None, args=(), kwargs=None) -> tuple:
+    """A signature with its float values blanked (floats appear as ``(float, value)``); where
+    it has none and ``func`` is given, with the values of its ``int_slots`` replaced by their
+    ``_bucket``. ``args`` and ``kwargs``: the call ``key`` is the signature of."""
     def blank(part):
         if type(part) is tuple:
             if len(part) == 2 and part[0] is float:
                 return (float, None)
             return tuple(blank(p) for p in part)
         return part
-    return tuple(blank(p) for p in key)
+    blanked = tuple(blank(p) for p in key)
+    if blanked != key or func is None:
+        return blanked
+    kwargs = kwargs or {}
+    where = int_slots(func, args, kwargs)
+    if not where:
+        return key
+    blanked = list(key)
+    names = list(kwargs)
+    for w in where:  # the key: the op, each argument, then each keyword's name and value
+        at = 1 + w if type(w) is int else 2 + len(args) + 2 * names.index(w)
+        blanked[at] = (int, _bucket(key[at][1]))
+    return tuple(blanked)
 
 
-def sentinels(count: int, variant: int) -> list:
-    """Values no program would hold by chance, distinct per position and per variant."""
-    return [-(7.0 + variant) * 1.000000119 ** (i + 1) * 1e-13 for i in range(count)]
+def sentinels(values: list, variant: int) -> list | None:
+    """Values no program would hold by chance, distinct per position and per variant, for
+    ``values`` (floats, or ints each drawn from its own ``_bucket``); None where a bucket is
+    too narrow to hold them all."""
+    if not values or type(values[0]) is not int:
+        return [-(7.0 + variant) * 1.000000119 ** (i + 1) * 1e-13 for i in range(len(values))]
+    out = []
+    for i, value in enumerate(values):
+        start, end = _bucket(value)
+        # near the bucket's far end from zero's side, in odd steps: not 1, 2, 10 or 2**k
+        sentinel = end - 2 - (2 * i + variant) * max(1, (end - start) // 41)
+        if sentinel < start or sentinel in out:
+            return None
+        out.append(sentinel)
+    return out
 
 
 _kept: dict = {}   # (dtype, shape, values as keyed) -> their buffer, in modes that run each op now
@@ -135,6 +230,17 @@ def read_input(lifted, i: int):
     return lifted.select(0, i)
 
 
+#: Pointwise ops whose Scalar slots a lifted int moves to their Tensor twin's: the same value
+#: with the int cast to the op's dtype first, as eager casts it. Not pow: eager's kernel
+#: squares and cubes for exponents 2 and 3, which a general power does not round alike.
+_TENSOR_TWINS = {
+    aten.clamp.default: aten.clamp.Tensor, aten.clamp_min.default: aten.clamp_min.Tensor,
+    aten.clamp_max.default: aten.clamp_max.Tensor,
+    **{getattr(aten, name).Scalar: getattr(aten, name).Tensor for name in (
+        "eq", "ne", "lt", "le", "gt", "ge", "bitwise_and", "bitwise_or", "bitwise_xor",
+        "remainder", "fmod")}}
+
+
 def _tensor_slot(node: fx.Node, position, name=None) -> bool:
     schema = getattr(node.target, "_schema", None)
     if schema is None:
@@ -143,20 +249,24 @@ def _tensor_slot(node: fx.Node, position, name=None) -> bool:
         arg = next((a for a in schema.arguments if a.name == name), None)
     else:
         arg = schema.arguments[position] if position < len(schema.arguments) else None
-    return arg is not None and str(arg.type) == "Tensor"
+    return arg is not None and str(arg.type) in ("Tensor", "Optional[Tensor]")
 
 
-def _alpha_as_product(graph: fx.Graph, node: fx.Node, index: dict, read) -> None:
+def _alpha_as_product(graph: fx.Graph, node: fx.Node, index: dict) -> None:
     # add/sub(x, y, alpha=a): alpha is a Python scalar slot; x + y * a is the same value with
-    # a in a tensor slot.
+    # a in a tensor slot, where the lifting loop finds it.
     if node.target not in (aten.add.Tensor, aten.sub.Tensor):
         return
     alpha = node.kwargs.get("alpha", node.args[2] if len(node.args) > 2 else None)
     other = node.args[1] if len(node.args) > 1 else None
-    if type(alpha) is not float or alpha not in index or not isinstance(other, fx.Node):
+    if type(alpha) not in (float, int) or alpha not in index or not isinstance(other, fx.Node):
         return
+    out, val = node.meta.get("val"), other.meta.get("val")
+    if type(alpha) is int and not (isinstance(out, torch.Tensor) and
+                                   isinstance(val, torch.Tensor) and out.dtype == val.dtype):
+        return  # y * a in y's dtype would wrap where eager computes in the sum's
     with graph.inserting_before(node):
-        scaled = graph.call_function(aten.mul.Tensor, (other, read(index[alpha])))
+        scaled = graph.call_function(aten.mul.Tensor, (other, alpha))
     scaled.meta["val"] = other.meta.get("val")
     if "tensor_meta" in other.meta:
         scaled.meta["tensor_meta"] = other.meta["tensor_meta"]
@@ -164,9 +274,32 @@ def _alpha_as_product(graph: fx.Graph, node: fx.Node, index: dict, read) -> None
     node.kwargs = {k: v for k, v in node.kwargs.items() if k != "alpha"}
 
 
+def _operand_dtype(node: fx.Node, value: int):
+    """The dtype eager computes pointwise ``node`` in, given int ``value`` in one of its slots:
+    its result's, or for a comparison (a bool result) its operands' common one; None for any
+    other node."""
+    out = node.meta.get("val")
+    if not isinstance(out, torch.Tensor) or torch.Tag.pointwise not in getattr(
+            node.target, "tags", ()):
+        return None
+    if out.dtype is not torch.bool:
+        return out.dtype
+    from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+    operands = [a.meta.get("val") for a in node.args if isinstance(a, fx.Node)]
+    if not all(isinstance(t, torch.Tensor) for t in operands):
+        return None
+    return elementwise_dtypes(*operands, value,
+                              type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)[1]
+
+
 def lift(gm: fx.GraphModule, values: list, dtype: torch.dtype) -> fx.GraphModule | None:
-    """``gm`` with each float in ``values`` read from a new last input of ``dtype``, or None if
-    it cannot."""
+    """``gm`` with each scalar in ``values`` (all floats or all ints) read from a new last
+    input of ``dtype``, or None if it cannot.
+
+    An int read is cast to the dtype its pointwise consumer computes in, as eager casts a
+    Python int there: ``int32 + 2**40`` wraps, a 0-dim int32 plus an int stays int32 (a 0-dim
+    int64 input would promote it)."""
+    kind = type(values[0])
     graph = gm.graph
     index = {v: i for i, v in enumerate(values)}
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
@@ -174,42 +307,75 @@ def lift(gm: fx.GraphModule, values: list, dtype: torch.dtype) -> fx.GraphModule
     ctx = graph.inserting_after(anchor) if anchor is not None else \
         graph.inserting_before(next(iter(graph.nodes)))
     with ctx:
-        lifted = graph.placeholder("lifted_floats")
+        lifted = graph.placeholder("lifted_floats" if kind is float else "lifted_ints")
     lifted.meta["val"] = torch.empty(len(values), dtype=dtype)
     from torch.fx.passes.shape_prop import _extract_tensor_metadata
     lifted.meta["tensor_meta"] = _extract_tensor_metadata(lifted.meta["val"])
     reads: dict = {}
+    added: set = set()
 
-    def read(i):
-        node = reads.get(i)
-        if node is None:
-            with graph.inserting_after(lifted):
-                node = reads[i] = graph.call_function(aten.select.int, (lifted, 0, i))
-            node.meta["val"] = torch.empty((), dtype=dtype)
-            node.meta["tensor_meta"] = _extract_tensor_metadata(node.meta["val"])
+    def new_node(before, op, args, kwargs, like):
+        with graph.inserting_before(before) if before is not None else \
+                graph.inserting_after(lifted):
+            node = graph.call_function(op, args, kwargs)
+        node.meta["val"] = like
+        node.meta["tensor_meta"] = _extract_tensor_metadata(like)
+        added.add(node)
         return node
 
+    def read(i, consumer, value, cast=None):
+        node = reads.get(i)
+        if node is None:
+            node = reads[i] = new_node(None, aten.select.int, (lifted, 0, i), {},
+                                       torch.empty((), dtype=dtype))
+        if cast is None:
+            if kind is float:
+                return node
+            cast = _operand_dtype(consumer, value)
+            if cast is None:
+                return None
+        if cast == dtype:
+            return node
+        return new_node(consumer, torch.ops.prims.convert_element_type.default, (node, cast),
+                        {}, torch.empty((), dtype=cast))
+
     for node in list(graph.nodes):
-        if node.op != "call_function" or node in reads.values():
+        if node.op != "call_function":
             continue
-        _alpha_as_product(graph, node, index, read)
+        _alpha_as_product(graph, node, index)
+        value = node.args[0] if node.args else None
+        if kind is int and node.target is aten.scalar_tensor.default and \
+                type(value) is int and value in index and \
+                isinstance(node.meta.get("val"), torch.Tensor):
+            # a decomposition's own 0-dim tensor of the int (floor division, fmod): the read,
+            # cast as scalar_tensor casts. Not floats: float floor division's decomposition
+            # tells 0.0 from -0.0 in Python, which both sentinels pass alike.
+            node.replace_all_uses_with(read(index[value], node, value, node.meta["val"].dtype))
+            graph.erase_node(node)
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node in added:
+            continue
+        if kind is int and node.target in _TENSOR_TWINS and any(
+                type(a) is int and a in index for a in (*node.args, *node.kwargs.values())):
+            node.target = _TENSOR_TWINS[node.target]
         args = list(node.args)
         for pos, a in enumerate(args):
-            if type(a) is float and a in index:
-                if not _tensor_slot(node, pos):
+            if type(a) is kind and a in index:
+                args[pos] = read(index[a], node, a) if _tensor_slot(node, pos) else None
+                if args[pos] is None:
                     return None
-                args[pos] = read(index[a])
         kwargs = dict(node.kwargs)
         for name, a in kwargs.items():
-            if type(a) is float and a in index:
-                if not _tensor_slot(node, None, name):
+            if type(a) is kind and a in index:
+                kwargs[name] = read(index[a], node, a) if _tensor_slot(node, None, name) \
+                    else None
+                if kwargs[name] is None:
                     return None
-                kwargs[name] = read(index[a])
         node.args, node.kwargs = tuple(args), kwargs
     for node in graph.nodes:  # a sentinel left inside a list, or anywhere else
         left: list = []
-        _leaves(node.args, left)
-        _leaves(list(node.kwargs.values()), left)
+        _leaves(node.args, left, kind)
+        _leaves(list(node.kwargs.values()), left, kind)
         if any(v in index for v in left):
             return None
     if len(reads) != len(values):
