@@ -173,6 +173,42 @@ def test_compiled_gru_cell_trains_on_tpu_tensors(fresh_dynamo, bias):
     torch.testing.assert_close([t.cpu() for t in got], want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_compiled_grouped_mm_of_any_float_dtype_on_tpu_tensors(fresh_dynamo, dtype):
+    # transformers' MoE layers (Mixtral, Qwen2-MoE) call torch._grouped_mm on a tpu device for
+    # every dtype; its meta kernel is CUDA's, bf16 only, and float32 weights compiled on the
+    # device failed in Dynamo's fake-tensor pass ("Expected inputs of BF16 type").
+    from torchtpu_compile import config
+    torch.manual_seed(0)
+    x, w = torch.randn(6, 32, dtype=dtype), torch.randn(2, 32, 16, dtype=dtype)
+    offs = torch.tensor([2, 6], dtype=torch.int32)
+
+    def step(x, w, offs):
+        out = torch._grouped_mm(x, w, offs=offs)
+        out.float().square().sum().backward()
+        return out
+
+    x_ref, w_ref = x.clone().requires_grad_(), w.clone().requires_grad_()
+    want = step(x_ref, w_ref, offs)
+    x_dev, w_dev = x.to("tpu").requires_grad_(), w.to("tpu").requires_grad_()
+    with config.patch(matmul_precision="highest"):
+        got = torch.compile(step, backend="torchtpu")(x_dev, w_dev, offs.to("tpu"))
+    tol = dict(rtol=1e-5, atol=1e-4) if dtype == torch.float32 else dict(rtol=2e-2, atol=1e-1)
+    assert got.dtype == dtype
+    torch.testing.assert_close([got.cpu(), x_dev.grad.cpu(), w_dev.grad.cpu()],
+                               [want, x_ref.grad, w_ref.grad], **tol)
+
+
+def test_grouped_mm_on_host_tensors_keeps_pytorchs_meta_rule(fresh_dynamo):
+    # The float32 rule is the tpu device's only: compiled on the CPU, PyTorch's meta kernel
+    # still refuses float32 (transformers does not call it there), on any backend.
+    x, w = torch.randn(6, 32), torch.randn(2, 32, 16)
+    offs = torch.tensor([2, 6], dtype=torch.int32)
+    with pytest.raises(Exception, match="BF16"):
+        torch.compile(lambda x, w, o: torch._grouped_mm(x, w, offs=o), backend="aot_eager")(
+            x, w, offs)
+
+
 def test_compiled_cholesky_checks_its_errors_on_tpu_tensors(fresh_dynamo):
     # The check runs between XLA regions as an effectful node: given tpu tensors it raised "There
     # was no rule registered for HOP with_effects and subclass TpuTensor" (a MultivariateNormal

@@ -117,6 +117,7 @@ def teach_dynamo() -> None:
     register_replay_ops(TpuTensor)
     _no_tpu_constants_in_fake_tensors()
     _run_effects_on_tpu_tensors()
+    _grouped_mm_of_every_float_dtype()
     _taught = True
 
 
@@ -127,6 +128,38 @@ def _run_effects_on_tpu_tensors() -> None:
     # device's dispatch (the check reads its info on the host), as on host tensors.
     from torch._higher_order_ops.effects import with_effects, with_effects_dense
     with_effects.py_impl(TpuTensor)(with_effects_dense)
+
+
+def _grouped_mm_of_every_float_dtype() -> None:
+    # transformers' MoE layers (Mixtral, Qwen2-MoE) call torch._grouped_mm on a "tpu" device
+    # for every dtype, since TPUs lower it natively (integrations/moe.py,
+    # _can_use_grouped_mm), and the device's decomposition computes it in any float dtype. Its
+    # meta kernel is CUDA's, bf16 only, so a model compiled on the device with float32 weights
+    # failed in Dynamo's fake-tensor pass ("Expected inputs of BF16 type"). On tpu tensors of
+    # one float dtype the result is the meta kernel's for bf16 stand-ins, in that dtype (or
+    # out_dtype); every other call, on any device, gets the meta kernel as before.
+    import torch
+    from torch._subclasses.fake_impls import register_op_impl
+    grouped_mm = torch.ops.aten._grouped_mm.default
+
+    def on_tpu(fake_mode, func, *args, **kwargs):
+        mat_a, mat_b, *rest = args
+        out_dtype = kwargs.pop("out_dtype", None)
+        if len(rest) > 2:
+            rest, out_dtype = rest[:2], rest[2]
+        if mat_a.fake_device.type != DEVICE.type or mat_a.dtype != mat_b.dtype or \
+                not mat_a.dtype.is_floating_point or mat_a.dtype == torch.bfloat16:
+            return NotImplemented
+        bf16 = torch.bfloat16
+        rest = [r.to(bf16) if isinstance(r, torch.Tensor) and r.is_floating_point() else r
+                for r in rest]
+        if isinstance(kwargs.get("bias"), torch.Tensor):
+            kwargs["bias"] = kwargs["bias"].to(bf16)
+        with fake_mode:
+            out = func(mat_a.to(bf16), mat_b.to(bf16), *rest, **kwargs)
+            return out.to(out_dtype or mat_a.dtype)
+
+    register_op_impl(lambda func: func is grouped_mm)(on_tpu)
 
 
 def _no_tpu_constants_in_fake_tensors() -> None:

@@ -8,8 +8,9 @@ import json
 import os
 
 import pytest
+import torch
 
-from tests.support import zoo_check, zoo_full
+from tests.support import zoo, zoo_check, zoo_full
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fresh_dynamo")]
 
@@ -53,6 +54,30 @@ def test_zoo_model_on_the_device(name):
     argument checks running on the host)."""
     record = zoo_check.measure_on_device(name)
     assert record["status"] == "pass", record
+
+@pytest.mark.parametrize("name", ["mixtral", "qwen2_moe"])
+def test_moe_model_compiled_on_the_device(name):
+    """A mixture-of-experts model moved to tpu and compiled, against CPU eager: transformers
+    routes its experts through torch._grouped_mm on a tpu device for every dtype, which
+    Dynamo's fake-tensor pass refused in float32 (``compile_support``)."""
+    from torchtpu_compile import config
+    torch._dynamo.reset()
+    results = {}
+    for device in ("cpu", "tpu"):
+        torch.manual_seed(0)
+        model, inputs = zoo_full.ZOO[name][1]()
+        zoo_check.no_dropout(model)
+        model = model.to(device)
+        if device == "tpu":
+            model.compile(backend="torchtpu")
+        inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs)
+        with config.patch(matmul_precision="highest"):
+            out = zoo.first_tensor(model(*inputs)).float()
+            out.square().mean().backward()
+        results[device] = [out.detach().cpu()] + [p.grad.cpu() for p in model.parameters()
+                                                  if p.grad is not None]
+    torch.testing.assert_close(results["tpu"], results["cpu"], rtol=1e-4, atol=1e-5)
+
 
 DYNAMIC_RESULTS = os.environ.get("TORCHTPU_ZOO_DYNAMIC_RESULTS",
                                  os.path.join("build", "coverage", "dynamic_zoo.json"))
