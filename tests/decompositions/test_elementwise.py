@@ -39,6 +39,22 @@ def test_an_add_of_bools_is_a_logical_or(path, tmp_path):
         torch.testing.assert_close(g, e)
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_a_product_with_a_converted_bool_keeps_eagers_nan(path, tmp_path):
+    # XLA's algebraic simplifier made convert(mask) * y a select(mask, y, 0), and x / 0.0 a
+    # product with inf: where y is inf or NaN eager's 0 * y is NaN, and XLA gave 0
+    # (`bools.float() / 0.0` was [0, inf], eager [nan, inf]: fuzz seed 3588).
+    mask = torch.tensor([False, True, False, True, False])
+    y = torch.tensor([INF, -INF, NAN, 2.5, -3.0])
+
+    def f(mask, y):
+        return (mask.float() * y, mask.float() / 0.0, y * mask.double(), mask.half() * y.half(),
+                mask.bfloat16() / -0.0, mask.float() * mask.float())
+    got = run_on_path(path, f, mask, y, tmp_dir=tmp_path)
+    for g, e in zip(got, f(mask, y)):
+        torch.testing.assert_close(g, e, equal_nan=True)
+
+
 def test_remainder_takes_the_divisors_sign():
     a, b = randn(5, 6), randn(5, 6, seed=1)
     check(torch.remainder, a, b)
