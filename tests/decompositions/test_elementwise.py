@@ -220,6 +220,21 @@ def test_comparisons_of_shape_only_literals_fold_on_the_host():
     check(lambda x: torch.where(torch.full_like(x, 4.0) < 1, NAN, x) + 1, randn(8))
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_bools_compared_with_a_number_are_compared_as_integers(path, tmp_path):
+    # eager promotes a bool tensor beside a Python int to int64; the number was made a bool
+    # (300 and 2 became True), so bools == 300 was True where the bool was (fuzz seed 3830).
+    x = torch.tensor([[False, True, False], [True, False, True]]).t()
+    u = torch.tensor([44, 1], dtype=torch.uint8)
+
+    def f(x, u):
+        return (x == 300, x == 2, x != 2, x < 2, x > -1, x.le(-7), x >= 0.5, x == 1, u == 300,
+                u.lt(-1), u > 2.5)
+    got = run_on_path(path, f, x, u, tmp_dir=tmp_path)
+    for g, e in zip(got, f(x, u)):
+        torch.testing.assert_close(g, e)
+
+
 def test_boolean_and_uint8_comparisons():
     # torch-mlir emits SIGNED comparisons; XLA rejects them on booleans (stablehlo pass fix).
     a, b = randn(5, 6), randn(5, 6, seed=1)
