@@ -214,6 +214,26 @@ def test_literal_float_positions_converted_to_indices_are_eagers():
     check(rows, randn(8))
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_float_positions_of_data_converted_to_indices_are_eagers(path, tmp_path):
+    # The same arithmetic on data (fuzz seed 3711): XLA:CPU fused a * r - r into one FMA and
+    # its simplifier folded -r + 0.5, so position 4 was 8.0 where eager's rounding after each
+    # op gives 7.9999995, and the lookup read row 8 for eager's 7. (v + 1) - 1 is v there.
+    ratio = 15 / 7
+    a, v = torch.arange(9).float(), torch.arange(20.0)
+    small = torch.tensor([0.1, 1e-8, 3.3e-8, -0.4])
+
+    def positions(a, v, small):
+        index = ((a + 0.5) * ratio - ratio + 0.5).long()
+        return index, v[index], ((small + 1) - 1).mul(1e8).long(), (a * 0.1 * 3).floor().int()
+    got = run_on_path(path, positions, a, v, small, tmp_dir=tmp_path)
+    for g, e in zip(got, positions(a, v, small)):
+        torch.testing.assert_close(g, e, rtol=0, atol=0)
+    with config.patch(exact_index_arithmetic=False):  # XLA's rounding, as before
+        if path == "compile":
+            assert compile_tpu(positions)(a, v, small)[0][4] == 8
+
+
 def test_comparisons_of_shape_only_literals_fold_on_the_host():
     # full_like(x, 4.0) is a literal whatever x holds; torch-mlir folded lt(it, 1) to true
     # and the whole result to NaN.
