@@ -27,6 +27,7 @@ FROM_ENVIRONMENT = {
     "donate_buffers": ("no", False),
     "random_draws": ("device", "device"),
     "excess_precision": ("ON", "on"),
+    "exact_index_arithmetic": ("off", False),
     "cache_dir": ("/tmp/somewhere", "/tmp/somewhere"),
     "cache_max_bytes": ("1048576", 1 << 20),
     "remote_cache": ("file:///tmp/remote", "file:///tmp/remote"),

@@ -56,6 +56,9 @@ OPS = {
     "scatter_add": (lambda x, i: x.scatter_add(0, _rows(i), _ones(x, i)), [-1], [1, 2]),
     "scatter_reduce": (lambda x, i: x.scatter_reduce(0, _rows(i), _ones(x, i), "sum"), [6], [2]),
     "index_add": (lambda x, i: x.index_add(0, i, _ones(x, i)), [4], [1, 3]),
+    # a vector's: IndexError "index out of range in self" (fuzz seed 4875); a matrix's above
+    "index_add_vector": (lambda x, i: x[:, 0].index_add(0, i, x.new_ones(i.numel())), [-1],
+                         [1, 3]),
     "index_copy": (lambda x, i: x.index_copy(0, i, _ones(x, i)), [7], [2]),
     "index_fill": (lambda x, i: x.index_fill(0, i, 3.0), [4], [-1]),
     "nll_loss": (lambda x, i: F.nll_loss(x[:i.numel()].log_softmax(1), i), [2], [1, -100]),

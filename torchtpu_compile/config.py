@@ -327,6 +327,13 @@ _SETTINGS = (
             "--xla_allow_excess_precision in XLA_FLAGS wins over auto. Read when a program "
             "is compiled.",
             "compile", compiled=True),
+    Setting("exact_index_arithmetic", "TORCHTPU_EXACT_INDEX_ARITHMETIC", True, _Flag(),
+            "Float arithmetic that a graph converts to integers (positions, indices: "
+            "(x * r - r + 0.5).long()) rounds after each op as eager does; XLA would "
+            "otherwise fold its constants together and fuse a product and a sum into one FMA, "
+            "and one ulp is another index. Costs an add per such op; off: XLA's rounding. Read "
+            "when a program is built.",
+            "compile", compiled=True),
     Setting("donate_buffers", "TORCHTPU_DONATE_BUFFERS", True, _Flag(),
             "A compiled graph that overwrites an input of the eager tpu device (an optimizer "
             "step's parameters and state, batch norm's running statistics, a static KV cache) "

@@ -38,6 +38,7 @@ _EAGER_ERRORS = {
     "aten.embedding": (IndexError, "index out of range in self"),
     "aten.index_select": (IndexError, "index out of range in self"),
     "aten.index_reduce": (IndexError, "index out of range in self"),
+    "aten.index_add.vector": (IndexError, "index out of range in self"),
     "aten.take": (IndexError, "out of range: tried to access index {value} on a tensor of "
                               "{size} elements."),
     "aten.put": (IndexError, "out of range: tried to access index {value} on a tensor of "
@@ -65,7 +66,7 @@ _EAGER_ERRORS.update({op: (RuntimeError, "ZeroDivisionError") for op in DIVISOR_
 _ONE_HOT_ERRORS = (RuntimeError, "Class values must be smaller than num_classes.")
 _ONE_HOT_NEGATIVE = "Class values must be non-negative."
 _EAGER_ERRORS["aten.one_hot"] = _ONE_HOT_ERRORS
-#: gather, scatter, scatter_add, scatter_reduce, index_add.
+#: gather, scatter, scatter_add, scatter_reduce, index_add of a matrix or more.
 _GATHER_ERROR = (RuntimeError, "index {value} is out of bounds for dimension {dim} with size "
                                "{size}")
 

@@ -39,6 +39,22 @@ def test_an_add_of_bools_is_a_logical_or(path, tmp_path):
         torch.testing.assert_close(g, e)
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_a_product_with_a_converted_bool_keeps_eagers_nan(path, tmp_path):
+    # XLA's algebraic simplifier made convert(mask) * y a select(mask, y, 0), and x / 0.0 a
+    # product with inf: where y is inf or NaN eager's 0 * y is NaN, and XLA gave 0
+    # (`bools.float() / 0.0` was [0, inf], eager [nan, inf]: fuzz seed 3588).
+    mask = torch.tensor([False, True, False, True, False])
+    y = torch.tensor([INF, -INF, NAN, 2.5, -3.0])
+
+    def f(mask, y):
+        return (mask.float() * y, mask.float() / 0.0, y * mask.double(), mask.half() * y.half(),
+                mask.bfloat16() / -0.0, mask.float() * mask.float())
+    got = run_on_path(path, f, mask, y, tmp_dir=tmp_path)
+    for g, e in zip(got, f(mask, y)):
+        torch.testing.assert_close(g, e, equal_nan=True)
+
+
 def test_remainder_takes_the_divisors_sign():
     a, b = randn(5, 6), randn(5, 6, seed=1)
     check(torch.remainder, a, b)
@@ -198,10 +214,45 @@ def test_literal_float_positions_converted_to_indices_are_eagers():
     check(rows, randn(8))
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_float_positions_of_data_converted_to_indices_are_eagers(path, tmp_path):
+    # The same arithmetic on data (fuzz seed 3711): XLA:CPU fused a * r - r into one FMA and
+    # its simplifier folded -r + 0.5, so position 4 was 8.0 where eager's rounding after each
+    # op gives 7.9999995, and the lookup read row 8 for eager's 7. (v + 1) - 1 is v there.
+    ratio = 15 / 7
+    a, v = torch.arange(9).float(), torch.arange(20.0)
+    small = torch.tensor([0.1, 1e-8, 3.3e-8, -0.4])
+
+    def positions(a, v, small):
+        index = ((a + 0.5) * ratio - ratio + 0.5).long()
+        return index, v[index], ((small + 1) - 1).mul(1e8).long(), (a * 0.1 * 3).floor().int()
+    got = run_on_path(path, positions, a, v, small, tmp_dir=tmp_path)
+    for g, e in zip(got, positions(a, v, small)):
+        torch.testing.assert_close(g, e, rtol=0, atol=0)
+    with config.patch(exact_index_arithmetic=False):  # XLA's rounding, as before
+        if path == "compile":
+            assert compile_tpu(positions)(a, v, small)[0][4] == 8
+
+
 def test_comparisons_of_shape_only_literals_fold_on_the_host():
     # full_like(x, 4.0) is a literal whatever x holds; torch-mlir folded lt(it, 1) to true
     # and the whole result to NaN.
     check(lambda x: torch.where(torch.full_like(x, 4.0) < 1, NAN, x) + 1, randn(8))
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_bools_compared_with_a_number_are_compared_as_integers(path, tmp_path):
+    # eager promotes a bool tensor beside a Python int to int64; the number was made a bool
+    # (300 and 2 became True), so bools == 300 was True where the bool was (fuzz seed 3830).
+    x = torch.tensor([[False, True, False], [True, False, True]]).t()
+    u = torch.tensor([44, 1], dtype=torch.uint8)
+
+    def f(x, u):
+        return (x == 300, x == 2, x != 2, x < 2, x > -1, x.le(-7), x >= 0.5, x == 1, u == 300,
+                u.lt(-1), u > 2.5)
+    got = run_on_path(path, f, x, u, tmp_dir=tmp_path)
+    for g, e in zip(got, f(x, u)):
+        torch.testing.assert_close(g, e)
 
 
 def test_boolean_and_uint8_comparisons():

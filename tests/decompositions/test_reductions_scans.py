@@ -173,6 +173,23 @@ def test_deviations_of_values_whose_float32_squares_overflow():
     check_on_both_paths(deviations, x, rtol=1.3e-6, atol=1e-5)
 
 
+def test_deviations_of_an_empty_input_under_dynamic_shapes():
+    # Fuzz seed 4778: std over the zero-size dim of an empty (0, 3) input is NaN in eager;
+    # under dynamic=True the input's numel is symbolic, the overflow scaling above did not
+    # see that it was empty and its amax raised "Expected reduction dim 0 to have non-zero
+    # size" (a second input makes Dynamo keep the sizes symbolic).
+    def deviations(x, y):
+        v = x * -0.0
+        return (torch.std(v, dim=(0,), correction=1, keepdim=True), v.var(0), v.std(1),
+                torch.std_mean(v, dim=0))
+
+    x = torch.tensor([[0, 0, 8]], dtype=torch.int8).expand(0, 3)
+    y = torch.tensor([9]).expand(1)
+    with config.patch(strict=True):
+        got = torch.compile(deviations, backend="torchtpu", dynamic=True)(x, y)
+    torch.testing.assert_close(got, deviations(x, y), equal_nan=True)
+
+
 @pytest.mark.parametrize("op", [torch.cumsum, torch.cumprod])
 def test_a_scan_along_a_dim_of_one_element_returns_a_new_tensor(op):
     # Fuzz seed 1613: along a dim of one element the scan is a no-op, the decomposition

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from .. import config
 from .index_checks import INDEX_CHECK, INDEX_CHECK_REAL
 
 aten = torch.ops.aten
@@ -418,3 +419,72 @@ def unlegalizable_literals_as_constants(gm):
         held.meta = dict(node.meta)
         node.replace_all_uses_with(held)
         gm.graph.erase_node(node)
+
+
+#: Float arithmetic XLA may merge with a neighbour's rounding: its simplifier reassociates
+#: constants ((x + c1) + c2 -> x + (c1 + c2)) and XLA:CPU contracts a * b + c into one FMA.
+_ROUNDED_EACH = frozenset({
+    aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar, aten.mul.Tensor,
+    aten.mul.Scalar, aten.div.Tensor, aten.div.Scalar})
+#: Ops a float passes through on its way to an index, each rounding (or not) as eager.
+_TOWARDS_AN_INDEX = _ROUNDED_EACH | {
+    aten.neg.default, aten.floor.default, aten.ceil.default, aten.round.default,
+    aten.trunc.default, aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default,
+    aten.expand.default, aten.view.default, aten.unsqueeze.default, aten.squeeze.dim,
+    aten._to_copy.default, torch.ops.prims.convert_element_type.default}
+_TO_DTYPE = (aten._to_copy.default, torch.ops.prims.convert_element_type.default)
+#: The meta key marking the adds of -0.0 that round an index's arithmetic.
+_ROUNDING = "torchtpu_rounds_per_op"
+
+
+def _float_value(node) -> torch.Tensor | None:
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    return val if isinstance(val, torch.Tensor) and val.dtype in (torch.float32,
+                                                                   torch.float64) else None
+
+
+@fx_pass
+def index_arithmetic_rounded_per_op(gm):
+    # A float turned into an integer ((a * r - r + 0.5).long(): a position, an index) must
+    # round where eager rounds, or one ulp is another index (fuzz seed 3711: 8 where eager's
+    # 7.9999995 gives 7). XLA:CPU contracts a * r - r into one FMA (LLVM's FP fusion, always
+    # on) and its simplifier folds -r + 0.5 into one constant; no per-compile option turns
+    # either off, and XLA drops optimization barriers and float64 round trips before they
+    # could help. Adding a -0.0 that XLA cannot see (a resident argument) after each rounded
+    # op of such a chain is exact (x + -0.0 is x, -0.0 and NaN included) and stops both: the
+    # FMA takes the -0.0 and rounds the product alone, and no constant meets a constant.
+    # _hold_inexact_literals does the same job for chains of literals, by evaluating them.
+    if not config.exact_index_arithmetic:
+        return
+    chain, todo = set(), []
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        if node.op == "call_function" and node.target in _TO_DTYPE and \
+                isinstance(val, torch.Tensor) and not val.is_floating_point() and \
+                val.dtype != torch.bool and _float_value(node.args[0]) is not None:
+            todo.append(node.args[0])
+    while todo:
+        node = todo.pop()
+        if node in chain or node.op != "call_function" or node.target not in _TOWARDS_AN_INDEX \
+                or _float_value(node) is None:
+            continue
+        chain.add(node)
+        todo.extend(node.all_input_nodes)
+    zeros: dict = {}
+    for node in [n for n in gm.graph.nodes if n in chain and n.target in _ROUNDED_EACH]:
+        readers = [u for u in node.users if u in chain and u.target in _ROUNDED_EACH]
+        if not readers or node.meta.get(_ROUNDING) or \
+                any(u.meta.get(_ROUNDING) for u in node.users):
+            continue  # nothing rounds next, or done already (a cut graph is normalized again)
+        dtype = _float_value(node).dtype
+        if dtype not in zeros:
+            name = f"_negative_zero_{str(dtype).split('.')[-1]}"
+            gm.register_buffer(name, torch.tensor(-0.0, dtype=dtype))
+            with gm.graph.inserting_before(node):
+                zeros[dtype] = gm.graph.get_attr(name)
+            zeros[dtype].meta["val"] = torch.empty((), dtype=dtype)
+        with gm.graph.inserting_after(node):
+            rounded = gm.graph.call_function(aten.add.Tensor, (node, zeros[dtype]))
+        rounded.meta = {**node.meta, _ROUNDING: True}
+        for user in readers:
+            user.replace_input_with(node, rounded)

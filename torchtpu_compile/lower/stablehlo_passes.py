@@ -300,3 +300,37 @@ def _convert_as_the_host(op, source, target):
         result = _create("stablehlo.convert", [result], target, ip, loc)
     op.result.replace_all_uses_with(result)
     op.erase()
+
+
+def _bool_to_float(op) -> ir.RankedTensorType | None:
+    """The int8 type of a bool-to-float convert's shape, else None."""
+    source = op.operands[0].type.maybe_downcast()
+    target = op.result.type.maybe_downcast()
+    if not isinstance(source, ir.RankedTensorType) or not isinstance(target,
+                                                                     ir.RankedTensorType):
+        return None
+    element = source.element_type.maybe_downcast()
+    if not isinstance(element, ir.IntegerType) or element.width != 1 or \
+            not isinstance(target.element_type.maybe_downcast(), ir.FloatType):
+        return None
+    return ir.RankedTensorType.get(source.shape, ir.IntegerType.get_signless(8))
+
+
+@stablehlo_pass
+def bool_to_float_through_int8(module, ctx):
+    # XLA's algebraic simplifier rewrites a product with a converted bool, convert(p) * y, as
+    # select(p, y, 0), and a division by a constant as a product with its reciprocal: where y
+    # is inf or NaN, eager's 0 * y is NaN and the select gives 0 (`mask.float() * scores`
+    # holding -inf, `bools.float() / 0.0`: fuzz seed 3588; plain jax.jit the same). A bool
+    # converted through int8 is the same value and no longer matches the rewrite; XLA fuses the
+    # second convert into the same loop.
+    for op in _ops_named(module, ("stablehlo.convert",)):
+        with op.location:
+            int8 = _bool_to_float(op)
+            if int8 is None:
+                continue
+            ip, loc = ir.InsertionPoint(op), op.location
+            wide = _create("stablehlo.convert", [op.operands[0]], int8, ip, loc)
+            result = _create("stablehlo.convert", [wide], op.result.type, ip, loc)
+        op.result.replace_all_uses_with(result)
+        op.erase()

@@ -425,9 +425,14 @@ def _compared_in_common_dtype(op):
     torch-mlir converts the right operand to the left one's dtype, so where a 0-d tensor takes
     part (its dtype does not promote a dimensioned tensor of its kind) the comparison ran in the
     wrong dtype: ``torch.tensor(256) == uint8_zeros`` was False (eager casts 256 to uint8, 0:
-    True), ``float64(1e-50) == float32_zeros`` False (eager: True).
+    True), ``float64(1e-50) == float32_zeros`` False (eager: True). A Python number beside
+    a bool tensor was made a bool: ``bools == 300`` was True where the bool was (eager
+    compares in int64: False; fuzz seed 3830).
     """
     def compare(a, b):
+        if not isinstance(b, torch.Tensor):  # a number: only the tensor may need a cast
+            dtype = torch.result_type(a, b)
+            return NotImplemented if a.dtype == dtype else op(a.to(dtype), b)
         cast = in_common_dtype(a, b)
         return NotImplemented if cast is None else op(*cast)
     compare.__name__ = f"{op.__name__.split('.')[0]}_in_common_dtype"
@@ -435,7 +440,8 @@ def _compared_in_common_dtype(op):
 
 
 for _op in (aten.eq.Tensor, aten.ne.Tensor, aten.lt.Tensor, aten.le.Tensor, aten.gt.Tensor,
-            aten.ge.Tensor):
+            aten.ge.Tensor, aten.eq.Scalar, aten.ne.Scalar, aten.lt.Scalar, aten.le.Scalar,
+            aten.gt.Scalar, aten.ge.Scalar):
     decomposition(_op)(_compared_in_common_dtype(_op))
 
 

@@ -13,6 +13,7 @@ Example::
 from __future__ import annotations
 
 import torch
+from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from .common import computing_dtype, torch_decomposition
 from .registry import decomposition, torch_mlir_table
@@ -166,8 +167,9 @@ def _scaled(op, inner):
     results multiplied back: exact scalings, so only the float32 overflow goes away."""
     def decompose(x, *args, **kwargs):
         dim = args[0] if args else kwargs.get("dim")
+        # an empty input's numel is symbolic under dynamic=True, and amax of it raises
         if not x.is_floating_point() or computing_dtype(x.dtype) != torch.float32 or \
-                (isinstance(x.numel(), int) and x.numel() == 0):
+                guard_or_false(x.numel() == 0):
             return _otherwise(op, inner, x, *args, **kwargs)
         dims = list(range(x.dim())) if dim is None else dim
         big = torch.amax(x.abs().to(torch.float32), dim=dims, keepdim=True)
