@@ -227,12 +227,20 @@ def _host_converts_out_of_range_to_int_min() -> bool:
         return probe.to(torch.int32).tolist() == [-2 ** 31] * 2
 
 
-def _float_to_int(op):
-    """(source float type, target integer type) of a float-to-integer convert, else None."""
+def _ranked_convert(op):
+    """(source type, target type) of a convert between ranked tensors, else (None, None)."""
     source = op.operands[0].type.maybe_downcast()
     target = op.result.type.maybe_downcast()
     if not isinstance(source, ir.RankedTensorType) or not isinstance(target,
                                                                      ir.RankedTensorType):
+        return None, None
+    return source, target
+
+
+def _float_to_int(op):
+    """(source float type, target integer type) of a float-to-integer convert, else None."""
+    source, target = _ranked_convert(op)
+    if source is None:
         return None
     element = target.element_type.maybe_downcast()
     if not isinstance(source.element_type.maybe_downcast(), ir.FloatType) or \
@@ -304,10 +312,8 @@ def _convert_as_the_host(op, source, target):
 
 def _bool_to_float(op) -> ir.RankedTensorType | None:
     """The int8 type of a bool-to-float convert's shape, else None."""
-    source = op.operands[0].type.maybe_downcast()
-    target = op.result.type.maybe_downcast()
-    if not isinstance(source, ir.RankedTensorType) or not isinstance(target,
-                                                                     ir.RankedTensorType):
+    source, target = _ranked_convert(op)
+    if source is None:
         return None
     element = source.element_type.maybe_downcast()
     if not isinstance(element, ir.IntegerType) or element.width != 1 or \
