@@ -40,8 +40,8 @@ from . import fallback, modes, rng, scalars, views
 from .device import check_device
 from .fuse import Lazy
 from .modes import Strict, concrete
-from .programs import (OpGraph, _fake_examples, _platform, example, meta_kernel_failed, splice,
-                       trace)
+from .programs import (OpGraph, _fake_examples, _platform, example, meta_kernel_failed,
+                       outside_dynamo, splice, trace)
 from .storage import Storage
 from .tensor import (DEVICE, TpuTensor, _numel, contiguous_strides, dense_tensor, is_dense,
                      memory_layout, new_tensor, strided_tensor, view_tensor)
@@ -328,13 +328,16 @@ def _eager_layout(entry, func, args, kwargs, tensors):
     channels-last."""
     if not entry.single:
         return None
-    metas = iter(_fake_examples(
-        [_meta_view(t) if type(t) is TpuTensor else t.to("meta") for t in tensors]))
-    try:
-        out = func(*_substitute(tuple(args), metas), **{
-            k: _substitute(v, metas) for k, v in kwargs.items()})
-    except Exception:  # no meta kernel: the result stays contiguous
-        return None
+    # Fake tensor's own Python frames must not reach Dynamo, which would trace them as user
+    # code where a compiled function leaves ops to the device (nn.LSTM's graph break).
+    with outside_dynamo():
+        metas = iter(_fake_examples(
+            [_meta_view(t) if type(t) is TpuTensor else t.to("meta") for t in tensors]))
+        try:
+            out = func(*_substitute(tuple(args), metas), **{
+                k: _substitute(v, metas) for k, v in kwargs.items()})
+        except Exception:  # no meta kernel: the result stays contiguous
+            return None
     if not isinstance(out, torch.Tensor):
         return None
     size, stride = tuple(out.shape), tuple(out.stride())
