@@ -489,3 +489,26 @@ def test_a_frame_holding_another_tensor_method_misses(tmp_path, holder):
             for op in ("relu", "sigmoid", "relu")]
     assert all(run["same"] for run in runs), runs
     assert [run["loaded"] for run in runs] == [0, 0, 1]
+
+
+def _compile_ids_taken(backend: str, fn, calls) -> int:
+    """How many compile ids Dynamo's frame counters gave out while ``fn`` compiled with
+    ``backend`` (static shapes) ran on each of ``calls``."""
+    from torch._dynamo.convert_frame import FRAME_COMPILE_COUNTER
+    torch._dynamo.reset()
+    before = sum(FRAME_COMPILE_COUNTER.values())
+    compiled = torch.compile(fn, backend=backend, dynamic=False)
+    for args in calls:
+        compiled(*args)
+    return sum(FRAME_COMPILE_COUNTER.values()) - before
+
+
+def test_a_recompile_gets_the_compile_id_dynamo_alone_would(fresh_dynamo):
+    # a lookup that found nothing took an id too, so the frame's second trace was logged
+    # as [0/3], not [0/1] (Whisper's generate() reached "[0/17] hit recompile_limit (8)")
+    def scaled(x):
+        return torch.relu(x) * 2.0 + 1.0
+
+    calls = [(torch.randn(4, 8),), (torch.randn(3, 8),), (torch.randn(2, 8),)]
+    assert _compile_ids_taken("torchtpu", scaled, calls) == _compile_ids_taken("eager", scaled,
+                                                                                calls) == 3

@@ -681,6 +681,12 @@ def _load(frame, frame_state):
     # that saved seconds.
     lookup = _levels.lookup(frame_key(code))
     entries = lookup.value or []
+    if not entries:
+        _levels.count(lookup, used=False)
+        return None
+    # Taking an id advances the frame's compile counter; a miss gives it back below, so the
+    # trace that follows gets the id Dynamo alone would give it ([0/1] for a first recompile,
+    # as logs, recompile messages and tlparse name it, not [0/3]).
     compile_id = get_compile_id(frame_state)
     for entry in reversed(entries):
         try:
@@ -704,8 +710,16 @@ def _load(frame, frame_state):
             _levels.count_event("frames_loaded")
             _levels.count(lookup)
             return wrap_guarded_code(guarded)
-    _levels.count(lookup, used=False)  # nothing stored, or nothing that fits
+    _levels.count(lookup, used=False)  # nothing that fits
+    _give_back(compile_id)
     return None
+
+
+def _give_back(compile_id) -> None:
+    """Return an unused compile id to its frame's counter, so that the next one is the same."""
+    from torch._dynamo.convert_frame import FRAME_COMPILE_COUNTER
+    if FRAME_COMPILE_COUNTER[compile_id.frame_id] == compile_id.frame_compile_id + 1:
+        FRAME_COMPILE_COUNTER[compile_id.frame_id] -= 1
 
 
 # --- the hook into Dynamo -----------------------------------------------------------------

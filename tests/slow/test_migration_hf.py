@@ -109,6 +109,23 @@ def test_generate_beyond_greedy_matches_cpu(run):
     assert got["eager_fallbacks"] == 0 and got["graph_breaks"] == {}
 
 
+@pytest.mark.parametrize("run", ["strict", "defer_and_fuse", "compile"])
+def test_encoder_decoder_generate_matches_cpu(run):
+    # tests/migration/hf_generate_seq2seq.py on the tpu device: T5 (a right-padded batch) and
+    # Whisper (log-mel features), greedy and beam search, each model in the same process (the
+    # compiled run shares transformers' forward wrapper, and Dynamo's recompile budget, between
+    # the two: the tokens stay CPU's either way).
+    want = _run_script("hf_generate_seq2seq", "cpu")
+    env = {"strict": dict(TORCHTPU_STRICT="1"),
+           "defer_and_fuse": dict(TORCHTPU_STRICT="1", TORCH_TPU_DEFER_AND_FUSE="1"),
+           "compile": {}}[run]
+    got = _run_script("hf_generate_seq2seq", "tpu", *(["compile"] if run == "compile" else []),
+                      **env)
+    assert (want["device"], got["device"]) == ("cpu", "tpu:0")
+    assert got["tokens"] == want["tokens"]
+    assert got["eager_fallbacks"] == 0 and got["graph_breaks"] == {}
+
+
 def test_without_the_accelerate_switch_the_batch_stays_on_the_cpu():
     # What ACCELERATE_TORCH_DEVICE is for (docs/migration.md): if accelerate learns the tpu
     # device on its own one day, this fails and the line can leave the guide.
