@@ -94,17 +94,24 @@ def test_compiled_generate_matches_cpu():
     assert got["graph_breaks"] == {}
 
 
+def _cpu_and_device_runs(script: str, run: str) -> tuple[dict, dict]:
+    """``script``'s results on the CPU and on the tpu device, ``run`` being "strict",
+    "defer_and_fuse" (both with host fallbacks refused) or "compile" (the model compiled)."""
+    want = _run_script(script, "cpu")
+    env = {"strict": dict(TORCHTPU_STRICT="1"),
+           "defer_and_fuse": dict(TORCHTPU_STRICT="1", TORCH_TPU_DEFER_AND_FUSE="1"),
+           "compile": {}}[run]
+    got = _run_script(script, "tpu", *(["compile"] if run == "compile" else []), **env)
+    assert (want["device"], got["device"]) == ("cpu", "tpu:0")
+    return want, got
+
+
 @pytest.mark.parametrize("run", ["strict", "defer_and_fuse", "compile"])
 def test_generate_beyond_greedy_matches_cpu(run):
     # tests/migration/hf_generate.py on the tpu device: beam search, a repetition penalty,
     # sampling (top_k, top_p, temperature) under torch.manual_seed, alone and on a left-padded
     # batch. Sampled tokens are CPU's too: the tpu generator is a CPU generator seeded alike.
-    want = _run_script("hf_generate", "cpu")
-    env = {"strict": dict(TORCHTPU_STRICT="1"),
-           "defer_and_fuse": dict(TORCHTPU_STRICT="1", TORCH_TPU_DEFER_AND_FUSE="1"),
-           "compile": {}}[run]
-    got = _run_script("hf_generate", "tpu", *(["compile"] if run == "compile" else []), **env)
-    assert (want["device"], got["device"]) == ("cpu", "tpu:0")
+    want, got = _cpu_and_device_runs("hf_generate", run)
     assert got["tokens"] == want["tokens"]
     assert got["eager_fallbacks"] == 0 and got["graph_breaks"] == {}
 
@@ -115,13 +122,7 @@ def test_encoder_decoder_generate_matches_cpu(run):
     # Whisper (log-mel features), greedy and beam search, each model in the same process (the
     # compiled run shares transformers' forward wrapper, and Dynamo's recompile budget, between
     # the two: the tokens stay CPU's either way).
-    want = _run_script("hf_generate_seq2seq", "cpu")
-    env = {"strict": dict(TORCHTPU_STRICT="1"),
-           "defer_and_fuse": dict(TORCHTPU_STRICT="1", TORCH_TPU_DEFER_AND_FUSE="1"),
-           "compile": {}}[run]
-    got = _run_script("hf_generate_seq2seq", "tpu", *(["compile"] if run == "compile" else []),
-                      **env)
-    assert (want["device"], got["device"]) == ("cpu", "tpu:0")
+    want, got = _cpu_and_device_runs("hf_generate_seq2seq", run)
     assert got["tokens"] == want["tokens"]
     assert got["eager_fallbacks"] == 0 and got["graph_breaks"] == {}
 
