@@ -444,6 +444,10 @@ EMPTY = {
     "index_select": (lambda x, i: torch.index_select(x, 0, i), (2, 0), [5]),
     "index_select_empty_dim": (lambda x, i: torch.index_select(x, 1, i), (2, 0), [0]),
     "embedding": (lambda x, i: F.embedding(i, x), (2, 0), [-1]),
+    # an integer division of no element by a zero divisor: nothing divided (fuzz seed 5313)
+    "floor_divide_by_zero": (lambda x, i: torch.div(x.long(), i, rounding_mode="floor"), (0,),
+                             [0]),
+    "remainder_by_a_zero_number": (lambda x, i: x.long() % 0 + i.sum(), (0, 2), [0]),
 }
 
 

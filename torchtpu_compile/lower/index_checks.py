@@ -268,10 +268,13 @@ def _nll_loss(x, target, weight, reduction, ignore_index):
 
 def _mark_divisor(x, divisor, op: str):
     """An integer division's tensor ``divisor`` marked, for eager's error on a zero; a number
-    that is zero raises at once (eager: "ZeroDivisionError")."""
+    that is zero raises at once (eager: "ZeroDivisionError"). A dividend with no element
+    divides nothing: eager's kernel raises for no divisor then (fuzz seed 5313)."""
     dtype = torch.result_type(x, divisor)
     if dtype.is_floating_point or dtype.is_complex:
         return divisor  # IEEE division: inf or nan, no error
+    if isinstance(x, torch.Tensor) and _has_empty_dim(x):
+        return divisor
     if not isinstance(divisor, torch.Tensor):
         # A symbolic size is left unchecked: comparing it would specialize the graph.
         if isinstance(divisor, (bool, int, float)) and divisor == 0:
