@@ -160,6 +160,22 @@ def test_a_stack_of_empty_tensors_next_to_a_padded_one_matches_eager(fresh_dynam
             assert actual.dtype == expected.dtype and torch.equal(actual, expected)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_half_width_variance_of_a_padded_dim_is_computed_in_float32(dtype, fresh_dynamo):
+    # fuzz seed 6061: a float16 sum of squares past 65504 was inf; eager's kernel computes
+    # half widths in float32 and rounds once
+    fn = lambda x: (torch.var_mean(x, dim=(0, 1), correction=0),  # noqa: E731
+                    x.var(1), x.std(dim=(0, 1)))
+    compiled = compile_tpu(fn, dynamic=True)
+    for n in (5, 6):
+        x = torch.full((2, n), 200.0, dtype=dtype)
+        x[:, ::2] = -200.0
+        for actual, expected in zip(torch.utils._pytree.tree_leaves(compiled(x)),
+                                    torch.utils._pytree.tree_leaves(fn(x))):
+            assert actual.dtype == expected.dtype
+            torch.testing.assert_close(actual, expected)
+
+
 def test_a_slice_whose_length_is_a_remainder_of_the_size_matches_eager(fresh_dynamo):
     # ``n - 7 % n`` at a bucket of 8 is 1, at a real 5 it is 3: the padded slice was too short
     # and dropped real elements. Such a graph compiles per exact shape.

@@ -130,6 +130,19 @@ def test_a_difference_the_reference_backend_does_not_share_is_not_accepted():
     assert mismatch is not None and not mismatch.accepted
 
 
+#: A write into an unfolded view, whose elements overlap: eager writes, functionalization
+#: refuses (seed 5273, minimized).
+UNFOLDED_WRITE = _prog(["torch.tensor([[5, 8, 1], [0, 8, 4], [1, 8, 2]], dtype=torch.uint8, "
+                        "device=dev).transpose(-1, -2)"],
+                       ["v0 = x0.unfold(0, 2, 1)", "v0.copy_(v0)"], ["v0"])
+
+
+@pytest.mark.parametrize("path", fuzz.COMPILE_PATHS)
+def test_a_write_into_an_unfolded_view_is_accepted_as_an_overlapping_write(path):
+    mismatch = fuzz.check(UNFOLDED_WRITE, path)
+    assert mismatch is not None and mismatch.accepted.startswith("overlapping_write:"), mismatch
+
+
 #: x[1:].copy_(x[:-1]) of a strided input: eager's kernel carries x[0] forward, aot_autograd's
 #: graph copies the old values (seeds 1884, 1893, 3687, minimized).
 SHIFTED = _prog(["torch.tensor([[5, 2], [-4, 7], [0, -2]], dtype=torch.int64, device=dev)"

@@ -421,3 +421,65 @@ def test_embedding_bag_offsets_not_starting_at_zero_raise_eager_error_on_both_pa
                                _bag_at(X, i, torch.tensor([0, 3])))
     torch.testing.assert_close(_bag_at(X.to("tpu"), i.to("tpu"), good.to("tpu")).cpu(),
                                _bag_at(X, i, good))
+
+
+def _fill_rows(x, i):
+    return x.new_ones((i.numel(),) + x.shape[1:])
+
+
+# An index out of range into a tensor with no element: eager's kernels of these ops touch
+# nothing and return (fuzz seed 5182: index_add of index -1 into a (2, 0) tensor), or raise
+# RuntimeError with messages of their own (index_select, embedding). name -> (fn(x, i), x's
+# shape, an index; the same behaviour with every shape).
+EMPTY = {
+    "index_add": (lambda x, i: x.index_add(0, i, _fill_rows(x, i)), (2, 0), [0, 1, -1]),
+    "index_add_empty_dim": (lambda x, i: x.index_add(0, i, _fill_rows(x, i)), (0, 3), [4]),
+    "index_copy": (lambda x, i: x.index_copy(0, i, _fill_rows(x, i)), (3, 0, 2), [5]),
+    "index_fill": (lambda x, i: x.index_fill(0, i, 3.0), (2, 0), [-3]),
+    "index": (lambda x, i: x[i] * 1, (2, 0), [5]),
+    "index_dim1": (lambda x, i: x[:, i] * 1, (0, 3), [5]),
+    "index_put": (lambda x, i: x.index_put((i,), torch.tensor(7.0)), (2, 0), [2]),
+    "index_put_accumulate": (lambda x, i: x.index_put((i,), torch.tensor(7.0), True), (2, 0),
+                             [-3]),
+    "index_select": (lambda x, i: torch.index_select(x, 0, i), (2, 0), [5]),
+    "index_select_empty_dim": (lambda x, i: torch.index_select(x, 1, i), (2, 0), [0]),
+    "embedding": (lambda x, i: F.embedding(i, x), (2, 0), [-1]),
+    # an integer division of no element by a zero divisor: nothing divided (fuzz seed 5313)
+    "floor_divide_by_zero": (lambda x, i: torch.div(x.long(), i, rounding_mode="floor"), (0,),
+                             [0]),
+    "remainder_by_a_zero_number": (lambda x, i: x.long() % 0 + i.sum(), (0, 2), [0]),
+}
+
+
+def _outcome(fn):
+    try:
+        return fn().cpu()
+    except (IndexError, RuntimeError) as exc:
+        return exc
+
+
+def _assert_same_outcome(actual, expected):
+    if isinstance(expected, BaseException):
+        assert type(actual) is type(expected), (actual, expected)
+        assert str(actual).startswith(str(expected).splitlines()[0]), (actual, expected)
+    else:
+        assert isinstance(actual, torch.Tensor), actual
+        torch.testing.assert_close(actual, expected)
+
+
+@pytest.mark.parametrize("name", list(EMPTY))
+@pytest.mark.parametrize("path", ["compile", "strict", "defer_and_fuse"])
+def test_an_index_into_a_tensor_with_no_element_is_checked_as_eager_checks_it(name, path):
+    fn, shape, index = EMPTY[name]
+    expected = _outcome(lambda: fn(torch.zeros(shape), torch.tensor(index)))
+    if path == "compile":
+        actual = _outcome(lambda: compile_tpu(fn)(torch.zeros(shape), torch.tensor(index)))
+    else:
+        previous = torch.tpu.get_eager_mode()
+        torch.tpu.set_eager_mode(path)
+        try:
+            actual = _outcome(lambda: fn(torch.zeros(shape, device="tpu"),
+                                         torch.tensor(index, device="tpu")))
+        finally:
+            torch.tpu.set_eager_mode(previous)
+    _assert_same_outcome(actual, expected)

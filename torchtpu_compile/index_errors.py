@@ -37,6 +37,11 @@ _EAGER_ERRORS = {
                                     "dimension {dim} with size {size}"),
     "aten.embedding": (IndexError, "index out of range in self"),
     "aten.index_select": (IndexError, "index out of range in self"),
+    # index_select (and embedding) of a matrix with no element (lower/index_checks.py)
+    "aten.index_select.empty_dim": (RuntimeError, "index_select(): self indexing axis dim "
+                                                  "should be positive"),
+    "aten.index_select.no_elements": (RuntimeError, "INDICES element is out of DATA bounds, "
+                                                    "id={value} axis_dim={size}"),
     "aten.index_reduce": (IndexError, "index out of range in self"),
     "aten.index_add.vector": (IndexError, "index out of range in self"),
     "aten.take": (IndexError, "out of range: tried to access index {value} on a tensor of "

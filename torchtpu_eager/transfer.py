@@ -57,6 +57,11 @@ def to_cpu(t) -> torch.Tensor:
     A tensor that is all of its storage in a permuted order comes back with its strides, as
     eager's ``.cpu()`` of a CUDA tensor keeps a dense layout (``preserve_format``): its storage
     already holds the values in that order, so no transpose runs on the device."""
+    if t.numel() == 0:
+        # No value to wait for (views.read makes an empty buffer), but a download is still a
+        # synchronization point: deferred ops run, so an index out of range recorded before
+        # raises here, as it does at a download of a tensor with elements.
+        modes.current().flush()
     order = views.storage_order(t)
     if order is None:
         return download(modes.concrete(views.read(t)))

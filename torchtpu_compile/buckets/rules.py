@@ -705,6 +705,11 @@ def variance(ctx, node, x, dims=None, correction=None, keepdim=False, **kwargs):
         return _wrap(result, layout)
     correction = 1 if correction is None else correction
     count = _count(ctx, x, node, dims)
+    # Half widths in float32, rounded once at the end, as eager's kernel and the unpadded
+    # decomposition: a float16 sum of squares past 65504 was inf (fuzz seed 6061).
+    dtype = x.tensor.dtype
+    if dtype in (torch.float16, torch.bfloat16):
+        x = Padded(aten._to_copy.default(x.tensor, dtype=torch.float32), x.layout)
     mean = aten.div.Tensor(aten.sum.dim_IntList(ctx.fill(x, 0, padded), dims, True), count)
     centered = Padded(aten.sub.Tensor(x.tensor, mean), x.layout)
     squares = aten.mul.Tensor(ctx.fill(centered, 0, padded), ctx.fill(centered, 0, padded))
@@ -712,6 +717,12 @@ def variance(ctx, node, x, dims=None, correction=None, keepdim=False, **kwargs):
                           aten.clamp.default(aten.sub.Tensor(_as_tensor(count), correction), 0))
     if not keepdim:
         mean = aten.squeeze.dims(mean, dims)
+    if dtype != var.dtype and dtype.is_floating_point:
+        if node.target is aten.std.correction:
+            var = aten.sqrt.default(var)
+        var, mean = (aten._to_copy.default(v, dtype=dtype) for v in (var, mean))
+        if node.target is aten.std.correction:
+            return Padded(var, layout)
     if node.target is aten.var_mean.correction:
         return [Padded(var, layout), Padded(mean, layout)]
     if node.target is aten.std.correction:

@@ -132,8 +132,27 @@ def mark(index, source, dim: int | None, op: str, wraps: bool = False, ignore=No
     return index_check(index, size, dim if named_dim is None else named_dim, wraps, op, ignore)
 
 
+def _has_empty_dim(x, besides=()) -> bool:
+    """Whether a dim of ``x`` other than ``besides`` has size 0. Eager's kernels of
+    index_add (of a matrix), index_copy, index_fill, ``x[i]`` and index_put then touch no
+    element and check no index (fuzz seed 5182: ``index_add`` of index -1 into a (2, 0)
+    tensor returns it). A symbolic size is never 0 (Dynamo specializes 0), so this adds no
+    guard."""
+    return any(isinstance(s, int) and s == 0 for d, s in enumerate(x.shape) if d not in besides)
+
+
 def _marked_indices(x, indices, op: str) -> list:
-    """aten.index / index_put's index list, marked; a boolean mask spans its own dims."""
+    """aten.index / index_put's index list, marked; a boolean mask spans its own dims. Left
+    unmarked where a dim no index covers is empty: the result has no element to read or write.
+    """
+    covered, dim = set(), 0
+    for i in indices:
+        span = 1 if i is None or i.dtype not in (torch.bool, torch.uint8) else i.dim()
+        if i is not None:
+            covered.update(range(dim, dim + span))
+        dim += span
+    if _has_empty_dim(x, besides=covered):
+        return list(indices)
     marked, dim, indexed = [], 0, 0
     for i in indices:
         if i is not None and i.dtype in (torch.bool, torch.uint8):
@@ -159,9 +178,20 @@ def _index_put(x, indices, values, *rest):
     return (x, _marked_indices(x, indices, "aten.index_put"), values, *rest)
 
 
+def _selected(x, dim: int, index, name: str):
+    """index_select's (and embedding's) index marked. Of a matrix with no element, eager's
+    CPU kernel raises RuntimeError with messages of its own: "self indexing axis dim should be
+    positive" for any index into an empty ``dim``, "INDICES element is out of DATA bounds" for
+    one out of range of another."""
+    if x.dim() > 1 and _has_empty_dim(x):
+        empty_dim = isinstance(x.shape[dim], int) and x.shape[dim] == 0
+        name = "aten.index_select.empty_dim" if empty_dim else "aten.index_select.no_elements"
+    return mark(index, x, dim, name)
+
+
 @index_rule(aten.embedding.default)
 def _embedding(weight, indices, *rest):
-    return (weight, mark(indices, weight, 0, "aten.embedding"), *rest)
+    return (weight, _selected(weight, 0, indices, "aten.embedding"), *rest)
 
 
 @index_rule(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
@@ -179,9 +209,12 @@ def _embedding_bag(weight, indices, offsets, *rest):
     return (weight, mark(indices, weight, 0, "aten.embedding_bag"), offsets, *rest)
 
 
-def _dim_rule(name: str, wraps: bool = False):
-    """The rule of an op taking (self, dim, index, ...)."""
+def _dim_rule(name: str, wraps: bool = False, skips_empty: bool = False):
+    """The rule of an op taking (self, dim, index, ...); ``skips_empty``: eager checks no
+    index where another dim of self is empty (``_has_empty_dim``)."""
     def rule(x, dim, index, *rest):
+        if skips_empty and x.dim() and _has_empty_dim(x, besides=(dim % x.dim(),)):
+            return (x, dim, index, *rest)
         return (x, dim, mark(index, x, dim, name, wraps=wraps), *rest)
     return rule
 
@@ -191,11 +224,17 @@ index_rule(aten.scatter.src, aten.scatter.value, aten.scatter.reduce,
            aten.scatter.value_reduce)(_dim_rule("aten.scatter"))
 index_rule(aten.scatter_add.default)(_dim_rule("aten.scatter_add"))
 index_rule(aten.scatter_reduce.two)(_dim_rule("aten.scatter_reduce"))
-index_rule(aten.index_select.default)(_dim_rule("aten.index_select"))
-index_rule(aten.index_copy.default)(_dim_rule("aten.index_copy"))
+
+
+@index_rule(aten.index_select.default)
+def _index_select(x, dim, index):
+    return (x, dim, _selected(x, dim % max(x.dim(), 1), index, "aten.index_select"))
+
+
+index_rule(aten.index_copy.default)(_dim_rule("aten.index_copy", skips_empty=True))
 index_rule(aten.index_reduce.default)(_dim_rule("aten.index_reduce"))
 index_rule(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)(
-    _dim_rule("aten.index_fill", wraps=True))
+    _dim_rule("aten.index_fill", wraps=True, skips_empty=True))
 
 
 @index_rule(aten.index_add.default)
@@ -203,6 +242,9 @@ def _index_add(x, dim, index, *rest):
     # Eager's kernel checks a vector's (or a 0-d tensor's) indices itself, with IndexError
     # "index out of range in self", and leaves a matrix's to the scatter it runs (RuntimeError
     # naming the index: what every other op of _dim_rule raises; fuzz seed 4875).
+    # A matrix with no element (its dim ``dim`` empty too) is returned before any check.
+    if x.dim() > 1 and _has_empty_dim(x):
+        return (x, dim, index, *rest)
     name = "aten.index_add.vector" if x.dim() <= 1 else "aten.index_add"
     return (x, dim, mark(index, x, dim, name), *rest)
 
@@ -226,10 +268,13 @@ def _nll_loss(x, target, weight, reduction, ignore_index):
 
 def _mark_divisor(x, divisor, op: str):
     """An integer division's tensor ``divisor`` marked, for eager's error on a zero; a number
-    that is zero raises at once (eager: "ZeroDivisionError")."""
+    that is zero raises at once (eager: "ZeroDivisionError"). A dividend with no element
+    divides nothing: eager's kernel raises for no divisor then (fuzz seed 5313)."""
     dtype = torch.result_type(x, divisor)
     if dtype.is_floating_point or dtype.is_complex:
         return divisor  # IEEE division: inf or nan, no error
+    if isinstance(x, torch.Tensor) and _has_empty_dim(x):
+        return divisor
     if not isinstance(divisor, torch.Tensor):
         # A symbolic size is left unchecked: comparing it would specialize the graph.
         if isinstance(divisor, (bool, int, float)) and divisor == 0:
