@@ -140,23 +140,22 @@ def _grouped_mm_of_every_float_dtype() -> None:
     # out_dtype); every other call, on any device, gets the meta kernel as before.
     import torch
     from torch._subclasses.fake_impls import register_op_impl
+    from torch.fx.operator_schemas import _normalize_function_or_error
     grouped_mm = torch.ops.aten._grouped_mm.default
 
     def on_tpu(fake_mode, func, *args, **kwargs):
-        mat_a, mat_b, *rest = args
-        out_dtype = kwargs.pop("out_dtype", None)
-        if len(rest) > 2:
-            rest, out_dtype = rest[:2], rest[2]
+        _, options = _normalize_function_or_error(func, args=args, kwargs=kwargs,
+                                                  normalize_to_only_use_kwargs=True)
+        mat_a, mat_b = options.pop("input"), options.pop("mat2")  # the normalizer says input
+        out_dtype = options.pop("out_dtype", None)
         if mat_a.fake_device.type != DEVICE.type or mat_a.dtype != mat_b.dtype or \
                 not mat_a.dtype.is_floating_point or mat_a.dtype == torch.bfloat16:
             return NotImplemented
         bf16 = torch.bfloat16
-        rest = [r.to(bf16) if isinstance(r, torch.Tensor) and r.is_floating_point() else r
-                for r in rest]
-        if isinstance(kwargs.get("bias"), torch.Tensor):
-            kwargs["bias"] = kwargs["bias"].to(bf16)
+        if options.get("bias") is not None:
+            options["bias"] = options["bias"].to(bf16)
         with fake_mode:
-            out = func(mat_a.to(bf16), mat_b.to(bf16), *rest, **kwargs)
+            out = func(mat_a.to(bf16), mat_b.to(bf16), **options)
             return out.to(out_dtype or mat_a.dtype)
 
     register_op_impl(lambda func: func is grouped_mm)(on_tpu)
