@@ -82,15 +82,28 @@ def refuse_written_aliases(args: list, mutated_inputs: tuple, name: str) -> None
     call passes aliasing inputs (Inductor reads real memory, where the write shows anyway). A
     program's inputs are values: its results missed the write (``w.add_(1); return x * 1``
     with ``w = x[:4]`` returned x before the write), with no error. Views are what alias
-    (the same tensor twice is deduplicated above us), so calls without one cost a scan."""
-    if not any(isinstance(a, torch.Tensor) and a._base is not None for a in args):
+    (the same tensor twice is deduplicated above us), so calls without one cost a scan.
+
+    Only the written inputs and the views are grouped by the tensor they view: two other inputs
+    that are not views are distinct tensors. A written view's base may also be passed itself,
+    so only then is every input's identity looked at (a decode step passes a view beside its
+    weights each call: grouping every weight cost it ~180 C calls)."""
+    views = [k for k, a in enumerate(args) if isinstance(a, torch.Tensor) and a._base is not None]
+    if not views:
         return
     groups: dict = {}
-    for k, a in enumerate(args):
-        if isinstance(a, torch.Tensor):
-            root = a._base if a._base is not None else a
-            groups.setdefault(id(root), []).append(k)
     written = {i for i, _ in mutated_inputs}
+    written_bases = set()
+    for k in written.union(views):
+        a = args[k]
+        base = a._base
+        if base is not None and k in written:
+            written_bases.add(id(base))
+        groups.setdefault(id(base if base is not None else a), []).append(k)
+    if written_bases:  # a written view's base, passed as an input too
+        for k, a in enumerate(args):
+            if id(a) in written_bases and k not in written:
+                groups[id(a)].append(k)
     for members in groups.values():
         if len(members) > 1 and written.intersection(members):
             overlapping = {members[k] for k in compute_overlapping_tensors(
