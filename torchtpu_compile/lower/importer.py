@@ -15,6 +15,7 @@ import os
 import re
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 
@@ -98,14 +99,74 @@ def _captured_stderr():
             captured["text"] = tmp.read().decode(errors="replace")
 
 
+class _ImportContexts(threading.local):
+    """One MLIR context per thread, shared by that thread's imports and replaced after
+    ``_IMPORTS_PER_CONTEXT`` of them.
+
+    torch-mlir's ``stateless_fx_import`` makes and tears down a context per graph, about
+    10 ms of the 15-20 ms an import of one op takes: the eager device imports every op once per
+    shape, so a first ``generate()`` paid it hundreds of times. A context keeps every type and
+    attribute it has uniqued (constants among them) until it dies, hence the replacement;
+    contexts are not shared across threads (background bucket compiles import too).
+    """
+
+    def __init__(self):
+        self.context = None
+        self.imports = 0
+
+    def get(self, gm: torch.fx.GraphModule):
+        """The context to import ``gm`` in: a fresh one of its own where it holds more than
+        ``_SHARED_CONSTANT_BYTES`` of constants, which must die with its module."""
+        if _constant_bytes(gm) > _SHARED_CONSTANT_BYTES:
+            return _new_context()
+        if self.context is None or self.imports >= _IMPORTS_PER_CONTEXT:
+            self.context = _new_context()
+            self.imports = 0
+        self.imports += 1
+        return self.context
+
+
+def _new_context():
+    from torch_mlir import ir
+    from torch_mlir.dialects import torch as torch_dialect
+    context = ir.Context()
+    torch_dialect.register_dialect(context)
+    return context
+
+
+def _constant_bytes(gm: torch.fx.GraphModule) -> int:
+    total = 0
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            value = getattr(gm, node.target, None)
+            if isinstance(value, torch.Tensor):
+                total += value.nbytes
+    return total
+
+
+# At most 256 imports x 64 KiB of constants kept alive per thread between replacements.
+_IMPORTS_PER_CONTEXT = 256
+_SHARED_CONSTANT_BYTES = 64 * 1024
+_contexts = _ImportContexts()
+
+
+def _fx_to_stablehlo(gm: torch.fx.GraphModule):
+    # stateless_fx_import's two steps, on this thread's context (it makes one of its own even
+    # when handed an importer).
+    from torch_mlir import fx as torch_mlir_fx
+    from torch_mlir.extras.fx_importer import FxImporter
+
+    importer = FxImporter(context=_contexts.get(gm))
+    importer.import_stateless_graph(gm.graph, func_name="main")
+    return torch_mlir_fx._module_lowering(False, False, torch_mlir_fx.OutputType.STABLEHLO,
+                                          importer.module)
+
+
 def import_stablehlo(gm: torch.fx.GraphModule):
     """Run torch-mlir's FX importer and its StableHLO pipeline; raise LoweringError on failure."""
-    from torch_mlir import fx as torch_mlir_fx
-
     with _captured_stderr() as err:
         try:
-            module = torch_mlir_fx.stateless_fx_import(gm, output_type="stablehlo",
-                                                       model_name="main")
+            module = _fx_to_stablehlo(gm)
         except Exception as exc:  # torch-mlir raises several types; all mean "did not lower"
             failure = exc
         else:
