@@ -1,8 +1,12 @@
 """The migration suite's longer runs (tests/migration/test_scripts.py has the fast ones): each
 CUDA-style script on CPU and on tpu, every variant the scripts offer."""
 import pytest
+import torch
 
-from tests.migration import image_classification, transformer_lm
+import torchtpu_compile
+from tests.migration import (autograd_recipes, char_rnn, dcgan, dqn, image_classification,
+                             seq2seq_attention, spatial_transformer, style_transfer,
+                             transformer_lm)
 from tests.migration.test_scripts import TOLERANCE, assert_same, highest_precision  # noqa: F401
 
 pytestmark = pytest.mark.slow
@@ -33,3 +37,43 @@ def test_transformer_lm_eager_bfloat16():
     want = transformer_lm.main("cpu", compiled=False, dtype="bfloat16", optimizer_flag="none")
     got = transformer_lm.main("tpu", compiled=False, dtype="bfloat16", optimizer_flag="none")
     assert_same(got, want, TOLERANCE["bfloat16"])
+
+
+# --- PyTorch's tutorials (tests/migration/<tutorial>.py) -------------------------------------
+# Each runs on tpu in strict eager mode and in defer-and-fuse, with host fallbacks refused
+# (config.strict), and compiled where a script offers it; none of these fits the fast suite's
+# 2 s (each compiles 50-120 eager programs on a cold cache).
+
+TUTORIALS = {"seq2seq_attention": seq2seq_attention, "dcgan": dcgan,
+             "spatial_transformer": spatial_transformer, "style_transfer": style_transfer,
+             "dqn": dqn, "char_rnn": char_rnn, "autograd_recipes": autograd_recipes}
+
+
+@pytest.fixture(params=["strict", "defer_and_fuse"])
+def eager_mode(request):
+    saved = torch.tpu.get_eager_mode()
+    torch.tpu.set_eager_mode(request.param)
+    yield request.param
+    torch.tpu.set_eager_mode(saved)
+
+
+@pytest.mark.parametrize("name", list(TUTORIALS))
+def test_tutorial_eager(name, eager_mode):
+    script = TUTORIALS[name]
+    want = script.main("cpu")
+    with torchtpu_compile.config.patch(strict=True):
+        got = script.main("tpu")
+    assert_same(got, want, TOLERANCE["float32"])
+
+
+@pytest.mark.parametrize("name, options", [("dcgan", {}), ("dqn", {}),
+                                           # compiled dropout draws eager's distribution,
+                                           # not its bits (docs/compile.md)
+                                           ("spatial_transformer", {"dropout": 0.0})])
+def test_tutorial_compiled(name, options, fresh_dynamo):
+    script = TUTORIALS[name]
+    want = script.main("cpu", **options)
+    with torchtpu_compile.config.patch(strict=True):
+        got = script.main("tpu", compiled=True, **options)
+    assert_same(got, want, TOLERANCE["float32"])
+    assert torchtpu_compile.stats()["graph_breaks"] == {}
