@@ -113,6 +113,11 @@ class TpuTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         global _dispatch, _thread
+        if len(types) > 1:
+            # Another tensor subclass among the arguments (a jagged nested tensor's view of tpu
+            # values, a DTensor): its own __torch_dispatch__ decides, as the protocol has it.
+            # Taken here, the op saw a meta "dummy" argument and raised a device mismatch.
+            return NotImplemented
         if _thread != get_ident():  # a thread's first op, or a switch between threads
             if _dispatch is None:
                 from .dispatch import dispatch as _dispatch
