@@ -84,3 +84,66 @@ def test_nested_tensor_misuse_raises_as_eager_does():
         torch._nested_tensor_from_mask(x, gaps, mask_check=False).to_padded_tensor(0.0, (2, 1, 4))
     with pytest.raises(RuntimeError):
         nested.to_padded_tensor(0.0, (2, 1, 4))
+
+
+def test_jagged_nested_tensor_of_tpu_values_trains_as_on_cpu(mode):
+    # torch.nested.nested_tensor(..., layout=torch.jagged) of tpu tensors raised "Expected all
+    # tensors to be on the same device, ... tpu:0 and meta": the tpu tensor's dispatch took an
+    # op whose other argument was the jagged tensor's meta "dummy", which its own subclass
+    # handles.
+    torch.manual_seed(0)
+    parts, linear = [torch.randn(3, 8), torch.randn(5, 8)], nn.Linear(8, 8)
+
+    def run(device):
+        linear.weight.grad = None
+        nested = torch.nested.nested_tensor([p.to(device) for p in parts], layout=torch.jagged,
+                                            requires_grad=True)
+        out = torch.nn.functional.gelu(linear.to(device)(nested)).to_padded_tensor(0.0)
+        out.sum().backward()
+        return out.cpu(), linear.weight.grad.cpu()
+
+    want = run("cpu")
+    got = run("tpu")
+    linear.to("cpu")
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("cross", [False, True])
+def test_attention_of_jagged_nested_tensors_on_tpu_matches_cpu(mode, cross):
+    # PyTorch's jagged attention takes its math path off CUDA, through a strided-layout nested
+    # tensor the device does not hold; the nested tensor's dispatch caught that error and
+    # raised "If inputs are nested tensors they must be contiguous".
+    torch.manual_seed(0)
+    lengths, key_lengths = (3, 5, 1), (4, 2, 6)
+    rows = [torch.randn(n, 16) for n in lengths]
+    key_rows = [torch.randn(n, 16) for n in key_lengths] if cross else rows
+    projections = nn.ModuleList(nn.Linear(16, 16) for _ in range(3))
+
+    def run(device):
+        projections.to(device).zero_grad()
+        x = torch.nested.nested_tensor([r.to(device) for r in rows], layout=torch.jagged,
+                                       requires_grad=True)
+        y = torch.nested.nested_tensor([r.to(device) for r in key_rows], layout=torch.jagged)
+        q, k, v = (p(t).unflatten(-1, (2, 8)).transpose(1, 2)
+                   for p, t in zip(projections, (x, y if cross else x, y if cross else x)))
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        out = out.transpose(1, 2).flatten(-2)
+        out.square().sum().backward()
+        grads = [p.weight.grad.cpu() for p in projections]
+        return [out.to_padded_tensor(0.0).cpu(), x.grad.to_padded_tensor(0.0).cpu(), *grads]
+
+    want = run("cpu")
+    got = run("tpu")
+    projections.to("cpu")
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+
+
+def test_causal_attention_of_jagged_nested_tensors_raises_as_on_cpu():
+    parts = [torch.randn(3, 2, 4), torch.randn(5, 2, 4)]
+    for device in ("cpu", "tpu"):
+        q = torch.nested.nested_tensor([p.to(device) for p in parts],
+                                       layout=torch.jagged).transpose(1, 2)
+        with pytest.raises(RuntimeError, match="No viable backend"):
+            torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)

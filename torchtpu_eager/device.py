@@ -48,8 +48,8 @@ def register() -> None:
                 "run `make install`, or `pip install --no-build-isolation -e .` in the "
                 "checkout, with torch installed first") from err
 
-        from . import (autocast, kernels, module_conversion, multi_tensor, serialization, streams,
-                       tpu_module)
+        from . import (autocast, jagged_attention, kernels, module_conversion, multi_tensor,
+                       serialization, streams, tpu_module)
         if current != NAME:
             torch.utils.rename_privateuse1_backend(NAME)
             # Tensor.tpu(), Tensor.is_tpu, Module.tpu(); storages of a Python backend have no
@@ -73,6 +73,7 @@ def register() -> None:
         autocast.register()  # torch.autocast("tpu"): CUDA's op lists (autocast.py)
         serialization.register()
         multi_tensor.register()  # optimizers' foreach=None takes _foreach_* ops, as on CUDA
+        jagged_attention.register()  # attention of jagged nested tensors on tpu values
         from . import compile_support, stats  # noqa: F401  (stats: the device's counters)
         compile_support.register_with_runtime()  # compiled programs take and give tpu tensors
         compile_support.route_default_backend()  # torch.compile(model) on tpu: torchtpu
