@@ -207,6 +207,8 @@ def as_input(values: list, dtype: torch.dtype, keep: bool | None = None, shape=N
     read as an input of its own (``fuse.py``), so keeping them there too may be safe; not
     measured yet.
     """
+    from torchtpu_compile.runtime import memory
+
     from . import modes
     from .transfer import upload
     if keep is None:
@@ -222,6 +224,7 @@ def as_input(values: list, dtype: torch.dtype, keep: bool | None = None, shape=N
             _kept.clear()
         buffer = _kept[key] = upload(
             torch.tensor(values, dtype=dtype).reshape(shape or (len(values),)))
+        memory.untrack(buffer)  # the cache's, not a tensor's: memory_allocated() leaves it out
     return buffer
 
 

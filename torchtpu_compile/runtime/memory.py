@@ -96,6 +96,26 @@ def track(buffers, sizes=None, device=None):
     return buffers
 
 
+def untrack(buffer) -> None:
+    """Stop counting live ``buffer`` as allocated: a cache holds it (the eager device's
+    uploaded scalars and positions, ``scalars.as_input``), as a caching allocator holds
+    reserved memory. CUDA passes such values as kernel arguments, so ``memory_allocated()``
+    moved by 8 bytes around an op where CUDA's does not.
+
+    Example::
+
+        buffer = upload(torch.tensor([3]), device)
+        memory.untrack(buffer)      # memory_allocated() as before the upload
+    """
+    global _bytes, _count
+    with _lock:
+        for ref in weakref.getweakrefs(buffer):
+            entry = _refs.pop(id(ref), None)
+            if entry is not None:
+                _bytes -= entry[1]
+                _count -= 1
+
+
 def transient(nbytes: int, count: int) -> None:
     """Count ``count`` buffers of ``nbytes`` bytes in all, made and freed within one call (a
     compiled call's inputs uploaded for it alone, ``transfer.to_buffers``).
