@@ -31,10 +31,35 @@ def test_streams_and_events_order_and_wait():
     (y @ y).cpu()
     end.record()
     assert start.elapsed_time(end) >= 0
-    with pytest.raises(RuntimeError, match="enable_timing"):
+    with pytest.raises(ValueError, match="enable_timing"):  # torch.Event's own check
         torch.tpu.Event().elapsed_time(end)
     from torch.distributed.device_mesh import _get_device_handle
     assert _get_device_handle("tpu").Stream is torch.tpu.Stream
+
+
+def test_device_agnostic_events_record_wait_and_time():
+    # torch.Event(device="tpu") (device-agnostic code: transformers' generation and continuous
+    # batching) raised "Backend doesn't support synchronizing events" at synchronize() and
+    # "Backend doesn't support elapsedTime" at elapsed_time(); CUDA's events do both.
+    x = torch.arange(6.0).to("tpu")
+    start, end = torch.Event(device="tpu", enable_timing=True), torch.Event(device="tpu",
+                                                                             enable_timing=True)
+    plain = torch.Event(device="tpu")
+    assert plain.query()                       # never recorded: nothing to wait for
+    start.record()
+    y = x @ x
+    plain.record()
+    end.record()
+    plain.synchronize()
+    assert plain.query() and end.query()
+    assert start.elapsed_time(end) >= 0 and end.elapsed_time(start) <= 0
+    assert isinstance(plain, torch.tpu.Event) and not isinstance(torch.Event(device="cpu"),
+                                                                  torch.tpu.Event)
+    stream = torch.Stream(device="tpu")
+    stream.wait_event(plain)
+    assert float(y) == float(torch.arange(6.0) @ torch.arange(6.0))
+    with pytest.raises(ValueError, match="recorded"):
+        torch.Event(device="tpu", enable_timing=True).elapsed_time(end)
 
 
 def test_device_agnostic_synchronize_waits_and_raises_what_the_device_found():

@@ -22,7 +22,6 @@ Example::
 from __future__ import annotations
 
 import threading
-import time
 
 import torch
 
@@ -104,8 +103,16 @@ class Stream(torch.Stream):
         return f"<torch.tpu.Stream device=tpu:0 priority={self.priority}>"
 
 
-class Event(torch.Event):
+class _TpuEvents(type):
+    def __instancecheck__(cls, obj) -> bool:
+        return isinstance(obj, torch.Event) and obj.device.type == "tpu"
+
+
+class Event(metaclass=_TpuEvents):
     """A marker in the tpu queue; ``synchronize()`` blocks until the work before it is done.
+    ``torch.tpu.Event(...)`` is ``torch.Event(device="tpu", ...)``, with ``torch.cuda.Event``'s
+    arguments; the device guard (``csrc/native.cpp``) records, queries, synchronizes and times
+    it. A plain ``torch.Event``, not a subclass: PyTorch's ``elapsed_time`` takes no subclass.
 
     With ``enable_timing=True``, ``record()`` waits for the device first, so ``elapsed_time``
     measures finished work (the host cannot timestamp the device queue without waiting).
@@ -119,42 +126,8 @@ class Event(torch.Event):
 
     def __new__(cls, enable_timing: bool = False, blocking: bool = False,
                 interprocess: bool = False, **kwargs):
-        event = super().__new__(cls, device="tpu", enable_timing=enable_timing,
-                                blocking=blocking, interprocess=interprocess)
-        event._timing = enable_timing
-        event._recorded_at = None
-        return event
-
-    def record(self, stream=None) -> Event:
-        if self._timing:
-            synchronize_device()
-            self._recorded_at = time.perf_counter()
-        else:
-            self._recorded_at = 0.0
-        return self
-
-    def wait(self, stream=None) -> None:
-        pass  # a stream waiting on the event: ordered already (module doc)
-
-    def query(self) -> bool:
-        return self._recorded_at is None or device_idle()
-
-    def synchronize(self) -> None:
-        # Waits for everything issued so far, which includes the work before the record: a
-        # superset of what CUDA waits for, never less.
-        if self._recorded_at is not None:
-            synchronize_device()
-
-    def elapsed_time(self, end: Event) -> float:
-        """Milliseconds between two timing events (both recorded)."""
-        if not (self._timing and end._timing):
-            raise RuntimeError("tpu: elapsed_time needs two Events made with enable_timing=True")
-        if self._recorded_at is None or end._recorded_at is None:
-            raise RuntimeError("tpu: elapsed_time needs both events recorded first")
-        return (end._recorded_at - self._recorded_at) * 1000.0
-
-    def __repr__(self) -> str:
-        return f"<torch.tpu.Event recorded={self._recorded_at is not None}>"
+        return torch.Event(device="tpu", enable_timing=enable_timing, blocking=blocking,
+                           interprocess=interprocess)
 
 
 _local = threading.local()

@@ -12,6 +12,8 @@
 //   is_pinned() -- in CPU-only scripts too, once tpu is registered. PJRT copies from any host
 //   memory, so "pinned" is ordinary host memory whose blocks we remember.
 // * The tpu generator, torch.Generator(device="tpu"): PyTorch asks the hooks for it.
+// * Events (torch.Event(device="tpu"), torch.tpu.Event): the guard records, queries,
+//   synchronizes and times them.
 // * report_memory: PJRT buffer allocations and frees, for the profiler's memory timeline
 //   (profile_memory=True); only C++ can reach c10::reportMemoryUsageToProfiler.
 //
@@ -29,6 +31,7 @@
 
 #include <torch/csrc/Exceptions.h>
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -62,6 +65,14 @@ c10::Device tpu0() {
   return c10::Device(kTpu, 0);
 }
 
+// What an event of the tpu device holds (TpuGuard's record): whether it times, and when it
+// was last recorded.
+struct TpuEvent {
+  bool timing;
+  bool recorded = false;
+  std::chrono::steady_clock::time_point recorded_at{};
+};
+
 struct TpuGuard final : public c10::impl::DeviceGuardImplInterface {
   c10::DeviceType type() const override {
     return kTpu;
@@ -86,17 +97,52 @@ struct TpuGuard final : public c10::impl::DeviceGuardImplInterface {
   c10::DeviceIndex deviceCount() const noexcept override {
     return 1;
   }
-  // Ordering is issue order on the one PJRT queue: events and streams have nothing to wait
-  // for here (torch.tpu.Event/Stream wait for real, in Python, when asked to synchronize).
-  void record(void** /*event*/, const c10::Stream& /*stream*/,
+  // Events: torch.Event(device="tpu") and torch.tpu.Event (streams.py). Ordering is issue
+  // order on the one PJRT queue, so a stream waiting on an event (block) has nothing to wait
+  // for. Synchronizing or querying an event waits for, or asks about, all work issued so far:
+  // a superset of the work before the record, never less. A timing event (enable_timing,
+  // EventFlag::BACKEND_DEFAULT) waits for the device when recorded, so its host timestamp
+  // marks finished work: the host cannot timestamp the device queue without waiting.
+  void record(void** event, const c10::Stream& /*stream*/,
               const c10::DeviceIndex /*device_index*/,
-              const c10::EventFlag /*flag*/) const override {}
-  void block(void* /*event*/, const c10::Stream& /*stream*/) const override {}
-  bool queryEvent(void* /*event*/) const override {
-    return true;
+              const c10::EventFlag flag) const override {
+    auto* marker = static_cast<TpuEvent*>(*event);
+    if (marker == nullptr) {
+      marker = new TpuEvent{flag == c10::EventFlag::BACKEND_DEFAULT};
+      *event = marker;
+    }
+    if (marker->timing) {
+      call_back(synchronize_callback);
+    }
+    marker->recorded_at = std::chrono::steady_clock::now();
+    marker->recorded = true;
   }
-  void destroyEvent(void* /*event*/,
-                    const c10::DeviceIndex /*device_index*/) const noexcept override {}
+  void block(void* /*event*/, const c10::Stream& /*stream*/) const override {}
+  bool queryEvent(void* event) const override {
+    auto* marker = static_cast<TpuEvent*>(event);
+    return marker == nullptr || !marker->recorded || call_back(query_callback);
+  }
+  void synchronizeEvent(void* event) const override {
+    auto* marker = static_cast<TpuEvent*>(event);
+    if (marker != nullptr && marker->recorded) {
+      call_back(synchronize_callback);
+    }
+  }
+  double elapsedTime(void* start, void* end,
+                     const c10::DeviceIndex /*device_index*/) const override {
+    auto* first = static_cast<TpuEvent*>(start);
+    auto* last = static_cast<TpuEvent*>(end);
+    TORCH_CHECK(first != nullptr && last != nullptr && first->recorded && last->recorded,
+                "Both events must be recorded before calculating elapsed time.");
+    TORCH_CHECK(first->timing && last->timing,
+                "Both events must be created with argument 'enable_timing=True'.");
+    return std::chrono::duration<double, std::milli>(last->recorded_at - first->recorded_at)
+        .count();
+  }
+  void destroyEvent(void* event,
+                    const c10::DeviceIndex /*device_index*/) const noexcept override {
+    delete static_cast<TpuEvent*>(event);
+  }
   // torch.accelerator.synchronize(), torch.Stream.synchronize()/query() on the tpu stream.
   bool queryStream(const c10::Stream& /*stream*/) const override {
     return call_back(query_callback);
