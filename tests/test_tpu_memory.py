@@ -101,3 +101,29 @@ def test_stats_summary_and_device_info_agree():
     assert 0 < free <= total == torch.tpu.get_device_properties().total_memory
     assert torch.tpu.memory_allocated(0) == torch.tpu.memory_allocated("tpu:0")
     del x
+
+
+def test_device_agnostic_memory_api_reads_the_devices_figures():
+    # torch.accelerator.memory_allocated() and the rest of PyTorch's device-agnostic memory
+    # API failed with "INTERNAL ASSERT FAILED ... Allocator for PrivateUse1 is not a
+    # DeviceAllocator"; on CUDA they read the caching allocator's figures.
+    accelerator = torch.accelerator
+    x = torch.arange(4096.0).to("tpu") * 2
+    gc.collect()
+    assert accelerator.memory_allocated() == torch.tpu.memory_allocated() >= x.nbytes
+    assert accelerator.max_memory_allocated() == torch.tpu.max_memory_allocated()
+    assert accelerator.memory_reserved() == torch.tpu.memory_reserved()
+    stats = accelerator.memory_stats()
+    ours = torch.tpu.memory_stats()
+    for key in ("allocated_bytes.all.current", "allocated_bytes.all.peak",
+                "allocation.all.current", "reserved_bytes.all.current"):
+        assert stats[key] == ours[key], key
+    assert accelerator.get_memory_info()[1] == torch.tpu.mem_get_info()[1] > 0
+    accelerator.reset_peak_memory_stats()
+    assert accelerator.max_memory_allocated() == accelerator.memory_allocated()
+    accelerator.reset_accumulated_memory_stats()
+    assert accelerator.memory_stats()["allocated_bytes.all.allocated"] == 0
+    y = x + 1
+    assert torch.tpu.memory_stats()["allocated_bytes.all.allocated"] == y.nbytes
+    accelerator.empty_cache()
+    assert float(y[5]) == 11.0

@@ -68,6 +68,9 @@ def register() -> None:
         except TypeError as err:   # an extension built from an older native.cpp
             raise ImportError(f"torchtpu's native extension is out of date ({err}): rebuild "
                               f"it (`make install`)") from err
+        # torch.accelerator's memory API reads a device allocator: one answering with
+        # torch.tpu's figures (it allocates nothing; tpu memory is PJRT buffers).
+        _native.register_allocator(tpu_module._for_the_allocator)
         kernels.register()
         module_conversion.register()  # Module.to("tpu") keeps tied weights tied
         autocast.register()  # torch.autocast("tpu"): CUDA's op lists (autocast.py)

@@ -227,6 +227,13 @@ def reset_peak_memory_stats(device=None) -> None:
     memory.reset_peaks()
 
 
+def reset_accumulated_memory_stats(device=None) -> None:
+    """Start the totals of bytes and buffers made and freed again from zero."""
+    check_device(device)
+    from torchtpu_compile.runtime import memory
+    memory.reset_totals()
+
+
 def reset_max_memory_allocated(device=None) -> None:
     reset_peak_memory_stats(device)
 
@@ -321,6 +328,23 @@ def mem_get_info(device=None) -> tuple:
         return total - int(stats.get("bytes_in_use", 0)), total
     page = os.sysconf("SC_PAGE_SIZE")
     return page * os.sysconf("SC_AVPHYS_PAGES"), page * os.sysconf("SC_PHYS_PAGES")
+
+
+def _for_the_allocator(request: str):
+    """What the device allocator (``csrc/native.cpp``) asks for ``torch.accelerator``'s memory
+    API: ``"stats"`` (``memory_stats()``), ``"memory_info"`` (``mem_get_info()``), or one of
+    the resets and ``"empty_cache"``."""
+    if request == "stats":
+        return memory_stats()
+    if request == "memory_info":
+        return mem_get_info()
+    if request == "reset_peak":
+        return reset_peak_memory_stats()
+    if request == "reset_accumulated":
+        return reset_accumulated_memory_stats()
+    if request == "empty_cache":
+        return empty_cache()
+    raise ValueError(f"torchtpu: the allocator asked for {request!r}")
 
 
 def is_bf16_supported() -> bool:

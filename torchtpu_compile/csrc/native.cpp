@@ -14,6 +14,10 @@
 // * The tpu generator, torch.Generator(device="tpu"): PyTorch asks the hooks for it.
 // * Events (torch.Event(device="tpu"), torch.tpu.Event): the guard records, queries,
 //   synchronizes and times them.
+// * The device allocator that torch.accelerator's memory API asks (memory_allocated,
+//   memory_stats, reset_peak_memory_stats, empty_cache, get_memory_info): its figures are
+//   torch.tpu's (tpu_module._for_the_allocator). It allocates nothing: tpu memory is PJRT
+//   buffers, made by the device's Python side.
 // * report_memory: PJRT buffer allocations and frees, for the profiler's memory timeline
 //   (profile_memory=True); only C++ can reach c10::reportMemoryUsageToProfiler.
 //
@@ -26,6 +30,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/Allocator.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/alloc_cpu.h>
 
@@ -33,6 +38,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <string>
 #include <map>
 #include <mutex>
 
@@ -286,6 +292,112 @@ struct TpuHooks final : public at::PrivateUse1HooksInterface {
   }
 };
 
+// tpu_module._for_the_allocator, given to register_allocator.
+PyObject* allocator_callback = nullptr;
+
+// The allocator's request to Python, under the GIL; a new reference (never null: a Python
+// error is rethrown as python_error).
+PyObject* ask_allocator(const char* request) {
+  TORCH_CHECK(allocator_callback != nullptr, "torchtpu: the tpu allocator is not registered");
+  PyGILState_STATE state = PyGILState_Ensure();
+  PyObject* result = PyObject_CallFunction(allocator_callback, "s", request);
+  if (result == nullptr) {
+    python_error error;
+    error.persist();
+    PyGILState_Release(state);
+    throw error;
+  }
+  PyGILState_Release(state);
+  return result;
+}
+
+int64_t stat_of(PyObject* stats, const std::string& key) {
+  PyObject* value = PyDict_GetItemString(stats, key.c_str());  // borrowed
+  return value == nullptr ? 0 : PyLong_AsLongLong(value);
+}
+
+void fill(c10::CachingDeviceAllocator::StatArray& array, PyObject* stats,
+          const std::string& name) {
+  auto& all = array[static_cast<size_t>(c10::CachingDeviceAllocator::StatType::AGGREGATE)];
+  all.current = stat_of(stats, name + ".all.current");
+  all.peak = stat_of(stats, name + ".all.peak");
+  all.allocated = stat_of(stats, name + ".all.allocated");
+  all.freed = stat_of(stats, name + ".all.freed");
+}
+
+class TpuAllocator final : public c10::DeviceAllocator {
+ public:
+  c10::DataPtr allocate(size_t /*nbytes*/) override {
+    TORCH_CHECK(false, "tpu memory is held in PJRT buffers that tpu tensors make; it cannot be "
+                "allocated through c10's allocator (make a tensor on device='tpu' instead)");
+  }
+  c10::DeleterFnPtr raw_deleter() const override {
+    return nullptr;
+  }
+  void copy_data(void* /*dest*/, const void* /*src*/, std::size_t /*count*/) const override {
+    TORCH_CHECK(false, "tpu memory cannot be copied through c10's allocator");
+  }
+  bool initialized() override {
+    return true;
+  }
+  void emptyCache(c10::MempoolId_t /*mempool_id*/) override {
+    Py_DECREF(ask_allocator("empty_cache"));
+  }
+  void recordStream(const c10::DataPtr& /*ptr*/, c10::Stream /*stream*/) override {}
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(
+      c10::DeviceIndex /*device*/) override {
+    PyObject* stats = ask_allocator("stats");
+    c10::CachingDeviceAllocator::DeviceStats out;
+    {
+      PyGILState_STATE state = PyGILState_Ensure();
+      fill(out.allocated_bytes, stats, "allocated_bytes");
+      fill(out.active_bytes, stats, "active_bytes");
+      fill(out.allocation, stats, "allocation");
+      fill(out.active, stats, "active");
+      fill(out.reserved_bytes, stats, "reserved_bytes");
+      fill(out.requested_bytes, stats, "allocated_bytes");
+      Py_DECREF(stats);
+      PyGILState_Release(state);
+    }
+    return out;
+  }
+  void resetAccumulatedStats(c10::DeviceIndex /*device*/) override {
+    Py_DECREF(ask_allocator("reset_accumulated"));
+  }
+  void resetPeakStats(c10::DeviceIndex /*device*/) override {
+    Py_DECREF(ask_allocator("reset_peak"));
+  }
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex /*device*/) override {
+    PyObject* info = ask_allocator("memory_info");
+    PyGILState_STATE state = PyGILState_Ensure();
+    unsigned long long free_bytes = 0, total_bytes = 0;
+    bool parsed = PyArg_ParseTuple(info, "KK", &free_bytes, &total_bytes);
+    Py_DECREF(info);
+    if (!parsed) {
+      python_error error;
+      error.persist();
+      PyGILState_Release(state);
+      throw error;
+    }
+    PyGILState_Release(state);
+    return {static_cast<size_t>(free_bytes), static_cast<size_t>(total_bytes)};
+  }
+};
+
+PyObject* register_allocator(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 1 || !PyCallable_Check(args[0])) {
+    PyErr_SetString(PyExc_TypeError, "register_allocator(for_the_allocator)");
+    return nullptr;
+  }
+  if (allocator_callback == nullptr) {
+    Py_INCREF(args[0]);
+    allocator_callback = args[0];
+    static TpuAllocator allocator;
+    c10::SetAllocator(kTpu, &allocator);
+  }
+  Py_RETURN_NONE;
+}
+
 PyObject* register_device(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 2 || !PyCallable_Check(args[0]) || !PyCallable_Check(args[1])) {
     PyErr_SetString(PyExc_TypeError, "register_device(synchronize, query)");
@@ -358,6 +470,11 @@ PyMethodDef methods[] = {
      "register_device(synchronize, query): register the tpu (PrivateUse1) device guard and "
      "hooks, once per process; the guard calls synchronize() to wait for the device and "
      "query() to ask whether it is idle."},
+    {"register_allocator",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(register_allocator)),
+     METH_FASTCALL,
+     "register_allocator(for_the_allocator): the tpu device allocator torch.accelerator's "
+     "memory API asks; for_the_allocator(request) answers it (tpu_module)."},
     {"report_memory", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(report_memory)),
      METH_FASTCALL,
      "report_memory(key, delta_bytes, live_bytes): one tpu allocation (delta > 0) or free "

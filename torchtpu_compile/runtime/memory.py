@@ -32,6 +32,8 @@ _refs: dict = {}        # id(weak reference) -> (weak reference, bytes)
 _device = None          # the client's device (buffers on jax's host CPU device are not ours)
 # Live bytes and buffers, their peaks, and what was freed (totals made = live + freed).
 _bytes = _count = _peak_bytes = _peak_count = _freed_bytes = _freed_count = 0
+# What was live when the totals last restarted (reset_totals): made = live + freed - these.
+_base_bytes = _base_count = 0
 
 
 def _forget(key: int) -> bool:
@@ -196,9 +198,11 @@ def snapshot() -> dict:
     release_dropped()
     with _lock:
         return {"allocated_bytes": _bytes, "peak_allocated_bytes": _peak_bytes,
-                "allocated_total": _bytes + _freed_bytes, "freed_total": _freed_bytes,
+                "allocated_total": _bytes + _freed_bytes - _base_bytes,
+                "freed_total": _freed_bytes,
                 "allocations": _count, "peak_allocations": _peak_count,
-                "allocations_total": _count + _freed_count, "frees_total": _freed_count}
+                "allocations_total": _count + _freed_count - _base_count,
+                "frees_total": _freed_count}
 
 
 def reset_peaks() -> None:
@@ -206,6 +210,15 @@ def reset_peaks() -> None:
     global _peak_bytes, _peak_count
     with _lock:
         _peak_bytes, _peak_count = _bytes, _count
+
+
+def reset_totals() -> None:
+    """Start the totals made and freed again from zero (``torch.cuda``'s
+    ``reset_accumulated_memory_stats``); the live figures and peaks stay."""
+    global _freed_bytes, _freed_count, _base_bytes, _base_count
+    with _lock:
+        _freed_bytes = _freed_count = 0
+        _base_bytes, _base_count = _bytes, _count
 
 
 def platform_stats(device) -> dict:
