@@ -166,6 +166,9 @@ _UNARY = {
     aten.sin.default: "sin", aten.cos.default: "cos", aten.tanh.default: "tanh",
     aten.sinh.default: "sinh", aten.cosh.default: "cosh", aten.tan.default: "tan",
     aten.log1p.default: "log1p", aten.expm1.default: "expm1", aten.sgn.default: "sign",
+    aten.exp2.default: "exp2", aten.asin.default: "arcsin", aten.acos.default: "arccos",
+    aten.atan.default: "arctan", aten.asinh.default: "arcsinh", aten.acosh.default: "arccosh",
+    aten.atanh.default: "arctanh",
 }
 for _op, _name in _UNARY.items():
     complex_rule(_op)(_unary(_name))
