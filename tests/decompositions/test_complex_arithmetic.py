@@ -116,3 +116,18 @@ def test_complex_matrix_products():
         torch.addmm(x, a[0], b[0], beta=0.5j, alpha=2 + 1j),
         torch.baddbmm(a[:, :, :1], a, b, beta=0), torch.addbmm(x, a, b, alpha=1j),
         torch.addmv(v[:3], a[0], v, beta=2)), a, b, v, x, rtol=1e-5, atol=1e-5)
+
+
+_SPECIAL = [0j, 1j, complex(0, float("inf")), complex(float("inf"), 0), complex(0, float("nan")),
+            complex(float("nan"), 1), complex(float("inf"), float("inf")), complex(-3, 0.5),
+            complex(1e30, -1e-30)]
+
+
+def test_complex_sums_and_products_of_infinities_and_nans():
+    # Eager adds b times alpha, a complex product even for alpha 1: (0+infj) + (3.5+nanj) is
+    # nan+nanj there; XLA folds the product by the constant 1+0j away (so z * 1 is z).
+    z = torch.tensor(_SPECIAL, dtype=torch.complex64)
+    a, b = z.repeat_interleave(len(_SPECIAL)), z.repeat(len(_SPECIAL))
+    check_on_both_paths(lambda a, b: (
+        a + b, a - b, torch.rsub(a, b), torch.add(a, b, alpha=2), a * b, a * 1, a + 1,
+        torch.addcmul(a, a, b)), a, b, rtol=1e-6, atol=1e-30)

@@ -41,6 +41,14 @@ def _reduction_fn(name, dims, keepdim):
     return lambda z: reduce(z, axis=dims, keepdims=keepdim)
 
 
+@builds("complex_scaled")
+def _scaled_fn():
+    # The factor behind an optimization barrier: XLA folds a product by the constant 1+0j to
+    # its other operand, where eager's product has inf * 0 = NaN in it.
+    import jax
+    return lambda factor, z: jax.lax.optimization_barrier(factor) * z
+
+
 def _jnp(name, *tensors):
     return jax_function("complex_elementwise", name)(*tensors)
 
@@ -69,7 +77,9 @@ def _in_complex64(*operands):
                                    type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)
     if result != torch.complex64:
         return None
-    device = next(v.device for v in operands if isinstance(v, torch.Tensor))
+    device = next((v.device for v in operands if isinstance(v, torch.Tensor)), None)
+    if device is None:  # numbers only: the host's arithmetic
+        return None
     return tuple(_as_tensor(v, device) for v in operands)
 
 
@@ -83,11 +93,10 @@ def _as_tensor(value, device):
 
 
 def _scaled(x, factor):
-    """``factor * x`` (alpha, beta, value arguments), skipped where the factor is 1 as eager
-    skips it; x is complex64."""
-    if not isinstance(factor, torch.Tensor) and factor == 1:
-        return x
-    return _jnp("multiply", x, _as_tensor(factor, x.device))
+    """``factor * x`` for the alpha, beta and value arguments, a complex product even where the
+    factor is 1, as eager's kernels compute it (``a + alpha * b``): there ``(0+infj) + (3.5+nanj)``
+    is ``nan+nanj``, ``inf * 0`` reaching the real part."""
+    return jax_function("complex_scaled")(_as_tensor(factor, x.device), x)
 
 
 # --- elementwise -----------------------------------------------------------------------------
@@ -100,9 +109,17 @@ def _binary(name):
     return rule
 
 
-for _ops, _name in (((aten.mul.Tensor, aten.mul.Scalar), "multiply"),
-                    ((aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar), "power")):
-    complex_rule(*_ops)(_binary(_name))
+complex_rule(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)(_binary("power"))
+
+
+@complex_rule(aten.mul.Tensor, aten.mul.Scalar)
+def mul(a, b):
+    operands = _in_complex64(a, b)
+    if operands is None:
+        return None
+    if not isinstance(b, torch.Tensor):   # z * 1 must not fold to z (_scaled)
+        return _scaled(operands[0], b)
+    return _jnp("multiply", *operands)
 
 
 @complex_rule(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode)
@@ -121,17 +138,18 @@ def add(a, b, *, alpha=1):
 
 @complex_rule(aten.sub.Tensor, aten.sub.Scalar)
 def sub(a, b, *, alpha=1):
+    # eager subtracts as it adds, by -alpha
     operands = _in_complex64(a, b)
-    return None if operands is None else _jnp("subtract", operands[0],
-                                              _scaled(operands[1], alpha))
+    return None if operands is None else _jnp("add", operands[0], _scaled(operands[1], -alpha))
 
 
 @complex_rule(aten.rsub.Tensor, aten.rsub.Scalar)
 def rsub(a, b, *, alpha=1):
     operands = _in_complex64(a, b)
-    return None if operands is None else _jnp("subtract", operands[1],
-                                              _scaled(operands[0], alpha))
+    return None if operands is None else _jnp("add", operands[1], _scaled(operands[0], -alpha))
 
+
+# eager's order: value * a first, then * b (/ b)
 
 @complex_rule(aten.addcmul.default)
 def addcmul(x, a, b, *, value=1):
@@ -139,7 +157,7 @@ def addcmul(x, a, b, *, value=1):
     if operands is None:
         return None
     x, a, b = operands
-    return _jnp("add", x, _scaled(_jnp("multiply", a, b), value))
+    return _jnp("add", x, _jnp("multiply", _scaled(a, value), b))
 
 
 @complex_rule(aten.addcdiv.default)
@@ -148,7 +166,7 @@ def addcdiv(x, a, b, *, value=1):
     if operands is None:
         return None
     x, a, b = operands
-    return _jnp("add", x, _scaled(_jnp("divide", a, b), value))
+    return _jnp("add", x, _jnp("divide", _scaled(a, value), b))
 
 
 def _unary(name):
