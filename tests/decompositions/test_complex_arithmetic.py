@@ -131,3 +131,13 @@ def test_complex_sums_and_products_of_infinities_and_nans():
     check_on_both_paths(lambda a, b: (
         a + b, a - b, torch.rsub(a, b), torch.add(a, b, alpha=2), a * b, a * 1, a + 1,
         torch.addcmul(a, a, b)), a, b, rtol=1e-6, atol=1e-30)
+
+
+def test_complex_functions_at_infinities_and_nans_as_eager():
+    # Eager's are C99's (std::exp, ...; reciprocal is c10::complex's 1 / z): XLA's formulas gave
+    # NaNs where a part is infinite or NaN (exp(inf+infj) is inf+nanj in eager, 1 / 0j inf+nanj).
+    parts = [0.0, 1.0, -2.5, 1e-30, float("inf"), -float("inf"), float("nan")]
+    z = torch.tensor([complex(a, b) for a in parts for b in parts], dtype=torch.complex64)
+    check_on_both_paths(lambda z: (
+        z.exp(), z.log(), z.sqrt(), z.tanh(), z.reciprocal(), z.rsqrt(), z.sigmoid()), z,
+        rtol=1e-6, atol=1e-30)

@@ -21,7 +21,7 @@ from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dty
 
 from .fft_complex import complex_
 from .jax_functions import builds, jax_function
-from .registry import complex_rule
+from .registry import Registry, complex_rule
 
 aten = torch.ops.aten
 
@@ -31,7 +31,8 @@ aten = torch.ops.aten
 @builds("complex_elementwise")
 def _elementwise_fn(name):
     import jax.numpy as jnp
-    return getattr(jnp, name)
+    at_edges = _AT_EDGES.get(name)
+    return getattr(jnp, name) if at_edges is None else at_edges(getattr(jnp, name))
 
 
 @builds("complex_reduction")
@@ -51,6 +52,97 @@ def _scaled_fn():
 
 def _jnp(name, *tensors):
     return jax_function("complex_elementwise", name)(*tensors)
+
+
+# --- eager's values at infinities and NaNs ---------------------------------------------------
+# Eager's complex functions are C99's (std::exp, std::log, ...), whose Annex G fixes their
+# values where a part is infinite or NaN; XLA's formulas give NaNs there. Each entry takes
+# jax.numpy's function and returns it with those values put back.
+
+_AT_EDGES = Registry("edge value patch")
+
+
+def _at_edges(name):
+    def register(patch):
+        _AT_EDGES.register(name, patch)
+        return patch
+    return register
+
+
+def _c(real, imag):
+    import jax
+    import jax.numpy as jnp
+    return jax.lax.complex(jnp.float32(real), jnp.float32(imag))
+
+
+@_at_edges("exp")
+def _exp_at_edges(exp):
+    import jax.numpy as jnp
+
+    def at_edges(z):
+        x, y = jnp.real(z), jnp.imag(z)
+        edge = jnp.where(x > 0, _c(jnp.inf, jnp.nan), _c(0, 0))   # exp(+-inf + (inf|nan)j)
+        return jnp.where(jnp.isinf(x) & ~jnp.isfinite(y), edge, exp(z))
+    return at_edges
+
+
+@_at_edges("log")
+def _log_at_edges(log):
+    import jax.numpy as jnp
+
+    def at_edges(z):
+        x, y = jnp.real(z), jnp.imag(z)
+        infinite_and_nan = (jnp.isinf(x) | jnp.isinf(y)) & (jnp.isnan(x) | jnp.isnan(y))
+        return jnp.where(infinite_and_nan, _c(jnp.inf, jnp.nan), log(z))
+    return at_edges
+
+
+@_at_edges("sqrt")
+def _sqrt_at_edges(sqrt):
+    import jax
+    import jax.numpy as jnp
+
+    def at_edges(z):
+        x, y = jnp.real(z), jnp.imag(z)
+        out = jnp.where(jnp.isinf(x) & jnp.isnan(y),
+                        jnp.where(x > 0, _c(jnp.inf, jnp.nan), _c(jnp.nan, jnp.inf)), sqrt(z))
+        return jnp.where(jnp.isinf(y), jax.lax.complex(jnp.full_like(y, jnp.inf), y), out)
+    return at_edges
+
+
+@_at_edges("tanh")
+def _tanh_at_edges(tanh):
+    import jax
+    import jax.numpy as jnp
+
+    def at_edges(z):
+        x, y = jnp.real(z), jnp.imag(z)
+        return jnp.where((x == 0) & ~jnp.isfinite(y),
+                         jax.lax.complex(x, jnp.full_like(y, jnp.nan)), tanh(z))
+    return at_edges
+
+
+@_at_edges("reciprocal")
+def _reciprocal_as_eager(_):
+    # Eager's is c10::complex's 1 / z: Smith's quotient, scaled by the larger part (1 / 0j is
+    # inf+nanj, 1 / (0+infj) is -0j; XLA's reciprocal gives nan+nanj and NaNs). The 0 * rat
+    # terms stay: a NaN or infinite ratio reaches the result through them, as in eager.
+    import jax
+    import jax.numpy as jnp
+
+    def reciprocal(z):
+        c, d = jnp.real(z), jnp.imag(z)
+        zero, one = jnp.zeros_like(c), jnp.ones_like(c)
+        real_larger = jnp.abs(c) >= jnp.abs(d)   # False where either is NaN, as in C++
+        rat = jnp.where(real_larger, d / c, c / d)
+        scale = one / jnp.where(real_larger, c + d * rat, d + c * rat)
+        real = jnp.where(real_larger, (one + zero * rat) * scale, (rat + zero) * scale)
+        imag = jnp.where(real_larger, (zero - rat) * scale, (zero * rat - one) * scale)
+        both_zero = (c == 0) & (d == 0)
+        real = jnp.where(both_zero, one / jnp.abs(c), real)
+        imag = jnp.where(both_zero, zero / jnp.abs(d), imag)
+        return jax.lax.complex(real, imag)
+    return reciprocal
 
 
 # --- operands, as eager's kernels read them --------------------------------------------------
