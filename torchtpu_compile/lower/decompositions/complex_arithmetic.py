@@ -169,9 +169,8 @@ def _in_complex64(*operands):
                                    type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)
     if result != torch.complex64:
         return None
+    # numbers only (torch.add(1j, 2j)): 0-d tensors on the default device
     device = next((v.device for v in operands if isinstance(v, torch.Tensor)), None)
-    if device is None:  # numbers only: the host's arithmetic
-        return None
     return tuple(_as_tensor(v, device) for v in operands)
 
 
