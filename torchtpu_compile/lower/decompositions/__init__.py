@@ -2,8 +2,10 @@
 
 Ours are registered one per op with ``@decomposition(op)`` and win over torch-mlir's. Checks
 registered with ``@checked_first(op)`` see an op's arguments before whichever decomposition it
-has (or none): the place for eager's argument errors and edge values. An op has at most one of
-each: a second registration raises ``DuplicateRegistration`` (registry.py).
+has (or none): the place for eager's argument errors and edge values. Rules registered with
+``@complex_rule(op)`` come next: the op on complex operands, which torch-mlir does not lower.
+An op has at most one of each: a second registration raises ``DuplicateRegistration``
+(registry.py).
 
 One module per family of ops, as JAX's lax files:
 
@@ -34,6 +36,9 @@ One module per family of ops, as JAX's lax files:
     fft_complex       FFTs, conj, view_as_real/view_as_complex, complex, polar; the truth
                       value of complex elements (cast to bool, logical ops), complex log10/log2,
                       complex nan_to_num
+    complex_arithmetic  (``@complex_rule``) complex64 arithmetic, elementwise functions,
+                      sums, means, products and matrix products, with eager's promotion of
+                      real and Python scalar operands
     foreach           _foreach_* ops, one plain op per list element
     amp               GradScaler's inf check with unscaling, and its scale update
     optimizers        fused Adam/AdamW/SGD steps, per parameter
@@ -54,11 +59,12 @@ from __future__ import annotations
 import torch
 import torch.utils._pytree as pytree
 
-from .registry import (CHECKS, OURS, DuplicateRegistration, Registry, checked_first,
-                       decomposition, torch_mlir_table)
+from .registry import (CHECKS, COMPLEX, OURS, DuplicateRegistration, Registry, checked_first,
+                       complex_rule, decomposition, torch_mlir_table)
 
-__all__ = ["CHECKS", "OURS", "DuplicateRegistration", "Registry", "checked_first",
-           "decomposition", "decomposition_table", "our_ops", "torch_mlir_table"]
+__all__ = ["CHECKS", "COMPLEX", "OURS", "DuplicateRegistration", "Registry", "checked_first",
+           "complex_rule", "decomposition", "decomposition_table", "our_ops",
+           "torch_mlir_table"]
 
 aten = torch.ops.aten
 
@@ -135,11 +141,10 @@ def decomposition_table(ours: bool = True) -> dict:
 def _register_families() -> None:
     # Each family module registers its decompositions (and checks) when imported: here, on
     # first use, not when this package is imported (the backend and numerics import it early).
-    from . import (amp, attention, bessel, checks, convolution, elementwise,  # noqa: F401
-                   fft_complex, foreach, indexing_scatter, linalg, losses, normalization,
-                   optimizers,
-                   polynomials, pooling, recurrent, reductions_scans, resampling, sorting,
-                   special, views)
+    from . import (amp, attention, bessel, checks, complex_arithmetic,  # noqa: F401
+                   convolution, elementwise, fft_complex, foreach, indexing_scatter, linalg,
+                   losses, normalization, optimizers, polynomials, pooling, recurrent,
+                   reductions_scans, resampling, sorting, special, views)
 
 
 def _our_table() -> dict:
@@ -151,6 +156,10 @@ def _our_table() -> dict:
             if op is None:  # its library is not loaded: nothing can call it
                 continue
         table[op] = _on_the_inputs_device(fn)
+    for op, rule in COMPLEX.items():
+        # The rule first; the op's own decomposition (ours, else torch-mlir's) for the rest.
+        table[op] = _checked(_on_the_inputs_device(rule),
+                             table.get(op) or torch_mlir_table().get(op))
     return table
 
 

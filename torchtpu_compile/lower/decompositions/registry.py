@@ -71,9 +71,11 @@ def _where(fn) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__name__', repr(fn))}{place}"
 
 
-#: Our decompositions (``@decomposition``) and the checks run before them (``@checked_first``).
+#: Our decompositions (``@decomposition``), the checks run before them (``@checked_first``)
+#: and the rules for complex operands (``@complex_rule``).
 OURS = Registry("decomposition")
 CHECKS = Registry("check")
+COMPLEX = Registry("complex rule")
 
 
 def decomposition(*ops):
@@ -112,6 +114,27 @@ def checked_first(*ops):
     def register(fn):
         for op in ops:
             CHECKS.register(op, fn)
+        return fn
+    return register
+
+
+def complex_rule(*ops):
+    """Register ``rule(*args, **kwargs)`` as each op's computation on complex operands.
+
+    torch-mlir lowers no arithmetic on complex tensors, while most of these ops already have a
+    decomposition for real ones: the rule runs before it (after the op's check) and returns
+    the result where the op computes in complex64, or None to leave the call to the op's
+    decomposition (ours, else torch-mlir's, else none).
+
+    Example::
+
+        @complex_rule(aten.exp.default)
+        def exp(x):
+            return jax_function("complex_elementwise", "exp")(x) if x.is_complex() else None
+    """
+    def register(fn):
+        for op in ops:
+            COMPLEX.register(op, fn)
         return fn
     return register
 
