@@ -43,6 +43,29 @@ def test_results_have_eager_s_values_and_strides(case, mode):
     torch.testing.assert_close(got.cpu(), expected)
 
 
+#: Ops with several results: each keeps its input's layout as eager's does (fuzz seed 5267: a
+#: sort's results were contiguous, so a later copy between their overlapping slices raised).
+SEVERAL_RESULTS = {
+    "sort of a transpose": lambda a, c: a.t().sort(0),
+    "argsort of a transpose": lambda a, c: torch.argsort(a.t(), dim=0, stable=True),
+    "sort of a permuted 3-d view": lambda a, c: c.permute(2, 0, 1).sort(1, descending=True),
+    "frexp of a transpose": lambda a, c: torch.frexp(a.t()),
+    "var_mean of a permuted view": lambda a, c: torch.var_mean(c.permute(2, 0, 1), dim=1,
+                                                               keepdim=True),
+}
+
+
+@pytest.mark.parametrize("case", list(SEVERAL_RESULTS))
+def test_every_result_of_an_op_has_eager_s_strides(case, mode):
+    fn = SEVERAL_RESULTS[case]
+    expected, got = fn(A, C), fn(A.to("tpu"), C.to("tpu"))
+    if isinstance(expected, torch.Tensor):
+        expected, got = (expected,), (got,)
+    assert [t.stride() for t in got] == [t.stride() for t in expected]
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g.cpu(), e)
+
+
 def test_a_view_eager_refuses_is_refused(mode):
     with pytest.raises(RuntimeError, match="view size is not compatible"):
         (A.t() * 2).view(-1)

@@ -442,6 +442,9 @@ EMPTY = {
     "index_put_accumulate": (lambda x, i: x.index_put((i,), torch.tensor(7.0), True), (2, 0),
                              [-3]),
     "index_select": (lambda x, i: torch.index_select(x, 0, i), (2, 0), [5]),
+    # checked whatever the shapes; its decomposition's scatter of no element dropped the check
+    "index_reduce": (lambda x, i: x.index_reduce(0, i, _fill_rows(x, i), "prod"), (2, 0),
+                     [0, 5]),
     "index_select_empty_dim": (lambda x, i: torch.index_select(x, 1, i), (2, 0), [0]),
     "embedding": (lambda x, i: F.embedding(i, x), (2, 0), [-1]),
     # an integer division of no element by a zero divisor: nothing divided (fuzz seed 5313)

@@ -265,9 +265,10 @@ def _input_values(tensors) -> tuple:
 
 class _Fold:
     """An op's graph with its strided inputs' reads folded in (``_folded``), and the layout of
-    its one fresh result: None (contiguous), or (the storage's shape, the result's strides)
-    where eager gives it a permuted layout (``relu(x.t())`` is a transposed tensor on the CPU),
-    which the program then writes in that memory order."""
+    its fresh results: None (all contiguous), or per result None or (the storage's shape, the
+    result's strides) where eager gives it a permuted layout (``relu(x.t())`` is a transposed
+    tensor on the CPU, and so are both of ``x.t().sort(0)``'s), which the program then writes
+    in that memory order."""
 
     __slots__ = ("graph", "layout")
 
@@ -300,14 +301,16 @@ def _folded(entry, folded: list, func, args, kwargs, tensors):
                        for p in range(len(op.placeholders))]))
     wanted = [(len(folded), j) for j in range(len(op.out_meta))]
     layout = _eager_layout(entry, func, args, kwargs, tensors)
-    if layout is not None:  # the result in its memory order: one more graph, a transpose
-        walked, strides = layout
-        shape, dtype = op.out_meta[0]
-        graphs.append(trace(lambda v: (v.permute(walked).clone(),), [example(shape, dtype)],
-                            "layout"))
-        refs.append(((len(folded), 0),))
-        wanted = [(len(folded) + 1, 0)]
-        layout = (tuple([shape[d] for d in walked]), strides)
+    if layout is not None:  # each permuted result in its memory order: a transpose graph each
+        for j, result in enumerate(layout):
+            if result is None:
+                continue
+            walked, strides = result
+            shape, dtype = op.out_meta[j]
+            graphs.append(trace(_permute_to(walked), [example(shape, dtype)], "layout"))
+            refs.append(((len(folded), j),))
+            wanted[j] = (len(graphs) - 1, 0)
+            layout[j] = (tuple([shape[d] for d in walked]), strides)
     fold = _Fold(splice(graphs, refs, n_inputs, wanted, op.label + "+reads"),
                  layout)
     try:
@@ -319,14 +322,24 @@ def _folded(entry, folded: list, func, args, kwargs, tensors):
     return fold
 
 
+def _permute_to(walked):
+    """The traced function writing a value in the memory order ``walked``."""
+    return lambda v: (v.permute(walked).clone(),)
+
+
 def _eager_layout(entry, func, args, kwargs, tensors):
-    """(its dims outermost first, its strides) where eager's one fresh result of ``func`` on
-    these inputs' geometries is a permuted dense layout (``x.t() * 2`` has strides (1, n) on
-    the CPU: TensorIterator follows its inputs' layout), else None. From the op run on fake
-    CPU tensors viewing storages as the inputs do: on meta tensors a convolution of
-    channels-last inputs picks no CPU backend and comes out contiguous, where the CPU's is
-    channels-last."""
-    if not entry.single:
+    """Per fresh result of ``func`` (the graph's outputs, in order), (its dims outermost
+    first, its strides) where eager's result on these inputs' geometries is a permuted dense
+    layout (``x.t() * 2`` has strides (1, n) on the CPU: TensorIterator follows its inputs'
+    layout; ``x.t().sort(0)``'s values and indices both do), else None; None for the whole
+    where every result is contiguous, or the op writes or returns anything but fresh tensors.
+    From the op run on fake CPU tensors viewing storages as the inputs do: on meta tensors a
+    convolution of channels-last inputs picks no CPU backend and comes out contiguous, where
+    the CPU's is channels-last."""
+    plan, counts = entry.returns
+    if entry.mutated or entry.resized or not plan or any(
+            kind != "fresh" for kind, _ in plan) or any(counts) or \
+            len(entry.graph.out_meta) != len(plan):
         return None
     # Fake tensor's own Python frames must not reach Dynamo, which would trace them as user
     # code where a compiled function leaves ops to the device (nn.LSTM's graph break).
@@ -338,12 +351,20 @@ def _eager_layout(entry, func, args, kwargs, tensors):
                 k: _substitute(v, metas) for k, v in kwargs.items()})
         except Exception:  # no meta kernel: the result stays contiguous
             return None
-    if not isinstance(out, torch.Tensor):
+    outs = (out,) if isinstance(out, torch.Tensor) else tuple(out) if isinstance(
+        out, (tuple, list)) else ()
+    if len(outs) != len(plan) or not all(isinstance(o, torch.Tensor) for o in outs):
         return None
-    size, stride = tuple(out.shape), tuple(out.stride())
+    layout = [_permuted_layout(tuple(o.shape), tuple(o.stride())) for o in outs]
+    return None if all(result is None for result in layout) else layout
+
+
+def _permuted_layout(size: tuple, stride: tuple):
+    """(dims outermost first, ``stride``) where ``stride`` lays ``size`` out densely in an
+    order other than row-major, else None (contiguous but for size-1 dims, or not dense)."""
     walked = views._permuted_dims(size, size, stride, 0)
     if walked is None or walked == sorted(walked) or 0 in stride:
-        return None  # contiguous (but for size-1 dims), or not one dense layout
+        return None
     # size-1 dims last: they do not move memory, and the permute names every dim
     return walked + [d for d in range(len(size)) if d not in walked], stride
 
@@ -679,7 +700,8 @@ def _trace_lifted(fn, examples, label, func, args, kwargs, dtype):
     return graph
 
 
-def _rebuild(entry: _Compiled, outputs: list, args, kwargs):
+def _rebuild(entry: _Compiled, outputs: list, args, kwargs, layout=None):
+    """The op's return from its outputs; ``layout``: a ``_Fold``'s, per fresh result."""
     plan, shapes = entry.returns
     meta = entry.graph.out_meta
     position = 0
@@ -692,7 +714,11 @@ def _rebuild(entry: _Compiled, outputs: list, args, kwargs):
             results.append(None)
         elif count == 0:
             shape, dtype = meta[position]
-            results.append(_fresh(outputs[position], shape, dtype))
+            if layout is not None and layout[position] is not None:
+                results.append(_laid_out(outputs[position], shape, dtype, layout[position],
+                                         modes._current or modes.current()))
+            else:
+                results.append(_fresh(outputs[position], shape, dtype))
             position += 1
         else:
             items = []
@@ -966,9 +992,7 @@ def run_op(func, args, kwargs):
     if entry.single:  # one fresh tensor, nothing written: most ops
         shape, dtype, numel, strides = entry.result
         if layout is not None:  # eager's permuted layout, the program's result its memory
-            storage = Storage(outputs[0], layout[0], dtype, numel)
-            mode.note_write(storage)
-            return view_tensor(storage, shape, layout[1], 0, False)
+            return _laid_out(outputs[0], shape, dtype, layout[0], mode)
         storage = Storage(outputs[0], shape, dtype, numel)
         mode.note_write(storage)
         return dense_tensor(storage, shape, strides)
@@ -981,7 +1005,15 @@ def run_op(func, args, kwargs):
         out_resize(tensors[leaf], shape)
     for leaf, value in zip(entry.mutated, outputs[n_fresh:]):
         views.write(tensors[leaf], value)
-    return _rebuild(entry, outputs, args, kwargs)
+    return _rebuild(entry, outputs, args, kwargs, layout)
+
+
+def _laid_out(value, shape, dtype, layout, mode) -> TpuTensor:
+    """The fresh result ``value``, which the program wrote in the memory order ``layout``
+    gives, ``(the storage's shape, the result's strides)`` (``_Fold``)."""
+    storage = Storage(value, layout[0], dtype, _numel(shape))
+    mode.note_write(storage)
+    return view_tensor(storage, shape, layout[1], 0, False)
 
 
 # --- other kinds ------------------------------------------------------------------------------

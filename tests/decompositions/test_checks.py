@@ -236,3 +236,30 @@ def test_inputs_eager_accepts_still_run(name):
     want = fn(*inputs())
     torch.testing.assert_close(fn(*[t.to("tpu") for t in inputs()]).cpu(), want)
     torch.testing.assert_close(compile_tpu(fn, dynamic=False)(*inputs()), want)
+
+
+# index_copy and index_fill into a dim of size 0: eager's kernels restride an empty storage to
+# the index's length and fail there, with RuntimeError whatever the index (fuzz5's probe of
+# seed 5182: ours raised the index check's IndexError); into another empty dim they return.
+INDEX_INTO_EMPTY = {
+    "index_copy into (0, 3)": (lambda x, i: x.index_copy(0, i, torch.ones(2, 3, device=x.device)),
+                               (0, 3)),
+    "index_fill_ into (2, 0, 3) dim 1": (lambda x, i: x.index_fill_(1, i, 1.0), (2, 0, 3)),
+    "index_fill of a tensor value": (lambda x, i: x.index_fill(0, i, torch.tensor(2.0)), (0,)),
+    "index_fill into (2, 0) dim 0": (lambda x, i: x.index_fill(0, i, 1.0), (2, 0)),
+}
+
+
+@pytest.mark.parametrize("name", list(INDEX_INTO_EMPTY))
+def test_an_index_into_an_empty_dim_raises_eagers_error(name):
+    fn, shape = INDEX_INTO_EMPTY[name]
+    index = torch.tensor([0, 5])
+    want = _outcome(lambda x: fn(x, index), torch.zeros(shape))
+    got = _outcome(lambda x: fn(x, index.to("tpu")), torch.zeros(shape, device="tpu"))
+    compiled = _outcome(lambda x: compile_tpu(fn, dynamic=False)(x, index), torch.zeros(shape))
+    for outcome in (got, compiled):
+        if isinstance(want, Exception):
+            assert isinstance(outcome, RuntimeError) and not isinstance(outcome, IndexError)
+            assert str(want) in str(outcome)
+        else:
+            _assert_same_values(outcome, want)

@@ -499,6 +499,19 @@ def test_shifts_gcd_and_lcm():
     check_on_both_paths(integer_ops, x, shift, small, a, b)
 
 
+def test_gcd_and_lcm_of_integer_extremes_are_eagers():
+    # Fuzz seed 6173: jnp.gcd's loop never ended for -2**63 (its own absolute value); the lcm of
+    # int8 values whose product wraps is eager's, narrowed from int (-103 for -85 and -53).
+    low = -2**63
+    a = torch.tensor([low, low, 0, 5, low, -12])
+    b = torch.tensor([low, 0, low, low, 6, 18])
+    c = torch.tensor([-85, 64, -128, -128], dtype=torch.int8)
+    d = torch.tensor([-53, -102, -128, 3], dtype=torch.int8)
+    # (the compile path: the eager device runs the same decomposition, a program per op)
+    check(lambda a, b, c, d: (torch.gcd(a, b), torch.lcm(a, b), torch.gcd(c, d), torch.lcm(c, d)),
+          a, b, c, d)
+
+
 @pytest.mark.parametrize("op", ["hardshrink_backward", "softshrink_backward"])
 def test_shrink_backward(op):
     # torch-mlir lowers neither: nn.Hardshrink's and nn.Softshrink's backwards ran on the host

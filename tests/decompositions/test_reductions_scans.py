@@ -23,6 +23,13 @@ def test_cumsum_cumprod_logcumsumexp(n):
     check(lambda x: torch.logcumsumexp(x, 1), x)
 
 
+def test_cumsum_returns_no_negative_zero_as_eager():
+    # Fuzz seed 3882: eager's sums start from +0.0 (1e5 // cumsum of [-0.0] is inf, not -inf).
+    x = torch.tensor([[-0.0, -0.0, 2.0], [-0.0, 1.0, -0.0], [-0.0, -1.0, -0.0]])
+    check_on_both_paths(lambda x: (torch.cumsum(x, 0).signbit(), torch.cumsum(x, 1).signbit(),
+                                   torch.cumsum(x[:, :1], 1).signbit()), x)
+
+
 def test_cumsum_of_integers_accumulates_in_int64():
     x = torch.randint(0, 5, (9, 2), dtype=torch.int32)
     check(lambda x: torch.cumsum(x, 0), x)

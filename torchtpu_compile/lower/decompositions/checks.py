@@ -141,6 +141,28 @@ for _op in (aten.var.correction, aten.std.correction, aten.var_mean.correction,
     checked_first(_op)(_correction_at_most_count(_op))
 
 
+@checked_first(aten.index_copy.default, aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
+def _index_into_an_empty_dim(x, dim, index, *rest):
+    # Eager's kernels write through ``x`` restrided to the index's length along ``dim``
+    # (stride 0) over a fresh, empty storage: any index into an empty ``dim`` fails there,
+    # whatever its value, with the storage's error (the index check would raise IndexError).
+    if x.dim() == 0 or not guard_or_false(x.shape[dim % x.dim()] == 0):
+        return None
+    dim = dim % x.dim()
+    sizes = [index.numel() if d == dim else s for d, s in enumerate(x.shape)]
+    strides, step = [0] * x.dim(), 1
+    for d in range(x.dim() - 1, -1, -1):
+        strides[d] = 0 if d == dim else step
+        step *= max(x.shape[d], 1)
+    if not all(guard_or_false(s != 0) for s in sizes):
+        return None  # nothing to write: the storage is large enough
+    needed = (1 + sum((s - 1) * st for s, st in zip(sizes, strides))) * x.element_size()
+    raise invalid_input(RuntimeError, f"setStorage: sizes {sizes}, strides {strides}, storage "
+                                      f"offset 0, and itemsize {x.element_size()} requiring a "
+                                      f"storage size of {needed} are out of bounds for "
+                                      f"storage of size 0")
+
+
 @checked_first(aten.pow.Tensor_Scalar)
 def _integer_to_a_negative_power(base, exponent):
     # Eager's meta function raises (NumPy's rule); torch-mlir computed 2 ** -1 as 0.

@@ -219,22 +219,42 @@ def bitwise_right_shift(x, other):
 
 @decomposition(aten.gcd.default)
 def gcd(a, b):
-    # Unlowered; JAX's Euclid loop (a while loop in the program), non-negative as eager's.
+    # Unlowered; eager's Euclid loop (a while loop in the program).
     return jax_function("gcd")(a, b)
 
 
 @decomposition(aten.lcm.default)
 def lcm(a, b):
-    # Unlowered; eager's formula: |a / gcd * b|, 0 where the gcd is 0.
+    # Unlowered; eager's formula: |a / gcd * b|, 0 where the gcd is 0. C++ computes the
+    # product and its absolute value of int8, int16 and uint8 in int, then narrows: int8 lcm
+    # of -85 and -53 is -103 there (the product wrapped in int8 first gave 103).
     g = gcd(a, b)
     quotient = torch.div(a, torch.where(g == 0, torch.ones_like(g), g), rounding_mode="trunc")
-    return torch.where(g == 0, torch.zeros_like(g), (quotient * b).abs())
+    wide = torch.int32 if g.dtype.itemsize < 4 else g.dtype
+    product = (quotient.to(wide) * b.to(wide)).abs().to(g.dtype)
+    return torch.where(g == 0, torch.zeros_like(g), product)
 
 
 @builds("gcd")
 def _gcd_fn():
+    # Eager's calc_gcd: a, b = |a|, |b|, then (a, b) = (b % a, a) until a is 0. Not jnp.gcd:
+    # it swaps to keep x1 >= x2, which for the integer minimum (its own absolute value,
+    # negative) swaps back every step and never ends (fuzz seed 6173: lcm of
+    # int64 -2**63 hung the process). Here the minimum stays eager's result (gcd(m, m) = m).
     import jax.numpy as jnp
-    return jnp.gcd
+    from jax import lax
+
+    def gcd(a, b):
+        dtype = jnp.result_type(a, b)
+        a, b = jnp.broadcast_arrays(jnp.abs(a.astype(dtype)), jnp.abs(b.astype(dtype)))
+
+        def step(pair):
+            a, b = pair
+            going = a != 0
+            return (jnp.where(going, lax.rem(b, jnp.where(going, a, 1)), a),
+                    jnp.where(going, a, b))
+        return lax.while_loop(lambda pair: jnp.any(pair[0] != 0), step, (a, b))[1]
+    return gcd
 
 
 @decomposition("prims::fma")

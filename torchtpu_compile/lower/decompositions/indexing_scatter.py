@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 
 import torch
+from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from .common import computing_dtype
 from .registry import decomposition
@@ -412,6 +413,11 @@ def index_reduce(self, dim, index, source, reduce, include_self=True):
         return index_reduce(self.reshape(1), 0, index.reshape(-1), source.reshape(-1), reduce,
                             include_self).reshape(())
     dim = dim % self.dim()
+    if guard_or_false(source.numel() == 0) and guard_or_false(index.numel() != 0):
+        # No element to reduce (self's other dims are source's), but eager checks the index
+        # all the same: the result reads it, or the scatter of nothing left its check
+        # (index_checks.py) unused and tracing dropped it (a (2, 0) self returned).
+        return self + index.sum().to(self.dtype)
     view = [1] * source.dim()
     view[dim] = index.numel()
     spread = index.to(torch.int64).reshape(view).expand(source.shape)

@@ -300,6 +300,10 @@ def cumsum(x, dim, *, dtype=None):
     x = _scan_dtype(x, dtype)
     if x.dim() == 0:
         return x.clone()
+    if x.is_floating_point():
+        # Eager's sums start from +0.0, so no element of its result is -0.0 (+0.0 + -0.0 is
+        # +0.0); the scan starts from the first element itself. Not x + 0.0: XLA folds it.
+        x = torch.where(x == 0, torch.zeros_like(x), x)
     return _accumulating_scan(x, dim % x.dim(), torch.add)
 
 
