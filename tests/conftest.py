@@ -52,6 +52,16 @@ def defer_and_fuse():
     torch.tpu.set_eager_mode(saved)
 
 
+@pytest.fixture(params=["strict", "defer_and_fuse"])
+def eager_mode(request):
+    """The eager tpu device in mode ``request.param`` for one test, then the mode it was in: a
+    test taking it runs strict and defer-and-fuse, or in the modes that
+    ``@pytest.mark.parametrize("eager_mode", [...], indirect=True)`` names."""
+    from tests.support.helpers import eager_mode as in_mode
+    with in_mode(request.param):
+        yield request.param
+
+
 @pytest.fixture
 def precision(request):
     """Set torchtpu_compile.config.matmul_precision (indirect parametrization) for one test."""

@@ -22,12 +22,6 @@ def _compiled() -> int:
     return torchtpu_compile.stats()["eager_programs_compiled"]
 
 
-@pytest.fixture(params=["strict", "defer_and_fuse"])
-def mode(request):
-    torch.tpu.set_eager_mode(request.param)
-    yield request.param
-    torch.tpu.set_eager_mode("strict")
-
 
 def _same_as_eager(fn, i):
     """``fn`` on the tpu copies of INPUTS and ``i`` gives eager's value and dtype, or raises
@@ -68,7 +62,7 @@ LOOPS = {
 
 @pytest.mark.parametrize("case", list(LOOPS))
 @pytest.mark.parametrize("values", [range(2, 10), range(-2, -10, -1)], ids=["positive", "negative"])
-def test_an_int_loop_compiles_once_per_range(case, values, mode):
+def test_an_int_loop_compiles_once_per_range(case, values, eager_mode):
     fn = LOOPS[case]
     compiled = None
     for k, i in enumerate(values):
@@ -98,7 +92,7 @@ EDGES = {
 
 
 @pytest.mark.parametrize("case", list(EDGES))
-def test_ints_as_inputs_keep_eagers_values_and_errors(case, mode):
+def test_ints_as_inputs_keep_eagers_values_and_errors(case, eager_mode):
     fn, values = EDGES[case]
     for i in values:
         _same_as_eager(fn, i)

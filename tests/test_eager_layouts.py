@@ -27,15 +27,9 @@ CASES = {
 }
 
 
-@pytest.fixture(params=["strict", "defer_and_fuse"])
-def mode(request):
-    torch.tpu.set_eager_mode(request.param)
-    yield request.param
-    torch.tpu.set_eager_mode("strict")
-
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_results_have_eager_s_values_and_strides(case, mode):
+def test_results_have_eager_s_values_and_strides(case, eager_mode):
     fn = CASES[case]
     expected = fn(A, B, C)
     got = fn(A.to("tpu"), B.to("tpu"), C.to("tpu"))
@@ -56,7 +50,7 @@ SEVERAL_RESULTS = {
 
 
 @pytest.mark.parametrize("case", list(SEVERAL_RESULTS))
-def test_every_result_of_an_op_has_eager_s_strides(case, mode):
+def test_every_result_of_an_op_has_eager_s_strides(case, eager_mode):
     fn = SEVERAL_RESULTS[case]
     expected, got = fn(A, C), fn(A.to("tpu"), C.to("tpu"))
     if isinstance(expected, torch.Tensor):
@@ -66,14 +60,14 @@ def test_every_result_of_an_op_has_eager_s_strides(case, mode):
         torch.testing.assert_close(g.cpu(), e)
 
 
-def test_a_view_eager_refuses_is_refused(mode):
+def test_a_view_eager_refuses_is_refused(eager_mode):
     with pytest.raises(RuntimeError, match="view size is not compatible"):
         (A.t() * 2).view(-1)
     with pytest.raises(RuntimeError, match="view size is not compatible"):
         (A.to("tpu").t() * 2).view(-1)
 
 
-def test_gradients_through_a_permuted_result(mode):
+def test_gradients_through_a_permuted_result(eager_mode):
     grads = []
     for device in ("cpu", "tpu"):
         x = A.clone().to(device).requires_grad_()
@@ -119,7 +113,7 @@ ATTENTION = {
 
 
 @pytest.mark.parametrize("case", list(ATTENTION))
-def test_attention_result_laid_out_as_eager_s_for_a_view_of_its_transpose(case, mode):
+def test_attention_result_laid_out_as_eager_s_for_a_view_of_its_transpose(case, eager_mode):
     """The SDPA tutorial's CausalSelfAttention: q, k, v split from one projection and
     transposed from (N, L, H, E); ``y.transpose(1, 2).view(N, L, H * E)`` raised "view size is
     not compatible" on tpu: the CPU's flash kernel lays its result out as the query, the
@@ -185,7 +179,7 @@ def _ops_between_overlapping_views(dev):
                                     _accumulating_puts_through_expanded_views,
                                     _ops_between_overlapping_views],
                          ids=["fills", "accumulating puts", "ops between overlapping views"])
-def test_writes_through_views_sharing_memory_write_as_eager(writes, mode):
+def test_writes_through_views_sharing_memory_write_as_eager(writes, eager_mode):
     expected = writes("cpu")
     actual = writes("tpu")
     for a, e in zip(actual, expected):
@@ -203,7 +197,7 @@ TRANSFERS = {
 
 
 @pytest.mark.parametrize("case", list(TRANSFERS))
-def test_moves_to_and_from_the_device_keep_eager_s_layout(case, mode):
+def test_moves_to_and_from_the_device_keep_eager_s_layout(case, eager_mode):
     """``.to("cuda")`` and ``.cpu()`` keep a dense tensor's strides (``preserve_format``), as
     eager's own copy does; the device made every copy contiguous, so channels-last nets and
     code reading ``stride()`` or ``is_contiguous()`` saw another tensor."""
@@ -222,7 +216,7 @@ def test_moves_to_and_from_the_device_keep_eager_s_layout(case, mode):
     assert torch.empty_like(moved).stride() == torch.empty_like(expected).stride()
 
 
-def test_a_channels_last_conv_net_keeps_eager_s_layout(mode):
+def test_a_channels_last_conv_net_keeps_eager_s_layout(eager_mode):
     from torchtpu_compile import config
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 1))

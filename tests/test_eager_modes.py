@@ -23,13 +23,6 @@ def fp32_matmuls():
         yield
 
 
-@pytest.fixture
-def eager_mode(request):
-    saved = torch.tpu.get_eager_mode()
-    torch.tpu.set_eager_mode(request.param)
-    yield request.param
-    torch.tpu.set_eager_mode(saved)
-
 
 def tiny_transformer(depth=2, seed=0):
     torch.manual_seed(seed)

@@ -10,6 +10,7 @@ import torch
 
 import torchtpu_compile
 import torchtpu_eager  # noqa: F401
+from tests.support.helpers import eager_mode
 
 torch.manual_seed(0)
 X = torch.randn(6, 5)
@@ -22,9 +23,8 @@ def _compiled() -> int:
 
 @pytest.fixture(params=["strict", "debug", "defer_and_fuse"])
 def mode(request):
-    torch.tpu.set_eager_mode(request.param)
-    yield request.param
-    torch.tpu.set_eager_mode("strict")
+    with eager_mode(request.param):
+        yield request.param
 
 
 def _no_program_per_position(fn, positions):

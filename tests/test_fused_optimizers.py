@@ -23,13 +23,6 @@ def strict_fp32():
     assert torchtpu_compile.stats()["eager_fallbacks"] == 0
 
 
-@pytest.fixture(params=["strict", "defer_and_fuse"])
-def eager_mode(request):
-    saved = torch.tpu.get_eager_mode()
-    torch.tpu.set_eager_mode(request.param)
-    yield request.param
-    torch.tpu.set_eager_mode(saved)
-
 
 def _models():
     torch.manual_seed(0)

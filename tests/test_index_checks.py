@@ -105,13 +105,6 @@ def test_compile_path_raises_as_eager_then_runs_again(name):
     torch.testing.assert_close(compiled(X, torch.tensor(good)), fn(X, torch.tensor(good)))
 
 
-@pytest.fixture
-def eager_mode(request):
-    previous = torch.tpu.get_eager_mode()
-    torch.tpu.set_eager_mode(request.param)
-    yield request.param
-    torch.tpu.set_eager_mode(previous)
-
 
 @pytest.mark.parametrize("name", list(OPS))
 @pytest.mark.parametrize("eager_mode", ["strict"], indirect=True)

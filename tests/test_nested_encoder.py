@@ -12,13 +12,10 @@ from torchtpu_compile import config
 PAD = torch.tensor([[False] * 5, [False] * 3 + [True] * 2, [True] * 5, [False] * 4 + [True]])
 
 
-@pytest.fixture(params=["strict", "defer_and_fuse"])
-def mode(request):
-    saved = torch.tpu.get_eager_mode()
-    torch.tpu.set_eager_mode(request.param)
+@pytest.fixture
+def mode(eager_mode):
     with config.patch(matmul_precision="highest"):
-        yield request.param
-    torch.tpu.set_eager_mode(saved)
+        yield eager_mode
 
 
 def _both(model, *inputs, **kwargs):

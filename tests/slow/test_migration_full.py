@@ -1,7 +1,6 @@
 """The migration suite's longer runs (tests/migration/test_scripts.py has the fast ones): each
 CUDA-style script on CPU and on tpu, every variant the scripts offer."""
 import pytest
-import torch
 
 import torchtpu_compile
 from tests.migration import (autograd_recipes, char_rnn, dcgan, dqn, image_classification,
@@ -48,13 +47,6 @@ TUTORIALS = {"seq2seq_attention": seq2seq_attention, "dcgan": dcgan,
              "spatial_transformer": spatial_transformer, "style_transfer": style_transfer,
              "dqn": dqn, "char_rnn": char_rnn, "autograd_recipes": autograd_recipes}
 
-
-@pytest.fixture(params=["strict", "defer_and_fuse"])
-def eager_mode(request):
-    saved = torch.tpu.get_eager_mode()
-    torch.tpu.set_eager_mode(request.param)
-    yield request.param
-    torch.tpu.set_eager_mode(saved)
 
 
 @pytest.mark.parametrize("name", list(TUTORIALS))
