@@ -1,9 +1,8 @@
 """Elementwise decompositions: arithmetic torch-mlir lowers wrongly (remainder's sign, integer
 floor division in float64, fmax/fmin and clamp's bounds without broadcasting, uint8 right
-shifts) or not at all (the shift operators, gcd, lcm,
-bitwise or/xor with a number), floats read bit by bit (nextafter,
-frexp), short formulas (hypot, angle, inductor's fma, the shrinks' backward) and dropout's
-random mask.
+shifts) or not at all (the shift operators, gcd, lcm, bitwise or/xor with a number), floats
+read bit by bit (nextafter, frexp), short formulas (hypot, angle, inductor's fma, the shrinks'
+backward) and dropout's random mask.
 
 Example::
 
