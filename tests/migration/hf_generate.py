@@ -104,9 +104,10 @@ def _structure(value):
 
 def _summary(out) -> dict:
     """A GenerateOutput as JSON: each tensor field's structure and values. Not the cache:
-    after beam search it holds the last steps of beams that were dropped, which may differ
-    where candidates tie (seen on tpu at the last two positions, the sequences, scores and
-    beam indices equal)."""
+    beam search's last step adds -1e9 to every candidate's log-probability (all stop), which
+    float32 rounds to ties, and the running beams the cache is reordered by are a topk of
+    those ties, whose order PyTorch leaves open (on tpu the last two positions differed, the
+    sequences, scores and beam indices equal)."""
     fields = {key: value for key, value in out.items()
               if key not in ("sequences", "cache", "past_key_values") and value is not None}
     return {key: {"structure": _structure(value), "values": _flat(value)}
