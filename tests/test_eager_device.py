@@ -7,6 +7,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+import torch.utils._pytree as pytree
 
 import torchtpu_compile
 import torchtpu_eager  # noqa: F401  (registers the device; autoload does too)
@@ -514,13 +515,32 @@ def test_unsupported_op_falls_back_counted_and_strict_raises():
     torchtpu_compile.reset_stats()
     x_cpu = torch.tensor([0.0, 1.5, 0.0, 2.0])
     x = x_cpu.to("tpu")
-    out = x.nonzero()  # data-dependent shape: cannot be one static program
+    out = x.unique()  # data-dependent shape: cannot be one static program
     assert out.device == TPU
-    torch.testing.assert_close(out.cpu(), x_cpu.nonzero())
-    assert torchtpu_compile.stats()["fallback_ops"].get("aten.nonzero.default") == 1
+    torch.testing.assert_close(out.cpu(), x_cpu.unique())
+    assert torchtpu_compile.stats()["fallback_ops"].get("aten._unique2.default") == 1
     with config.patch(strict=True):
         with pytest.raises(Exception, match="aten.masked_select.*cannot run on the tpu device"):
             x.masked_select(x > 1)
+
+
+def test_nonzero_runs_on_the_device():
+    # It ran on a host copy (an error under TORCHTPU_STRICT=1), which stopped generate()'s
+    # prompt lookup and assisted decoding; now one sync for its length, as on CUDA. NaN and
+    # -0.0, a transposed input, torch.where(cond), a 0-d and an empty input.
+    x = torch.tensor([[0.0, float("nan"), -0.0], [3.0, 0.0, 1.0]])
+    mask = torch.tensor([[True, False], [False, True], [True, True]]).t()
+
+    def nonzeros(x, mask):
+        return (x.nonzero(), mask.nonzero(), torch.where(x), torch.argwhere(x[0, 1]),
+                x[:0].nonzero())
+    torchtpu_compile.reset_stats()
+    with config.patch(strict=True):
+        got = nonzeros(x.to("tpu"), mask.to("tpu"))
+    for g, want in zip(pytree.tree_leaves(got), pytree.tree_leaves(nonzeros(x, mask))):
+        assert g.device == TPU
+        assert torch.equal(g.cpu(), want) and g.shape == want.shape
+    assert torchtpu_compile.stats()["fallback_ops"] == {}
 
 
 def test_ops_compile_once_per_signature():

@@ -1133,7 +1133,7 @@ def run_random(func, args, kwargs):
 
 
 def run_data_dependent(func, args, kwargs):
-    # Its output shape depends on the values (nonzero, masked_select, unique): never one static
+    # Its output shape depends on the values (masked_select, unique): never one static
     # program, so not traced at all (tracing 0-dim inputs crashed torch-mlir).
     return fallback.run_on_host(func, args, kwargs, "its output shape depends on the data")
 
@@ -1553,3 +1553,4 @@ def index_put_with_mask(func, args, kwargs):
 
 from . import storage_ops  # noqa: E402,F401  (registers record_stream; FSDP2 storage helpers)
 from . import nested  # noqa: E402,F401  (registers _nested_tensor_from_mask)
+from . import nonzero  # noqa: E402,F401  (registers nonzero on the device)

@@ -7,7 +7,7 @@ once; with ``TORCHTPU_STRICT=1`` it is an error instead.
 
 Example::
 
-    torch.ones(4, device="tpu").nonzero()      # data-dependent shape: runs on the host
+    torch.ones(4, device="tpu").unique()       # data-dependent shape: runs on the host
 """
 from __future__ import annotations
 

@@ -512,6 +512,20 @@ def test_gcd_and_lcm_of_integer_extremes_are_eagers():
           a, b, c, d)
 
 
+def test_bitwise_ops_with_a_number():
+    # torch-mlir lowers bitwise_and.Scalar only: generate()'s assisted decoding (a bool mask
+    # | True) stopped in strict mode, and a number on the left of &, | or ^ ran on the host.
+    # A bool tensor with an int is int64, as in eager.
+    mask = torch.tensor([True, False, True])
+    x = torch.tensor([1, -6, 2**20], dtype=torch.int32)
+    small = torch.tensor([200, 255, 7], dtype=torch.uint8)
+
+    def with_numbers(mask, x, small):
+        return (mask | True, mask ^ True, mask | 6, torch.bitwise_and(True, mask),
+                torch.bitwise_or(5, x), torch.bitwise_xor(250, small))
+    check_on_both_paths(with_numbers, mask, x, small)
+
+
 @pytest.mark.parametrize("op", ["hardshrink_backward", "softshrink_backward"])
 def test_shrink_backward(op):
     # torch-mlir lowers neither: nn.Hardshrink's and nn.Softshrink's backwards ran on the host

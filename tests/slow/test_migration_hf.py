@@ -8,6 +8,7 @@ Each run is a fresh process: accelerate reads ``ACCELERATE_TORCH_DEVICE`` once p
 (its state is shared), which is also how a user sets it.
 """
 import json
+import math
 import subprocess
 import sys
 
@@ -111,9 +112,44 @@ def test_generate_beyond_greedy_matches_cpu(run):
     # tests/migration/hf_generate.py on the tpu device: beam search, a repetition penalty,
     # sampling (top_k, top_p, temperature) under torch.manual_seed, alone and on a left-padded
     # batch. Sampled tokens are CPU's too: the tpu generator is a CPU generator seeded alike.
+    # Then, on Llama and GPT-2, the output dicts, assisted and prompt lookup decoding, the
+    # logits processors and sampling filters of MORE_MODES, and bf16 weights.
     want, got = _cpu_and_device_runs("hf_generate", run)
     assert got["tokens"] == want["tokens"]
     assert got["eager_fallbacks"] == 0 and got["graph_breaks"] == {}
+    # return_dict_in_generate=True: the same fields, shapes and dtypes, on the device (as on
+    # CUDA), scores, logits, attentions and hidden states to float32 rounding at "highest".
+    # The compiled run asks for no attentions or hidden states (transformers' hooks break
+    # the graph, on the CPU too: docs/migration.md).
+    layers = ("attentions", "hidden_states") if run == "compile" else ()
+    assert got["outputs"].keys() == want["outputs"].keys() and len(want["outputs"]) == 10
+    for key, fields in want["outputs"].items():
+        fields = {name: f for name, f in fields.items() if name not in layers}
+        assert got["outputs"][key].keys() == fields.keys(), key
+        for name, field in fields.items():
+            mine = got["outputs"][key][name]
+            assert json.dumps(mine["structure"]) == \
+                json.dumps(field["structure"]).replace('"cpu"', '"tpu:0"'), (key, name)
+            assert mine["values"] == pytest.approx(field["values"], rel=1e-5, abs=1e-6), \
+                (key, name)
+    _assert_bf16_tokens_match(want["bf16"], got["bf16"])
+
+
+def _assert_bf16_tokens_match(want: dict, got: dict):
+    """Greedy bf16 tokens equal to CPU bf16's up to the first near tie: a step where CPU's two
+    largest logits lie within 4 bf16 steps of the largest (each run rounds its bf16 matmuls
+    its own way; the largest logits differed by 2 steps at most, 2026-12-04)."""
+    for name, cpu in want.items():
+        assert got[name]["weights"] == cpu["weights"] == "torch.bfloat16"
+        prompt = len(cpu["tokens"][0]) - len(cpu["margins"])
+        clear = 0
+        for top, margin in zip(cpu["top"], cpu["margins"]):
+            if margin <= 4 * 2.0 ** (math.floor(math.log2(abs(top))) - 7):
+                break
+            clear += 1
+        assert clear >= 4, (name, cpu)  # the case still tests something
+        assert got[name]["tokens"][0][:prompt + clear] == \
+            cpu["tokens"][0][:prompt + clear], name
 
 
 @pytest.mark.parametrize("run", ["strict", "defer_and_fuse", "compile"])

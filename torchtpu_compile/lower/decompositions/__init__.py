@@ -10,7 +10,8 @@ An op has at most one of each: a second registration raises ``DuplicateRegistrat
 One module per family of ops, as JAX's lax files:
 
     elementwise       remainder, floor division, fmax/fmin, clamp, hypot, angle, nextafter,
-                      frexp, dropout, inductor's fma (optimizers' addcmul_/add_ in Dynamo)
+                      frexp, dropout, inductor's fma (optimizers' addcmul_/add_ in Dynamo),
+                      bitwise or/xor with a number
     reductions_scans  reductions of 0-d tensors, norm's Scalar overloads,
                       cumsum/cumprod/logcumsumexp/cummax/cummin, histc, histogram
     sorting           stable sort, topk, kthvalue, median, nanmedian, mode, searchsorted

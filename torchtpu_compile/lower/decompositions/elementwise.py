@@ -1,8 +1,8 @@
 """Elementwise decompositions: arithmetic torch-mlir lowers wrongly (remainder's sign, integer
 floor division in float64, fmax/fmin and clamp's bounds without broadcasting, uint8 right
-shifts) or not at all (the shift operators, gcd, lcm), floats read bit by bit (nextafter,
-frexp), short formulas (hypot, angle, inductor's fma, the shrinks' backward) and dropout's
-random mask.
+shifts) or not at all (the shift operators, gcd, lcm, bitwise or/xor with a number), floats
+read bit by bit (nextafter, frexp), short formulas (hypot, angle, inductor's fma, the shrinks'
+backward) and dropout's random mask.
 
 Example::
 
@@ -185,6 +185,33 @@ def lshift(x, other):
 def rshift(x, other):
     # As lshift: past the width, 0, or -1 for a negative x (arithmetic shift).
     return aten.bitwise_right_shift.Tensor(x, _as_tensor(other, x))
+
+
+_BITWISE = {aten.bitwise_and.Scalar_Tensor: aten.bitwise_and.Tensor,
+            aten.bitwise_or.Scalar: aten.bitwise_or.Tensor,
+            aten.bitwise_or.Scalar_Tensor: aten.bitwise_or.Tensor,
+            aten.bitwise_xor.Scalar: aten.bitwise_xor.Tensor,
+            aten.bitwise_xor.Scalar_Tensor: aten.bitwise_xor.Tensor}
+
+
+def _bitwise_with_a_number(op):
+    """``op`` (a bitwise op with a Python number on one side) as its tensor overload: torch-mlir
+    lowers only ``bitwise_and.Scalar``, so ``mask | True`` (generate()'s assisted decoding)
+    and ``6 ^ x`` ran on the host. Both sides go to the promoted dtype first (a bool tensor
+    with an int is int64, as in eager); floats reach the tensor overload, which refuses them."""
+    tensor_op = _BITWISE[op]
+
+    def bitwise(a, b):
+        x = b if isinstance(b, torch.Tensor) else a
+        dtype = torch.result_type(a, b)
+        a, b = (v.to(dtype) if isinstance(v, torch.Tensor) else _as_tensor(v, x) for v in (a, b))
+        return tensor_op(a, b)
+    bitwise.__name__ = f"{op.__name__.replace('.', '_')}_as_tensor"
+    return bitwise
+
+
+for _op in _BITWISE:
+    decomposition(_op)(_bitwise_with_a_number(_op))
 
 
 def _broadcast_shift(op, x, other):
