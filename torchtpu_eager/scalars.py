@@ -207,8 +207,6 @@ def as_input(values: list, dtype: torch.dtype, keep: bool | None = None, shape=N
     read as an input of its own (``fuse.py``), so keeping them there too may be safe; not
     measured yet.
     """
-    from torchtpu_compile.runtime import memory
-
     from . import modes
     from .transfer import upload
     if keep is None:
@@ -222,6 +220,7 @@ def as_input(values: list, dtype: torch.dtype, keep: bool | None = None, shape=N
     if buffer is None:
         if len(_kept) >= MAX_KEPT:
             _kept.clear()
+        from torchtpu_compile.runtime import memory
         buffer = _kept[key] = upload(
             torch.tensor(values, dtype=dtype).reshape(shape or (len(values),)))
         memory.untrack(buffer)  # the cache's, not a tensor's: memory_allocated() leaves it out
