@@ -334,17 +334,16 @@ def _for_the_allocator(request: str):
     """What the device allocator (``csrc/native.cpp``) asks for ``torch.accelerator``'s memory
     API: ``"stats"`` (``memory_stats()``), ``"memory_info"`` (``mem_get_info()``), or one of
     the resets and ``"empty_cache"``."""
-    if request == "stats":
-        return memory_stats()
-    if request == "memory_info":
-        return mem_get_info()
-    if request == "reset_peak":
-        return reset_peak_memory_stats()
-    if request == "reset_accumulated":
-        return reset_accumulated_memory_stats()
-    if request == "empty_cache":
-        return empty_cache()
-    raise ValueError(f"torchtpu: the allocator asked for {request!r}")
+    answer = _ALLOCATOR_REQUESTS.get(request)
+    if answer is None:
+        raise ValueError(f"torchtpu: the allocator asked for {request!r}")
+    return answer()
+
+
+_ALLOCATOR_REQUESTS = {"stats": memory_stats, "memory_info": mem_get_info,
+                       "reset_peak": reset_peak_memory_stats,
+                       "reset_accumulated": reset_accumulated_memory_stats,
+                       "empty_cache": empty_cache}
 
 
 def is_bf16_supported() -> bool:
