@@ -72,8 +72,9 @@ def _padded_attention(query, key, value, dropout_p, scale, enable_gqa):
         enable_gqa=enable_gqa)
     # each query row's place in the padded result: (its sequence, its position there); a gather,
     # which autograd differentiates (aten._padded_dense_to_jagged_forward has no derivative)
-    offsets = query.transpose(1, 2).offsets()
-    rows = torch.arange(query.transpose(1, 2).values().shape[0], device=q.device)
+    query_rows = query.transpose(1, 2)
+    offsets = query_rows.offsets()
+    rows = torch.arange(query_rows.values().shape[0], device=q.device)
     sequence = torch.searchsorted(offsets[1:], rows, right=True)
     place = sequence * longest_q + rows - offsets[sequence]
     padded_rows = out.transpose(1, 2).flatten(0, 1)                    # (B * Lq, H, D)
