@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.support.decomposition_checks import check_on_both_paths, randn
+from tests.support.decomposition_checks import INF, NAN, check_on_both_paths, randn
 from tests.support.helpers import compile_tpu, eager_mode
 from torchtpu_compile import config
 
@@ -141,3 +141,64 @@ def test_complex_functions_at_infinities_and_nans_as_eager():
     check_on_both_paths(lambda z: (
         z.exp(), z.log(), z.sqrt(), z.tanh(), z.reciprocal(), z.rsqrt(), z.sigmoid()), z,
         rtol=1e-6, atol=1e-30)
+
+
+# --- eager's values at infinities, NaNs and cancelling parts ---------------------------------
+# Eager's complex kernels run a vectorized body and a scalar remainder, which its compiler fuses
+# into FMAs (docs/reliability.md): the grids below have a multiple of 16 elements, so that each
+# element takes eager's vectorized path.
+
+_PARTS = [0.0, -0.0, 1.0, INF, -INF, NAN, 1e30]
+_GRID = [complex(a, b) for a in _PARTS for b in _PARTS]
+
+
+def _padded(values):
+    return torch.tensor(values + values[:-len(values) % 16], dtype=torch.complex64)
+
+
+def test_complex_sinc_and_lerp_run_through_xla():
+    z, w = crandn(4, 8), crandn(4, 8, seed=1)
+    special = _padded(_GRID)
+    check_on_both_paths(lambda z, w: (
+        torch.sinc(z), torch.lerp(z, w, 0.3), torch.lerp(z, w, 0.8 - 0.1j),
+        torch.lerp(z, w, w * 0.4)), z, w, rtol=1e-5, atol=1e-6)
+    check_on_both_paths(lambda s: (torch.sinc(s), torch.lerp(s, s.flip(0), 0.25),
+                                   torch.lerp(s.flip(0), s, 0.75 + 0j)), special,
+                        rtol=1e-6, atol=1e-30)
+
+
+def test_complex_atanh_and_exp2_at_infinities_as_eager():
+    # C99's catanh is conj-symmetric (atanh(inf-0j) is -pi/2 j, jax.numpy's +pi/2 j); eager's
+    # exp2 is exp(ln 2 * z) (2 ** (inf+0j) is inf+0j, jax.numpy's nan+nanj)
+    check_on_both_paths(lambda z: (z.atanh(), z.exp2()), _padded(_GRID), rtol=1e-5, atol=1e-30)
+
+
+def test_complex_powers_by_numbers_at_infinities_as_eager():
+    # eager's kernel: z * z for 2, sqrt for 0.5, ones for 0, else glibc's cpowf
+    check_on_both_paths(lambda z: (
+        z ** 2, z ** -2, z ** 0.5, z ** 2.5, z ** 1j, z ** 0, 2 ** z, (-1.5) ** z, 1 ** z),
+        _padded(_GRID), rtol=1e-5, atol=1e-30)
+
+
+def test_complex_powers_at_infinities_as_eager():
+    # glibc's cpowf is exp(w * log(z)) with C's product (0j ** (1+1j) is 0j, jax.numpy's NaN;
+    # 0j ** 0j is NaN, jax.numpy's 1)
+    base, exponent = _padded([a for a in _GRID for _ in _GRID]), _padded(_GRID * len(_GRID))
+    check_on_both_paths(torch.pow, base, exponent, rtol=1e-5, atol=1e-30)
+
+
+def test_complex_quotients_at_infinities_as_eager():
+    # c10::complex's quotient (Smith's): 0j / (inf+infj) is nan+nanj (inf / inf in the ratio),
+    # where XLA's gives 0j
+    a, b = _padded([a for a in _GRID for _ in _GRID]), _padded(_GRID * len(_GRID))
+    check_on_both_paths(torch.div, a, b, rtol=1e-6, atol=1e-30)
+    zero, infinite = torch.zeros(16, dtype=torch.complex64), torch.full(
+        (16,), complex(INF, INF), dtype=torch.complex64)
+    check_on_both_paths(torch.div, zero, infinite)
+
+
+def test_complex_product_of_cancelling_parts_is_eager_bit_for_bit():
+    # z * conj(z): eager rounds a*(-b) and b*a alike, so the imaginary part is exactly 0; XLA's
+    # CPU compiler fused one product into the sum (an FMA), leaving its rounding error.
+    z = crandn(64)
+    check_on_both_paths(torch.mul, z, z.conj().resolve_conj())

@@ -44,10 +44,9 @@ def _reduction_fn(name, dims, keepdim):
 
 @builds("complex_scaled")
 def _scaled_fn():
-    # The factor behind an optimization barrier: XLA folds a product by the constant 1+0j to
-    # its other operand, where eager's product has inf * 0 = NaN in it.
-    import jax
-    return lambda factor, z: jax.lax.optimization_barrier(factor) * z
+    # eager's product (_multiply), where XLA's own would fold a product by the constant 1+0j
+    # to its other operand, where eager's has inf * 0 = NaN in it
+    return _multiply
 
 
 def _jnp(name, *tensors):
@@ -106,7 +105,11 @@ def _sqrt_at_edges(sqrt):
         x, y = jnp.real(z), jnp.imag(z)
         out = jnp.where(jnp.isinf(x) & jnp.isnan(y),
                         jnp.where(x > 0, _c(jnp.inf, jnp.nan), _c(jnp.nan, jnp.inf)), sqrt(z))
-        return jnp.where(jnp.isinf(y), jax.lax.complex(jnp.full_like(y, jnp.inf), y), out)
+        out = jnp.where(jnp.isinf(y), jax.lax.complex(jnp.full_like(y, jnp.inf), y), out)
+        # csqrt is conj-symmetric: sqrt(-inf-0j) is -infj (jax.numpy's is +infj)
+        imag = jnp.imag(out)
+        return jax.lax.complex(jnp.real(out),
+                               jnp.where(jnp.isnan(imag), imag, jnp.copysign(imag, y)))
     return at_edges
 
 
@@ -124,25 +127,156 @@ def _tanh_at_edges(tanh):
 
 @_at_edges("reciprocal")
 def _reciprocal_as_eager(_):
-    # Eager's is c10::complex's 1 / z: Smith's quotient, scaled by the larger part (1 / 0j is
-    # inf+nanj, 1 / (0+infj) is -0j; XLA's reciprocal gives nan+nanj and NaNs). The 0 * rat
-    # terms stay: a NaN or infinite ratio reaches the result through them, as in eager.
+    # Eager's is c10::complex's 1 / z (1 / 0j is inf+nanj, 1 / (0+infj) is -0j; XLA's
+    # reciprocal gives nan+nanj and NaNs).
+    import jax.numpy as jnp
+    return lambda z: _divide(jnp.ones_like(z), z)
+
+
+@_at_edges("multiply")
+def _multiply_as_eager(_):
+    return _multiply
+
+
+@_at_edges("divide")
+def _divide_as_eager(_):
+    return _divide
+
+
+@_at_edges("exp2")
+def _exp2_as_eager(_):
+    # eager's is exp(ln 2 * z), each part scaled by the real ln 2 (no inf * 0 in it), so it
+    # has exp's values at infinities: 2 ** (inf+0j) is inf+0j, where jax.numpy's gives NaNs
+    import jax
+    import jax.numpy as jnp
+    exp = _AT_EDGES["exp"](jnp.exp)
+    ln_2 = jnp.float32(0.6931471805599453)
+    return lambda z: exp(jax.lax.complex(jnp.real(z) * ln_2, jnp.imag(z) * ln_2))
+
+
+@_at_edges("arctanh")
+def _arctanh_at_edges(arctanh):
+    # C99's catanh is odd and conj-symmetric: its imaginary part has y's sign, also for y = -0
+    # (atanh(inf-0j) is -pi/2 j; jax.numpy's is +pi/2 j), and atanh(+-inf+nanj) is +-0+nanj.
     import jax
     import jax.numpy as jnp
 
-    def reciprocal(z):
-        c, d = jnp.real(z), jnp.imag(z)
-        zero, one = jnp.zeros_like(c), jnp.ones_like(c)
-        real_larger = jnp.abs(c) >= jnp.abs(d)   # False where either is NaN, as in C++
-        rat = jnp.where(real_larger, d / c, c / d)
-        scale = one / jnp.where(real_larger, c + d * rat, d + c * rat)
-        real = jnp.where(real_larger, (one + zero * rat) * scale, (rat + zero) * scale)
-        imag = jnp.where(real_larger, (zero - rat) * scale, (zero * rat - one) * scale)
-        both_zero = (c == 0) & (d == 0)
-        real = jnp.where(both_zero, one / jnp.abs(c), real)
-        imag = jnp.where(both_zero, zero / jnp.abs(d), imag)
+    def at_edges(z):
+        x, y = jnp.real(z), jnp.imag(z)
+        out = arctanh(z)
+        real = jnp.where(jnp.isinf(x) & jnp.isnan(y), jnp.copysign(jnp.zeros_like(x), x),
+                         jnp.real(out))
+        imag = jnp.where(jnp.isnan(y), y, jnp.copysign(jnp.imag(out), y))
         return jax.lax.complex(real, imag)
-    return reciprocal
+    return at_edges
+
+
+@_at_edges("power")
+def _power_as_eager(_):
+    # eager's is std::pow, glibc's cpowf: exp(w * log(z)) with C's complex product (_c_product)
+    import jax.numpy as jnp
+    exp, log = _AT_EDGES["exp"](jnp.exp), _AT_EDGES["log"](jnp.log)
+    def power(z, w):   # a real base is a complex one: (-1.5) ** 0j is 1, not NaN
+        z, w = (jnp.asarray(v, jnp.complex64) for v in (z, w))
+        return exp(_c_product(*jnp.broadcast_arrays(w, log(z))))
+    return power
+
+
+# --- eager's products and quotients ----------------------------------------------------------
+# JAX functions of complex64 arrays computing what eager's kernels compute, rounding for
+# rounding where they can.
+
+def _rounded_product(x, y):
+    """``x * y``, rounded before any sum reads it, as in eager's kernels: XLA's CPU compiler
+    fuses a product into the sum that reads it (one FMA, one rounding), so ``a*d - b*c`` of
+    parts that cancel was a rounding error, not eager's 0. A select between them keeps them
+    apart; an optimization barrier does not (the CPU pipeline removes it). ``x == x`` is False
+    for a NaN x only, where the product is NaN too.
+
+    Example::
+
+        _rounded_product(a, d) - _rounded_product(b, c)   # 0 where a*d and b*c round alike
+    """
+    import jax.numpy as jnp
+    return jnp.where(x == x, x * y, x)
+
+
+def _multiply(z, w):
+    """Eager's ``z * w`` (its vectorized kernel): ``(ac - bd) + (ad + bc)j``, each product
+    rounded (inf * (1+0j) has a NaN part).
+
+    Example::
+
+        _multiply(jnp.complex64(1 + 2j), jnp.complex64(3j))   # -6+3j
+    """
+    import jax
+    import jax.numpy as jnp
+    a, b, c, d = jnp.real(z), jnp.imag(z), jnp.real(w), jnp.imag(w)
+    p = _rounded_product
+    return jax.lax.complex(p(a, c) - p(b, d), p(a, d) + p(b, c))
+
+
+def _divide(z, w):
+    """Eager's ``z / w``: c10::complex's quotient (Smith's, scaled by the larger part of w, as
+    numpy's), which its vectorized kernel runs element by element. 0j / (inf+infj) is nan+nanj
+    there (the ratio inf / inf is NaN), where XLA's gives 0j; 1 / 0j is inf+nanj.
+
+    Example::
+
+        _divide(jnp.complex64(0j), jnp.complex64(complex("inf+infj")))   # nan+nanj
+    """
+    import jax
+    import jax.numpy as jnp
+    z, w = jnp.broadcast_arrays(z, w)
+    a, b, c, d = jnp.real(z), jnp.imag(z), jnp.real(w), jnp.imag(w)
+    p = _rounded_product
+    real_larger = jnp.abs(c) >= jnp.abs(d)   # False where either is NaN, as in C++
+    rat = jnp.where(real_larger, d / c, c / d)
+    scale = 1 / jnp.where(real_larger, c + p(d, rat), d + p(c, rat))
+    real = p(jnp.where(real_larger, a + p(b, rat), p(a, rat) + b), scale)
+    imag = p(jnp.where(real_larger, b - p(a, rat), p(b, rat) - a), scale)
+    both_zero = (c == 0) & (d == 0)
+    real = jnp.where(both_zero, a / jnp.abs(c), real)
+    imag = jnp.where(both_zero, b / jnp.abs(d), imag)
+    return jax.lax.complex(real, imag)
+
+
+def _c_product(z, w):
+    """C's ``z * w`` (GCC's, C99 Annex G): ``_multiply``, except where both parts are NaN and
+    an operand or a product is infinite: the infinite operand counts as a unit of its signs,
+    the other's NaN parts as zeros, and the result is inf times that product (glibc's cpowf
+    multiplies so: 0j ** (1+1j) is 0j in eager, exp(-inf-infj)).
+
+    Example::
+
+        _c_product(jnp.complex64(complex("inf+nanj")), jnp.complex64(1))   # inf+nanj
+    """
+    import jax
+    import jax.numpy as jnp
+    a, b, c, d = jnp.real(z), jnp.imag(z), jnp.real(w), jnp.imag(w)
+    p = _rounded_product
+    ac, bd, ad, bc = p(a, c), p(b, d), p(a, d), p(b, c)
+    x, y = ac - bd, ad + bc
+    inf, isinf, isnan = jnp.float32(jnp.inf), jnp.isinf, jnp.isnan
+
+    def unit(v):
+        return jnp.copysign(jnp.where(isinf(v), 1.0, 0.0).astype(v.dtype), v)
+
+    def zero_if_nan(v, where):
+        return jnp.where(where & isnan(v), jnp.copysign(jnp.zeros_like(v), v), v)
+
+    z_infinite = isinf(a) | isinf(b)
+    a, b = jnp.where(z_infinite, unit(a), a), jnp.where(z_infinite, unit(b), b)
+    c, d = zero_if_nan(c, z_infinite), zero_if_nan(d, z_infinite)
+    w_infinite = isinf(c) | isinf(d)
+    c, d = jnp.where(w_infinite, unit(c), c), jnp.where(w_infinite, unit(d), d)
+    a, b = zero_if_nan(a, w_infinite), zero_if_nan(b, w_infinite)
+    overflowed = ~(z_infinite | w_infinite) & (isinf(ac) | isinf(bd) | isinf(ad) | isinf(bc))
+    a, b, c, d = (zero_if_nan(v, overflowed) for v in (a, b, c, d))
+    recover = isnan(x) & isnan(y) & (z_infinite | w_infinite | overflowed)
+    x = jnp.where(recover, inf * (p(a, c) - p(b, d)), x)
+    y = jnp.where(recover, inf * (p(a, d) + p(b, c)), y)
+    return jax.lax.complex(x, y)
 
 
 # --- operands, as eager's kernels read them --------------------------------------------------
@@ -183,6 +317,11 @@ def _as_tensor(value, device):
     return torch.scalar_tensor(float(value), dtype=torch.float32, device=device)
 
 
+def _complex(x):
+    """``x`` in complex64: a real tensor as a complex one with zero imaginary parts."""
+    return x if x.is_complex() else complex_(x, torch.zeros_like(x))
+
+
 def _scaled(x, factor):
     """``factor * x`` for the alpha, beta and value arguments, a complex product even where the
     factor is 1, as eager's kernels compute it (``a + alpha * b``): there ``(0+infj) + (3.5+nanj)``
@@ -200,7 +339,44 @@ def _binary(name):
     return rule
 
 
-complex_rule(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)(_binary("power"))
+complex_rule(aten.pow.Tensor_Tensor)(_binary("power"))
+
+
+@complex_rule(aten.pow.Tensor_Scalar)
+def pow_tensor_scalar(z, exponent):
+    # eager's kernel picks a cheaper formula for these exponents, with its own values at
+    # infinities (z ** 2 is z * z, no log in it)
+    operands = _in_complex64(z, exponent)
+    if operands is None:
+        return None
+    z = _complex(operands[0])
+    if exponent == 0:
+        return _jnp("ones_like", z)
+    if exponent == 1:
+        return _jnp("positive", z)   # a new tensor, as eager's copy
+    special = _POWERS.get(exponent)
+    return special(z) if special is not None else _jnp("power", z, operands[1])
+
+
+def _square(z):
+    return _jnp("multiply", z, z)
+
+
+_POWERS = {
+    0.5: lambda z: _jnp("sqrt", z), -0.5: lambda z: _jnp("reciprocal", _jnp("sqrt", z)),
+    -1: lambda z: _jnp("reciprocal", z), 2: _square,
+    3: lambda z: _jnp("multiply", _square(z), z), -2: lambda z: _jnp("reciprocal", _square(z)),
+}
+
+
+@complex_rule(aten.pow.Scalar)
+def pow_scalar(base, exponent):
+    operands = _in_complex64(base, exponent)
+    if operands is None:
+        return None
+    if base == 1:   # eager fills ones, whatever the exponent (1 ** nan is 1)
+        return _jnp("ones_like", _complex(operands[1]))
+    return _jnp("power", *operands)
 
 
 @complex_rule(aten.mul.Tensor, aten.mul.Scalar)
@@ -294,6 +470,44 @@ def sigmoid(x):
         return None
     one = _as_tensor(1.0, x.device)
     return _jnp("reciprocal", _jnp("add", one, _jnp("exp", _jnp("negative", x))))
+
+
+@complex_rule(aten.sinc.default)
+def sinc(x):
+    return jax_function("complex_sinc")(x) if x.dtype == torch.complex64 else None
+
+
+@builds("complex_sinc")
+def _sinc_fn():
+    # eager's: 1 at 0, else sin(pi z) / (pi z), pi z a complex product (pi * (inf+0j) has a
+    # NaN part)
+    import jax.numpy as jnp
+    sin = _elementwise_fn("sin")
+
+    def sinc(z):
+        product = _multiply(jnp.complex64(jnp.pi), z)
+        return jnp.where(z == 0, jnp.ones_like(z), _divide(sin(product), product))
+    return sinc
+
+
+@complex_rule(aten.lerp.Scalar, aten.lerp.Tensor)
+def lerp(start, end, weight):
+    # eager's vectorized kernel: a weight under 0.5 in magnitude steps from start, the others
+    # back from end: start + w * (end - start), end + (w - 1) * (end - start)
+    operands = _in_complex64(start, end, weight)
+    return None if operands is None else jax_function("complex_lerp")(*operands)
+
+
+@builds("complex_lerp")
+def _lerp_fn():
+    import jax.numpy as jnp
+
+    def lerp(start, end, weight):
+        weight = jnp.asarray(weight, jnp.complex64)
+        small = jnp.abs(weight) < 0.5
+        coefficient = jnp.where(small, weight, weight - 1)
+        return _multiply(coefficient, end - start) + jnp.where(small, start, end)
+    return lerp
 
 
 # --- reductions ------------------------------------------------------------------------------
