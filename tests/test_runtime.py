@@ -284,3 +284,28 @@ def test_importing_the_package_is_light():
 def test_the_client_says_what_it_is():
     client = client_module.get_client()
     assert repr(client) == f"Client(platform={client.platform!r}, device={client.device})"
+
+
+_DISPATCH_PROBE = """
+import jax, jax.numpy as jnp
+from torchtpu_compile.runtime.client import get_client
+get_client()
+f = jax.jit(lambda a: jnp.tanh(a @ a) @ a)
+a = jnp.ones((1024, 1024))
+f(a).block_until_ready()
+ready = [f(a).is_ready() for _ in range(3)]
+print(jax.config.values["jax_cpu_enable_async_dispatch"], all(ready))
+"""
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_cpu_dispatch_sets_the_cpu_clients_mode_and_leaves_jaxs_flag(mode):
+    # sync: a program has run when its call returns (its result is ready at once); async: a
+    # 1024^3 matmul pair is still running on PJRT's pool. jax's own flag reads as before.
+    env = dict(os.environ, TORCHTPU_CPU_DISPATCH=mode, TORCHTPU_PLATFORM="cpu")
+    result = subprocess.run([sys.executable, "-c", _DISPATCH_PROBE], env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    flag, ready = result.stdout.split()
+    assert flag == "True"
+    assert ready == ("True" if mode == "sync" else "False")

@@ -54,8 +54,18 @@ def xla_flags() -> str:
 
 
 def _jax_backend(platform: str):
+    import jax
     from jax.extend import backend as jax_backend
-    return jax_backend.get_backend(PLATFORMS[platform])
+    # jax reads its flag once, when it makes its CPU client (along with every other platform's,
+    # at the first backend asked for): set it for that moment only, so the user's jax
+    # configuration reads as they left it.
+    name = "jax_cpu_enable_async_dispatch"
+    before = jax.config.values[name]
+    jax.config.update(name, config.cpu_dispatch == "async")
+    try:
+        return jax_backend.get_backend(PLATFORMS[platform])
+    finally:
+        jax.config.update(name, before)
 
 
 @functools.cache
