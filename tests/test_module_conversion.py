@@ -1,4 +1,5 @@
 """``Module.to("tpu")`` keeps Parameter objects, hence tied weights, as CUDA's ``.to`` does."""
+import pytest
 import torch
 
 import torchtpu_eager  # noqa: F401  (registers the device; autoload does too)
@@ -141,3 +142,37 @@ def test_lazy_modules_moved_before_their_first_forward_initialize_and_train_as_o
     assert len(actual) == len(expected)
     for a, e in zip(actual, expected):
         torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("target", ["meta", "cpu", "tpu"])
+def test_a_parameter_rebuilt_from_its_type_is_a_parameter_as_on_cuda(target):
+    # Code that rebuilds a parameter as `type(p)(data, requires_grad=...)` (accelerate's
+    # offload hooks, from_pretrained with a device_map that offloads to the CPU) gets
+    # nn.Parameter on CUDA; a tpu parameter's type is the tpu tensor type (PyTorch keeps a
+    # tensor subclass's type and marks it a parameter), whose constructor refused the call.
+    weight = torch.nn.Linear(2, 3).to("tpu").weight
+    data = weight.detach().to(target)
+    rebuilt = type(weight)(data, requires_grad=False)
+    assert isinstance(rebuilt, torch.nn.Parameter) and not rebuilt.requires_grad
+    assert rebuilt.device.type == target and type(rebuilt) is type(torch.nn.Parameter(data))
+    if target != "meta":
+        torch.testing.assert_close(rebuilt.cpu(), weight.detach().cpu())
+    assert type(weight)(data).requires_grad   # Parameter's default
+
+
+def test_accelerate_offloads_a_tpu_parameter_to_meta_and_back():
+    # The exact calls accelerate's AlignDevicesHook makes around each offloaded module's
+    # forward: weights in from the CPU copy before, out to "meta" after.
+    from accelerate.utils import set_module_tensor_to_device
+    torch.manual_seed(0)
+    cpu = torch.nn.Linear(2, 3)
+    layer = torch.nn.Linear(2, 3).to("tpu")
+    for name, value in cpu.named_parameters():
+        set_module_tensor_to_device(layer, name, "tpu", value=value.detach())
+    x = torch.randn(4, 2)
+    with config.patch(matmul_precision="highest"):
+        torch.testing.assert_close(layer(x.to("tpu")).cpu(), cpu(x))
+    for name in ("weight", "bias"):
+        set_module_tensor_to_device(layer, name, "meta")
+    assert {(p.device.type, type(p)) for p in layer.parameters()} == {
+        ("meta", torch.nn.Parameter)}

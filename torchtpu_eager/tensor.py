@@ -60,14 +60,20 @@ class TpuTensor(torch.Tensor):
     __torch_function__ = torch._C._disabled_torch_function_impl
 
     @staticmethod
-    def __new__(cls, storage: Storage, size, stride=None, offset: int = 0,
-                requires_grad: bool = False):
+    def __new__(cls, storage: Storage, size=None, stride=None, offset: int = 0,
+                requires_grad: bool | None = None):
+        if isinstance(storage, torch.Tensor):
+            # A tpu parameter's type is this class (PyTorch keeps a tensor subclass's type and
+            # marks it `_is_param`), so code that rebuilds a parameter as `type(p)(data,
+            # requires_grad=...)` (accelerate's offload hooks) lands here: answer as
+            # nn.Parameter, what type(p) is on CUDA, does for data on any device.
+            return torch.nn.Parameter(storage, True if requires_grad is None else requires_grad)
         size = tuple(size)
         contiguous = contiguous_strides(size)
         stride = contiguous if stride is None else tuple(stride)
         t = torch.Tensor._make_wrapper_subclass(
             cls, size, strides=stride, storage_offset=offset, dtype=storage.dtype,
-            device=DEVICE, requires_grad=requires_grad)
+            device=DEVICE, requires_grad=bool(requires_grad))
         t._st = storage
         set_storage_identity(t, id(storage), storage.nbytes)
         t._set_geometry(size, stride, offset, contiguous)

@@ -2,7 +2,8 @@
 match the CPU run, eagerly and compiled, for a causal-LM Llama (and a greedy generate() after)
 and a masked-LM BERT (and its scores for a masked prompt after); and generate() of a compiled
 Llama (tests/migration/llama_generate.py) gives eager CPU's tokens, greedy, beam searched and
-sampled on the device (tests/migration/hf_generate.py).
+sampled on the device (tests/migration/hf_generate.py); and pipeline(), from_pretrained with a
+device_map and a dtype, and save_pretrained give CPU's outputs (tests/migration/hf_pipelines.py).
 
 Each run is a fresh process: accelerate reads ``ACCELERATE_TORCH_DEVICE`` once per process
 (its state is shared), which is also how a user sets it.
@@ -169,3 +170,51 @@ def test_without_the_accelerate_switch_the_batch_stays_on_the_cpu():
     done = subprocess.run([sys.executable, "-m", "tests.migration.hf_trainer", "tpu"],
                           capture_output=True, text=True, timeout=900, env=python_env())
     assert done.returncode != 0 and "Expected all tensors to be on the same device" in done.stderr
+
+
+def _assert_close(got, want, tolerance: float, where: str = "result"):
+    """``got`` equals ``want`` (JSON) in structure, strings and ints; floats to ``tolerance``,
+    relative and absolute."""
+    if isinstance(want, dict):
+        assert got.keys() == want.keys(), where
+        for key in want:
+            _assert_close(got[key], want[key], tolerance, f"{where}[{key!r}]")
+    elif isinstance(want, list):
+        assert len(got) == len(want), where
+        for i, (g, w) in enumerate(zip(got, want)):
+            _assert_close(g, w, tolerance, f"{where}[{i}]")
+    elif isinstance(want, float):
+        assert got == pytest.approx(want, rel=tolerance, abs=tolerance), where
+    else:
+        assert got == want, where
+
+
+def test_pipelines_and_from_pretrained_match_cpu():
+    # tests/migration/hf_pipelines.py: pipeline() for text generation (GPT-2, Llama; greedy,
+    # sampled under a seed, a left-padded batch), fill-mask, text and token classification,
+    # feature extraction and zero-shot, on checkpoints saved to a folder; from_pretrained with
+    # device_map "tpu", {"": "tpu"} and a map offloading a layer to the CPU (which failed in its
+    # first forward: accelerate rebuilds the parameter as type(p)(data, requires_grad=...)),
+    # in float32, bfloat16 and dtype="auto"; save_pretrained of the device's model read back on
+    # the CPU; a T5 beam search.
+    want = _run_script("hf_pipelines", "cpu")
+    got = _run_script("hf_pipelines", "tpu")
+    assert got["eager_fallbacks"] == 0
+    for name, run in got["pipelines"].items():
+        assert (want["pipelines"][name]["device"], run["device"]) == ("cpu", "tpu:0"), name
+        _assert_close(run["output"], want["pipelines"][name]["output"], 1e-4, name)
+    loaded, cpu = got["loaded"], want["loaded"]
+    assert {name: run["placed"] for name, run in loaded.items() if "placed" in run} == {
+        "float32": ["tpu torch.float32"], "device_map dict": ["tpu torch.float32"],
+        "bfloat16": ["tpu torch.bfloat16"], "dtype auto": ["tpu torch.float32"],
+        # the offloaded layer's weights wait on "meta"; its hook brings them for its forward
+        "offloaded": ["meta torch.float32", "tpu torch.float32"]}
+    for name in ("float32", "device_map dict", "dtype auto", "offloaded", "bfloat16"):
+        # bfloat16: within a step or two of bfloat16 (8 bits of mantissa) of CPU's logits
+        _assert_close(loaded[name]["logits"], cpu[name]["logits"],
+                      2e-2 if name == "bfloat16" else 1e-4, name)
+        assert loaded[name]["tokens"] == cpu[name]["tokens"], name
+    # save_pretrained of the model on the device writes what the CPU's writes, bit for bit
+    assert loaded["saved"] == cpu["saved"]
+    assert loaded["gpt2 generate"] == cpu["gpt2 generate"]
+    assert loaded["t5 beams"] == cpu["t5 beams"]
