@@ -132,3 +132,17 @@ def test_an_index_out_of_range_in_a_recording_run_op_by_op_raises_eagers_error()
     assert torchtpu_compile.stats()["fused_recordings_op_by_op"] == 1
     assert str(expected.value) in str(info.value)
     assert "the line the error names" in str(info.value)
+
+
+def test_a_recording_run_op_by_op_lets_each_temporary_go_after_its_last_read():
+    # as strict mode does: ten temporaries of 1 MiB, each read once, never all held at once
+    x = torch.randn(512, 512).to(TPU)
+    with eager_mode("defer_and_fuse"):
+        torch.tpu.reset_peak_memory_stats()
+        start = torch.tpu.memory_allocated()
+        y = x
+        for _ in range(10):
+            y = y * 1.5
+        y.cpu()
+        assert torchtpu_compile.stats()["fused_recordings_op_by_op"] == 1
+        assert torch.tpu.max_memory_allocated() - start <= 3 * x.nbytes

@@ -170,24 +170,32 @@ class _Recording:
     def _run_op_by_op(self, wanted: list) -> list:
         """Run each entry through its own program, as strict mode would have; the ``wanted``
         outputs' buffers. An entry nothing wanted reads is skipped (the fused program drops
-        it too), unless it checks indices: its error must still be raised."""
+        it too), unless it checks indices: its error must still be raised. An entry's outputs
+        are let go after their last reader, as strict mode lets a temporary go."""
         graphs, refs, inputs = self.graphs, self.refs, self.inputs
         live = [False] * len(graphs)
+        last = [-1] * len(graphs)     # the last entry reading each entry's outputs
         for entry, _ in wanted:
             live[entry] = True
+            last[entry] = len(graphs)
         for entry in range(len(graphs) - 1, -1, -1):
             if live[entry] or graphs[entry].checked:
                 live[entry] = True
                 for ref in refs[entry]:
                     if type(ref) is tuple:
                         live[ref[0]] = True
+                        last[ref[0]] = max(last[ref[0]], entry)
         produced: list = [None] * len(graphs)
         locations = self.locations
         for entry, graph in enumerate(graphs):
-            if live[entry]:
-                produced[entry] = graph.run(
-                    [produced[r[0]][r[1]] if type(r) is tuple else inputs[-1 - r]
-                     for r in refs[entry]], locations.get(entry))
+            if not live[entry]:
+                continue
+            produced[entry] = graph.run(
+                [produced[r[0]][r[1]] if type(r) is tuple else inputs[-1 - r]
+                 for r in refs[entry]], locations.get(entry))
+            for ref in refs[entry]:
+                if type(ref) is tuple and last[ref[0]] == entry:
+                    produced[ref[0]] = None
         return [produced[entry][index] for entry, index in wanted]
 
     def _splice(self, wanted: list) -> OpGraph:
