@@ -5,6 +5,12 @@ import torch
 
 import torchtpu_compile
 
+# Defer-and-fuse compiles every recording at its first run in tests (and the processes they
+# start): a test that runs its code once checks the fused program, not the per-op programs a
+# recording runs by default until it is seen config.fuse_compile_at times
+# (tests/test_fuse_tiers.py checks those tiers). Read when the mode is entered.
+os.environ.setdefault("TORCHTPU_FUSE_COMPILE_AT", "1")
+
 SLOW_FOLDER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "slow") + os.sep
 
 

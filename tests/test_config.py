@@ -45,6 +45,7 @@ FROM_ENVIRONMENT = {
     "fuse_max_ops": ("7", 7),
     "fuse_max_inputs": ("9", 9),
     "fuse_repeats": ("0", False),
+    "fuse_compile_at": ("3", 3),
     "dist_coordinator_host": ("10.0.0.1", "10.0.0.1"),
     "dist_transport": ("staged", "staged"),
     "dist_check": ("0", False),

@@ -429,6 +429,14 @@ _SETTINGS = (
             "iteration reuses one compiled program. Read when the defer-and-fuse mode is "
             "entered.",
             "eager", old_env=("TORCH_TPU_FUSE_REPEATS",)),
+    Setting("fuse_compile_at", "TORCHTPU_FUSE_COMPILE_AT", 5, _Int(1),
+            "A defer-and-fuse recording is compiled as one program the time its key (ops, "
+            "wiring, shapes) is seen this often; the times before, its ops run one by one "
+            "through their per-op programs, strict mode's, so a loop whose recordings differ "
+            "each time (sentences of other lengths) compiles no program it runs once or twice. "
+            "1: compile every recording at once. Read when the defer-and-fuse mode is "
+            "entered.",
+            "eager"),
     # -- tpu_dist --
     Setting("dist_coordinator_host", "TORCHTPU_DIST_COORDINATOR_HOST", None,
             _Text("a host name or address"),

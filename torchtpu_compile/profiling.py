@@ -62,6 +62,7 @@ SPANS = {
     "torchtpu::execute": "launch to completion of one executable (waited for)",
     "torchtpu::eager <op>": "one op on the eager tpu device",
     "torchtpu::fused_graph": "defer-and-fuse: one recorded graph run as one program",
+    "torchtpu::fused_op_by_op": "defer-and-fuse: a recording not compiled yet, run op by op",
     "torchtpu::fallback <op>": "an op run in eager PyTorch on the host (reason)",
     "torchtpu::collective <op>": "a tpu_dist collective (bytes, transport)",
 }

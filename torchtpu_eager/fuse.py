@@ -12,6 +12,14 @@ loop compiles its step once and then only hits the cache. A repeated-ops heurist
 recording where a block of ops starts repeating (stacked layers), so models of different
 depths reuse the same compiled block.
 
+A recording is compiled only once its key has been seen ``config.fuse_compile_at`` times (5);
+until then its ops run one by one through their own programs, the ones strict mode runs
+(cached per op signature). A loop whose recordings differ each time (a sentence of another
+length, teacher forcing drawn per token) then compiles what strict mode compiles, not one
+whole program per recording that it runs once or twice (each such compile costs far more than
+the per-op dispatch it saves); a step that repeats is compiled at its fifth run and hits the
+cache after.
+
 Example::
 
     torch.tpu.set_eager_mode("defer_and_fuse")
@@ -36,6 +44,12 @@ from .stats import COUNTERS
 MIN_BLOCK = 8
 
 _fused: dict = {}   # signature -> OpGraph of the whole recording
+#: hash(signature) -> times seen, for recordings not compiled yet. A hash, not the signature:
+#: a loop whose recordings all differ would keep every one's key (thousands of ids each); a
+#: collision only compiles a recording a run early.
+_seen: dict = {}
+#: Past this many keys, ``_seen`` starts again (a bound on a loop that never repeats).
+MAX_SEEN = 1 << 16
 
 
 class Lazy:
@@ -116,14 +130,19 @@ class _Recording:
                          tuple([(a.shape, a.dtype) for a in [b.aval for b in self.inputs]]),
                          tuple(wanted))
             program = _fused.get(signature)
-            if program is None:
+            if program is not None:
+                COUNTERS.add("fused_graph_cache_hits")
+            elif self._seen_enough(signature):
                 program = _fused[signature] = self._splice(wanted)
                 log.debug("defer-and-fuse: compiling a graph of %d ops", len(self.graphs))
+            if program is None:
+                COUNTERS.add("fused_recordings_op_by_op")
+                with spanning("torchtpu::fused_op_by_op", ops=len(self.graphs)):
+                    results = self._run_op_by_op(wanted)
             else:
-                COUNTERS.add("fused_graph_cache_hits")
-            COUNTERS.add("fused_graphs_run")
-            with spanning("torchtpu::fused_graph", ops=len(self.graphs)):
-                results = program.run(self.inputs, self.locations)
+                COUNTERS.add("fused_graphs_run")
+                with spanning("torchtpu::fused_graph", ops=len(self.graphs)):
+                    results = program.run(self.inputs, self.locations)
             for (entry, index), buffer in zip(wanted, results):
                 self.outputs[entry][index].buffer = buffer
         for ref in self.storages:
@@ -133,6 +152,51 @@ class _Recording:
                 storage.value = value.buffer  # None only for values nothing could read
         self.graphs = self.refs = self.outputs = self.storages = []
         self.inputs = []
+
+    def _seen_enough(self, signature) -> bool:
+        """Whether this sighting of ``signature`` is the one to compile at (module doc)."""
+        if self.owner.compile_at <= 1:
+            return True
+        key = hash(signature)
+        count = _seen.get(key, 0) + 1
+        if count >= self.owner.compile_at:
+            _seen.pop(key, None)
+            return True
+        if len(_seen) >= MAX_SEEN:
+            _seen.clear()
+        _seen[key] = count
+        return False
+
+    def _run_op_by_op(self, wanted: list) -> list:
+        """Run each entry through its own program, as strict mode would have; the ``wanted``
+        outputs' buffers. An entry nothing wanted reads is skipped (the fused program drops
+        it too), unless it checks indices: its error must still be raised. An entry's outputs
+        are let go after their last reader, as strict mode lets a temporary go."""
+        graphs, refs, inputs = self.graphs, self.refs, self.inputs
+        live = [False] * len(graphs)
+        last = [-1] * len(graphs)     # the last entry reading each entry's outputs
+        for entry, _ in wanted:
+            live[entry] = True
+            last[entry] = len(graphs)
+        for entry in range(len(graphs) - 1, -1, -1):
+            if live[entry] or graphs[entry].checked:
+                live[entry] = True
+                for ref in refs[entry]:
+                    if type(ref) is tuple:
+                        live[ref[0]] = True
+                        last[ref[0]] = max(last[ref[0]], entry)
+        produced: list = [None] * len(graphs)
+        locations = self.locations
+        for entry, graph in enumerate(graphs):
+            if not live[entry]:
+                continue
+            produced[entry] = graph.run(
+                [produced[r[0]][r[1]] if type(r) is tuple else inputs[-1 - r]
+                 for r in refs[entry]], locations.get(entry))
+            for ref in refs[entry]:
+                if type(ref) is tuple and last[ref[0]] == entry:
+                    produced[ref[0]] = None
+        return [produced[entry][index] for entry, index in wanted]
 
     def _splice(self, wanted: list) -> OpGraph:
         return splice(self.graphs, self.refs, len(self.inputs), wanted,
@@ -151,6 +215,7 @@ class DeferAndFuse:
         self.max_ops = config.fuse_max_ops
         self.max_inputs = config.fuse_max_inputs
         self.cut_repeats = config.fuse_repeats
+        self.compile_at = config.fuse_compile_at
         self.recording = _Recording(self)
         self._ids: list = []          # graph ids since the last cut
         self._last_seen: dict = {}    # graph id -> its last position in _ids

@@ -17,4 +17,6 @@ COUNTERS = counters.register("eager", lambda: {
     "eager_fallbacks": 0,            # ops run on the host because they do not lower
     "fused_graphs_run": 0,           # defer-and-fuse: deferred graphs executed
     "fused_graph_cache_hits": 0,     # ... of which had been compiled before
+    "fused_recordings_op_by_op": 0,  # defer-and-fuse: recordings run op by op (not yet
+                                     # seen config.fuse_compile_at times)
 })
