@@ -21,6 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: A value other than the default for every setting's variable, and what the setting reads.
 FROM_ENVIRONMENT = {
     "platform": ("CPU", "cpu"),
+    "cpu_dispatch": ("ASYNC", "async"),
     "matmul_precision": ("high", "high"),
     "strict": ("yes", True),
     "check_indices": ("off", False),
