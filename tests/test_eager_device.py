@@ -954,6 +954,22 @@ def test_a_sparse_tensor_moved_to_tpu_is_a_clear_error():
     torch.testing.assert_close(s.to_dense().to("tpu").cpu(), s.to_dense())
 
 
+
+@pytest.mark.parametrize("make", [
+    pytest.param(lambda: torch.eye(2).to_sparse().to("tpu"), id="coo.to(tpu)"),
+    pytest.param(lambda: torch.eye(2).to_sparse_csr().to("tpu"), id="csr.to(tpu)"),
+    pytest.param(lambda: torch.sparse_coo_tensor(torch.tensor([[0], [1]]), torch.ones(1), (2, 2),
+                                                 device="tpu"), id="sparse_coo_tensor(device=tpu)"),
+    pytest.param(lambda: torch.eye(2, device="tpu").to_sparse(), id="tpu.to_sparse()"),
+    pytest.param(lambda: torch.eye(2, device="tpu").to_sparse_csr(), id="tpu.to_sparse_csr()")])
+def test_a_sparse_tensor_on_tpu_is_refused_naming_to_dense_in_strict_mode_too(make):
+    # The constructors went to the lowering first: strict mode raised "failed to legalize
+    # operation ... _sparse_coo_tensor_with_dims_and_tensors", and a CSR tensor's .to("tpu")
+    # returned a tpu tensor that every op then refused ("found at least two devices, tpu:0
+    # and tpu:0!").
+    with config.patch(strict=True), pytest.raises(NotImplementedError, match=r"sparse.*to_dense"):
+        make()
+
 # Inputs whose checks live in the op's meta kernel: the device traced the op through its
 # decompositions, which never ran that kernel, and returned a value where eager raises.
 _META_CHECKED = {

@@ -45,7 +45,7 @@ from .programs import (OpGraph, _fake_examples, _platform, example, meta_kernel_
 from .storage import Storage
 from .tensor import (DEVICE, TpuTensor, _numel, contiguous_strides, dense_tensor, is_dense,
                      memory_layout, new_tensor, strided_tensor, view_tensor)
-from .transfer import download, from_cpu, to_cpu, upload
+from .transfer import download, from_cpu, not_dense, to_cpu, upload
 
 aten = torch.ops.aten
 _CPU = torch.device("cpu")
@@ -1410,6 +1410,26 @@ def nested_tensor(func, args, kwargs):
     raise NotImplementedError(
         f"{func}: nested tensors are not supported on the tpu device, beyond "
         f"nn.TransformerEncoder's fast path: use a padded tensor with a mask.")
+
+
+_SPARSE_LAYOUTS = {aten._to_sparse_csr: torch.sparse_csr, aten._to_sparse_csc: torch.sparse_csc,
+                   aten._to_sparse_bsr: torch.sparse_bsr, aten._to_sparse_bsc: torch.sparse_bsc}
+
+
+@handles(aten._sparse_coo_tensor_with_dims_and_tensors.default,
+         aten._sparse_coo_tensor_with_dims.default, aten._sparse_compressed_tensor_unsafe.default,
+         aten._sparse_compressed_tensor_with_dims.default,
+         aten.sparse_compressed_tensor.comp_plain_value_size,
+         aten.sparse_compressed_tensor.comp_plain_value, aten._to_sparse.default,
+         aten._to_sparse.sparse_dim, aten._to_sparse_csr.default, aten._to_sparse_csc.default,
+         aten._to_sparse_bsr.default, aten._to_sparse_bsc.default)
+def sparse_tensor(func, args, kwargs):
+    # Refused before any lowering: the constructors' lowering failed ("failed to legalize
+    # ... _sparse_coo_tensor_with_dims_and_tensors", a host-fallback warning, or under strict
+    # mode only that), and a CSR tensor's .to("tpu") built a tpu tensor whose every use then
+    # failed ("found at least two devices, tpu:0 and tpu:0").
+    layout = kwargs.get("layout") or _SPARSE_LAYOUTS.get(func.overloadpacket, torch.sparse_coo)
+    raise not_dense(layout, func)
 
 
 __all__ = ["dispatch", "handles", "signature", "download"]

@@ -69,15 +69,27 @@ def to_cpu(t) -> torch.Tensor:
     return host.set_(host.untyped_storage(), 0, t.shape, t.stride())
 
 
+def not_dense(layout, op=None) -> NotImplementedError:
+    """The error for a tensor of ``layout`` (sparse, quantized) bound for the tpu device.
+
+    Example::
+
+        raise not_dense(torch.sparse_coo)    # in .to("tpu") of a sparse tensor
+    """
+    where = f"{op}: " if op is not None else "tpu: "
+    return NotImplementedError(
+        f"{where}tensors of layout {layout} cannot be moved to or made on the tpu device, "
+        f"which holds dense (torch.strided) tensors only; convert with .to_dense() first "
+        f"(torch.sparse.mm(a, b) becomes a.to_dense() @ b), or keep it on the CPU")
+
+
 def from_cpu(host: torch.Tensor, requires_grad: bool = False):
     """A new tpu tensor with a copy of ``host``'s values and, where ``host`` is dense (a
     permuted layout: ``x.t()``, channels-last), its strides, as ``.to("cuda")`` keeps them."""
     if host.layout != torch.strided:
         # A device buffer is one dense array: PyTorch's sparse and quantized layouts have no
         # tpu form (the upload failed with "unsupported memory format option Contiguous").
-        raise NotImplementedError(
-            f"tpu: tensors of layout {host.layout} cannot be moved to the tpu device, which "
-            f"holds dense (torch.strided) tensors only; convert with .to_dense() first")
+        raise not_dense(host.layout)
     shape, stride = tuple(host.shape), tuple(host.stride())
     order = None if stride == contiguous_strides(shape) else memory_layout(shape, stride)
     if order is None:  # contiguous; or gaps or overlap, where eager's copy is contiguous
