@@ -5,7 +5,8 @@ compiles, the backend) as the only change; its diff from the CUDA version is at 
 runs here on CPU (eager, the reference) and on tpu (eager, and compiled where the script
 compiles), and the losses, parameters, optimizer state and outputs must agree: tightly in
 float32 (precision "highest"), within the low dtype's resolution under AMP or bfloat16.
-The longer variants (float16 with GradScaler, the compiled image loop, the compiled language
+The GCN also checks that the tpu device refuses its sparse adjacency with an actionable
+error. The longer variants (float16 with GradScaler, the compiled image loop, the compiled language
 model with fused and foreach AdamW, pure bfloat16) are in tests/slow/test_migration_full.py;
 Hugging Face in test_migration_hf.py; DDP and FSDP2 with torch.distributed.checkpoint in
 test_migration_dist.py.
@@ -15,7 +16,7 @@ import torch
 
 import torchtpu_eager  # noqa: F401  (registers the device; autoload does too)
 from torchtpu_compile import config
-from tests.migration import functional_transforms, image_classification
+from tests.migration import functional_transforms, gcn, image_classification
 
 #: (atol, rtol) by the precision a run computes in.
 TOLERANCE = {"float32": (2e-4, 2e-4), "bfloat16": (6e-2, 6e-2), "float16": (1e-2, 1e-2)}
@@ -59,6 +60,16 @@ def test_functional_transforms():
     assert_same(functional_transforms.main("tpu"), functional_transforms.main("cpu"),
                 TOLERANCE["float32"])
 
+
+
+def test_gcn_dense_adjacency_on_tpu_is_the_sparse_run_on_cpu():
+    # The tpu device holds dense tensors only: the script's sparse adjacency is refused with
+    # a message naming .to_dense(), and the dense one gives the CPU's torch.sparse.mm run.
+    want = gcn.main("cpu", sparse=True, epochs=2)
+    with config.patch(strict=True):
+        assert_same(gcn.main("tpu", sparse=False, epochs=2), want, TOLERANCE["float32"])
+        with pytest.raises(NotImplementedError, match="to_dense"):
+            gcn.main("tpu", sparse=True, epochs=2)
 
 def test_migration_guide_distributed_examples_are_lines_of_the_scripts():
     # docs/migration.md's DDP and FSDP2 blocks are what tests/slow/test_migration_dist.py runs:
