@@ -3,9 +3,10 @@ CUDA-style script on CPU and on tpu, every variant the scripts offer."""
 import pytest
 
 import torchtpu_compile
-from tests.migration import (autograd_recipes, char_rnn, dcgan, dqn, image_classification,
-                             seq2seq_attention, spatial_transformer, style_transfer,
-                             transformer_lm)
+from tests.migration import (autograd_recipes, char_rnn, dcgan, dqn, gcn, image_classification,
+                             seq2seq_attention, siamese, spatial_transformer, style_transfer,
+                             super_resolution, time_sequence_prediction, transformer_lm, vae,
+                             word_language_model)
 from tests.migration.test_scripts import TOLERANCE, assert_same, highest_precision  # noqa: F401
 
 pytestmark = pytest.mark.slow
@@ -45,8 +46,11 @@ def test_transformer_lm_eager_bfloat16():
 
 TUTORIALS = {"seq2seq_attention": seq2seq_attention, "dcgan": dcgan,
              "spatial_transformer": spatial_transformer, "style_transfer": style_transfer,
-             "dqn": dqn, "char_rnn": char_rnn, "autograd_recipes": autograd_recipes}
-
+             "dqn": dqn, "char_rnn": char_rnn, "autograd_recipes": autograd_recipes,
+             # pytorch/examples
+             "time_sequence_prediction": time_sequence_prediction, "vae": vae,
+             "super_resolution": super_resolution, "siamese": siamese, "gcn": gcn,
+             "word_language_model": word_language_model}
 
 
 @pytest.mark.parametrize("name", list(TUTORIALS))
@@ -61,7 +65,8 @@ def test_tutorial_eager(name, eager_mode):
 @pytest.mark.parametrize("name, options", [("dcgan", {}), ("dqn", {}),
                                            # compiled dropout draws eager's distribution,
                                            # not its bits (docs/compile.md)
-                                           ("spatial_transformer", {"dropout": 0.0})])
+                                           ("spatial_transformer", {"dropout": 0.0}),
+                                           ("super_resolution", {})])
 def test_tutorial_compiled(name, options, fresh_dynamo):
     script = TUTORIALS[name]
     want = script.main("cpu", **options)
@@ -69,3 +74,11 @@ def test_tutorial_compiled(name, options, fresh_dynamo):
         got = script.main("tpu", compiled=True, **options)
     assert_same(got, want, TOLERANCE["float32"])
     assert torchtpu_compile.stats()["graph_breaks"] == {}
+
+
+def test_word_language_model_transformer(eager_mode):
+    # The LSTM variant is in test_tutorial_eager; this one generates with a growing sequence.
+    want = word_language_model.main("cpu", "Transformer", words=4)
+    with torchtpu_compile.config.patch(strict=True):
+        got = word_language_model.main("tpu", "Transformer", words=4)
+    assert_same(got, want, TOLERANCE["float32"])
