@@ -31,26 +31,31 @@ def stack_versions() -> str:
 
 
 @functools.cache
-def source_digest(*parts: str) -> str:
-    """SHA-256 over the Python sources of ``parts`` (files or folders of this package).
+def source_digest(*parts: str, root: str = _PACKAGE_DIR) -> str:
+    """SHA-256 over the Python sources of ``parts`` (files or folders of this package, or of
+    the package at ``root``: a front end keys its own code this way).
 
     Hashing the source, not a hand-bumped version number, means no one has to remember to
     bump it: any edit to these files starts new cache entries.
+
+    Example::
+
+        source_digest(".", root=os.path.dirname(torchtpu_eager.__file__))  # a whole package
     """
     digest = hashlib.sha256()
     for part in sorted(parts):
-        path = os.path.join(_PACKAGE_DIR, part)
+        path = os.path.normpath(os.path.join(root, part))
         if os.path.isfile(path):
             files = [path]
         elif not os.path.isdir(path):
             # A renamed module must not silently drop out of the cache keys.
-            raise FileNotFoundError(f"source_digest: {part!r} is not in {_PACKAGE_DIR}")
+            raise FileNotFoundError(f"source_digest: {part!r} is not in {root}")
         else:
             files = sorted(os.path.join(root, name)
                            for root, _, names in os.walk(path) for name in names
                            if name.endswith(".py"))
         for file in files:
-            digest.update(os.path.relpath(file, _PACKAGE_DIR).encode())
+            digest.update(os.path.relpath(file, root).encode())
             with open(file, "rb") as f:
                 digest.update(f.read())
     return digest.hexdigest()

@@ -36,7 +36,7 @@ from torchtpu_compile.lower.support import is_written, written_arguments
 from torchtpu_compile.profiling import TORCH_PROFILER, span
 from torchtpu_compile.runtime.client import get_client
 
-from . import fallback, modes, rng, scalars, views
+from . import fallback, modes, rng, scalars, trace_cache, views
 from .device import check_device
 from .fuse import Lazy
 from .modes import Strict, concrete
@@ -307,7 +307,8 @@ def _folded(entry, folded: list, func, args, kwargs, tensors):
                 continue
             walked, strides = result
             shape, dtype = op.out_meta[j]
-            graphs.append(trace(_permute_to(walked), [example(shape, dtype)], "layout"))
+            graphs.append(trace(_permute_to(walked), [example(shape, dtype)], "layout",
+                                what=("layout", walked)))
             refs.append(((len(folded), j),))
             wanted[j] = (len(graphs) - 1, 0)
             layout[j] = (tuple([shape[d] for d in walked]), strides)
@@ -555,7 +556,9 @@ def _check_output_casts(func, args, kwargs) -> None:
             return
 
 
-def _build(func, args, kwargs, tensors, lift_floats=False):
+def _build(func, args, kwargs, tensors, key, lift_floats=False):
+    """The ``_Compiled`` (or ``_Fallback``) of the call with signature ``key``; None where
+    ``lift_floats`` and the op's scalars cannot be an input."""
     _check_meta_kernel(func, args, kwargs)
     # Eager's error where its CPU kernel has no instance for the inputs' dtypes (bmm of bool
     # returned a value: meta kernels do not check dtypes, XLA takes any type); asked of the
@@ -603,13 +606,19 @@ def _build(func, args, kwargs, tensors, lift_floats=False):
     label = str(func)
     lifted = scalars.dtype_for(tensors, scalars.collect(args, kwargs, func)) \
         if lift_floats else None
-    try:
+    def make():
         if lifted is not None:
-            graph = _trace_lifted(fn, examples, label, func, args, kwargs, lifted)
-            if graph is None:
-                return None
-        else:
-            graph = trace(fn, examples, label)
+            return _trace_lifted(fn, examples, label, func, args, kwargs, lifted), list(shapes)
+        return trace(fn, examples, label), list(shapes)
+
+    try:
+        # What the trace depends on besides the examples: the op and its signature (the
+        # tensors' shapes and dtypes, every other argument's value), and whether its scalars
+        # are lifted (trace_cache: a warm process skips the trace).
+        graph, shapes[:] = trace_cache.cached(("op", func, lifted is not None, key[1:]),
+                                              examples, label, _platform(), make)
+        if graph is None:
+            return None
         modes.current().check(graph)
     except InvalidInputError:
         raise  # eager's own error for these inputs, not a reason to run the op on the host
@@ -757,7 +766,7 @@ def _lifted_entry(func, args, kwargs, tensors, key):
         _by_structure[structure] = _SEEN_ONCE
         return None
     if known is _SEEN_ONCE:
-        known = _build(func, args, kwargs, tensors, lift_floats=True) or _NOT_LIFTABLE
+        known = _build(func, args, kwargs, tensors, key, lift_floats=True) or _NOT_LIFTABLE
         _by_structure[structure] = known
     if known is _NOT_LIFTABLE:
         count = _float_recompiles[structure] = _float_recompiles.get(structure, 1) + 1
@@ -929,7 +938,8 @@ def run_op(func, args, kwargs):
     entry = _ops.get(key)
     if entry is None:
         entry = _COMPOSITE if _check_devices(func, tensors, args) else \
-            _lifted_entry(func, args, kwargs, tensors, key) or _build(func, args, kwargs, tensors)
+            _lifted_entry(func, args, kwargs, tensors, key) or \
+            _build(func, args, kwargs, tensors, key)
         _ops[key] = entry
     if entry is _COMPOSITE:
         return func._op_dk(_COMPOSITE_EXPLICIT, *args, **kwargs)

@@ -33,6 +33,7 @@ from torchtpu_compile.lower.precision import resolve_precision
 from torchtpu_compile.program import build_program, lower_program
 from torchtpu_compile.runtime.client import get_client
 
+from . import trace_cache
 from .stats import COUNTERS
 
 _ids = itertools.count()
@@ -177,11 +178,18 @@ def outside_dynamo():
         set_eval_frame(prior)
 
 
-def trace(fn, examples: list, label: str) -> OpGraph:
+def trace(fn, examples: list, label: str, what=None) -> OpGraph:
     """Trace ``fn`` (tensors in, tuple of tensors out) into a functional, decomposed OpGraph.
 
     ``examples`` (``example``) give shapes and dtypes only (their values are not read).
+    ``what``: plain data saying all that ``fn`` does besides its inputs (``("read",
+    geometry)``), for the graph to be kept across processes (``trace_cache``); None: traced
+    in every process.
     """
+    if what is not None:
+        return trace_cache.cached(what, examples, label, _platform(),
+                                  lambda: (trace(fn, examples, label), None))[0]
+    COUNTERS.add("eager_traces")
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.nn.attention import SDPBackend, sdpa_kernel
 

@@ -14,6 +14,7 @@ from torchtpu_compile import counters
 
 COUNTERS = counters.register("eager", lambda: {
     "eager_programs_compiled": 0,    # single-op and fused programs built
+    "eager_traces": 0,               # op signatures (and view reads...) traced: make_fx runs
     "eager_fallbacks": 0,            # ops run on the host because they do not lower
     "fused_graphs_run": 0,           # defer-and-fuse: deferred graphs executed
     "fused_graph_cache_hits": 0,     # ... of which had been compiled before

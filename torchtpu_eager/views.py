@@ -43,7 +43,7 @@ def _zeros_graph(shape: tuple, dtype):
     graph = _graphs.get(key)
     if graph is None:
         graph = _graphs[key] = trace(lambda: (torch.zeros(shape, dtype=dtype),), [],
-                                     f"zeros{list(shape)}")
+                                     f"zeros{list(shape)}", what=key)
     return graph
 
 
@@ -109,7 +109,7 @@ def _read_graph(base_shape: tuple, dtype, size: tuple, stride: tuple, offset: in
                 return (base.reshape(-1)[index].reshape(size),)
             examples.append(example((1,), torch.int64))
         with unchecked():  # positions in range by construction: no index checks
-            graph = _graphs[key] = trace(fn, examples, f"read{list(size)}")
+            graph = _graphs[key] = trace(fn, examples, f"read{list(size)}", what=key)
     return graph
 
 
@@ -169,7 +169,7 @@ def _write_graph(base_shape: tuple, dtype, size: tuple, stride: tuple, offset: i
         if positioned:
             examples.append(example((1,), torch.int64))
         with unchecked():
-            graph = _graphs[key] = trace(fn, examples, f"write{list(size)}")
+            graph = _graphs[key] = trace(fn, examples, f"write{list(size)}", what=key)
     return graph
 
 

@@ -186,12 +186,36 @@ def hf_llama_greedy_generate(compiled: bool) -> dict:
                 for ids in prompts}
 
 
+@workload
+def eager_device_ops(compiled: bool) -> dict:
+    """Ops on the eager tpu device (``compiled``; else on the CPU) whose graphs are traced in
+    ways of their own: an op, its floats lifted to an input once a second value is seen, a
+    strided read folded into an op, a write through a view, a permuted result's layout, an op
+    of two returns, one of a list of returns, an in-place one, an out= resized."""
+    device = "tpu" if compiled else "cpu"
+    torch.manual_seed(0)
+    x, w = torch.randn(6, 8).to(device), torch.randn(5, 8).to(device)
+    with config.patch(matmul_precision="highest"):
+        linear = torch.nn.functional.linear(x, w)        # reads w.t()
+    scaled = [x * 2.5, x * -0.0, x * 3.5]                 # the third: floats as an input
+    y = x.clone()
+    y[1:4, ::2] += 1.0                                    # a write through a strided view
+    values, indices = torch.topk(x, 3, dim=1)
+    parts = torch._foreach_add([x, w], 1.0)
+    out = torch.empty(0, device=device)
+    torch.softmax(x, -1, out=out)
+    return {"linear": linear, **{f"scaled{i}": s for i, s in enumerate(scaled)}, "y": y,
+            "relu_t": x.t().relu(), "values": values, "indices": indices,
+            "part0": parts[0], "part1": parts[1], "softmax_out": out, "sum": y[:, 1::3].sum(0)}
+
+
 def cache_counters() -> dict:
-    """Every cache's totals (all levels) and the compile count, from torchtpu's stats."""
+    """Every cache's totals (all levels), the compile count and the eager device's traces,
+    from torchtpu's stats."""
     import torchtpu_compile
     stats = torchtpu_compile.stats()
     return {"caches": {name: dict(levels["all"]) for name, levels in stats["caches"].items()},
-            "compiled": stats["graphs_compiled"]}
+            "compiled": stats["graphs_compiled"], "eager_traces": stats.get("eager_traces", 0)}
 
 
 def run_in_process(name: str, cache_dir) -> dict:
@@ -233,5 +257,6 @@ def check_cold_warm_eager(name: str, cache_dir) -> tuple[dict, dict]:
 
 
 if __name__ == "__main__":
-    torch.save({"results": WORKLOADS[sys.argv[1]](compiled=True), "counters": cache_counters()},
+    results = {k: v.cpu() for k, v in WORKLOADS[sys.argv[1]](compiled=True).items()}
+    torch.save({"results": results, "counters": cache_counters()},
                sys.argv[2])

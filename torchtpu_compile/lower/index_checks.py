@@ -318,6 +318,19 @@ def _marking_mode(mode: str):
         _marking.mode = previous
 
 
+def marking_mode() -> str | None:
+    """This thread's marking mode while tracing: "off" (``unchecked``), "ops"
+    (``one_op_at_a_time``) or None (a whole graph); a graph traced once is reused under the
+    same mode only (a cache key part).
+
+    Example::
+
+        with unchecked():
+            assert marking_mode() == "off"
+    """
+    return getattr(_marking, "mode", None)
+
+
 def unchecked():
     """Trace without marking: for graphs whose indices are ours and in range by construction
     (the eager device's view reads and writes), or are marked already (a graph traced again
