@@ -207,3 +207,12 @@ def test_the_generator_asks_no_index_of_ties_and_no_median_of_an_expanded_tensor
     assert "v0 = x1.contiguous().median(dim=0)[0]" in lines, lines
     assert fuzz._ties(torch.tensor([1.0, float("nan"), float("nan")]), 0)
     assert not fuzz._ties(torch.tensor([[1, 2], [3, 4]]), 1)
+
+
+def test_the_generator_gives_batch_norm_no_weight_eager_cpu_misreads():
+    # seed 6002: eager CPU's batch_norm backward of an (N, C, 1) input reads an expanded (or
+    # any stride != 1) weight as contiguous and returns garbage gradients (torch 2.13)
+    prog = fuzz.program(6002, ops=6, generation=fuzz.TRAINING)
+    line = next(line for line in prog.lines if "batch_norm(" in line)
+    weight = line.split("batch_norm(")[1].split(", ")[3]
+    assert weight == "None" or ".expand(" not in prog.inputs[int(weight[1:])], prog.repro()
