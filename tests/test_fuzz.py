@@ -92,6 +92,9 @@ def test_harness_compares_the_gradient_of_every_input_of_a_training_program():
         return out, inputs, grads
     mismatch = fuzz.check(prog, "planted", run=wrong_grad)
     assert mismatch is not None and mismatch.what.startswith("grad["), mismatch
+    small = fuzz.minimize(mismatch, run=wrong_grad)
+    assert small.what.startswith("grad[") and len(small.prog.lines) < len(prog.lines)
+    assert small.prog.loss and "loss = " in small.prog.source()
     assert fuzz.check(prog, "planted", run=fuzz._run_reference) is None
 
 
