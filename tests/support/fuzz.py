@@ -1135,6 +1135,14 @@ def _same_outcome(ours, theirs) -> bool:
         compare(_grads(ours), _grads(theirs), "grad") is None
 
 
+def _values(prog: Program, out):
+    """The outputs compared: a training program's all but its loss, a weighted sum of the
+    others whose cancellations magnify their float rounding past any tolerance of its own
+    (seed 6115: 1.57917 against 1.57919 in float32, its terms equal within theirs); its
+    gradients are compared."""
+    return out[:-1] if prog.loss and isinstance(out, (tuple, list)) else out
+
+
 def _grads(result) -> list:
     """The gradients of a training program's run (``_with_grads``), one per input, or []."""
     return result[2] if len(result) > 2 else []
@@ -1244,7 +1252,7 @@ def check(prog: Program, path: str, run=None) -> Mismatch | None:
         lines = "".join(traceback.format_exception_only(type(error), error)).strip().splitlines()
         what = f"raised {lines[0][:300]}"
     else:
-        what = compare(ours[0], expected[0], "output") or \
+        what = compare(_values(prog, ours[0]), _values(prog, expected[0]), "output") or \
             compare(ours[1], expected[1], "input") or \
             compare(_grads(ours), _grads(expected), "grad")
         if not what:
