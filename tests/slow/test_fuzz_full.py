@@ -43,7 +43,9 @@ def test_random_programs_match_eager_on_every_path(seeds):
 
 
 #: Training programs (fuzz.TRAINING): the paths the sweep of docs/reliability.md ran them on.
-TRAINING_CHUNKS = [range(start, start + 20) for start in range(6000, 6040, 20)]
+#: Seeds 6002 (eager's batch_norm misread), 6015-6017 (conv_transpose output_padding) and
+#: 6086, 6088 (float64 upsampling backwards) among them.
+TRAINING_CHUNKS = [range(6000, 6020), range(6080, 6100)]
 TRAINING_PATHS = ("compile", "eager", "fuse")
 #: (seed, path) -> the accepted class of its difference, as KNOWN.
 TRAINING_KNOWN: dict = {}

@@ -1135,7 +1135,7 @@ def _same_outcome(ours, theirs) -> bool:
         compare(_grads(ours), _grads(theirs), "grad") is None
 
 
-def _values(prog: Program, out):
+def _compared_outputs(prog: Program, out):
     """The outputs compared: a training program's all but its loss, a weighted sum of the
     others whose cancellations magnify their float rounding past any tolerance of its own
     (seed 6115: 1.57917 against 1.57919 in float32, its terms equal within theirs); its
@@ -1252,7 +1252,8 @@ def check(prog: Program, path: str, run=None) -> Mismatch | None:
         lines = "".join(traceback.format_exception_only(type(error), error)).strip().splitlines()
         what = f"raised {lines[0][:300]}"
     else:
-        what = compare(_values(prog, ours[0]), _values(prog, expected[0]), "output") or \
+        what = compare(_compared_outputs(prog, ours[0]), _compared_outputs(prog, expected[0]),
+                       "output") or \
             compare(ours[1], expected[1], "input") or \
             compare(_grads(ours), _grads(expected), "grad")
         if not what:
