@@ -42,6 +42,11 @@ TOLERANCES = {torch.float32: dict(rtol=1.3e-6, atol=1e-5),
               torch.float64: dict(rtol=1e-7, atol=1e-7),
               torch.float16: dict(rtol=1e-3, atol=1e-3),
               torch.bfloat16: dict(rtol=1.6e-2, atol=1e-2)}
+#: ... and of a training program's gradients: each sums, over every output its input reached,
+#: values weighted up to 3.5, and where the true gradient is 0 the cancellation leaves float32
+#: rounding of 1e-5 on eager CPU as on ours (seed 6142: group_norm of one element per group,
+#: whose weight's gradient is 0, ±5.7e-6).
+GRAD_TOLERANCES = {**TOLERANCES, torch.float32: dict(rtol=1e-5, atol=5e-5)}
 SPECIAL_FLOATS = (math.nan, math.inf, -math.inf, -0.0, 0.0, 0.5, -0.5, 1.5, 2.5, -2.5, 3.0, -7.0,
                   1e-3, 1e30, -1e30, 100.25)
 SHAPES = ((), (1,), (4,), (3, 1), (2, 3), (3, 3), (0,), (0, 3), (2, 1, 3), (1, 3))
@@ -1132,7 +1137,7 @@ def _same_outcome(ours, theirs) -> bool:
         return type(ours) is type(theirs)
     return compare(ours[0], theirs[0], "output") is None and \
         compare(ours[1], theirs[1], "input") is None and \
-        compare(_grads(ours), _grads(theirs), "grad") is None
+        compare(_grads(ours), _grads(theirs), "grad", GRAD_TOLERANCES) is None
 
 
 def _compared_outputs(prog: Program, out):
@@ -1162,9 +1167,10 @@ def accepted_as(prog, path, what, ours) -> str:
 
 # ------------------------------------------------------------------------------- comparison
 
-def compare(actual, expected, what: str) -> str | None:
+def compare(actual, expected, what: str, tolerances=None) -> str | None:
     """The first difference between two results (tensors exact for ints and bools, within
-    ``TOLERANCES`` for floats, NaN where NaN; dtype and shape equal), or None.
+    ``tolerances`` (``TOLERANCES``) for floats, NaN where NaN; dtype and shape equal), or
+    None.
 
     Example::
 
@@ -1174,7 +1180,7 @@ def compare(actual, expected, what: str) -> str | None:
         if not isinstance(actual, (tuple, list)) or len(actual) != len(expected):
             return f"{what}: {type(actual).__name__} instead of {len(expected)} values"
         for i, (a, e) in enumerate(zip(actual, expected)):
-            found = compare(a, e, f"{what}[{i}]")
+            found = compare(a, e, f"{what}[{i}]", tolerances)
             if found:
                 return found
         return None
@@ -1187,7 +1193,8 @@ def compare(actual, expected, what: str) -> str | None:
                 f"{expected.dtype}{list(expected.shape)}")
     a, e = actual.detach().cpu(), expected.detach()
     if e.is_floating_point():
-        close = torch.isclose(a.double(), e.double(), equal_nan=True, **TOLERANCES[e.dtype])
+        close = torch.isclose(a.double(), e.double(), equal_nan=True,
+                              **(tolerances or TOLERANCES)[e.dtype])
         # isclose calls inf == inf close; -0.0 and 0.0 are equal (docs/reliability.md).
     else:
         close = a == e
@@ -1255,7 +1262,7 @@ def check(prog: Program, path: str, run=None) -> Mismatch | None:
         what = compare(_compared_outputs(prog, ours[0]), _compared_outputs(prog, expected[0]),
                        "output") or \
             compare(ours[1], expected[1], "input") or \
-            compare(_grads(ours), _grads(expected), "grad")
+            compare(_grads(ours), _grads(expected), "grad", GRAD_TOLERANCES)
         if not what:
             return None
     return Mismatch(prog.seed, path, what, prog, accepted_as(prog, path, what, ours))
