@@ -30,6 +30,10 @@ def test_transposed_convolution(dims, kwargs):
     (2, dict(stride=2, padding=1, output_padding=1, groups=2, dilation=(1, 2))),
     (2, dict(stride=2)),
     (1, dict(stride=3, padding=2)),
+    # output_padding not below the stride (allowed: it is below the dilation): the forward
+    # convolution of the output gradient is longer than the input (fuzz seeds 6015, 6016)
+    (1, dict(stride=1, padding=2, output_padding=1, dilation=2)),
+    (2, dict(stride=(3, 1), padding=2, output_padding=(2, 1), dilation=(3, 2))),
 ])
 def test_transposed_convolution_backward(dims, kwargs):
     # convolution_backward with transposed=True (convolution.py): gradients of input,

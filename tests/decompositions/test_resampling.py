@@ -116,6 +116,23 @@ def test_bicubic_upsampling_backward_with_and_without_scales():
     check_bicubic_upsampling_backward(cases=[(3, 7, 2.5)])
 
 
+@pytest.mark.parametrize("op", ["upsample_linear1d_backward", "upsample_bilinear2d_backward",
+                                "upsample_bicubic2d_backward", "_upsample_bilinear2d_aa_backward",
+                                "_upsample_bicubic2d_aa_backward"])
+def test_float64_upsampling_backward_has_float64_weights(op):
+    # eager's opmath type for float64 is float64: its source positions and weights too
+    # (they were float32, 3e-7 off in float64; fuzz seed 6086, the tpu device)
+    dims = 1 if "1d" in op else 2
+    out, size = [7, 5][:dims], [2, 3, *[5, 3][:dims]]
+    grads = [randn(2, 3, *out, seed=k).double() for k in range(2)]
+
+    def backward(*grads):
+        call = getattr(aten, op).default
+        return [call(g, out, size, corners, *([None] * dims))
+                for g, corners in zip(grads, (False, True))]
+    check_on_both_paths(backward, *grads, rtol=1e-12, atol=1e-12)
+
+
 def test_antialiased_upsampling_runs_through_xla():
     # interpolate(antialias=True) (torchvision's Resize on tensors) ran on the host on both
     # paths. Down and up, scales and sizes, both corner conventions; strict: no fallback.

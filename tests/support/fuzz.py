@@ -42,6 +42,11 @@ TOLERANCES = {torch.float32: dict(rtol=1.3e-6, atol=1e-5),
               torch.float64: dict(rtol=1e-7, atol=1e-7),
               torch.float16: dict(rtol=1e-3, atol=1e-3),
               torch.bfloat16: dict(rtol=1.6e-2, atol=1e-2)}
+#: ... and of a training program's gradients: each sums, over every output its input reached,
+#: values weighted up to 3.5, and where the true gradient is 0 the cancellation leaves float32
+#: rounding of 1e-5 on eager CPU as on ours (seed 6142: group_norm of one element per group,
+#: whose weight's gradient is 0, ±5.7e-6).
+GRAD_TOLERANCES = {**TOLERANCES, torch.float32: dict(rtol=1e-5, atol=5e-5)}
 SPECIAL_FLOATS = (math.nan, math.inf, -math.inf, -0.0, 0.0, 0.5, -0.5, 1.5, 2.5, -2.5, 3.0, -7.0,
                   1e-3, 1e30, -1e30, 100.25)
 SHAPES = ((), (1,), (4,), (3, 1), (2, 3), (3, 3), (0,), (0, 3), (2, 1, 3), (1, 3))
@@ -83,11 +88,22 @@ def _nested(flat, shape) -> str:
 def _input_source(rng: random.Random, shape, dtype) -> str:
     """Source that builds a tensor of ``shape`` and ``dtype`` on device ``dev``: contiguous or a
     transposed, strided, offset or expanded view of a bigger tensor."""
+    base, suffix = _layout(rng, shape)
+    n = math.prod(base)
+    flat = [_scalar_source(v, dtype) for v in _values(rng, n, dtype)]
+    if n == 0:  # a nested empty list loses the other dims
+        return f"torch.empty({tuple(base)}, dtype={dtype}, device=dev){suffix}"
+    return f"torch.tensor({_nested(flat, base)}, dtype={dtype}, device=dev){suffix}"
+
+
+def _layout(rng: random.Random, shape, expand=True) -> tuple:
+    """(the shape of a base tensor, the source of a view of it that has ``shape``): the base
+    itself, or a transposed, strided, offset or (where ``expand``) expanded view."""
     layouts = ["contiguous"]
     if len(shape) >= 2:
         layouts += ["transposed", "strided"]
     if len(shape) >= 1:
-        layouts += ["offset", "expanded"]
+        layouts += ["offset", "expanded"] if expand else ["offset"]
     layout = rng.choice(layouts)
     base, suffix = list(shape), ""
     if layout == "transposed":
@@ -102,11 +118,7 @@ def _input_source(rng: random.Random, shape, dtype) -> str:
     elif layout == "expanded":
         base[0] = 1
         suffix = f".expand({', '.join(map(str, shape))})"
-    n = math.prod(base)
-    flat = [_scalar_source(v, dtype) for v in _values(rng, n, dtype)]
-    if n == 0:  # a nested empty list loses the other dims
-        return f"torch.empty({tuple(base)}, dtype={dtype}, device=dev){suffix}"
-    return f"torch.tensor({_nested(flat, base)}, dtype={dtype}, device=dev){suffix}"
+    return base, suffix
 
 
 # -------------------------------------------------------------------------------- templates
@@ -790,16 +802,23 @@ class Program:
     returns: list         # names returned
     raises: bool = False  # eager CPU rejects the last line
     generation: int = GENERATION  # of the templates it was drawn from (``--generation``)
+    #: training programs (``TRAINING``): the values summed, each weighted, into the scalar
+    #: ``loss`` the function returns last; the harness compares every input's gradient of it
+    loss: list = dataclasses.field(default_factory=list)
 
     def source(self) -> str:
         names = ", ".join(f"x{i}" for i in range(len(self.inputs)))
-        body = "\n".join(f"    {line}" for line in self.lines)
-        ret = ", ".join(self.returns) + ("," if len(self.returns) == 1 else "")
+        lines = self.lines + ([_loss_line(self.loss)] if self.loss else [])
+        body = "\n".join(f"    {line}" for line in lines)
+        returns = self.returns + (["loss"] if self.loss else [])
+        ret = ", ".join(returns) + ("," if len(returns) == 1 else "")
         return f"def f({names}):\n{body}\n    return ({ret})\n"
 
     def repro(self) -> str:
         made = "\n".join(f"x{i} = {s}" for i, s in enumerate(self.inputs))
-        return f"dev = 'cpu'\n{made}\n{self.source()}"
+        grads = ("# then the gradients of loss: torch.autograd.grad(f(...)[-1], [the inputs "
+                 "that require grad])\n") if self.loss else ""
+        return f"dev = 'cpu'\n{made}\n{self.source()}{grads}"
 
     def make_inputs(self, dev="cpu") -> list:
         return [eval(s, {"torch": torch, "dev": dev}) for s in self.inputs]
@@ -808,6 +827,17 @@ class Program:
         scope = {"torch": torch}
         exec(compile(self.source(), f"<fuzz {self.seed}>", "exec"), scope)
         return scope["f"]
+
+
+def _loss_line(names) -> str:
+    """``loss = ...``: each value times fixed weights (small integers and halves, exact in every
+    dtype, none zero), summed: a plain sum would give softmax and the norms no gradient. The
+    loss is float32 (held to float32's tolerance whatever the values' dtypes; the gradients
+    keep each input's dtype)."""
+    def term(v):
+        weights = f"(torch.arange({v}.numel(), device={v}.device) % 7 - 2.5)"
+        return f"({v} * {weights}.to({v}.dtype).reshape({v}.shape)).sum().float()"
+    return "loss = " + " + ".join(term(v) for v in names)
 
 
 def _run_eager_cpu(prog: Program):
@@ -830,6 +860,8 @@ def program(seed: int, ops: int = 6, generation: int = GENERATION) -> Program:
 
         print(program(3).repro())
     """
+    if generation >= TRAINING:
+        return _training_program(seed, ops, generation)
     rng = random.Random(seed)
     dtype_mix = rng.sample(DTYPES, 3)
     shape = rng.choice(SHAPES)
@@ -867,6 +899,96 @@ def program(seed: int, ops: int = 6, generation: int = GENERATION) -> Program:
     return prog
 
 
+# ---------------------------------------------------------------------- training programs
+
+#: The first generation whose programs are training steps: float inputs that require grad
+#: (activations and the layers' parameters, in odd layouts), ``nn.functional`` layers drawn
+#: from ``fuzz_layers.LAYERS``, a scalar loss; every input's gradient is
+#: compared too.
+TRAINING = 4
+def _param_source(rng: random.Random, shape, dtype, grad=True, positive=False,
+                  distinct=False) -> str:
+    """Source of an input of ``shape`` (a leaf that requires grad when ``grad``, in one of
+    ``_layout``'s layouts) holding distinct values in (-2, 2), or (0, 2) when ``positive``:
+    no ties (where ``distinct``, not expanded either), so max and its kin have one
+    gradient."""
+    base, suffix = _layout(rng, shape, expand=not distinct)
+    n = math.prod(base)
+    if n == 0:
+        source = f"torch.empty({tuple(base)}, dtype={dtype}, device=dev){suffix}"
+    else:
+        values = rng.sample(range(1, 20000) if positive else range(-19999, 20000), n)
+        flat = [repr(v / 10000) for v in values]
+        source = f"torch.tensor({_nested(flat, base)}, dtype={dtype}, device=dev){suffix}"
+    return source + (".detach().requires_grad_()" if grad else "")
+
+
+def _loss_names(env) -> list:
+    return [n for n, v in env.items() if n.startswith("v") and isinstance(v, torch.Tensor)
+            and v.is_floating_point() and v.requires_grad]
+
+
+def _adder(rng, dtype, first: int, added: list):
+    """A template's ``param``: appends a new input's source to ``added``, returns its name."""
+    def param(shape, grad=True, positive=False, distinct=False):
+        added.append(_param_source(rng, shape, dtype, grad, positive, distinct))
+        return f"x{first + len(added) - 1}"
+    return param
+
+
+def _training_program(seed: int, ops: int, generation: int) -> Program:
+    """A training program: ``ops`` layers (each keeping only what eager CPU runs forward and
+    backward), their parameters added as inputs as they are drawn, and the loss."""
+    from .fuzz_layers import LAYERS
+    rng = random.Random(seed)
+    dtype = rng.choice((torch.float32, torch.float32, torch.float64))
+    prog = Program(seed, [], [], [], generation=generation)
+    drawn = [(w, fn) for w, fn, g in LAYERS.values() if g <= generation]
+    weights, fns = [w for w, _ in drawn], [fn for _, fn in drawn]
+    env, made = {}, 0
+    for _attempt in range(ops * 12):
+        if made >= ops:
+            break
+        added = []
+        rhs = rng.choices(fns, weights)[0](rng, env, _adder(rng, dtype, len(prog.inputs), added))
+        if rhs is None:
+            continue
+        line = rhs[5:] if rhs.startswith("STMT ") else f"v{made} = {rhs}"
+        trial = dataclasses.replace(prog, inputs=prog.inputs + added, lines=prog.lines + [line])
+        _, trial_env, error = _run_eager_cpu(trial)
+        if error is None:
+            trial.loss = _loss_names(trial_env)
+            try:  # and its backward
+                _run_reference(trial)
+            except Exception as exc:
+                error = exc
+        if error is not None:
+            rejected = not isinstance(error, (NameError, TypeError))
+            if made == ops - 1 and rng.random() < 0.15 and rejected:
+                prog = dataclasses.replace(trial, raises=True, loss=prog.loss)
+                break
+            continue
+        if any(isinstance(v, torch.Tensor) and v.numel() > 4096 for v in trial_env.values()):
+            continue
+        prog, env = trial, trial_env
+        if not rhs.startswith("STMT "):
+            made += 1
+    prog.returns = [f"v{i}" for i in range(made)] or ["x0"]
+    return prog
+
+
+def _with_grads(prog: Program, out, inputs) -> tuple:
+    """(outputs, inputs after) of a run, and for a training program the gradient of its loss
+    (its last output) for each input (None where the input does not require grad or the loss
+    does not reach it)."""
+    if not prog.loss:
+        return out, inputs
+    wanted = [t for t in inputs if t.requires_grad]
+    found = iter(torch.autograd.grad(out[-1], wanted, allow_unused=True) if wanted else ())
+    grads = [next(found) if t.requires_grad else None for t in inputs]
+    return out, inputs, grads
+
+
 # ------------------------------------------------------------------------------------ paths
 
 def _to_cpu(value):
@@ -882,7 +1004,7 @@ def _run_compile(prog: Program, dynamic: bool, backend: str = "torchtpu"):
     torch._dynamo.reset()
     inputs = prog.make_inputs()
     fn = torch.compile(prog.function(), backend=backend, dynamic=dynamic)
-    return fn(*inputs), inputs
+    return _with_grads(prog, fn(*inputs), inputs)  # the backward is the compiled one
 
 
 def _run_device(prog: Program, mode: str):
@@ -890,13 +1012,12 @@ def _run_device(prog: Program, mode: str):
     from .helpers import eager_mode
     with eager_mode(mode):
         inputs = prog.make_inputs("tpu")
-        out = prog.function()(*inputs)
-        return _to_cpu(out), _to_cpu(inputs)
+        return _to_cpu(_with_grads(prog, prog.function()(*inputs), inputs))
 
 
 def _run_reference(prog: Program):
     inputs = prog.make_inputs()
-    return prog.function()(*inputs), inputs
+    return _with_grads(prog, prog.function()(*inputs), inputs)
 
 
 PATHS = {
@@ -1015,7 +1136,21 @@ def _same_outcome(ours, theirs) -> bool:
     if isinstance(ours, BaseException) or isinstance(theirs, BaseException):
         return type(ours) is type(theirs)
     return compare(ours[0], theirs[0], "output") is None and \
-        compare(ours[1], theirs[1], "input") is None
+        compare(ours[1], theirs[1], "input") is None and \
+        compare(_grads(ours), _grads(theirs), "grad", GRAD_TOLERANCES) is None
+
+
+def _compared_outputs(prog: Program, out):
+    """The outputs compared: a training program's all but its loss, a weighted sum of the
+    others whose cancellations magnify their float rounding past any tolerance of its own
+    (seed 6115: 1.57917 against 1.57919 in float32, its terms equal within theirs); its
+    gradients are compared."""
+    return out[:-1] if prog.loss and isinstance(out, (tuple, list)) else out
+
+
+def _grads(result) -> list:
+    """The gradients of a training program's run (``_with_grads``), one per input, or []."""
+    return result[2] if len(result) > 2 else []
 
 
 def accepted_as(prog, path, what, ours) -> str:
@@ -1032,9 +1167,10 @@ def accepted_as(prog, path, what, ours) -> str:
 
 # ------------------------------------------------------------------------------- comparison
 
-def compare(actual, expected, what: str) -> str | None:
+def compare(actual, expected, what: str, tolerances=None) -> str | None:
     """The first difference between two results (tensors exact for ints and bools, within
-    ``TOLERANCES`` for floats, NaN where NaN; dtype and shape equal), or None.
+    ``tolerances`` (``TOLERANCES``) for floats, NaN where NaN; dtype and shape equal), or
+    None.
 
     Example::
 
@@ -1044,7 +1180,7 @@ def compare(actual, expected, what: str) -> str | None:
         if not isinstance(actual, (tuple, list)) or len(actual) != len(expected):
             return f"{what}: {type(actual).__name__} instead of {len(expected)} values"
         for i, (a, e) in enumerate(zip(actual, expected)):
-            found = compare(a, e, f"{what}[{i}]")
+            found = compare(a, e, f"{what}[{i}]", tolerances)
             if found:
                 return found
         return None
@@ -1057,7 +1193,8 @@ def compare(actual, expected, what: str) -> str | None:
                 f"{expected.dtype}{list(expected.shape)}")
     a, e = actual.detach().cpu(), expected.detach()
     if e.is_floating_point():
-        close = torch.isclose(a.double(), e.double(), equal_nan=True, **TOLERANCES[e.dtype])
+        close = torch.isclose(a.double(), e.double(), equal_nan=True,
+                              **(tolerances or TOLERANCES)[e.dtype])
         # isclose calls inf == inf close; -0.0 and 0.0 are equal (docs/reliability.md).
     else:
         close = a == e
@@ -1099,13 +1236,13 @@ def check(prog: Program, path: str, run=None) -> Mismatch | None:
     """
     run = run or PATHS[path]
     try:
-        expected, expected_inputs = _run_reference(prog)
+        expected = _run_reference(prog)
         reference_error = None
     except Exception as exc:
         reference_error = exc
     try:
-        actual, actual_inputs = run(prog)
-        error, ours = None, (actual, actual_inputs)
+        ours = run(prog)
+        error = None
     except Exception as exc:
         error = ours = unwrap(exc)
     if reference_error is not None:
@@ -1122,8 +1259,10 @@ def check(prog: Program, path: str, run=None) -> Mismatch | None:
         lines = "".join(traceback.format_exception_only(type(error), error)).strip().splitlines()
         what = f"raised {lines[0][:300]}"
     else:
-        what = compare(actual, expected, "output") or compare(actual_inputs, expected_inputs,
-                                                                "input")
+        what = compare(_compared_outputs(prog, ours[0]), _compared_outputs(prog, expected[0]),
+                       "output") or \
+            compare(ours[1], expected[1], "input") or \
+            compare(_grads(ours), _grads(expected), "grad", GRAD_TOLERANCES)
         if not what:
             return None
     return Mismatch(prog.seed, path, what, prog, accepted_as(prog, path, what, ours))
@@ -1153,7 +1292,8 @@ def minimize(mismatch: Mismatch, run=None) -> Mismatch:
             lines = prog.lines[:i] + prog.lines[i + 1:]
             defined = {line.split(" = ")[0] for line in lines if " = " in line}
             returns = [r for r in prog.returns if r in defined] or ["x0"]
-            found = still(dataclasses.replace(prog, lines=lines, returns=returns))
+            loss = [r for r in prog.loss if r in defined]
+            found = still(dataclasses.replace(prog, lines=lines, returns=returns, loss=loss))
             if found:
                 best, changed = found, True
                 break

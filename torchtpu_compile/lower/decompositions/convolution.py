@@ -140,6 +140,11 @@ def _transposed_convolution_backward(grad_out, input, weight, stride, padding, d
     if output_mask[0]:
         grad_input = aten.convolution(grad_out, weight, None, stride, padding, dilation, False,
                                       [0] * spatial, groups)
+        # An output_padding of a stride or more (allowed below the dilation) gives the forward
+        # convolution positions past the input's end, which no input element made.
+        for i in range(spatial):
+            if grad_input.shape[2 + i] != input.shape[2 + i]:
+                grad_input = grad_input.narrow(2 + i, 0, input.shape[2 + i])
     if output_mask[1]:
         _, grad_weight, _ = convolution_backward(input, grad_out, weight, None, stride, padding,
                                                  dilation, False, [0] * spatial, groups,

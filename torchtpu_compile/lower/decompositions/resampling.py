@@ -169,33 +169,35 @@ def grid_sampler_2d_backward(grad, x, grid, interpolation_mode, padding_mode, al
 
 # --- backwards of linear upsampling ----------------------------------------------------------
 
-def _source_positions(in_size: int, out_size: int, scale, align_corners: bool):
+def _source_positions(in_size: int, out_size: int, scale, align_corners: bool, dtype):
     """The real-valued input position each output position reads (UpSample.h's
-    area_pixel_compute_source_index, in float32), before any clamping."""
-    out = torch.arange(out_size).to(torch.float32)
+    area_pixel_compute_source_index, in eager's opmath type: float64 for float64, else
+    float32), before any clamping."""
+    out = torch.arange(out_size).to(dtype)
     if align_corners:
         ratio = (in_size - 1) / (out_size - 1) if out_size > 1 else 0.0
-        return out * ratio  # a Python float: float32 arithmetic
+        return out * ratio  # a Python float: arithmetic in ``dtype``
     ratio = 1.0 / scale if scale is not None and scale > 0 else in_size / out_size
     return (out + 0.5) * ratio - 0.5
 
 
-def _linear_sources(in_size: int, out_size: int, scale, align_corners: bool):
+def _linear_sources(in_size: int, out_size: int, scale, align_corners: bool, dtype):
     """(first source, second source, weight of the second) of each output position of linear
-    upsampling along one dim, as eager computes them (UpSample.h: float32 arithmetic, the
+    upsampling along one dim, as eager computes them (UpSample.h: arithmetic in ``dtype``, the
     position clamped at 0 and the weight to [0, 1]; equal sizes copy)."""
     if out_size == in_size:
         out = torch.arange(out_size)
-        return out, out, torch.zeros(out_size)
-    position = _source_positions(in_size, out_size, scale, align_corners).clamp(min=0)
+        return out, out, torch.zeros(out_size, dtype=dtype)
+    position = _source_positions(in_size, out_size, scale, align_corners, dtype).clamp(min=0)
     first = torch.floor(position).to(torch.int64).clamp(max=in_size - 1)
     second = torch.where(first < in_size - 1, first + 1, first)
     return first, second, (position - first).clamp(0, 1)
 
 
 def _linear_taps(in_size: int, out_size: int, scale, align_corners: bool, dtype):
-    first, second, weight = _linear_sources(in_size, out_size, scale, align_corners)
-    weight = weight.to(dtype)
+    # the computing dtype is eager's opmath type: float64 weights for a float64 gradient
+    # (float32 ones were 3e-7 off, fuzz seed 6086)
+    first, second, weight = _linear_sources(in_size, out_size, scale, align_corners, dtype)
     return [(first, 1 - weight), (second, weight)]
 
 
@@ -220,8 +222,8 @@ _CUBIC_A = -0.75  # UpSample.h's cubic convolution coefficient
 def _cubic_taps(in_size: int, out_size: int, scale, align_corners: bool, dtype):
     """The four (source, weight) taps of each output position of bicubic upsampling along one
     dim, as eager computes them (UpSample.h: the position unclamped, each source clamped into
-    the input, float32 weights)."""
-    position = _source_positions(in_size, out_size, scale, align_corners)
+    the input, weights in ``dtype``, eager's opmath type)."""
+    position = _source_positions(in_size, out_size, scale, align_corners, dtype)
     first = torch.floor(position)
     t = position - first
     a = _CUBIC_A
@@ -234,8 +236,7 @@ def _cubic_taps(in_size: int, out_size: int, scale, align_corners: bool, dtype):
 
     weights = [far(t + 1), near(t), near(1 - t), far(2 - t)]
     first = first.to(torch.int64)
-    return [((first + k - 1).clamp(0, in_size - 1), weight.to(dtype))
-            for k, weight in enumerate(weights)]
+    return [((first + k - 1).clamp(0, in_size - 1), weight) for k, weight in enumerate(weights)]
 
 
 @decomposition(aten.upsample_bicubic2d_backward.default)
@@ -273,10 +274,11 @@ def _aa_taps(interp_size: int, kernel):
             ratio = (in_size - 1) / (out_size - 1) if out_size > 1 else 0.0
         else:
             ratio = 1.0 / scale if scale is not None and scale > 0 else in_size / out_size
-        ratio = struct.unpack("f", struct.pack("f", ratio))[0]  # eager's opmath float
+        if dtype != torch.float64:  # eager's opmath type: float32 but for float64
+            ratio = struct.unpack("f", struct.pack("f", ratio))[0]
         support = interp_size * 0.5 * ratio if ratio >= 1.0 else interp_size * 0.5
         invscale = 1.0 / ratio if ratio >= 1.0 else 1.0
-        center = (torch.arange(out_size).to(torch.float32) + 0.5) * ratio
+        center = (torch.arange(out_size).to(dtype) + 0.5) * ratio
         first = (center - support + 0.5).to(torch.int64).clamp(min=0)  # truncated, as eager
         size = (center + support + 0.5).to(torch.int64).clamp(max=in_size) - first
         count = int(math.ceil(support)) * 2 + 1
