@@ -884,19 +884,31 @@ def program(seed: int, ops: int = 6, generation: int = GENERATION) -> Program:
         line = rhs[5:] if rhs.startswith("STMT ") else f"v{made} = {rhs}"
         trial = dataclasses.replace(prog, lines=prog.lines + [line])
         _, trial_env, error = _run_eager_cpu(trial)
-        if error is not None:
-            rejected = not isinstance(error, (NameError, TypeError))  # not a generator slip
-            if made == ops - 1 and rng.random() < 0.15 and rejected:
-                prog = dataclasses.replace(trial, raises=True)
-                break
-            continue
-        if any(isinstance(v, torch.Tensor) and v.numel() > 4096 for v in trial_env.values()):
+        verdict = _settle(error, trial_env, made, ops, rng)
+        if verdict == "raises":
+            prog = dataclasses.replace(trial, raises=True)
+            break
+        if verdict == "skip":
             continue
         prog, env = trial, trial_env
         if not rhs.startswith("STMT "):
             made += 1
     prog.returns = [f"v{i}" for i in range(made)] or ["x0"]
     return prog
+
+
+def _settle(error, trial_env, made: int, ops: int, rng: random.Random) -> str:
+    """What becomes of a drawn line, from eager CPU's run of the program with it: "keep" it,
+    "skip" it (eager refused it, or a value grew past 4096 elements), or end the program with
+    it as the line that "raises" (rarely, and only as the last line: every path must then raise
+    eager's exception type). ``rng`` is drawn from only for a refused last line, so that the
+    programs of earlier seeds stay as they were."""
+    if error is not None:
+        rejected = not isinstance(error, (NameError, TypeError))  # not a generator slip
+        return "raises" if made == ops - 1 and rng.random() < 0.15 and rejected else "skip"
+    if any(isinstance(v, torch.Tensor) and v.numel() > 4096 for v in trial_env.values()):
+        return "skip"
+    return "keep"
 
 
 # ---------------------------------------------------------------------- training programs
@@ -906,6 +918,8 @@ def program(seed: int, ops: int = 6, generation: int = GENERATION) -> Program:
 #: from ``fuzz_layers.LAYERS``, a scalar loss; every input's gradient is
 #: compared too.
 TRAINING = 4
+
+
 def _param_source(rng: random.Random, shape, dtype, grad=True, positive=False,
                   distinct=False) -> str:
     """Source of an input of ``shape`` (a leaf that requires grad when ``grad``, in one of
@@ -962,13 +976,11 @@ def _training_program(seed: int, ops: int, generation: int) -> Program:
                 _run_reference(trial)
             except Exception as exc:
                 error = exc
-        if error is not None:
-            rejected = not isinstance(error, (NameError, TypeError))
-            if made == ops - 1 and rng.random() < 0.15 and rejected:
-                prog = dataclasses.replace(trial, raises=True, loss=prog.loss)
-                break
-            continue
-        if any(isinstance(v, torch.Tensor) and v.numel() > 4096 for v in trial_env.values()):
+        verdict = _settle(error, trial_env, made, ops, rng)
+        if verdict == "raises":
+            prog = dataclasses.replace(trial, raises=True, loss=prog.loss)
+            break
+        if verdict == "skip":
             continue
         prog, env = trial, trial_env
         if not rhs.startswith("STMT "):
