@@ -38,6 +38,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
+import re
 import threading
 import time
 
@@ -154,8 +155,25 @@ def executed(run, buffers: list, **args) -> list:
     return results
 
 
+#: What XLA names its work: thunks after their HLO instructions (lowercase: "dot.3",
+#: "broadcast_add_fusion", "wrapped_reduce-precision"), and its thunk executor.
+_XLA_WORK = re.compile(r"[a-z][\w.\-]*$|ThunkExecutor::")
+
+
+def _run_inline(events: list) -> list:
+    """XLA's work among a caller thread's events: the CPU client run synchronously
+    (``config.cpu_dispatch``) executes a program on the thread that called it, inside PJRT's
+    ``ExecuteHelper`` span, next to PJRT's own bookkeeping (buffer handling, Python reference
+    collection), which is not the device's work."""
+    spans = [(e.start_ns, e.start_ns + e.duration_ns) for e in events
+             if "ExecuteHelper" in e.name]
+    return [e for e in events if _XLA_WORK.match(e.name) and
+            any(begin <= e.start_ns <= end for begin, end in spans)]
+
+
 class DeviceEvents:
-    """XLA's own events (``jax.profiler``'s session: the PJRT client's execution threads) and
+    """XLA's own events (``jax.profiler``'s session: the PJRT client's execution threads, or
+    the calling thread where the CPU client runs programs there) and
     the device memory figures (``runtime/memory.py``: bytes of live PJRT buffers, at each
     allocation and free), recorded while the context is open, for ``merge_into`` a Chrome
     trace PyTorch exported. (``profile_memory=True`` also gets each buffer as a tpu
@@ -201,12 +219,12 @@ class DeviceEvents:
         found = []
         for plane in data.planes:
             for line in plane.lines:
+                events = [e for e in line.events
+                          if e.duration_ns > 0 and not e.name.startswith(self.SKIPPED)]
                 if not line.name.startswith("tf_XLA"):
-                    continue
-                for event in line.events:
-                    if event.duration_ns > 0 and not event.name.startswith(self.SKIPPED):
-                        found.append((line.name, event.name, start + event.start_ns,
-                                      event.duration_ns))
+                    events = _run_inline(events)
+                found += [(line.name, e.name, start + e.start_ns, e.duration_ns)
+                          for e in events]
         return found
 
     def merge_into(self, chrome_trace: str) -> int:
