@@ -7,17 +7,21 @@ with automatic dynamic shapes, torchtpu) runs:
 
 - three prompts of different lengths, 64 new tokens each, from a fresh compile cache: the total
   time, compiles included (what a user waits for the first time);
-- then the first prompt again (untimed: it may compile once more), then a few more times: the
-  steady time of one ``generate()``, reported as tokens per second in the notes;
+- then the first prompt again (untimed: it may compile once more);
+- the steady time of one ``generate()`` of the first prompt, reported as tokens per second in
+  the notes: the three contenders warmed up again side by side, then alternated round by round
+  (``alternating``), the median of the rounds, so that a drift in the machine's speed hits
+  them alike;
 - compile counts: Dynamo graphs for Inductor; for torchtpu, programs built in all and at most
   per graph (a bucket each, or an exact shape), and XLA compilations.
 
 Tokens are compared with eager's (greedy decoding is deterministic); a mismatch is noted.
 
-Each model runs in a fresh process with empty compile caches; within it, the contenders run one
-after the other (``torch._dynamo.reset()`` between them), so compare ratios with the others'
-CPU column in mind. Run one model by hand with
-``python bench/generation.py --child llama 64 3`` (model, new tokens, steady runs).
+Each model runs in a fresh process with empty compile caches. Within it, each contender's
+three prompts run from nothing compiled (``torch._dynamo.reset()`` before each: what Dynamo
+learned of another contender's shapes would spare it a recompile); the steady rounds follow.
+Run one model by hand with ``python bench/generation.py --child llama 64 8`` (model, new
+tokens, steady rounds).
 """
 from __future__ import annotations
 
@@ -74,48 +78,94 @@ def _compiles(stats: dict) -> tuple[int, int, int]:
     return sum(per_graph), max(per_graph), stats["graphs_compiled"]
 
 
-def _contender_run(model, contender: str, prompts: list, cache: str, new_tokens: int,
-                   steady_runs: int) -> dict:
-    """Compile ``model.forward`` for ``contender``, generate for each prompt (timed as one),
-    then time ``steady_runs`` more generations of the first prompt."""
+def alternating(names, rounds: int):
+    """Each name once per round, the order reversed every other round, so that a drift in the
+    machine's speed hits every contender alike.
+
+    Example::
+
+        for name in alternating(("eager", "inductor", "torchtpu"), 10):
+            time_one(name)
+    """
+    names = list(names)
+    for r in range(rounds):
+        yield from (names if r % 2 == 0 else reversed(names))
+
+
+def _generator(model, contender: str, kwargs: dict):
+    """A ``generate(prompt)`` with ``model.forward`` compiled for ``contender`` (its own
+    ``torch.compile`` wrapper, set on the model for the call only)."""
+    import torch
+    forward = model.forward if contender == "eager" else \
+        torch.compile(model.forward, backend=contender)
+
+    def generate(prompt):
+        model.__dict__["forward"] = forward
+        try:
+            return model.generate(**prompt, **kwargs)
+        finally:
+            model.__dict__.pop("forward", None)
+    return generate
+
+
+def _warm(generate, prompts: list) -> tuple[list, float]:
+    """The three prompts (timed as one: the tokens and the seconds), then the first prompt
+    again, untimed: it can still compile once (Dynamo tries the graph made dynamic by the later
+    prompts first; its bucket for this length is new)."""
+    start = time.perf_counter()
+    tokens = [generate(prompt) for prompt in prompts]
+    total = time.perf_counter() - start
+    generate(prompts[0])
+    return tokens, total
+
+
+def _first_runs(model, contender: str, prompts: list, kwargs: dict) -> dict:
+    """The contender's three prompts from nothing compiled in this process (Dynamo reset:
+    what it learned of the other contenders' shapes would spare this one a recompile), with
+    its compile counts."""
     import torch
     import torchtpu_compile
     from torch._dynamo.utils import counters
-
     torch._dynamo.reset()
     counters.clear()
     torchtpu_compile.reset_stats()
-    if contender != "eager":
-        model.forward = torch.compile(model.forward, backend=contender)
-    kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
-    if cache == "static":
-        kwargs["cache_implementation"] = "static"
-    try:
-        with torch.no_grad():
-            start = time.perf_counter()
-            tokens = [model.generate(**prompt, **kwargs) for prompt in prompts]
-            total = time.perf_counter() - start
-            # Untimed: the first prompt again can still compile once (Dynamo tries the graph
-            # made dynamic by the later prompts first; its bucket for this length is new).
-            model.generate(**prompts[0], **kwargs)
-            built = _compiles(torchtpu_compile.stats())[0]
-            steady = []
-            for _ in range(steady_runs):
-                start = time.perf_counter()
-                model.generate(**prompts[0], **kwargs)
-                steady.append(time.perf_counter() - start)
-    finally:
-        model.__dict__.pop("forward", None)
-    report = {"total": total, "steady": statistics.median(steady), "tokens": tokens}
+    tokens, total = _warm(_generator(model, contender, kwargs), prompts)
+    report = {"total": total, "tokens": tokens}
     if contender == "inductor":
         report["graphs"] = int(counters["stats"]["unique_graphs"])
     elif contender == "torchtpu":
         stats = torchtpu_compile.stats()
         report["compiles"], report["max_per_graph"], report["xla"] = _compiles(stats)
         report["graphs"] = len(stats["graphs"])
-        report["steady_compiles"] = report["compiles"] - built  # 0 unless a step recompiles
         report["exact_shape"] = stats["buckets"]["exact_shape_compiles"]
     return report
+
+
+def _steady(model, prompts: list, kwargs: dict, rounds: int) -> tuple[dict, int]:
+    """Median seconds of one ``generate()`` of the first prompt per contender, the contenders
+    warmed up again side by side and then alternated round by round; and the programs torchtpu
+    compiled during the timed rounds (0 unless a step recompiles)."""
+    import torch
+    import torchtpu_compile
+    torch._dynamo.reset()
+    limit = torch._dynamo.config.cache_size_limit
+    torch._dynamo.config.cache_size_limit = 64  # three backends' entries on one code object
+    try:
+        runs = {c: _generator(model, c, kwargs) for c in CONTENDERS}
+        for contender, generate in runs.items():
+            if contender == "torchtpu":
+                torchtpu_compile.reset_stats()
+            _warm(generate, prompts)
+        built = _compiles(torchtpu_compile.stats())[0]
+        times = {c: [] for c in CONTENDERS}
+        for contender in alternating(CONTENDERS, rounds):
+            start = time.perf_counter()
+            runs[contender](prompts[0])
+            times[contender].append(time.perf_counter() - start)
+    finally:
+        torch._dynamo.config.cache_size_limit = limit
+    steady_compiles = _compiles(torchtpu_compile.stats())[0] - built
+    return {c: statistics.median(t) for c, t in times.items()}, steady_compiles
 
 
 def _child(name: str, new_tokens: int, steady_runs: int) -> dict:
@@ -132,9 +182,16 @@ def _child(name: str, new_tokens: int, steady_runs: int) -> dict:
         prompts.append(dict(input_ids=ids, attention_mask=torch.ones_like(ids)))
     out = {}
     for cache in CACHES:
-        runs = {c: _contender_run(model, c, prompts, cache, new_tokens, steady_runs)
-                for c in CONTENDERS}
+        kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+        if cache == "static":
+            kwargs["cache_implementation"] = "static"
+        with torch.no_grad():
+            runs = {c: _first_runs(model, c, prompts, kwargs) for c in CONTENDERS}
+            steady, runs["torchtpu"]["steady_compiles"] = _steady(model, prompts, kwargs,
+                                                                  steady_runs)
         reference = runs["eager"].pop("tokens")
+        for contender in CONTENDERS:
+            runs[contender]["steady"] = steady[contender]
         for contender in ("inductor", "torchtpu"):
             tokens = runs[contender].pop("tokens")
             runs[contender]["same_tokens"] = all(torch.equal(a, b)
@@ -181,7 +238,7 @@ def bench_generation(quick: bool) -> list[dict]:
     new_tokens = QUICK_NEW_TOKENS if quick else NEW_TOKENS
     for name in QUICK_MODELS if quick else MODELS:
         with OtherLoad() as load:
-            report = _run_child(name, new_tokens, steady_runs=1 if quick else 3)
+            report = _run_child(name, new_tokens, steady_runs=1 if quick else 8)
         for cache in CACHES:
             rows += _rows(name, cache, report[cache], new_tokens, load.share)
     return rows

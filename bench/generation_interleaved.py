@@ -76,7 +76,7 @@ def main() -> None:
 
     import torch
     import torchtpu_compile
-    from generation import MODELS, NEW_TOKENS, PRECISION, PROMPT_LENGTHS
+    from generation import MODELS, NEW_TOKENS, PRECISION, PROMPT_LENGTHS, alternating
     torch._dynamo.config.cache_size_limit = 64  # two backends' entries on one code object
     torch.set_float32_matmul_precision(PRECISION)
     torchtpu_compile.config.matmul_precision = PRECISION
@@ -116,16 +116,15 @@ def main() -> None:
             if not all(torch.equal(a, b) for a, b in zip(tokens, reference)):
                 print(f"TOKENS DIFFER from eager's: {name}")
         wall, cpu, within = ({n: [] for n in runs} for _ in range(3))
-        for r in range(args.rounds):
-            for name in (list(runs) if r % 2 == 0 else list(reversed(runs))):
-                if args.undo_kept:
-                    _undo_kept(name == "torchtpu-undo-kept")
-                inside["t"] = 0.0
-                start, start_cpu = time.perf_counter(), time.thread_time()
-                runs[name](prompts[0])
-                wall[name].append(time.perf_counter() - start)
-                cpu[name].append(time.thread_time() - start_cpu)
-                within[name].append(inside["t"])
+        for name in alternating(runs, args.rounds):
+            if args.undo_kept:
+                _undo_kept(name == "torchtpu-undo-kept")
+            inside["t"] = 0.0
+            start, start_cpu = time.perf_counter(), time.thread_time()
+            runs[name](prompts[0])
+            wall[name].append(time.perf_counter() - start)
+            cpu[name].append(time.thread_time() - start_cpu)
+            within[name].append(inside["t"])
     med = {n: {k: statistics.median(v[n]) * 1e3 for k, v in
                (("wall", wall), ("cpu", cpu), ("inside", within))} for n in runs}
     print(f"{args.model}, {args.cache} cache, model state {args.model_state}, {args.rounds} "
