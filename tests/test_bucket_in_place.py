@@ -104,3 +104,46 @@ def test_kept_padding_of_a_shrinking_input_keeps_padding_zero(fresh_dynamo):
             for got, want in zip(compiled(x, w), f(x, w)):
                 torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
     assert torchtpu_compile.stats()["buckets"]["exact_shape_compiles"] == 0
+
+
+class _Uploads:
+    """The shapes of the host arrays ``runtime/transfer.py`` puts on the device (jaxlib's
+    ``batched_device_put``), while entered."""
+
+    def __init__(self, monkeypatch):
+        from torchtpu_compile.runtime import transfer
+        jax, shapes = transfer._jax, []
+        self.shapes = shapes
+
+        class Jax:  # jaxlib's module, but for the device put that records
+            def __getattr__(self, name):
+                return getattr(jax, name)
+
+            @staticmethod
+            def batched_device_put(aval, sharding, arrays, *rest, **kwargs):
+                shapes.append(tuple(arrays[0].shape))
+                return jax.batched_device_put(aval, sharding, arrays, *rest, **kwargs)
+
+        monkeypatch.setattr(transfer, "_jax", Jax())
+
+
+def test_kept_padding_of_a_growing_input_is_not_uploaded_again(fresh_dynamo, monkeypatch):
+    # A dynamic KV cache growing inside one bucket: every call copies it into the kept padded
+    # tensor, whose buffer (that tensor's own memory on the CPU client) serves the call; only
+    # the other inputs (the query, the real sizes) are uploaded.
+    def attend(cache, query):
+        return torch.softmax(query @ cache.transpose(1, 2), dim=-1) @ cache
+
+    compiled = torch.compile(attend, backend="torchtpu")
+    torch.manual_seed(0)
+    with torch.no_grad(), config.patch(matmul_precision="highest"):
+        for length in (3, 4, 5):  # Dynamo makes the length dynamic; the bucket is built
+            compiled(torch.randn(1, length, 4), torch.randn(1, 1, 4))
+        uploads = _Uploads(monkeypatch)
+        for length in (5, 6, 7):  # below the bucket's length: padded (at it, passed as it is)
+            cache, query = torch.randn(1, length, 4), torch.randn(1, 1, 4)
+            torch.testing.assert_close(compiled(cache, query), attend(cache, query),
+                                       rtol=1e-5, atol=1e-6)
+    graphs = torchtpu_compile.stats()["graphs"]
+    assert sum(g["compiles"] for g in graphs.values()) <= 3, graphs  # one bucket served them
+    assert uploads.shapes and set(uploads.shapes) <= {(1, 1, 4), ()}, set(uploads.shapes)

@@ -7,8 +7,8 @@ to the same bucket while it grows inside it. Making a new zero tensor each time,
 tiny model. Instead each input position keeps its padded tensor: the real elements are copied
 into it at every call (so every write to the input is seen), the padding stays zero (a call
 reuses it only when its real region holds the last one's), and the same tensor object comes
-back, so ``transfer.to_buffers`` finds a resident input's buffer (the tensor's own memory on
-the CPU client) and uploads nothing.
+back, and its buffer (the tensor's own memory on the CPU client) is kept for it
+(``transfer.keep_aliased``), so ``transfer.to_buffers`` finds it and uploads nothing.
 
 Only where no one else can see the kept tensor: host tensors (CPU, no grad), a program whose
 outputs are its results (no output handed back as an input or a view of one: ``handed_back``),
@@ -27,6 +27,7 @@ import threading
 
 import torch
 
+from ..runtime.transfer import keep_aliased
 from .layout import pad_with
 
 _Tensor = torch.Tensor
@@ -78,6 +79,7 @@ class KeptPadding:
                 self._kept.clear()
             out = tensor.new_zeros(padded)
             view = out.reshape(shape)
+            keep_aliased(view)  # its buffer then serves every call it is passed to
         out[region] = tensor.reshape(real)
         self._kept[key] = (padded, tensor.dtype, region, out, view)
         return view

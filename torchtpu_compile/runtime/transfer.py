@@ -268,6 +268,28 @@ def to_buffer(tensor: torch.Tensor, resident: bool = False, client=None):
     return buf
 
 
+
+def keep_aliased(tensor: torch.Tensor, client=None) -> bool:
+    """Keep the buffer that aliases host tensor ``tensor``'s memory, as a resident input's is
+    kept, so that every later call it is passed to, at any position, finds it instead of
+    uploading (``to_buffers``); whether it was kept. Only where the buffer is the tensor's own
+    memory (the CPU client, 64-byte aligned: ``aliases``), which sees every write to it: for a
+    tensor rewritten in place and passed again call after call (a bucket's kept padding).
+
+    Example::
+
+        padded = torch.zeros(1, 2, 64, 32)
+        keep_aliased(padded)       # True on the CPU client
+    """
+    client = client or get_client()
+    if client.platform != "cpu" or type(tensor) is not _Tensor or not tensor.is_cpu \
+            or tensor.requires_grad or tensor.data_ptr() % _ALIGNMENT \
+            or not tensor.is_contiguous():
+        return False
+    to_buffer(tensor, True, client)
+    return True
+
+
 _storage_use_count = torch._C._storage_Use_Count
 
 
@@ -334,7 +356,8 @@ def to_buffers(tensors: list, plan, client) -> tuple[list, int, int]:
     with the call).
 
     The steady path of every compiled call, in one loop and no call per input: a resident
-    weight is a lookup, a plain host tensor (CPU, contiguous, no grad, a dtype numpy views)
+    weight (or any tensor whose aliasing buffer is kept: ``keep_aliased``) is a lookup, a plain
+    host tensor (CPU, contiguous, no grad, a dtype numpy views)
     one numpy view and one device put; anything else goes through ``to_buffer``.
 
     Example::
@@ -357,13 +380,14 @@ def to_buffers(tensors: list, plan, client) -> tuple[list, int, int]:
         elif cls is not _Tensor:  # a device's own tensors, subclasses: the general path
             buffers.append(to_buffer(tensor, resident, client))
             continue
-        if resident:
-            entry = _resident.get(id(tensor))
-            if entry is not None and entry[0]() is tensor and entry[1] == (
-                    tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype):
-                buffers.append(entry[2])
-            else:
-                buffers.append(to_buffer(tensor, True, client))
+        # A kept buffer serves wherever its tensor is passed (a resident input's, or one
+        # keep_aliased registered), while the tensor keeps that memory and layout.
+        entry = _resident.get(id(tensor))
+        if entry is not None and entry[0]() is tensor and entry[1] == (
+                tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype):
+            buffers.append(entry[2])
+        elif resident:
+            buffers.append(to_buffer(tensor, True, client))
         elif tensor.is_cpu and not tensor.requires_grad and tensor.dtype in _NUMPY_VIEWABLE \
                 and tensor.is_contiguous() and not profiled:
             array = tensor.numpy()
