@@ -168,7 +168,7 @@ def _steady(model, prompts: list, kwargs: dict, rounds: int) -> tuple[dict, int]
     return {c: statistics.median(t) for c, t in times.items()}, steady_compiles
 
 
-def _child(name: str, new_tokens: int, steady_runs: int) -> dict:
+def _child(name: str, new_tokens: int, rounds: int) -> dict:
     import torch
     import torchtpu_compile
     sys.path.insert(0, os.path.dirname(HERE))
@@ -188,7 +188,7 @@ def _child(name: str, new_tokens: int, steady_runs: int) -> dict:
         with torch.no_grad():
             runs = {c: _first_runs(model, c, prompts, kwargs) for c in CONTENDERS}
             steady, runs["torchtpu"]["steady_compiles"] = _steady(model, prompts, kwargs,
-                                                                  steady_runs)
+                                                                  rounds)
         reference = runs["eager"].pop("tokens")
         for contender in CONTENDERS:
             runs[contender]["steady"] = steady[contender]
@@ -200,8 +200,8 @@ def _child(name: str, new_tokens: int, steady_runs: int) -> dict:
     return out
 
 
-def _run_child(name: str, new_tokens: int, steady_runs: int) -> dict:
-    return run_fresh_child(__file__, name, name, new_tokens, steady_runs)
+def _run_child(name: str, new_tokens: int, rounds: int) -> dict:
+    return run_fresh_child(__file__, name, name, new_tokens, rounds)
 
 
 def _rows(name: str, cache: str, runs: dict, new_tokens: int, others_cpu) -> list[dict]:
@@ -233,12 +233,12 @@ def _rows(name: str, cache: str, runs: dict, new_tokens: int, others_cpu) -> lis
 
 def bench_generation(quick: bool) -> list[dict]:
     """Rows for run_all.py: steady generate() and 3 prompts incl. compiles, per model and
-    cache (with --quick: the tiny Llama alone, 16 new tokens, one steady run)."""
+    cache (with --quick: the tiny Llama alone, 16 new tokens, one steady round)."""
     rows = []
     new_tokens = QUICK_NEW_TOKENS if quick else NEW_TOKENS
     for name in QUICK_MODELS if quick else MODELS:
         with OtherLoad() as load:
-            report = _run_child(name, new_tokens, steady_runs=1 if quick else 8)
+            report = _run_child(name, new_tokens, rounds=1 if quick else 8)
         for cache in CACHES:
             rows += _rows(name, cache, report[cache], new_tokens, load.share)
     return rows

@@ -268,7 +268,6 @@ def to_buffer(tensor: torch.Tensor, resident: bool = False, client=None):
     return buf
 
 
-
 def keep_aliased(tensor: torch.Tensor, client=None) -> bool:
     """Keep the buffer that aliases host tensor ``tensor``'s memory, as a resident input's is
     kept, so that every later call it is passed to, at any position, finds it instead of
@@ -287,7 +286,7 @@ def keep_aliased(tensor: torch.Tensor, client=None) -> bool:
             or not tensor.is_contiguous():
         return False
     to_buffer(tensor, True, client)
-    return True
+    return id(tensor) in _resident  # to_buffer keeps only a buffer that aliases
 
 
 _storage_use_count = torch._C._storage_Use_Count
