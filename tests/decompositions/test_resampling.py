@@ -133,35 +133,53 @@ def test_float64_upsampling_backward_has_float64_weights(op):
     check_on_both_paths(backward, *grads, rtol=1e-12, atol=1e-12)
 
 
-def test_antialiased_upsampling_runs_through_xla():
+ANTIALIASED_SIZES = (dict(scale_factor=0.5), dict(size=(5, 20)), dict(size=(1, 1)))
+
+
+def check_antialiased_upsampling(modes=("bilinear", "bicubic"), sizes=ANTIALIASED_SIZES):
     # interpolate(antialias=True) (torchvision's Resize on tensors) ran on the host on both
     # paths. Down and up, scales and sizes, both corner conventions; strict: no fallback.
     x = randn(2, 3, 16, 9)
     calls = [dict(mode=mode, align_corners=corners, **size)
-             for mode in ("bilinear", "bicubic") for corners in (False, True)
-             for size in (dict(scale_factor=0.5), dict(size=(5, 20)), dict(size=(1, 1)))]
+             for mode in modes for corners in (False, True)
+             for size in sizes]
 
     def interpolate(x):
         return [torch.nn.functional.interpolate(x, antialias=True, **kw) for kw in calls]
     check_on_both_paths(interpolate, x, rtol=1e-4, atol=1e-5)  # eager sums in another order
 
 
-def test_antialiased_upsampling_backward_runs_through_xla():
+def test_antialiased_upsampling_runs_through_xla():
+    # bilinear (torchvision's default) to a size that is down in rows and up in columns;
+    # bicubic, scales and the size of one in tests/slow/test_resampling_full.py
+    check_antialiased_upsampling(modes=("bilinear",), sizes=ANTIALIASED_SIZES[1:2])
+
+
+ANTIALIASED_BACKWARD_SIZES = [([16, 3], [8, 3], None), ([16, 9], [5, 20], None),
+                              ([7, 9], [1, 1], None), ([16, 9], [8, 4], (0.5, 0.5))]
+
+
+def check_antialiased_upsampling_backward(modes=("bilinear", "bicubic"),
+                                          sizes=ANTIALIASED_BACKWARD_SIZES):
     # _upsample_*2d_aa_backward ran on the host on both paths. Down (16 -> 8 rows with
     # align_corners once summed into the wrong rows), up, to one, by a scale; strict.
-    aten = torch.ops.aten
-    sizes = [([16, 3], [8, 3], None), ([16, 9], [5, 20], None), ([7, 9], [1, 1], None),
-             ([16, 9], [8, 4], (0.5, 0.5))]
+    ops = [getattr(aten, f"_upsample_{mode}2d_aa_backward").default for mode in modes]
 
     def backward(*grads):
         return [op(g, out, [2, 3, *size], corners, *(scales or (None, None)))
-                for op in (aten._upsample_bilinear2d_aa_backward.default,
-                           aten._upsample_bicubic2d_aa_backward.default)
+                for op in ops
                 for corners in (False, True)
                 for g, (size, out, scales) in zip(grads, sizes)
                 if not (corners and scales)]  # align_corners takes no scale
     grads = [randn(2, 3, *out, seed=k) for k, (_, out, _) in enumerate(sizes)]
     check_on_both_paths(backward, *grads, rtol=1e-4, atol=1e-5)  # eager sums in another order
+
+
+def test_antialiased_upsampling_backward_runs_through_xla():
+    # The rows case that once summed into the wrong rows, and a scale, bilinear; every mode
+    # and size in tests/slow/test_resampling_full.py
+    check_antialiased_upsampling_backward(
+        modes=("bilinear",), sizes=[ANTIALIASED_BACKWARD_SIZES[0], ANTIALIASED_BACKWARD_SIZES[3]])
 
 
 # --- grid sampling ---------------------------------------------------------------------------

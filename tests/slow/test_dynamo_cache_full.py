@@ -1,5 +1,6 @@
 """The Dynamo-level cache, the rest of its safety checks (each a fresh process over a filled
-cache): a changed module global, a changed input dtype, a damaged entry."""
+cache): a changed module global, a changed input dtype, a damaged entry, another tensor method
+held by a module."""
 import shutil
 
 import pytest
@@ -30,3 +31,7 @@ def test_a_corrupted_entry_is_discarded_and_traced_again(filled, tmp_path):
     assert result["dynamo"]["corrupt"] == 1 and result["dynamo"]["frames_loaded"] == 0
     assert result["traced"] >= 1
     fast.check_correct(result)
+
+
+def test_a_frame_holding_another_tensor_method_in_a_module_misses(tmp_path):
+    fast.check_frame_holding_another_tensor_method_misses(tmp_path, "module")
