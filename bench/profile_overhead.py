@@ -216,7 +216,10 @@ def eager_op_stages() -> None:
     key, tensors = dispatch.signature(add, (x, 1), {})
     fast = dispatch._ops[key].fast
     assert fast, "x + 1 did not get a fast plan"
-    values = dispatch._input_values(tensors)
+    values, folded = dispatch._input_values(tensors)
+    assert folded is None, "x is a dense tensor: no read folds into the op"
+    if fast.indices is not None:  # the inputs the program takes (the scalar is baked in)
+        values = [values[i] for i in fast.indices]
     out = fast.run(values)[0]
     shape, dtype, numel, strides = fast.results[0]
 
@@ -236,6 +239,7 @@ def eager_op_stages() -> None:
         "tpu strict x + 1 (whole op)": lambda: x + 1,
         "  __torch_dispatch__ entry, returns at once": lambda: entry_only + 1,
         "  signature() lookup": lambda: dispatch.signature(add, (x, 1), {}),
+        "  input values": lambda: dispatch._input_values(tensors),
         "  execute + memory bookkeeping": lambda: fast.run(values),
         "  new wrapper tensor + Storage": lambda: dense_tensor(Storage(out, shape, dtype, numel),
                                                                shape, strides),
