@@ -358,30 +358,6 @@ def test_a_loaded_frame_counts_as_seen_for_automatic_dynamic(fresh_step):
         assert counts["bytes_written"] == 0, (process, counts)  # no static frame at 5
 
 
-def test_turned_on_in_code_after_the_backend_was_imported(tmp_path):
-    # The cache hooked into Dynamo only if it was on when the backend was first imported:
-    # a process that started with it off (TORCHTPU_DYNAMO_CACHE=0, or a test fixture) and
-    # turned it on in code later saved nothing, silently.
-    (tmp_path / "turned_on_step.py").write_text("def step(x):\n    return x * 2 + 1\n")
-    code = textwrap.dedent(f"""\
-        import json, sys, torch, torchtpu_compile
-        import torchtpu_compile.backend
-        torchtpu_compile.config.dynamo_cache = True
-        sys.path.insert(0, {str(tmp_path)!r})
-        from turned_on_step import step
-        torch.compile(step, backend="torchtpu")(torch.ones(3))
-        print(json.dumps(torchtpu_compile.stats()["caches"]["dynamo"]["all"]))
-    """)
-    env = dict(os.environ, TORCHTPU_CACHE_DIR=str(tmp_path / "cache"),
-               TORCHTPU_DYNAMO_CACHE="0", PYTHONDONTWRITEBYTECODE="1")
-    env.pop("TORCHTPU_REMOTE_CACHE", None)
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    counts = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert counts["bytes_written"] > 0, counts
-
-
 def test_a_warm_load_leaves_torchs_generator_as_manual_seed_set_it(tmp_path):
     # Building a graph's program drew its device-random keys once as an example value, from
     # torch's default generator. Dynamo restores the generator around a frame it traces, so a
@@ -401,19 +377,6 @@ def test_a_warm_load_leaves_torchs_generator_as_manual_seed_set_it(tmp_path):
         assert 0.6 < kept.numel() / 1000 < 0.8
 
 
-RESET_SCRIPT = textwrap.dedent("""\
-    import json, torch, torchtpu_compile
-    f = lambda x: (x.sin() * 3).sum(-1)
-    x = torch.randn(4, 4)
-    torch.compile(f, backend="torchtpu")(x)
-    torch._dynamo.reset()
-    torchtpu_compile.reset_stats()
-    out = torch.compile(f, backend="torchtpu")(x)
-    print(json.dumps({"hits": torchtpu_compile.stats()["cache_hits"],
-                      "diff": (out - f(x)).abs().max().item()}))
-""")
-
-
 def _script_output(tmp_path, name: str, source: str, *args: str) -> str:
     """The last line ``source``, saved as a file (Dynamo's cache needs the source), prints in a
     process of its own over ``tmp_path``'s cache dir, with the caches at their defaults."""
@@ -426,16 +389,6 @@ def _script_output(tmp_path, name: str, source: str, *args: str) -> str:
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout.strip().splitlines()[-1]
-
-
-def test_an_entry_refused_for_a_taken_name_loads_no_graph(tmp_path):
-    # A warm process loads a frame's entry, which installs the graph's global; after
-    # torch._dynamo.reset() the entry is refused because that name is taken. The refusal came
-    # after the graph was loaded (aot_autograd entry, lowering, executable), which then went
-    # unused: two executable lookups for one graph.
-    for process in ("cold", "warm"):
-        result = json.loads(_script_output(tmp_path, "reset_script.py", RESET_SCRIPT))
-        assert result["hits"] == 1 and result["diff"] <= 1e-5, (process, result)
 
 
 OPTIONS_SCRIPT = textwrap.dedent("""\
