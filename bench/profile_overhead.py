@@ -18,8 +18,8 @@ Not part of run_all: a diagnostic for work on the runtime path (program/run.py, 
    (Dynamo's and aot_autograd's share), and a PJRT execute alone and interleaved with other
    work: where the compiled call's time beyond "stub + runner" goes (below);
 4. one eager tpu op in strict mode (``x + 1``) by stage, main-thread CPU: PyTorch's entry
-   into ``__torch_dispatch__``, our signature lookup, the execute with its memory bookkeeping,
-   the new wrapper tensor, against the whole op and CPU eager;
+   into ``__torch_dispatch__``, our signature lookup, the input values, the execute with its
+   memory bookkeeping, the new wrapper tensor, against the whole op and CPU eager;
 5. the top of a cProfile of 2000 compiled calls (cProfile inflates Python-heavy stages).
 
 What 3 showed (2026-12-02, load 8-14, medians of 7 rounds of 3000 calls): Inductor 21-28 us,
@@ -200,8 +200,9 @@ def main() -> None:
 def eager_op_stages() -> None:
     """One eager tpu op in strict mode (``x + 1``, the per-op fast path) broken into stages,
     in main-thread CPU per op: PyTorch's entry into ``__torch_dispatch__`` (a wrapper subclass
-    that returns a tensor it holds), a new wrapper tensor, our signature lookup, the execute
-    with its memory bookkeeping, and the whole op; with CPU eager as the reference."""
+    that returns a tensor it holds), a new wrapper tensor, our signature lookup, the input
+    values, the execute with its memory bookkeeping, and the whole op; with CPU eager as the
+    reference."""
     import torchtpu_eager  # noqa: F401  (the tpu device)
     from torchtpu_eager import dispatch
     from torchtpu_eager.storage import Storage
