@@ -99,6 +99,53 @@ def test_scatter_reduce_every_reduction():
     torch.testing.assert_close(out, x.scatter_reduce(0, index, src, "amax"))
 
 
+def test_scatter_of_one_entry_per_row_matches_eager():
+    # One index per row along dim (a one-hot) is a compare and a select; other indices stay a
+    # scatter. A float value into integers is cast, as scatter does.
+    def scatters(x, src, y, rows, cols, pairs, deep):
+        return [x.scatter(1, rows, -1.0), x.scatter(-1, rows, src), x.scatter(0, cols, src),
+                x.scatter(1, pairs[:, :1], 2.5), x.scatter(1, pairs, src),  # pairs: not one
+                torch.zeros_like(rows).expand(4, 6).scatter(1, rows, 2.7),
+                y.scatter(2, deep, 7.0)]
+    check_on_both_paths(scatters, randn(4, 6), randn(4, 6, seed=1), randn(2, 3, 5, seed=2),
+                        torch.tensor([[5], [0], [2], [5]]), torch.tensor([[3, 0, 2, 1, 2, 0]]),
+                        torch.tensor([[1, 2], [0, 3], [3, 4], [5, 0]]),
+                        torch.tensor([[[4], [0], [1]], [[2], [3], [4]]]))
+
+
+def test_scatter_of_one_entry_per_row_out_of_range_raises_as_eager():
+    x, index = torch.zeros(2, 4), torch.tensor([[1], [4]])
+    with pytest.raises(RuntimeError) as expected:
+        x.scatter(1, index, 1.0)
+    with pytest.raises(type(expected.value), match="out of bounds"):
+        compile_tpu(lambda x, i: x.scatter(1, i, 1.0))(x, index)
+
+
+def test_cross_entropy_backward_is_a_select_not_a_scatter():
+    # nll_loss's backward wrote its one-hot by scatter, which XLA keeps as a (tokens x
+    # vocabulary) buffer of its own; a select fuses into what reads it.
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torchtpu_compile.lower.decompositions import decomposition_table
+
+    def loss_grad(logits, target):
+        return torch.autograd.grad(F.cross_entropy(logits, target), logits)
+
+    logits = randn(8, 11).requires_grad_()
+    graph = make_fx(loss_grad, decomposition_table=decomposition_table())(
+        logits, torch.tensor([3, 0, 10, 2, 2, 7, 1, 4]))
+    targets = {node.target for node in graph.graph.nodes if node.op == "call_function"}
+    assert not targets & {aten.scatter.value, aten.scatter.src}, targets
+    target = torch.tensor([3, 0, 10, 2, 2, 7, 1, -100])  # the last ignored
+    grads = []
+    for run in (compile_tpu(F.cross_entropy), F.cross_entropy):
+        x = logits.detach().requires_grad_()
+        with config.patch(strict=True):
+            run(x, target).backward()
+        grads.append(x.grad)
+    torch.testing.assert_close(*grads)
+
+
 def test_scatter_with_add_and_multiply():
     x, src = randn(4, 5), randn(3, 6, seed=1)
     index = torch.tensor([[0, 1, 3, 0, 1], [0, 0, 3, 2, 1], [2, 0, 0, 0, 1]])

@@ -395,6 +395,31 @@ def scatter_add(self, dim, index, src):
     return self.to(compute).scatter_add(dim, index, src.to(compute)).to(self.dtype)
 
 
+@decomposition(aten.scatter.value, aten.scatter.src)
+def scatter_one_per_row(self, dim, index, src):
+    # An index with one entry per row along ``dim`` and self's extent elsewhere (a one-hot:
+    # nll_loss's backward, so every language model's cross entropy) writes where the row's
+    # position equals its index: a compare and a select, which XLA fuses into what reads the
+    # result. As a scatter, the (tokens x vocabulary) result was a buffer of its own in every
+    # training step's backward (200 MB of GPT-2's batch of 4 x 256); the log-softmax
+    # backward's sum of it is fx_passes.sum_of_one_hot_product's. An index out of range
+    # writes nothing, as XLA's scatter (its check is index_checks.py's, made before).
+    rank = self.dim()
+    if rank == 0 or index.dim() != rank:
+        return NotImplemented
+    dim = dim % rank
+    if not guard_or_false(index.shape[dim] == 1) or not all(
+            guard_or_false(index.shape[d] == self.shape[d]) for d in range(rank) if d != dim):
+        return NotImplemented
+    if isinstance(src, torch.Tensor):
+        src = src[tuple(slice(0, size) for size in index.shape)]
+    else:  # scatter casts the value to self's dtype
+        src = torch.scalar_tensor(src, dtype=self.dtype, device=self.device)
+    positions = torch.arange(self.shape[dim], device=self.device)
+    positions = positions.reshape([-1 if d == dim else 1 for d in range(rank)])
+    return torch.where(positions == index, src, self)
+
+
 @decomposition(aten.scatter.reduce, aten.scatter.value_reduce)
 def scatter_with_reduce(self, dim, index, src, reduce):
     # The older spelling of scatter_reduce ("add", "multiply"), also unlowered.
