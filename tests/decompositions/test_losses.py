@@ -10,6 +10,7 @@ from tests.support.helpers import compile_tpu
 from torchtpu_compile import config
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
+aten = torch.ops.aten
 
 F = torch.nn.functional
 # Rows whose labels end before the last slot (the -1), and a 1-D input.
@@ -44,3 +45,60 @@ def test_multilabel_margin_loss_of_a_0d_input(reduction):
         return F.multilabel_margin_loss(x, t, reduction=reduction)
     for target in (torch.tensor(0), torch.tensor(-1)):
         check_on_both_paths(loss, torch.tensor(0.7), target)
+
+
+def _one_hot_sum(value, scale, index):
+    # The shape of the log-softmax backward's sum of nll_loss's gradient along the classes.
+    positions = torch.arange(5).view(1, -1)
+    one_hot = torch.where(positions == index, value, torch.zeros(4, 5))
+    return (one_hot * scale).sum(1, keepdim=True)
+
+
+def test_a_sum_of_a_one_hot_product_sums_nothing_and_is_eagers():
+    # fx_passes.sum_of_one_hot_product: no (tokens x classes) reduction is left, and the sum is
+    # eager's to the bit, signed zeros, infinities and NaN included: scales 0, -0, inf, NaN
+    # and a plain one; an index out of range (no match: the zeros alone).
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torchtpu_compile.lower import fx_passes
+
+    value = torch.tensor([[-1.0], [2.0], [float("inf")], [-0.0]])
+    index = torch.tensor([[3], [0], [4], [7]])
+    for scale in ([[0.0], [-0.0], [1.5], [-0.0]], [[float("inf")], [float("nan")], [-0.0], [2.0]],
+                  [[-0.0], [0.0], [0.0], [float("-inf")]]):
+        scale = torch.tensor(scale)
+        gm = make_fx(_one_hot_sum, tracing_mode="fake")(value, scale, index)
+        fx_passes.normalize(gm)
+        assert aten.sum.dim_IntList not in {n.target for n in gm.graph.nodes}, gm.graph
+        expected = _one_hot_sum(value, scale, index)
+        for got in (gm(value, scale, index), compile_tpu(_one_hot_sum)(value, scale, index)):
+            torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True)
+            assert torch.equal(got.signbit(), expected.signbit()), (got, expected)
+
+
+@pytest.mark.parametrize("case", ["mean", "sum", "none", "weighted", "smoothed", "3d"])
+def test_cross_entropy_gradients_are_eagers(case):
+    # Each reduction, class weights and label smoothing (the graphs the pass above meets in a
+    # language model's loss, and around it), ignored positions in every one.
+    kwargs = {"weighted": {"weight": torch.rand(7) + 0.5}, "smoothed": {"label_smoothing": 0.1},
+              "none": {"reduction": "none"}, "sum": {"reduction": "sum"}}.get(case, {})
+    shape = (3, 7, 4) if case == "3d" else (6, 7)
+    logits = randn(*shape)
+    target = torch.randint(0, 7, shape[:1] + shape[2:], generator=torch.Generator().manual_seed(1))
+    target.view(-1)[::3] = -100
+
+    def grads(x):
+        x = x.detach().requires_grad_()
+        loss = F.cross_entropy(x, target, **kwargs)
+        loss.sum().backward()
+        return loss, x.grad
+
+    with config.patch(strict=True, matmul_precision="highest"):
+        compiled = torch.compile(lambda x: F.cross_entropy(x, target, **kwargs),
+                                 backend="torchtpu")
+        x = logits.clone().requires_grad_()
+        loss = compiled(x)
+        loss.sum().backward()
+    expected_loss, expected_grad = grads(logits)
+    torch.testing.assert_close(loss, expected_loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(x.grad, expected_grad, rtol=1e-5, atol=1e-6)

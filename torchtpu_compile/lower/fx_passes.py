@@ -1,6 +1,7 @@
 """Graph rewrites applied before lowering, one registered function each.
 
-They work around gaps of the FX importer on valid graphs, in place, without changing results.
+They work around gaps of the FX importer on valid graphs, or spare XLA work it would not spare
+itself, in place, without changing results.
 """
 from __future__ import annotations
 
@@ -48,6 +49,116 @@ def _normalized_bound(value, size: int):
     if value < 0:
         value += size
     return min(max(value, 0), size)
+
+
+_ZERO_FILLS = {aten.full_like.default: 1, aten.full.default: 1, aten.zeros_like.default: None,
+               aten.zeros.default: None, aten.scalar_tensor.default: 0}
+
+
+def _is_zeros(node) -> bool:
+    if not isinstance(node, fx.Node) or node.op != "call_function" or \
+            node.target not in _ZERO_FILLS:
+        return False
+    at = _ZERO_FILLS[node.target]
+    return at is None or (len(node.args) > at and node.args[at] == 0)
+
+
+def _positions_along(node, dim: int, size: int) -> bool:
+    """Whether ``node`` is arange(size) viewed along ``dim`` (size there, 1 elsewhere)."""
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    if not isinstance(val, torch.Tensor) or val.shape[dim] != size or \
+            any(s != 1 for d, s in enumerate(val.shape) if d != dim):
+        return False
+    while node.op == "call_function" and node.target in (aten.view.default,
+                                                         aten.reshape.default,
+                                                         aten.unsqueeze.default):
+        node = node.args[0]
+    if node.op != "call_function":
+        return False
+    if node.target is aten.arange.default:
+        return node.args[0] == size
+    if node.target is aten.arange.start:
+        return node.args[:2] == (0, size)
+    return node.target is aten.arange.start_step and tuple(node.args) in (
+        (0, size), (0, size, 1))
+
+
+def _one_hot_product(node: fx.Node):
+    """(index, value, scale, dim, size) where ``node`` is ``sum(where(positions == index,
+    value, 0) * scale, [dim], keepdim=True)``, positions being arange(size) along ``dim`` (a
+    one-hot times what is constant along it), all of one float dtype; None otherwise."""
+    if node.target is not aten.sum.dim_IntList or node.kwargs or len(node.args) != 3 or \
+            node.args[2] is not True or len(node.args[1]) != 1:
+        return None
+    product = node.args[0]
+    if not isinstance(product, fx.Node) or product.target is not aten.mul.Tensor:
+        return None
+    val = product.meta.get("val")
+    if not isinstance(val, torch.Tensor) or not val.is_floating_point() or val.dim() < 1:
+        return None
+    dim = node.args[1][0] % val.dim()
+    size = val.shape[dim]
+    for one_hot, scale in (product.args, product.args[::-1]):
+        if not isinstance(one_hot, fx.Node) or one_hot.target is not aten.where.self or \
+                not isinstance(scale, fx.Node):
+            continue
+        mask, value, zeros = one_hot.args
+        if not _is_zeros(zeros) or not isinstance(value, fx.Node) or \
+                not isinstance(mask, fx.Node) or mask.target is not aten.eq.Tensor:
+            continue
+        vals = [n.meta.get("val") for n in (value, zeros, scale)]
+        if not all(isinstance(v, torch.Tensor) and v.dtype == val.dtype and (
+                v.dim() == 0 or (v.dim() == val.dim() and v.shape[dim] == 1))
+                for v in (vals[0], vals[2])) or vals[1].dtype != val.dtype:
+            continue
+        for positions, index in (mask.args, mask.args[::-1]):
+            index_val = index.meta.get("val") if isinstance(index, fx.Node) else None
+            if isinstance(index_val, torch.Tensor) and index_val.dim() == val.dim() and \
+                    index_val.shape[dim] == 1 and _positions_along(positions, dim, size):
+                return index, value, scale, dim, size
+    return None
+
+
+def _added(graph: fx.Graph, target, *args) -> fx.Node:
+    """A call of ``target`` inserted in ``graph``, its value's metadata computed."""
+    new = graph.call_function(target, args)
+    new.meta = {"val": target(*[a.meta["val"] if isinstance(a, fx.Node) else a for a in args])}
+    return new
+
+
+@fx_pass
+def sum_of_one_hot_product(gm):
+    # First, before other rewrites widen the one-hot's branches to its shape. The
+    # log-softmax backward sums nll_loss's gradient along the classes: a one-hot (the
+    # scatter decomposition's select) times a per-row scale. XLA computes that select over
+    # every (token, class) and, on the CPU client, writes it out whole for its library
+    # reduction: a (tokens x vocabulary) buffer in every language model's training step.
+    # The row's one match makes the sum value * scale, plus the row's zeros times the scale
+    # (a NaN or infinite scale makes the sum NaN), a zero sum being +0 (a sum starts there);
+    # no match (an index out of range) sums the zeros alone.
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function":
+            continue
+        parts = _one_hot_product(node)
+        if parts is None:
+            continue
+        index, value, scale, dim, size = parts
+        graph = gm.graph
+        with graph.inserting_before(node):
+            inside = _added(graph, aten.logical_and.default,
+                            _added(graph, aten.ge.Scalar, index, 0),
+                            _added(graph, aten.lt.Scalar, index, size))
+            zeros = _added(graph, aten.mul.Tensor, scale, 0.0)
+            match = _added(graph, aten.mul.Tensor, value, scale)
+            if size > 1:
+                match = _added(graph, aten.add.Tensor, match, zeros)
+            total = _added(graph, aten.where.self, inside, match, zeros)
+            # a zero sum is +0, whatever its terms' signs (not total + 0.0: XLA folds it)
+            total = _added(graph, aten.where.self, _added(graph, aten.eq.Scalar, total, 0),
+                           _added(graph, aten.zeros_like.default, total), total)
+            total = _added(graph, aten.expand.default, total, list(node.meta["val"].shape))
+        node.replace_all_uses_with(total)
+        graph.erase_node(node)
 
 
 @fx_pass
