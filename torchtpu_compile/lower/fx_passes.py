@@ -91,7 +91,8 @@ def _one_hot_product(node: fx.Node):
             node.args[2] is not True or len(node.args[1]) != 1:
         return None
     product = node.args[0]
-    if not isinstance(product, fx.Node) or product.target is not aten.mul.Tensor:
+    if not isinstance(product, fx.Node) or product.target is not aten.mul.Tensor or \
+            not isinstance(node.meta.get("val"), torch.Tensor):
         return None
     val = product.meta.get("val")
     if not isinstance(val, torch.Tensor) or not val.is_floating_point() or val.dim() < 1:
@@ -109,7 +110,8 @@ def _one_hot_product(node: fx.Node):
         vals = [n.meta.get("val") for n in (value, zeros, scale)]
         if not all(isinstance(v, torch.Tensor) and v.dtype == val.dtype and (
                 v.dim() == 0 or (v.dim() == val.dim() and v.shape[dim] == 1))
-                for v in (vals[0], vals[2])) or vals[1].dtype != val.dtype:
+                for v in (vals[0], vals[2])) or not isinstance(vals[1], torch.Tensor) or \
+                vals[1].dtype != val.dtype:
             continue
         for positions, index in (mask.args, mask.args[::-1]):
             index_val = index.meta.get("val") if isinstance(index, fx.Node) else None
