@@ -102,3 +102,20 @@ def test_cross_entropy_gradients_are_eagers(case):
     expected_loss, expected_grad = grads(logits)
     torch.testing.assert_close(loss, expected_loss, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(x.grad, expected_grad, rtol=1e-5, atol=1e-6)
+
+
+def test_a_one_hot_sum_whose_nodes_carry_no_values_is_left_as_it_is():
+    # Graphs another pass made may lack a node's value metadata: the rewrite cannot check
+    # dtypes and shapes there, so it leaves the sum (it raised AttributeError).
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torchtpu_compile.lower import fx_passes
+
+    args = (torch.tensor([[-1.0]] * 4), randn(4, 1), torch.tensor([[3], [0], [4], [1]]))
+    gm = make_fx(_one_hot_sum, tracing_mode="fake")(*args)
+    for node in gm.graph.nodes:
+        if node.target is aten.zeros.default:
+            del node.meta["val"]
+    fx_passes.normalize(gm)
+    assert aten.sum.dim_IntList in {n.target for n in gm.graph.nodes}
+    torch.testing.assert_close(gm(*args), _one_hot_sum(*args), rtol=0, atol=0)
