@@ -51,16 +51,24 @@ def _normalized_bound(value, size: int):
     return min(max(value, 0), size)
 
 
-_ZERO_FILLS = {aten.full_like.default: 1, aten.full.default: 1, aten.zeros_like.default: None,
-               aten.zeros.default: None, aten.scalar_tensor.default: 0}
+#: Factories of one value, with where that value is: a number, or the argument at an index.
+_FILL_OF = {
+    aten.full.default: 1, aten.full_like.default: 1, aten.new_full.default: 2,
+    aten.scalar_tensor.default: 0, aten.zeros.default: 0.0, aten.zeros_like.default: 0.0,
+    aten.new_zeros.default: 0.0, aten.ones.default: 1.0, aten.ones_like.default: 1.0,
+    aten.new_ones.default: 1.0}
 
 
 def _is_zeros(node) -> bool:
     if not isinstance(node, fx.Node) or node.op != "call_function" or \
-            node.target not in _ZERO_FILLS:
+            node.target not in _FILL_OF:
         return False
-    at = _ZERO_FILLS[node.target]
-    return at is None or (len(node.args) > at and node.args[at] == 0)
+    where = _FILL_OF[node.target]
+    if isinstance(where, int):  # the argument at that index
+        if len(node.args) <= where or isinstance(node.args[where], fx.Node):
+            return False
+        where = node.args[where]
+    return where == 0
 
 
 def _positions_along(node, dim: int, size: int) -> bool:
@@ -138,14 +146,14 @@ def sum_of_one_hot_product(gm):
     # The row's one match makes the sum value * scale, plus the row's zeros times the scale
     # (a NaN or infinite scale makes the sum NaN), a zero sum being +0 (a sum starts there);
     # no match (an index out of range) sums the zeros alone.
-    for node in list(gm.graph.nodes):
+    graph = gm.graph
+    for node in list(graph.nodes):
         if node.op != "call_function":
             continue
         parts = _one_hot_product(node)
         if parts is None:
             continue
         index, value, scale, dim, size = parts
-        graph = gm.graph
         with graph.inserting_before(node):
             inside = _added(graph, aten.logical_and.default,
                             _added(graph, aten.ge.Scalar, index, 0),
@@ -498,14 +506,6 @@ def c_fmod_as_remainder(gm):
 #: Dtypes whose literals torch-mlir cannot legalize (torch.vtensor.literal of ui8 or of a
 #: complex type).
 _HOST_LITERAL_DTYPES = (torch.uint8, torch.complex64)
-
-#: Factories of one value, with where that value is: a number, or the argument at an index.
-_FILL_OF = {
-    aten.full.default: 1, aten.full_like.default: 1, aten.new_full.default: 2,
-    aten.scalar_tensor.default: 0, aten.zeros.default: 0.0, aten.zeros_like.default: 0.0,
-    aten.new_zeros.default: 0.0, aten.ones.default: 1.0, aten.ones_like.default: 1.0,
-    aten.new_ones.default: 1.0}
-
 
 @fx_pass
 def unlegalizable_literals_as_constants(gm):
