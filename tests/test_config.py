@@ -27,6 +27,7 @@ FROM_ENVIRONMENT = {
     "check_indices": ("off", False),
     "donate_buffers": ("no", False),
     "random_draws": ("device", "device"),
+    "split_backward": ("ON", "on"),
     "excess_precision": ("ON", "on"),
     "exact_index_arithmetic": ("off", False),
     "cache_dir": ("/tmp/somewhere", "/tmp/somewhere"),

@@ -163,3 +163,66 @@ def test_a_language_models_loss_backward_holds_one_logits_sized_buffer(fresh_dyn
     torch.testing.assert_close(grads[0], grads[1])
     [backward] = [name for name in temporaries if "backward" in name]
     assert temporaries[backward] < 1.5 * logits_bytes, (temporaries, logits_bytes)
+
+
+class _SmallLanguageModel(torch.nn.Module):
+    """An embedding, two MLP blocks and an untied head over a large vocabulary: the logits
+    (tokens x vocabulary) dwarf every other activation, as in a real language model."""
+
+    def __init__(self, vocabulary: int, width: int):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocabulary, width)
+        self.blocks = torch.nn.Sequential(*[torch.nn.Sequential(
+            torch.nn.Linear(width, 4 * width), torch.nn.GELU(), torch.nn.Linear(4 * width, width))
+            for _ in range(2)])
+        self.head = torch.nn.Linear(width, vocabulary, bias=False)
+
+    def forward(self, ids, labels):
+        logits = self.head(self.blocks(self.embed(ids)))
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+
+def test_a_backward_lets_the_saved_logits_die_before_the_rest_of_it_runs(fresh_dynamo,
+                                                                        monkeypatch):
+    """An XLA program holds its inputs until it returns. A language model's backward, as one
+    program, held the saved logits and their gradient while the rest of the backward made
+    every other gradient. Cut into pieces (program/memory_split.py), the logits die once
+    their gradient is made, and that gradient once the head's matmuls have read it: the
+    backward's peak of live memory (what was live when each of its programs started, plus
+    the program's results and temporaries, XLA's own figures) stays within one logits-sized
+    buffer of what was live when it began. The gradients are eager's. (On by default on
+    accelerators; the CPU client runs it when told to, config.split_backward.)"""
+    from torchtpu_compile.runtime.executable import Executable
+
+    tokens, width, vocabulary = 2 * 256, 256, 16384
+    logits_bytes = tokens * vocabulary * 4
+    torch.manual_seed(0)
+    ids = torch.randint(0, vocabulary, (2, 256))
+    labels = torch.randint(0, vocabulary, (2, 256))
+    labels[:, ::5] = -100
+    peaks = []
+    run = Executable.run
+
+    def recorded(self, buffers):
+        if "backward" in self.name:
+            stats = self.loaded.get_compiled_memory_stats()
+            peaks.append(memory.snapshot()["allocated_bytes"] + stats.output_size_in_bytes
+                         + stats.temp_size_in_bytes)
+        return run(self, buffers)
+
+    monkeypatch.setattr(Executable, "run", recorded)
+    model = _SmallLanguageModel(vocabulary, width)
+    grads = []
+    with config.patch(matmul_precision="highest", split_backward="on"):
+        for compiled in (True, False):
+            trained = copy.deepcopy(model)
+            loss_of = torch.compile(trained, backend="torchtpu") if compiled else trained
+            loss = loss_of(ids, labels)
+            if compiled:
+                start = memory.snapshot()["allocated_bytes"]
+            loss.backward()
+            grads.append([p.grad for p in trained.parameters()])
+    torch.testing.assert_close(grads[0], grads[1])
+    assert len(peaks) > 1, "the backward ran as one program"
+    assert max(peaks) - start < 1.25 * logits_bytes, (
+        [round((p - start) / logits_bytes, 2) for p in peaks])

@@ -108,10 +108,10 @@ def _compiler(kind: str, graph_id: int, cached: bool):
             from .graph_cache import RunnerOutputCode
             return RunnerOutputCode(gm=gm, name=name, resident_inputs=resident,
                                     lazy=kind == "backward", mutated_inputs=mutated,
-                                    eager_layouts=layouts)
+                                    eager_layouts=layouts, inputs_die=kind == "backward")
         from .program import GraphRunner
         return GraphRunner(gm, name=name, resident_inputs=resident, mutated_inputs=mutated,
-                           eager_layouts=layouts)
+                           eager_layouts=layouts, inputs_die=kind == "backward")
 
     if cached:
         from .graph_cache import serializable

@@ -120,6 +120,9 @@ def _fresh() -> dict:
         "lowering_seconds": 0.0,     # time spent in torch-mlir import and StableHLO passes
         "fallback_ops": collections.Counter(),   # op name -> nodes sent to eager PyTorch
         "graphs_with_fallback": 0,
+        # Backward graphs run as several programs so that their inputs die sooner
+        # (program/memory_split.py).
+        "graphs_cut_for_memory": 0,
         # Dynamo graph breaks in frames compiled for torchtpu: reason -> breaks traced (the code
         # at each runs in eager PyTorch between graphs; graph_breaks.py).
         "graph_breaks": collections.Counter(),

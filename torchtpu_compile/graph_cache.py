@@ -82,6 +82,7 @@ class RunnerOutputCode(OutputCode):
     lazy: bool = False
     mutated_inputs: tuple = ()   # (input, output) pairs (program/donation.py)
     eager_layouts: tuple = ()    # outputs returned with eager's strides (calling_convention)
+    inputs_die: bool = False     # a backward: its saved inputs are handed over (memory_split)
     _runner: Any = dataclasses.field(default=None, init=False, repr=False)
     _state: bytes | None = dataclasses.field(default=None, init=False, repr=False)
 
@@ -103,7 +104,8 @@ class RunnerOutputCode(OutputCode):
                 self._runner = GraphRunner(self.gm, name=self.name,
                                            resident_inputs=self.resident_inputs,
                                            mutated_inputs=self.mutated_inputs,
-                                           eager_layouts=self.eager_layouts)
+                                           eager_layouts=self.eager_layouts,
+                                           inputs_die=self.inputs_die)
         return self._runner
 
     def __call__(self, *args):
@@ -117,7 +119,7 @@ class RunnerOutputCode(OutputCode):
         state = {"gm": self.gm, "name": self.name, "lazy": self.lazy,
                  "resident_inputs": sorted(self.resident_inputs),
                  "mutated_inputs": [list(pair) for pair in self.mutated_inputs],
-                 "eager_layouts": list(self.eager_layouts)}
+                 "eager_layouts": list(self.eager_layouts), "inputs_die": self.inputs_die}
         try:
             self._state = GraphPickler.dumps(state, Options(ops_filter=None))
         except Exception as exc:  # a bypass is logged quietly by torch, then compiling goes on
@@ -139,6 +141,7 @@ class RunnerOutputCode(OutputCode):
         self.resident_inputs = frozenset(state["resident_inputs"])
         self.mutated_inputs = tuple(tuple(pair) for pair in state.get("mutated_inputs", ()))
         self.eager_layouts = tuple(state.get("eager_layouts", ()))
+        self.inputs_die = state.get("inputs_die", False)
         if not self.lazy:
             self._build()
 

@@ -12,6 +12,8 @@ A graph becomes a runnable program through one function, whatever the front end:
   the AOT loader wraps its stored executable in a ``Program`` directly). Light: no lowering.
 - ``build.py``: ``build_program`` (and ``lower_program``, its lower half), with the fallback
   policy applied where ops cannot go through XLA (``PartitionedProgram``).
+- ``memory_split.py``: where a backward graph is cut so that its saved inputs die between its
+  pieces (also a ``PartitionedProgram``); ``donation.py``: inputs a program overwrites.
 - ``runner.py``: ``GraphRunner``, what the compile path hands aot_autograd per graph: one
   program per precision and shape (or per bucket, ``buckets/``).
 

@@ -2,8 +2,9 @@
 
 ``build_program`` takes a graph with static shapes and tensor inputs and gives a ``Program``
 (one XLA executable, ``run.py``) or, where some ops cannot go through XLA and the caller allows
-it, a ``PartitionedProgram`` (those ops run in eager PyTorch between XLA regions). The steps are
-the same for every caller:
+it, a ``PartitionedProgram`` (those ops run in eager PyTorch between XLA regions); a backward
+whose saved inputs die early may also run in pieces (``memory_split.py``). The steps are the
+same for every caller:
 
 1. normalize the graph (``lower/fx_passes.py``, in place);
 2. plan its functional collectives, once (``lower/collective_graphs.py``): into the program,
@@ -47,6 +48,8 @@ from ..lower.support import (COLLECTIVE, ERROR_CHECK, analyze, describe, is_fall
 from ..profiling import BuildTrace, spanning, trace_artifact, tracing
 from ..runtime.client import get_client
 from .donation import DonatingProgram, donation_candidates
+from .memory_split import enabled as splits_for_memory
+from .memory_split import plan_pieces
 from .run import Program, compile_program
 
 
@@ -54,7 +57,8 @@ def build_program(gm: fx.GraphModule, *, precision: str, name: str,
                   platform: str | None = None, resident_inputs: frozenset = frozenset(),
                   rebuild_views: bool = True, allow_fallback: bool = True,
                   skip_empty: bool = True, compile=compile_program,
-                  mutated_inputs: tuple = (), eager_layouts: tuple = ()):
+                  mutated_inputs: tuple = (), eager_layouts: tuple = (),
+                  inputs_die: bool = False):
     """A runnable program for ``gm`` (static shapes, tensor inputs) at ``precision``.
 
     ``name`` names it in errors, logs and stats; ``resident_inputs``: positions of parameters
@@ -71,6 +75,10 @@ def build_program(gm: fx.GraphModule, *, precision: str, name: str,
     with ``config.donate_buffers``, the program reuses such an input's buffer for its output
     where nothing else holds it (``donation.py``). ``eager_layouts``: positions of the outputs
     the user sees, returned with eager's strides (``calling_convention.prepare``).
+    ``inputs_die``: the caller hands its argument list over and keeps no input (a backward's
+    saved activations): where cutting the graph lets large inputs and intermediates die
+    sooner (``memory_split.py``) and ``config.split_backward`` allows it, it becomes a
+    ``PartitionedProgram`` of pieces that empties the list.
 
     Example::
 
@@ -81,21 +89,33 @@ def build_program(gm: fx.GraphModule, *, precision: str, name: str,
     trace = BuildTrace(name, precision) if tracing() else None  # TORCH_TRACE (profiling.py)
     with spanning("torchtpu::build " + name):
         program = _build(gm, precision, name, platform, resident_inputs, rebuild_views,
-                         allow_fallback, skip_empty, compile, mutated_inputs, eager_layouts)
+                         allow_fallback, skip_empty, compile, mutated_inputs, eager_layouts,
+                         inputs_die)
     if trace is not None:
         trace.finish(program)
     return program
 
 
 def _build(gm, precision, name, platform, resident_inputs, rebuild_views, allow_fallback,
-           skip_empty, compile_half, mutated_inputs=(), eager_layouts=()):
+           skip_empty, compile_half, mutated_inputs=(), eager_layouts=(), inputs_die=False):
     platform = platform or get_client().platform
+    normalized = False
+    if inputs_die and allow_fallback and not mutated_inputs and splits_for_memory(platform):
+        normalize(gm)  # planned on what will be lowered (a loss's one-hot sum is gone)
+        normalized = True
+        pieces = plan_pieces(gm)
+        if pieces is not None:
+            counters.add("graphs_cut_for_memory")
+            log.info("torchtpu: %s runs as %d programs, so that its inputs die between them",
+                     name, max(pieces) + 1)
+            return PartitionedProgram(gm, name, pieces=pieces, consume=True)
     prepared, lowered, reasons = _lower_half(gm, precision, platform, rebuild_views,
-                                             allow_fallback, skip_empty, eager_layouts)
+                                             allow_fallback, skip_empty, eager_layouts,
+                                             normalized)
     if reasons:
         if not allow_fallback:
             raise _refusal(reasons)
-        return _partitioned(gm, reasons, name)
+        return _partitioned(gm, reasons, name, inputs_die)
     outputs = prepared.gm.graph.output_node().args[0]
     convention = dict(arg_indices=prepared.arg_indices, slots=prepared.outputs,
                       constants=prepared.constants, random_inputs=prepared.random_inputs,
@@ -139,10 +159,11 @@ def lower_program(gm: fx.GraphModule, *, precision: str, platform: str | None = 
 
 
 def _lower_half(gm, precision: str, platform: str, rebuild_views: bool, allow_fallback: bool,
-                skip_empty: bool = True, eager_layouts: tuple = ()):
+                skip_empty: bool = True, eager_layouts: tuple = (), normalized: bool = False):
     """(prepared graph, its lowered module or None, {}), or (None, None, {node: reason}): the
     nodes to cut the graph at (``allow_fallback``), else the first reason to refuse it."""
-    normalize(gm)
+    if not normalized:
+        normalize(gm)
     plan = plan_collectives(gm)
     reasons = analyze(gm, collectives_lowered=plan is not None)
     if not allow_fallback:
@@ -184,7 +205,8 @@ def _device_type(node: fx.Node) -> str:
     return value.device.type if isinstance(value, torch.Tensor) else "cpu"
 
 
-def _partitioned(gm: fx.GraphModule, reasons: dict, name: str) -> PartitionedProgram:
+def _partitioned(gm: fx.GraphModule, reasons: dict, name: str,
+                 inputs_die: bool = False) -> PartitionedProgram:
     """The graph cut around ``reasons``' nodes, the fallback policy applied to each op."""
     collectives = sum(1 for reason in reasons.values() if reason == COLLECTIVE)
     if collectives:
@@ -203,7 +225,7 @@ def _partitioned(gm: fx.GraphModule, reasons: dict, name: str) -> PartitionedPro
                  "device); the *_ex ops return the info instead", name)
     if fallbacks:
         counters.add("graphs_with_fallback")
-    return PartitionedProgram(gm, reasons, name)
+    return PartitionedProgram(gm, name, bad=reasons, consume=inputs_die)
 
 
 class _RegionModule(torch.nn.Module):
@@ -227,34 +249,30 @@ class _RegionModule(torch.nn.Module):
 
 
 class PartitionedProgram:
-    """A graph whose unsupported nodes run in eager PyTorch and the rest through XLA.
+    """A graph run as a sequence of regions: lowered ones, each a ``GraphRunner`` of its own
+    (built through ``build_program``), with eager PyTorch between them where some nodes
+    cannot go through XLA (``bad``: {node: reason}), or cut into pieces that all lower
+    (``pieces``: a piece index per compute node, ``memory_split.plan_pieces``) so that inputs
+    die between them. A region fed by a fallback op of data-dependent shape (masked_select)
+    has symbolic input sizes, and its runner specializes at call time.
 
-    Each lowerable region is a ``GraphRunner`` of its own (built through ``build_program`` at
-    its first call): a region fed by a fallback op of data-dependent shape (masked_select) has
-    symbolic input sizes, and its runner specializes at call time.
+    ``consume``: the caller hands its argument list over (a backward's saved activations,
+    ``GraphRunner``): it is emptied, and each input dies after the last region that reads it,
+    as in Inductor's code, instead of living to the end of the call.
 
     Example::
 
-        program = PartitionedProgram(gm, {nonzero_node: "data-dependent"}, "graph_0/forward")
+        program = PartitionedProgram(gm, "graph_0/forward", bad={nonzero_node: "data-dependent"})
         outputs = program([x])
     """
 
-    def __init__(self, gm: fx.GraphModule, bad: dict, name: str):
-        from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
-        from torch.fx.passes.operator_support import OperatorSupportBase
+    def __init__(self, gm: fx.GraphModule, name: str, *, bad: dict | None = None,
+                 pieces: list | None = None, consume: bool = False):
+        from torch.fx.graph import _BoxedCodeGen
 
         from .runner import GraphRunner  # a region is a graph of its own (module doc)
 
-        class Support(OperatorSupportBase):
-            def is_node_supported(self, submodules, node):
-                if node.op != "call_function" or node in bad:
-                    return False
-                if node.target is operator.getitem:
-                    return node.args[0] not in bad
-                return True
-
-        partitioner = CapabilityBasedPartitioner(gm, Support(), allows_single_node_partition=True)
-        fused = partitioner.fuse_partitions(partitioner.propose_partitions())
+        fused = _by_support(gm, bad) if pieces is None else _by_piece(gm, pieces)
         for node in list(fused.graph.nodes):
             if node.op != "call_module":
                 continue
@@ -264,6 +282,7 @@ class PartitionedProgram:
                 ph.meta["val"] = arg.meta.get("val")
             output = sub.graph.output_node()
             single = not isinstance(output.args[0], (tuple, list))
+            _pass_on_values(node, output.args[0], single)
             if single:  # a graph returns a tuple everywhere else (the runner reads it so)
                 output.args = ((output.args[0],),)
                 sub.recompile()
@@ -271,16 +290,59 @@ class PartitionedProgram:
             dtypes = [v.dtype if isinstance(v, torch.Tensor) else None
                       for v in (ph.meta.get("val") for ph in sub_placeholders)]
             setattr(fused, node.target, _RegionModule(runner, single, dtypes))
+        # One list in, emptied once read; each value dropped after its last reader (FX's
+        # code does that for every value but the arguments, which a caller's tuple would hold).
+        fused.graph.set_codegen(_BoxedCodeGen())
         fused.recompile()
         self.gm = fused
         self.name = name
+        self.consume = consume
+        self.regions = sum(1 for node in fused.graph.nodes if node.op == "call_module")
 
     def __call__(self, args: list, device: str | None = None) -> list:
         """The outputs, on ``device`` where given (as ``Program``: a bucket's program runs on
         host tensors, its results go to the graph's device)."""
         with eager_semantics():
-            out = self.gm(*args)
+            out = self.gm(args if self.consume else list(args))
         out = list(out) if isinstance(out, (tuple, list)) else [out]
         if device is None:
             return out
         return [o.to(device) if isinstance(o, torch.Tensor) else o for o in out]
+
+
+def _pass_on_values(node: fx.Node, results, single: bool) -> None:
+    """The traced values of a region's results on the nodes that read them in the outer
+    graph, so that the next region's inputs have static sizes where the trace's had."""
+    if single:
+        node.meta["val"] = results.meta.get("val") if isinstance(results, fx.Node) else None
+        return
+    for user in node.users:
+        if user.target is operator.getitem and isinstance(user.args[1], int):
+            result = results[user.args[1]]
+            user.meta["val"] = result.meta.get("val") if isinstance(result, fx.Node) else None
+
+
+def _by_support(gm: fx.GraphModule, bad: dict) -> fx.GraphModule:
+    """``gm`` with each largest region of lowerable nodes made a submodule."""
+    from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+    from torch.fx.passes.operator_support import OperatorSupportBase
+
+    class Support(OperatorSupportBase):
+        def is_node_supported(self, submodules, node):
+            if node.op != "call_function" or node in bad:
+                return False
+            if node.target is operator.getitem:
+                return node.args[0] not in bad
+            return True
+
+    partitioner = CapabilityBasedPartitioner(gm, Support(), allows_single_node_partition=True)
+    return partitioner.fuse_partitions(partitioner.propose_partitions())
+
+
+def _by_piece(gm: fx.GraphModule, pieces: list) -> fx.GraphModule:
+    """``gm`` with the compute nodes of each piece (``pieces``: one index per compute node, in
+    graph order, never decreasing) made a submodule, called in order."""
+    from torch.fx.passes.split_module import split_module
+    compute = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
+    piece_of = dict(zip(compute, pieces))
+    return split_module(gm, gm, lambda node: piece_of[node], keep_original_order=True)

@@ -188,7 +188,7 @@ class GraphRunner:
 
     def __init__(self, gm: fx.GraphModule, name: str | None = None,
                  resident_inputs: frozenset = frozenset(), mutated_inputs: tuple = (),
-                 eager_layouts: tuple = ()):
+                 eager_layouts: tuple = (), inputs_die: bool = False):
         # An instance attribute, so that wrappers which copy __dict__ (torch._dynamo.disable,
         # around backward graphs) still tell aot_autograd we take boxed arguments.
         self._boxed_call = True
@@ -211,6 +211,9 @@ class GraphRunner:
         # the outputs the user sees, returned with eager's strides (calling_convention.py);
         # a bucket's outputs are cut back into contiguous copies
         self.eager_layouts = tuple(eager_layouts)
+        # aot_autograd lets go of a backward's inputs (the saved activations) when it calls
+        # it boxed: a large graph may run in pieces that free them sooner (memory_split.py)
+        self.inputs_die = inputs_die
         self._programs: dict = {}
         self._bucketed = None  # a BucketedGraph once called; False: compile per exact shape
         self._platform = get_client().platform
@@ -230,7 +233,8 @@ class GraphRunner:
                 program = build_program(gm, precision=precision, name=label,
                                         resident_inputs=self.resident_inputs,
                                         mutated_inputs=self.mutated_inputs,
-                                        eager_layouts=self.eager_layouts)
+                                        eager_layouts=self.eager_layouts,
+                                        inputs_die=self.inputs_die and self.static)
             base = getattr(program, "base", program)  # a DonatingProgram's first
             if self.mutated_inputs and hasattr(base, "adopt_inputs"):
                 # a static KV cache: no copy of its new value back (donation.py)
