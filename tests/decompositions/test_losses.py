@@ -120,3 +120,53 @@ def test_a_one_hot_sum_whose_nodes_carry_no_values_is_left_as_it_is():
     fx_passes.normalize(gm)
     assert aten.sum.dim_IntList in {n.target for n in gm.graph.nodes}
     torch.testing.assert_close(gm(*args), _one_hot_sum(*args), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("case", ["mean", "sum", "none", "weighted", "bias", "all_ignored",
+                                  "bfloat16"])
+def test_chunked_linear_cross_entropy_is_eagers_without_a_fallback(case):
+    """``F.linear_cross_entropy(..., options=LinearCrossEntropyOptions())``, the memory-minded
+    LM loss, runs as torch.nn's chunked custom ops, which fell back to eager on every path.
+    Under strict (a fallback raises) its loss and the gradients of the input, the head's
+    weight and bias match eager's chunked path: compiled, and on the eager tpu device."""
+    from torch.nn.modules.linear_cross_entropy_options import LinearCrossEntropyOptions
+    dtype = torch.bfloat16 if case == "bfloat16" else torch.float32
+    rows, features, classes = 24, 8, 40
+    hidden = randn(rows, features, seed=3).to(dtype)
+    head = (randn(classes, features, seed=4) * 0.3).to(dtype)
+    bias = (randn(classes, seed=5) * 0.1).to(dtype) if case == "bias" else None
+    target = torch.randint(0, classes, (rows,), generator=torch.Generator().manual_seed(6))
+    target[::4] = -100
+    if case == "all_ignored":
+        target[:] = -100
+    kwargs = {"weight": (randn(classes, seed=7).abs() + 0.5).to(dtype)} \
+        if case == "weighted" else {}
+    reduction = case if case in ("sum", "none") else "mean"
+    # chunks of 10, 10 and 4 rows
+    options = LinearCrossEntropyOptions(batch_chunk_size=10, chunking_method=None,
+                                        allow_retain_graph=True)
+
+    def loss_and_grads(loss_of, device="cpu"):
+        leaves = [t.detach().to(device).requires_grad_() for t in (hidden, head)]
+        if bias is not None:
+            leaves.append(bias.detach().to(device).requires_grad_())
+        loss = loss_of(*leaves)
+        loss.sum().backward()
+        return [t.detach().cpu() for t in [loss] + [leaf.grad for leaf in leaves]]
+
+    def loss_of(x, w, b=None):
+        return F.linear_cross_entropy(x, w, target.to(x.device), linear_bias=b,
+                                      reduction=reduction, options=options,
+                                      **{k: v.to(x.device) for k, v in kwargs.items()})
+
+    expected = loss_and_grads(loss_of)
+    tolerance = {"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else \
+        {"rtol": 1e-5, "atol": 1e-6}
+    with config.patch(strict=True, matmul_precision="highest"):
+        compiled = loss_and_grads(torch.compile(loss_of, backend="torchtpu"))
+        on_device = loss_and_grads(loss_of, "tpu")
+    for got in (compiled, on_device):
+        for g, e in zip(got, expected):
+            torch.testing.assert_close(g, e, equal_nan=True, **tolerance)
+    if case == "all_ignored":
+        assert expected[0].isnan() and compiled[0].isnan()

@@ -1,4 +1,5 @@
-"""Losses whose reference decomposition differs from eager: multilabel margin loss.
+"""Losses whose reference decomposition differs from eager (multilabel margin loss), or that
+PyTorch computes in an opaque op (the chunked ``F.linear_cross_entropy``).
 
 Example::
 
@@ -6,6 +7,8 @@ Example::
     table[torch.ops.aten.multilabel_margin_loss_forward.default](x, target, 1)
 """
 from __future__ import annotations
+
+import importlib
 
 import torch
 
@@ -49,6 +52,121 @@ def multilabel_margin_loss_forward(input, target, reduction):
     elif input.dim() <= 1:
         loss = loss.reshape(())
     return loss, is_target.to(input.dtype).reshape(target.shape)
+
+
+def _row_weights(target, weight, ignore_index, acc_dtype):
+    """Each row's class weight (1 without ``weight``; 0 where the target is ignored) and the
+    column its target reads (0 where ignored), as the chunked op takes them."""
+    ignored = target == ignore_index
+    column = torch.where(ignored, 0, target)
+    if weight is None:
+        return (~ignored).to(acc_dtype), column
+    return torch.where(ignored, 0, weight.to(acc_dtype)[column]), column
+
+
+def _row_chunks(rows: int, chunk: int):
+    """(start, length) of each chunk of rows, as eager's loop takes them."""
+    chunk = chunk if chunk > 0 else max(rows, 1)
+    return [(start, min(chunk, rows - start)) for start in range(0, rows, chunk)]
+
+
+class _ChunkLogits:
+    """One chunk's logits in ``acc_dtype``, shifted by their row max, and their log-sum-exp."""
+
+    def __init__(self, x, linear_weight, linear_bias):
+        logits = x @ linear_weight.t()
+        if linear_bias is not None:
+            logits = logits + linear_bias
+        self.shifted = logits - logits.amax(dim=1, keepdim=True)
+        self.log_denominator = torch.logsumexp(self.shifted, dim=1)
+
+    def losses(self, column, row_weight):
+        """Each row's ``w * (logsumexp - logit of the target)``."""
+        target_logit = self.shifted.gather(1, column.unsqueeze(1)).squeeze(1)
+        return row_weight * (self.log_denominator - target_logit)
+
+    def grad(self, column, scale):
+        """The logits' gradient: ``(softmax - one_hot(target)) * scale`` per row."""
+        classes = torch.arange(self.shifted.shape[1], device=self.shifted.device)
+        one_hot = (classes == column.unsqueeze(1)).to(self.shifted.dtype)
+        softmax = torch.exp(self.shifted - self.log_denominator.unsqueeze(1))
+        return (softmax - one_hot) * scale.unsqueeze(1)
+
+
+# torch.nn registers the chunked ops when F.linear_cross_entropy first takes ``options``;
+# importing their module registers them now, so the table holds them from the start.
+importlib.import_module("torch.nn.modules.linear_cross_entropy")
+torch_nn = torch.ops.torch_nn
+
+
+@decomposition(torch_nn._linear_cross_entropy_batch_chunked.default)
+def linear_cross_entropy_batch_chunked(input, linear_weight, target, linear_bias, weight,
+                                       reduction, ignore_index, label_smoothing,
+                                       batch_chunk_size, acc_policy, acc_dtype,
+                                       allow_retain_graph, compute_input_grad,
+                                       compute_linear_weight_grad, compute_linear_bias_grad):
+    """``F.linear_cross_entropy(..., options=...)`` with a mean or sum: the loss and, where
+    asked, its gradients for an upstream gradient of 1 (the op's backward scales them), as
+    the chunked op computes them: chunk by chunk of ``batch_chunk_size`` rows, so that no
+    program needs more than one chunk's logits at a time (a chunk's gradient of the logits
+    is ``(softmax - one_hot) * w / d`` per row, read by the three gradients' matmuls).
+
+    The math is done in ``acc_dtype`` and each result cast to the input's dtype, as eager's
+    (``acc_policy`` chooses eager's scratch buffers, not the values). A gradient not asked
+    for is an empty tensor of eager's shape ((0, 0), or (0,) for the bias). A mean over rows
+    that are all ignored, or over no rows, is NaN, as eager's.
+    """
+    row_weight, column = _row_weights(target, weight, ignore_index, acc_dtype)
+    if reduction == "mean":
+        total = row_weight.sum()
+        scale = row_weight / torch.where(total == 0, torch.nan, total)
+    else:
+        scale = row_weight
+    w = linear_weight.to(acc_dtype)
+    b = None if linear_bias is None else linear_bias.to(acc_dtype)
+    dtype = input.dtype
+    any_grad = compute_input_grad or compute_linear_weight_grad or compute_linear_bias_grad
+    loss = torch.zeros((), dtype=acc_dtype, device=input.device)
+    grad_inputs, grad_weight, grad_bias = [], torch.zeros_like(w), w.new_zeros(w.shape[0])
+    for start, length in _row_chunks(input.shape[0], batch_chunk_size):
+        rows = slice(start, start + length)
+        x = input[rows].to(acc_dtype)
+        chunk = _ChunkLogits(x, w, b)
+        loss = loss + chunk.losses(column[rows], scale[rows]).sum()
+        if any_grad:
+            grad = chunk.grad(column[rows], scale[rows])
+            if compute_input_grad:
+                grad_inputs.append(grad @ w)
+            if compute_linear_weight_grad:
+                grad_weight = grad_weight + grad.t() @ x
+            if compute_linear_bias_grad:
+                grad_bias = grad_bias + grad.sum(0)
+    if reduction == "mean" and input.shape[0] == 0:
+        loss = torch.full_like(loss, torch.nan)
+    empty = input.new_empty
+    return (loss.to(dtype),
+            (torch.cat(grad_inputs) if grad_inputs else torch.zeros_like(input)).to(dtype)
+            if compute_input_grad else empty((0, 0)),
+            grad_weight.to(dtype) if compute_linear_weight_grad else empty((0, 0)),
+            grad_bias.to(dtype) if compute_linear_bias_grad else empty((0,)))
+
+
+@decomposition(torch_nn._linear_cross_entropy_batch_chunked_no_reduction.default)
+def linear_cross_entropy_batch_chunked_no_reduction(input, linear_weight, target, linear_bias,
+                                                    weight, ignore_index, batch_chunk_size,
+                                                    acc_policy, acc_dtype):
+    """``F.linear_cross_entropy(..., reduction="none", options=...)``: each row's
+    ``w * (logsumexp - logit of the target)``, 0 where the target is ignored, chunk by chunk
+    as eager (the op's own backward recomputes the gradients)."""
+    row_weight, column = _row_weights(target, weight, ignore_index, acc_dtype)
+    w = linear_weight.to(acc_dtype)
+    b = None if linear_bias is None else linear_bias.to(acc_dtype)
+    losses = [_ChunkLogits(input[start:start + length].to(acc_dtype), w, b).losses(
+        column[start:start + length], row_weight[start:start + length])
+        for start, length in _row_chunks(input.shape[0], batch_chunk_size)]
+    if not losses:
+        return input.new_zeros((0,))
+    return torch.cat(losses).to(input.dtype)
 
 
 def install_above_autograd() -> None:
