@@ -54,41 +54,34 @@ def multilabel_margin_loss_forward(input, target, reduction):
     return loss, is_target.to(input.dtype).reshape(target.shape)
 
 
-def _row_weights(target, weight, ignore_index, acc_dtype):
-    """Each row's class weight (1 without ``weight``; 0 where the target is ignored) and the
-    column its target reads (0 where ignored), as the chunked op takes them."""
-    ignored = target == ignore_index
-    column = torch.where(ignored, 0, target)
-    if weight is None:
-        return (~ignored).to(acc_dtype), column
-    return torch.where(ignored, 0, weight.to(acc_dtype)[column]), column
+class _LinearCrossEntropy:
+    """The logits of ``input @ linear_weight.T + linear_bias`` in ``acc_dtype``, shifted by
+    their row max, with each row's log-sum-exp, target column (0 where ignored) and class
+    weight (1 without ``weight``; 0 where the target is ignored)."""
 
-
-def _row_chunks(rows: int, chunk: int):
-    """(start, length) of each chunk of rows, as eager's loop takes them."""
-    chunk = chunk if chunk > 0 else max(rows, 1)
-    return [(start, min(chunk, rows - start)) for start in range(0, rows, chunk)]
-
-
-class _ChunkLogits:
-    """One chunk's logits in ``acc_dtype``, shifted by their row max, and their log-sum-exp."""
-
-    def __init__(self, x, linear_weight, linear_bias):
-        logits = x @ linear_weight.t()
+    def __init__(self, input, linear_weight, target, linear_bias, weight, ignore_index,
+                 acc_dtype):
+        self.linear_weight = linear_weight.to(acc_dtype)
+        self.input = input.to(acc_dtype)
+        logits = self.input @ self.linear_weight.t()
         if linear_bias is not None:
-            logits = logits + linear_bias
+            logits = logits + linear_bias.to(acc_dtype)
         self.shifted = logits - logits.amax(dim=1, keepdim=True)
         self.log_denominator = torch.logsumexp(self.shifted, dim=1)
+        ignored = target == ignore_index
+        self.column = torch.where(ignored, 0, target)
+        self.row_weight = (~ignored).to(acc_dtype) if weight is None else \
+            torch.where(ignored, 0, weight.to(acc_dtype)[self.column])
 
-    def losses(self, column, row_weight):
-        """Each row's ``w * (logsumexp - logit of the target)``."""
-        target_logit = self.shifted.gather(1, column.unsqueeze(1)).squeeze(1)
-        return row_weight * (self.log_denominator - target_logit)
+    def losses(self, scale):
+        """Each row's ``scale * (logsumexp - logit of the target)``."""
+        target_logit = self.shifted.gather(1, self.column.unsqueeze(1)).squeeze(1)
+        return scale * (self.log_denominator - target_logit)
 
-    def grad(self, column, scale):
+    def grad(self, scale):
         """The logits' gradient: ``(softmax - one_hot(target)) * scale`` per row."""
         classes = torch.arange(self.shifted.shape[1], device=self.shifted.device)
-        one_hot = (classes == column.unsqueeze(1)).to(self.shifted.dtype)
+        one_hot = (classes == self.column.unsqueeze(1)).to(self.shifted.dtype)
         softmax = torch.exp(self.shifted - self.log_denominator.unsqueeze(1))
         return (softmax - one_hot) * scale.unsqueeze(1)
 
@@ -106,49 +99,40 @@ def linear_cross_entropy_batch_chunked(input, linear_weight, target, linear_bias
                                        allow_retain_graph, compute_input_grad,
                                        compute_linear_weight_grad, compute_linear_bias_grad):
     """``F.linear_cross_entropy(..., options=...)`` with a mean or sum: the loss and, where
-    asked, its gradients for an upstream gradient of 1 (the op's backward scales them), as
-    the chunked op computes them: chunk by chunk of ``batch_chunk_size`` rows, so that no
-    program needs more than one chunk's logits at a time (a chunk's gradient of the logits
-    is ``(softmax - one_hot) * w / d`` per row, read by the three gradients' matmuls).
+    asked, its gradients for an upstream gradient of 1 (the op's backward scales them), in
+    one pass: the logits' gradient is ``(softmax - one_hot) * w / d`` per row, read by the
+    three gradients' matmuls.
 
-    The math is done in ``acc_dtype`` and each result cast to the input's dtype, as eager's
-    (``acc_policy`` chooses eager's scratch buffers, not the values). A gradient not asked
-    for is an empty tensor of eager's shape ((0, 0), or (0,) for the bias). A mean over rows
-    that are all ignored, or over no rows, is NaN, as eager's.
+    Eager's chunks (``batch_chunk_size``) bound its scratch memory; one XLA program holds
+    the logits once as a temporary instead (XLA CPU computed every chunk's logits at once
+    when the chunks were written out, so they bought nothing), and, as eager's op, saves
+    nothing logits-sized for the backward. The math is done in ``acc_dtype`` and each
+    result cast to the input's dtype, as eager's (``acc_policy`` picks eager's scratch
+    buffers, not the values). A gradient not asked for is an empty tensor of eager's shape
+    ((0, 0), or (0,) for the bias). A mean over rows that are all ignored, or over no rows,
+    is NaN, as eager's.
     """
-    row_weight, column = _row_weights(target, weight, ignore_index, acc_dtype)
+    parts = _LinearCrossEntropy(input, linear_weight, target, linear_bias, weight,
+                                ignore_index, acc_dtype)
     if reduction == "mean":
-        total = row_weight.sum()
-        scale = row_weight / torch.where(total == 0, torch.nan, total)
+        total = parts.row_weight.sum()
+        scale = parts.row_weight / torch.where(total == 0, torch.nan, total)
     else:
-        scale = row_weight
-    w = linear_weight.to(acc_dtype)
-    b = None if linear_bias is None else linear_bias.to(acc_dtype)
-    dtype = input.dtype
-    any_grad = compute_input_grad or compute_linear_weight_grad or compute_linear_bias_grad
-    loss = torch.zeros((), dtype=acc_dtype, device=input.device)
-    grad_inputs, grad_weight, grad_bias = [], torch.zeros_like(w), w.new_zeros(w.shape[0])
-    for start, length in _row_chunks(input.shape[0], batch_chunk_size):
-        rows = slice(start, start + length)
-        x = input[rows].to(acc_dtype)
-        chunk = _ChunkLogits(x, w, b)
-        loss = loss + chunk.losses(column[rows], scale[rows]).sum()
-        if any_grad:
-            grad = chunk.grad(column[rows], scale[rows])
-            if compute_input_grad:
-                grad_inputs.append(grad @ w)
-            if compute_linear_weight_grad:
-                grad_weight = grad_weight + grad.t() @ x
-            if compute_linear_bias_grad:
-                grad_bias = grad_bias + grad.sum(0)
+        scale = parts.row_weight
+    loss = parts.losses(scale).sum()
     if reduction == "mean" and input.shape[0] == 0:
         loss = torch.full_like(loss, torch.nan)
-    empty = input.new_empty
-    return (loss.to(dtype),
-            (torch.cat(grad_inputs) if grad_inputs else torch.zeros_like(input)).to(dtype)
-            if compute_input_grad else empty((0, 0)),
-            grad_weight.to(dtype) if compute_linear_weight_grad else empty((0, 0)),
-            grad_bias.to(dtype) if compute_linear_bias_grad else empty((0,)))
+    dtype, empty = input.dtype, input.new_empty
+    grad_input, grad_weight, grad_bias = empty((0, 0)), empty((0, 0)), empty((0,))
+    if compute_input_grad or compute_linear_weight_grad or compute_linear_bias_grad:
+        grad = parts.grad(scale)
+        if compute_input_grad:
+            grad_input = (grad @ parts.linear_weight).to(dtype)
+        if compute_linear_weight_grad:
+            grad_weight = (grad.t() @ parts.input).to(dtype)
+        if compute_linear_bias_grad:
+            grad_bias = grad.sum(0).to(dtype)
+    return loss.to(dtype), grad_input, grad_weight, grad_bias
 
 
 @decomposition(torch_nn._linear_cross_entropy_batch_chunked_no_reduction.default)
@@ -156,17 +140,11 @@ def linear_cross_entropy_batch_chunked_no_reduction(input, linear_weight, target
                                                     weight, ignore_index, batch_chunk_size,
                                                     acc_policy, acc_dtype):
     """``F.linear_cross_entropy(..., reduction="none", options=...)``: each row's
-    ``w * (logsumexp - logit of the target)``, 0 where the target is ignored, chunk by chunk
-    as eager (the op's own backward recomputes the gradients)."""
-    row_weight, column = _row_weights(target, weight, ignore_index, acc_dtype)
-    w = linear_weight.to(acc_dtype)
-    b = None if linear_bias is None else linear_bias.to(acc_dtype)
-    losses = [_ChunkLogits(input[start:start + length].to(acc_dtype), w, b).losses(
-        column[start:start + length], row_weight[start:start + length])
-        for start, length in _row_chunks(input.shape[0], batch_chunk_size)]
-    if not losses:
-        return input.new_zeros((0,))
-    return torch.cat(losses).to(input.dtype)
+    ``w * (logsumexp - logit of the target)``, 0 where the target is ignored (the op's own
+    backward recomputes the gradients)."""
+    parts = _LinearCrossEntropy(input, linear_weight, target, linear_bias, weight,
+                                ignore_index, acc_dtype)
+    return parts.losses(parts.row_weight).to(input.dtype)
 
 
 def install_above_autograd() -> None:
