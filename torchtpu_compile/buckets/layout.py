@@ -233,7 +233,11 @@ def unpad_with(tensor: torch.Tensor, plan) -> torch.Tensor:
     if plan is None:
         return tensor
     padded, region, real_shape = plan
-    return tensor.reshape(padded)[region].contiguous().reshape(real_shape)
+    tensor = tensor.reshape(padded)
+    for dim, (part, size) in enumerate(zip(region, padded)):
+        if part.stop != size:  # narrow, not indexing by slices: a third of the host time
+            tensor = tensor.narrow(dim, 0, part.stop)
+    return tensor.contiguous().reshape(real_shape)
 
 
 def unpad_outputs(results: list, plan_outputs: list, real_env: dict, pad_env: dict) -> list:

@@ -163,7 +163,7 @@ class BucketedGraph:
             padded_elements += inputs[j].numel()
             real_elements += arg.numel()
         # Fresh each call: a program may alias (or, donated, overwrite) its input buffers.
-        inputs += [torch.tensor(size, dtype=torch.int64) for size in sizes]
+        inputs += [torch.scalar_tensor(size, dtype=torch.int64) for size in sizes]
         counters.record_bucket_call(self.name, key, new, padded_elements, real_elements)
         if new:  # the decision, for TORCH_TRACE (profiling.py); each call is in stats()
             others = sum(1 for (p, k) in self._programs if p == precision and k != key)
