@@ -226,3 +226,30 @@ def test_a_backward_lets_the_saved_logits_die_before_the_rest_of_it_runs(fresh_d
     assert len(peaks) > 1, "the backward ran as one program"
     assert max(peaks) - start < 1.25 * logits_bytes, (
         [round((p - start) / logits_bytes, 2) for p in peaks])
+
+
+def test_a_backward_in_pieces_runs_again_through_a_retained_graph(fresh_dynamo):
+    """The pieces' code empties the argument list aot_autograd hands a backward, so that the
+    saved values die between pieces. Under ``backward(retain_graph=True)`` the graph keeps
+    them: a second backward through it (gradient accumulation over one graph, a GAN's two
+    losses) gets them again, and both give eager's gradients."""
+    import torchtpu_compile
+
+    torch.manual_seed(0)
+    ids = torch.randint(0, 16384, (2, 256))
+    labels = torch.randint(0, 16384, (2, 256))
+    model = _SmallLanguageModel(16384, 256)
+    grads = []
+    with config.patch(matmul_precision="highest", split_backward="on"):
+        before = torchtpu_compile.stats()["graphs_cut_for_memory"]
+        for compiled in (True, False):
+            trained = copy.deepcopy(model)
+            loss_of = torch.compile(trained, backend="torchtpu") if compiled else trained
+            loss = loss_of(ids, labels)
+            loss.backward(retain_graph=True)
+            first = [p.grad.clone() for p in trained.parameters()]
+            (2 * loss).backward()
+            grads.append((first, [p.grad for p in trained.parameters()]))
+        assert torchtpu_compile.stats()["graphs_cut_for_memory"] > before
+    for got, expected in zip(grads[0], grads[1]):
+        torch.testing.assert_close(got, expected)
