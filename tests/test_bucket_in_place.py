@@ -147,3 +147,48 @@ def test_kept_padding_of_a_growing_input_is_not_uploaded_again(fresh_dynamo, mon
     graphs = torchtpu_compile.stats()["graphs"]
     assert sum(g["compiles"] for g in graphs.values()) <= 3, graphs  # one bucket served them
     assert uploads.shapes and set(uploads.shapes) <= {(1, 1, 4), ()}, set(uploads.shapes)
+
+
+def test_a_decode_loop_started_again_reuses_every_buckets_kept_padding(fresh_dynamo,
+                                                                       monkeypatch):
+    # A dynamic KV cache grows through several buckets, then a new prompt starts it again
+    # short: each bucket's kept padded tensor from the first loop serves the second (zeroed
+    # where the shorter cache no longer reaches), so no cache is uploaded again; nor is the
+    # real length, a scalar input kept per value.
+    def attend(cache, query):
+        return torch.softmax(query @ cache.transpose(1, 2), dim=-1) @ cache
+
+    compiled = torch.compile(attend, backend="torchtpu")
+    torch.manual_seed(0)
+    # not a bucket's own length (pow2-128's 8, 16, 32), which is passed as it is, unpadded
+    lengths = [n for n in range(5, 40) if n & (n - 1)]
+    with torch.no_grad(), config.patch(matmul_precision="highest", bucket_policy="pow2-128"):
+        # (the first length again: its first call was Dynamo's static graph)
+        for length in lengths + lengths[:1]:
+            compiled(torch.randn(1, length, 4), torch.randn(1, 1, 4))
+        buckets = torchtpu_compile.stats()["buckets"]
+        uploads = _Uploads(monkeypatch)
+        for length in lengths:
+            cache, query = torch.randn(1, length, 4) * 100, torch.randn(1, 1, 4)
+            torch.testing.assert_close(compiled(cache, query), attend(cache, query),
+                                       rtol=1e-5, atol=1e-4)
+    assert buckets["exact_shape_compiles"] == 0
+    assert uploads.shapes and set(uploads.shapes) == {(1, 1, 4)}, set(uploads.shapes)
+
+
+def test_a_size_an_output_shows_is_a_fresh_tensor_at_every_call(fresh_dynamo):
+    # The real sizes are scalar inputs of a bucket's program, kept per value; where the graph
+    # returns one as a tensor, the caller gets a tensor of its own, and writing to it changes
+    # nothing a later call computes.
+    def f(x):
+        return x.sum(0), torch.scalar_tensor(x.shape[0], dtype=torch.int64)
+
+    compiled = torch.compile(f, backend="torchtpu", dynamic=True)
+    with torch.no_grad():
+        for length in (3, 5, 6, 5, 6):
+            x = torch.randn(length, 2)
+            total, size = compiled(x)
+            torch.testing.assert_close(total, x.sum(0))
+            assert size.item() == length
+            size.add_(100)
+    assert torchtpu_compile.stats()["buckets"]["exact_shape_compiles"] == 0

@@ -4,10 +4,11 @@ A decode step pads its KV cache at every call: a static cache whose length Dynam
 (prompts of different lengths) is padded to the same bucket call after call, a dynamic cache
 to the same bucket while it grows inside it. Making a new zero tensor each time, uploading it
 (a resident input: registered, then dropped) and freeing it cost more than the step's math on a
-tiny model. Instead each input position keeps its padded tensor: the real elements are copied
-into it at every call (so every write to the input is seen), the padding stays zero (a call
-reuses it only when its real region holds the last one's), and the same tensor object comes
-back, and its buffer (the tensor's own memory on the CPU client) is kept for it
+tiny model. Instead each input position keeps a padded tensor per padded shape (a dynamic
+cache's decode loop goes through every bucket again at each new prompt): the real elements are
+copied into it at every call (so every write to the input is seen), the padding stays zero (a
+call whose real region does not hold the last one's zeroes it first), and the same tensor
+object comes back, and its buffer (the tensor's own memory on the CPU client) is kept for it
 (``transfer.keep_aliased``), so ``transfer.to_buffers`` finds it and uploads nothing.
 
 Only where no one else can see the kept tensor: host tensors (CPU, no grad), a program whose
@@ -18,8 +19,11 @@ its inputs) by the time the call returns. One set per thread.
 Example::
 
     kept = KeptPadding()
-    x_padded = kept.pad(0, x, plan)          # plan: layout.pad_plan(...)
-    again = kept.pad(0, x, plan)             # the same tensor, x's values copied in again
+    inputs = [x]
+    plans = [(0, plan, tuple(plan[0]), tuple(plan[1]))]   # plan: layout.pad_plan(...)
+    kept.pad_all(inputs, plans)              # inputs[0] padded
+    again = [x]
+    kept.pad_all(again, plans)               # the same tensor, x's values copied in again
 """
 from __future__ import annotations
 
@@ -31,8 +35,11 @@ from ..runtime.transfer import keep_aliased
 from .layout import pad_with
 
 _Tensor = torch.Tensor
-#: Entries kept per graph (input positions times threads), a bound on memory.
-_MAX_KEPT = 64
+#: Bounds on what one graph keeps (input positions x threads x buckets): the oldest kept
+#: tensors go first past either. Within them a decode loop that starts again at a short prompt
+#: allocates nothing; past them it allocates a bucket's tensors when it reaches the bucket.
+_MAX_KEPT = 256
+_MAX_KEPT_BYTES = 256 << 20
 
 
 def handed_back(program) -> frozenset | None:
@@ -55,35 +62,75 @@ def _holds(region: tuple, last: tuple) -> bool:
     return all(new.stop >= old.stop for new, old in zip(region, last))
 
 
+#: Real regions whose destination view a kept tensor remembers (a decode loop's lengths).
+_MAX_TARGETS = 1024
+
+
+class _Kept:
+    """One kept padded tensor: ``out`` at the padded factored shape, ``view`` at the shape
+    the program takes, the last real ``region`` copied in, and a view of ``out`` per real
+    extent seen (``targets``): made once, not at every step of a decode loop."""
+
+    __slots__ = ("region", "out", "view", "targets")
+
+    def __init__(self, out: torch.Tensor, view: torch.Tensor):
+        self.out, self.view = out, view
+        self.region = ()
+        self.targets: dict = {}
+
+
 class KeptPadding:
-    """One padded tensor per (input position, thread) of a bucketed graph (module doc)."""
+    """The padded tensors of a bucketed graph's inputs, one per (input position, thread,
+    padded shape, dtype) (module doc): a decode loop that starts again at a short prompt
+    finds each bucket's tensor from its last run, its padding zeroed again."""
 
     def __init__(self):
-        self._kept: dict = {}   # (position, thread) -> (padded shape, dtype, region, out, view)
+        self._kept: dict = {}   # (position, thread, padded shape, dtype) -> _Kept, oldest first
+        self._bytes = 0
 
-    def pad(self, position: int, tensor: torch.Tensor, plan) -> torch.Tensor:
-        """``layout.pad_with(tensor, plan)``, in the tensor kept for ``position`` where it
-        can be (module doc)."""
-        if plan is None:
-            return tensor
-        if type(tensor) is not _Tensor or not tensor.is_cpu or tensor.requires_grad:
-            return pad_with(tensor, plan)
-        real, padded, region, shape = plan
-        key = (position, threading.get_ident())
-        entry = self._kept.get(key)
-        if entry is not None and entry[0] == padded and entry[1] == tensor.dtype \
-                and _holds(region, entry[2]):
-            out, view = entry[3], entry[4]
-        else:
-            if len(self._kept) >= _MAX_KEPT:
-                self._kept.clear()
-            out = tensor.new_zeros(padded)
-            view = out.reshape(shape)
-            keep_aliased(view)  # its buffer then serves every call it is passed to
-        out[region] = tensor.reshape(real)
-        self._kept[key] = (padded, tensor.dtype, region, out, view)
-        return view
+    def pad_all(self, inputs: list, plans) -> None:
+        """``inputs[j] = layout.pad_with(inputs[j], plan)`` for each ``(j, plan, real key,
+        padded key)`` of ``plans`` (the keys: the plan's real and padded factored shapes as
+        tuples), in the tensor kept for it where it can be (module doc). The real elements of
+        all of them are copied in by one ``torch._foreach_copy_``: a decode step pads each
+        layer's keys and values, and one copy call per cache cost more than the bytes it
+        moved."""
+        targets, sources = [], []
+        thread = threading.get_ident()
+        for j, plan, extent, padded in plans:
+            tensor = inputs[j]
+            if type(tensor) is not _Tensor or not tensor.is_cpu or tensor.requires_grad:
+                inputs[j] = pad_with(tensor, plan)
+                continue
+            real, _, region, shape = plan
+            key = (j, thread, padded, tensor.dtype)
+            kept = self._kept.get(key)
+            if kept is None:
+                out = tensor.new_zeros(padded)
+                self._make_room(out.nbytes)
+                kept = self._kept[key] = _Kept(out, out.reshape(shape))
+                self._bytes += out.nbytes
+                keep_aliased(kept.view)  # its buffer then serves every call it is passed to
+            elif not _holds(region, kept.region):
+                kept.out.zero_()  # a shorter real region: the last one's values are padding
+            target = kept.targets.get(extent)
+            if target is None:
+                if len(kept.targets) >= _MAX_TARGETS:
+                    kept.targets.clear()
+                target = kept.targets[extent] = kept.out[region]
+            kept.region = region
+            targets.append(target)
+            sources.append(tensor.reshape(real))
+            inputs[j] = kept.view
+        if targets:
+            torch._foreach_copy_(targets, sources)
+
+    def _make_room(self, nbytes: int) -> None:
+        kept = self._kept
+        while kept and (len(kept) >= _MAX_KEPT or self._bytes + nbytes > _MAX_KEPT_BYTES):
+            self._bytes -= kept.pop(next(iter(kept))).out.nbytes
 
     def clear(self) -> None:
         """Drop every kept tensor (their memory goes with them)."""
         self._kept.clear()
+        self._bytes = 0

@@ -216,7 +216,9 @@ def unpad(tensor: torch.Tensor, layout, real_env: dict, pad_env: dict) -> torch.
 
 def unpad_plan(layout, real_env: dict, pad_env: dict, shape) -> tuple | None:
     """What ``unpad`` does to a padded tensor of ``shape`` at these sizes: None where it is
-    the real tensor, else (padded factored shape, the real region, real shape)."""
+    the real tensor, else (padded factored shape, the real region, real shape, the narrows
+    that cut it back as (dim, length) pairs, whether the factored shapes differ from the
+    tensor's: a reshape in and out that a decode step's KV cache does not need)."""
     if not has_padding(layout):
         return None
     real = _factored(layout, real_env, shape)
@@ -225,19 +227,22 @@ def unpad_plan(layout, real_env: dict, pad_env: dict, shape) -> tuple | None:
         return None
     real_shape = [math.prod(factor_sizes(dim, real_env)) if dim is not None else s
                   for dim, s in zip(layout, shape)]
-    return padded, tuple(slice(0, r) for r in real), real_shape
+    narrows = tuple((dim, r) for dim, (r, p) in enumerate(zip(real, padded)) if r != p)
+    return (padded, tuple(slice(0, r) for r in real), real_shape, narrows,
+            list(shape) != padded or real != real_shape)
 
 
 def unpad_with(tensor: torch.Tensor, plan) -> torch.Tensor:
     """``unpad`` by an ``unpad_plan``."""
     if plan is None:
         return tensor
-    padded, region, real_shape = plan
-    tensor = tensor.reshape(padded)
-    for dim, (part, size) in enumerate(zip(region, padded)):
-        if part.stop != size:  # narrow, not indexing by slices: a third of the host time
-            tensor = tensor.narrow(dim, 0, part.stop)
-    return tensor.contiguous().reshape(real_shape)
+    padded, _, real_shape, narrows, factored = plan
+    if factored:
+        tensor = tensor.reshape(padded)
+    for dim, length in narrows:  # narrow, not indexing by slices: a third of the host time
+        tensor = tensor.narrow(dim, 0, length)
+    tensor = tensor.contiguous()
+    return tensor.reshape(real_shape) if factored else tensor
 
 
 def unpad_outputs(results: list, plan_outputs: list, real_env: dict, pad_env: dict) -> list:

@@ -15,12 +15,15 @@ Example::
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from .. import config, counters
 from .._logging import log
 from ..profiling import trace_artifact
+from ..runtime.transfer import keep_aliased
 from .layout import NotPaddable, has_padding, outputs_plan, pad_plan, pad_with
 from .background import compile_ahead
 from .kept_padding import KeptPadding, handed_back
@@ -37,6 +40,28 @@ _MAX_CALL_PLANS = 4096
 
 def _family(name: str) -> str:
     return name.split("/", 1)[0]
+
+
+class _CallShapes:
+    """How a call at one set of real sizes pads its inputs and cuts its outputs back, worked
+    out at the first such call: ``kept`` and ``fresh``, (input position, ``pad_plan``) of the
+    inputs padded into a kept tensor and into a new one; the element counts the bucket
+    statistics take; ``outputs`` and ``written``, the outputs plan and write plans, once the
+    first results are there."""
+
+    __slots__ = ("kept", "fresh", "padded_elements", "real_elements", "outputs", "written")
+
+    def __init__(self, padded: list, inputs: list, real_env: dict, pad_env: dict):
+        plans = [(j, pad_plan(layout, real_env, pad_env, inputs[j].shape), keep)
+                 for j, layout, keep in padded]
+        self.kept = [(j, p, tuple(p[0]), tuple(p[1])) for j, p, keep in plans
+                     if keep and p is not None]
+        self.fresh = [(j, p) for j, p, keep in plans if not keep and p is not None]
+        self.real_elements = sum(inputs[j].numel() for j, _, _ in plans)
+        self.padded_elements = sum(
+            math.prod(p[3]) if p is not None else inputs[j].numel() for j, p, _ in plans)
+        self.outputs = None
+        self.written = ()
 
 
 class BucketedGraph:
@@ -56,8 +81,8 @@ class BucketedGraph:
         self._programs: dict = {}   # (precision, bucket key) -> (program, plan)
         self._device = False        # the results' device type (None: as traced), once known
         self._calls: dict = {}      # (precision, real sizes) -> _call_plan's tuple
-        # (precision, real sizes) -> [pad plans, outputs plan, write plans]
-        self._shapes: dict = {}
+        self._shapes: dict = {}     # (precision, real sizes) -> _CallShapes
+        self._sizes: dict = {}      # real size -> its scalar input (_size_input)
 
     def _analyze(self):
         if self.spec is None:
@@ -116,7 +141,9 @@ class BucketedGraph:
         shown = handed_back(program) if self._result_device() is None else None
         padded = [(j, spec.layouts[i], shown is not None and j not in shown)
                   for j, i in enumerate(tensors) if has_padding(spec.layouts[i])]
-        return (program, plan, pad_env, tensors, padded, sizes, key), new
+        # The size inputs, after the tensors: kept too where no output can show them.
+        sizes_kept = shown is not None and all(j < len(tensors) for j in shown)
+        return (program, plan, pad_env, tensors, padded, sizes, key, sizes_kept), new
 
     def _build_next_ahead(self, precision: str, key: tuple, buckets: int) -> None:
         """Build the bucket after ``key`` (each size's next canonical bucket), its XLA compile
@@ -146,24 +173,22 @@ class BucketedGraph:
                 self._calls.clear()
                 self._shapes.clear()
             self._calls[(precision, sizes)] = call
-        program, plan, pad_env, tensors, padded, sizes, key = call
+        program, plan, pad_env, tensors, padded, sizes, key, sizes_kept = call
         inputs = [args[i] for i in tensors]
         # How each input is padded and each output cut back, per sizes: shapes from the
         # layouts' size expressions, evaluated once, not at every step of a decode loop.
         shapes = self._shapes.get((precision, sizes))
         if shapes is None:
-            shapes = self._shapes[(precision, sizes)] = [
-                [(j, pad_plan(layout, real_env, pad_env, inputs[j].shape), keep)
-                 for j, layout, keep in padded],
-                None, ()]
-        padded_elements, real_elements = 0, 0
-        for j, pad_as, keep in shapes[0]:
-            arg = inputs[j]
-            inputs[j] = self._kept.pad(j, arg, pad_as) if keep else pad_with(arg, pad_as)
-            padded_elements += inputs[j].numel()
-            real_elements += arg.numel()
-        # Fresh each call: a program may alias (or, donated, overwrite) its input buffers.
-        inputs += [torch.scalar_tensor(size, dtype=torch.int64) for size in sizes]
+            shapes = self._shapes[(precision, sizes)] = _CallShapes(padded, inputs, real_env,
+                                                                    pad_env)
+        for j, pad_as in shapes.fresh:
+            inputs[j] = pad_with(inputs[j], pad_as)
+        self._kept.pad_all(inputs, shapes.kept)
+        padded_elements, real_elements = shapes.padded_elements, shapes.real_elements
+        if sizes_kept:
+            inputs += [self._size_input(size) for size in sizes]
+        else:  # fresh each call: an output may be one of them, handed to the caller
+            inputs += [torch.scalar_tensor(size, dtype=torch.int64) for size in sizes]
         counters.record_bucket_call(self.name, key, new, padded_elements, real_elements)
         if new:  # the decision, for TORCH_TRACE (profiling.py); each call is in stats()
             others = sum(1 for (p, k) in self._programs if p == precision and k != key)
@@ -172,10 +197,23 @@ class BucketedGraph:
                 "sizes": list(sizes), "bucket": list(key), "buckets_before": others,
                 "padded_elements": padded_elements, "real_elements": real_elements})
         results = program(inputs, self._result_device())
-        if shapes[1] is None:
-            shapes[1] = outputs_plan(results, plan.outputs, real_env, pad_env)
-            shapes[2] = write_plans(shapes[1], self.mutated_inputs)
-        return outputs_written(results, shapes[1], shapes[2], args)
+        if shapes.outputs is None:
+            shapes.outputs = outputs_plan(results, plan.outputs, real_env, pad_env)
+            shapes.written = write_plans(shapes.outputs, self.mutated_inputs)
+        return outputs_written(results, shapes.outputs, shapes.written, args)
+
+    def _size_input(self, size: int) -> torch.Tensor:
+        """The int64 scalar input of real size ``size``, one tensor per value, its buffer kept
+        (``transfer.keep_aliased``): a decode step found it instead of uploading it. Only
+        this graph's calls see it (``_call_plan``'s ``sizes_kept``), and no program writes
+        its inputs but the ones it overwrites, which sizes are not."""
+        tensor = self._sizes.get(size)
+        if tensor is None:
+            if len(self._sizes) >= _MAX_CALL_PLANS:
+                self._sizes.clear()
+            tensor = self._sizes[size] = torch.scalar_tensor(size, dtype=torch.int64)
+            keep_aliased(tensor)
+        return tensor
 
     def _result_device(self) -> str | None:
         # A bucket is traced on the host (trace.py), so its program would hand back host

@@ -36,7 +36,7 @@ def write_plans(plans: list, mutated_inputs: tuple) -> tuple:
             continue
         kind, *rest = plans[graph_output]
         if kind == "tensor" and rest[1] is not None:
-            padded, region, real_shape = rest[1]
+            padded, region, real_shape = rest[1][:3]
             written.append((graph_input, graph_output, rest[0], padded, region,
                             tuple(real_shape)))
     return tuple(written)
