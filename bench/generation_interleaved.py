@@ -57,10 +57,14 @@ def _inside_timer():
 def _undo_kept(on: bool) -> None:
     from torchtpu_compile.buckets import kept_padding, layout, runner
     if not hasattr(_undo_kept, "saved"):
-        _undo_kept.saved = (kept_padding.KeptPadding.pad, runner.outputs_written)
-    pad, written = _undo_kept.saved
-    kept_padding.KeptPadding.pad = (lambda self, j, t, plan: layout.pad_with(t, plan)) \
-        if on else pad
+        _undo_kept.saved = (kept_padding.KeptPadding.pad_all, runner.outputs_written)
+    pad_all, written = _undo_kept.saved
+
+    def fresh(self, inputs, plans):
+        for j, plan, *_ in plans:
+            inputs[j] = layout.pad_with(inputs[j], plan)
+
+    kept_padding.KeptPadding.pad_all = fresh if on else pad_all
     runner.outputs_written = (lambda results, plans, _w, _a: layout.outputs_by(results, plans)) \
         if on else written
 
