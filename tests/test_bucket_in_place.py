@@ -192,3 +192,32 @@ def test_a_size_an_output_shows_is_a_fresh_tensor_at_every_call(fresh_dynamo):
             assert size.item() == length
             size.add_(100)
     assert torchtpu_compile.stats()["buckets"]["exact_shape_compiles"] == 0
+
+
+def test_kept_padding_past_its_memory_bound_keeps_what_the_call_uses(monkeypatch):
+    # KeptPadding keeps a tensor per position and bucket within a bound on bytes; a decode
+    # step whose own caches pass the bound still keeps them all (else every step would make
+    # them again), and a bucket change drops the older bucket's first. Values: the real
+    # elements in front, zero padding, at every call.
+    from torchtpu_compile.buckets import kept_padding
+
+    monkeypatch.setattr(kept_padding, "_MAX_KEPT_BYTES", 3 * 64 * 4 * 4)  # 3 of the 64 bucket
+    kept = kept_padding.KeptPadding()
+
+    def step(length, bucket, positions=4):
+        inputs = [torch.randn(1, length, 4) for _ in range(positions)]
+        real = [t.clone() for t in inputs]
+        plan = ([1, length, 4], [1, bucket, 4], (slice(0, 1), slice(0, length), slice(0, 4)),
+                [1, bucket, 4])
+        kept.pad_all(inputs, [(j, plan, (1, length, 4), (1, bucket, 4))
+                              for j in range(positions)])
+        for padded, want in zip(inputs, real):
+            assert padded.shape == (1, bucket, 4)
+            assert torch.equal(padded[:, :length], want) and not padded[:, length:].any()
+        return inputs
+
+    first = step(40, 64)
+    assert all(a is b for a, b in zip(first, step(41, 64)))    # 4 KB kept past the 3 KB bound
+    smaller = step(9, 16)
+    assert all(a is b for a, b in zip(smaller, step(3, 16)))   # zeroed again, not made again
+    assert sum(k.out.nbytes for k in kept._kept.values()) <= 3 * 64 * 4 * 4

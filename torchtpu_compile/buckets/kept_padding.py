@@ -35,9 +35,11 @@ from ..runtime.transfer import keep_aliased
 from .layout import pad_with
 
 _Tensor = torch.Tensor
-#: Bounds on what one graph keeps (input positions x threads x buckets): the oldest kept
-#: tensors go first past either. Within them a decode loop that starts again at a short prompt
-#: allocates nothing; past them it allocates a bucket's tensors when it reaches the bucket.
+#: Bounds on what one graph keeps (input positions x threads x buckets): past either, the
+#: oldest kept tensors that the call at hand does not use go first (a call's own are kept
+#: whatever their size, as one per position always was). Within them a decode loop that
+#: starts again at a short prompt allocates nothing; past them it allocates a bucket's
+#: tensors when it reaches the bucket.
 _MAX_KEPT = 256
 _MAX_KEPT_BYTES = 256 << 20
 
@@ -71,12 +73,13 @@ class _Kept:
     the program takes, the last real ``region`` copied in, and a view of ``out`` per real
     extent seen (``targets``): made once, not at every step of a decode loop."""
 
-    __slots__ = ("region", "out", "view", "targets")
+    __slots__ = ("region", "out", "view", "targets", "used")
 
     def __init__(self, out: torch.Tensor, view: torch.Tensor):
         self.out, self.view = out, view
         self.region = ()
         self.targets: dict = {}
+        self.used = 0   # the last call that used it (KeptPadding._calls)
 
 
 class KeptPadding:
@@ -87,6 +90,7 @@ class KeptPadding:
     def __init__(self):
         self._kept: dict = {}   # (position, thread, padded shape, dtype) -> _Kept, oldest first
         self._bytes = 0
+        self._calls = 0
 
     def pad_all(self, inputs: list, plans) -> None:
         """``inputs[j] = layout.pad_with(inputs[j], plan)`` for each ``(j, plan, real key,
@@ -97,6 +101,7 @@ class KeptPadding:
         moved."""
         targets, sources = [], []
         thread = threading.get_ident()
+        self._calls = call = self._calls + 1
         for j, plan, extent, padded in plans:
             tensor = inputs[j]
             if type(tensor) is not _Tensor or not tensor.is_cpu or tensor.requires_grad:
@@ -119,6 +124,7 @@ class KeptPadding:
                     kept.targets.clear()
                 target = kept.targets[extent] = kept.out[region]
             kept.region = region
+            kept.used = call
             targets.append(target)
             sources.append(tensor.reshape(real))
             inputs[j] = kept.view
@@ -126,9 +132,13 @@ class KeptPadding:
             torch._foreach_copy_(targets, sources)
 
     def _make_room(self, nbytes: int) -> None:
-        kept = self._kept
-        while kept and (len(kept) >= _MAX_KEPT or self._bytes + nbytes > _MAX_KEPT_BYTES):
-            self._bytes -= kept.pop(next(iter(kept))).out.nbytes
+        kept, call = self._kept, self._calls
+        for key in list(kept):  # oldest first
+            if len(kept) < _MAX_KEPT and self._bytes + nbytes <= _MAX_KEPT_BYTES:
+                return
+            entry = kept.get(key)  # (another thread's call may have dropped it)
+            if entry is not None and entry.used != call and kept.pop(key, None) is not None:
+                self._bytes -= entry.out.nbytes
 
     def clear(self) -> None:
         """Drop every kept tensor (their memory goes with them)."""
