@@ -92,7 +92,11 @@ def test_an_executable_saved_under_other_xla_options_is_compiled_again(gpt2_arti
         with caplog.at_level("WARNING", logger="torchtpu"):
             run = aot.load(path)
         assert run.recompiled
-        assert any("XLA options: none" in r.getMessage() for r in caplog.records)
+        # the options now in effect: excess precision left to XLA, only the CPU client's
+        # fusion emitters set
+        now = executable.xla_options_text(get_client())
+        assert "xla_allow_excess_precision" not in now
+        assert any(f"XLA options: {now or 'none'}" in r.getMessage() for r in caplog.records)
         torch.testing.assert_close(run(ids).logits, expected)
 
 
