@@ -92,11 +92,10 @@ def test_an_executable_saved_under_other_xla_options_is_compiled_again(gpt2_arti
         with caplog.at_level("WARNING", logger="torchtpu"):
             run = aot.load(path)
         assert run.recompiled
-        # the options now in effect: excess precision left to XLA, only the CPU client's
-        # fusion emitters set
-        now = executable.xla_options_text(get_client())
-        assert "xla_allow_excess_precision" not in now
-        assert any(f"XLA options: {now or 'none'}" in r.getMessage() for r in caplog.records)
+        # excess precision left to XLA: only the CPU client's fusion emitters stay set
+        options = "xla_cpu_use_fusion_emitters=False" if get_client().platform == "cpu" \
+            else "none"
+        assert any(f"XLA options: {options})" in r.getMessage() for r in caplog.records)
         torch.testing.assert_close(run(ids).logits, expected)
 
 
