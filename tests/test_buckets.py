@@ -219,6 +219,22 @@ def test_a_float_computed_from_a_size_keeps_eager_dtype(fresh_dynamo):
         _close(actual, expected)
 
 
+def test_a_size_no_node_reads_picks_no_bucket(fresh_dynamo):
+    # ``n`` reaches the graph as a size input that nothing reads (``m - n`` is folded to 1),
+    # as a size does in Falcon's decode step: it made a bucket dimension of its own, so every
+    # new ``n`` compiled the same program again (3 programs here instead of 2).
+    def step(x, n):
+        m = n + 1
+        return x * 2 + (m - n)
+
+    compiled = compile_tpu(step, dynamic=True)
+    for length, n in zip(SIZES, (100, 300, 700)):
+        x = torch.randn(length)
+        _close(compiled(x, n), step(x, n))
+    [graph] = _graphs("/inference").values()
+    assert graph["buckets"] == [[8], [16]], graph
+
+
 def test_a_slice_from_a_dynamic_count_before_the_end_keeps_the_last_rows(fresh_dynamo):
     # x[:, -k:] with k dynamic too (Hugging Face's ``logits_to_keep``, which assisted decoding
     # passes): the padded rule took -k as a position from the front, clamped to 0, and returned

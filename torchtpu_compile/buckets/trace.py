@@ -77,7 +77,7 @@ def analyze(gm: fx.GraphModule, known_layouts: dict) -> InputSpec:
                         layout.append(None)
             kinds.append("tensor")
             layouts.append(tuple(layout))
-        elif isinstance(val, torch.SymInt):
+        elif isinstance(val, torch.SymInt) and node.users:
             expr = sym_expr(val)
             if isinstance(expr, sympy.Symbol):
                 binding.setdefault(expr, (i, None))
@@ -85,7 +85,7 @@ def analyze(gm: fx.GraphModule, known_layouts: dict) -> InputSpec:
             layouts.append(expr)
         elif node.users:
             raise NotPaddable(f"input {node.name} is a {type(val).__name__}, not a tensor or size")
-        else:
+        else:  # a size no node reads (Falcon's decode step has one) must not pick buckets
             kinds.append("unused")
             layouts.append(None)
     needed = set()
