@@ -1,8 +1,9 @@
 """The issue-17 generate() runs: a tiny random-init Llama (2 layers, d=128) and GPT-2 with
 ``model.forward = torch.compile(model.forward, backend="torchtpu")``, three prompts of different
 lengths, tokens identical to eager's, and compiles per graph bounded by the buckets touched.
-Then the modes beyond greedy (docs/coverage.md, "generate() modes"): beam search, the logits
-processors under sampling, and the encoder-decoders T5 and Whisper."""
+Then greedy decoding on ten other decoder-only architectures, and the modes beyond greedy
+(docs/coverage.md, "generate() modes"): beam search, the logits processors under sampling, and
+the encoder-decoders T5 and Whisper."""
 from __future__ import annotations
 
 import pytest
@@ -96,6 +97,44 @@ def test_gpt2_greedy_dynamic_cache():
 
 def test_gpt2_static_cache_padded_batch():
     _run(_gpt2(), 16, batch=2, cache_implementation="static")
+
+
+_TINY = dict(vocab_size=256, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+_ROTARY = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+_HEADS = dict(num_hidden_layers=2, num_attention_heads=4)
+#: Decoder-only architectures whose attention differs from Llama's, as config class and model
+#: class names in transformers, with tiny configs.
+ARCHITECTURES = {
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", _ROTARY),  # biased q/k/v
+    "mistral": ("MistralConfig", "MistralForCausalLM", _ROTARY),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(_ROTARY, head_dim=32)),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",  # sliding window layers, soft-capping
+               dict(_ROTARY, head_dim=32, sliding_window=16)),
+    "phi": ("PhiConfig", "PhiForCausalLM",  # partial rotary, parallel blocks
+            dict(_HEADS, hidden_size=128, intermediate_size=256)),
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM",
+                 dict(_HEADS, hidden_size=128, intermediate_size=256)),
+    "opt": ("OPTConfig", "OPTForCausalLM",  # learned positions from the mask's cumsum
+            dict(_HEADS, hidden_size=128, ffn_dim=256, word_embed_proj_dim=128)),
+    "bloom": ("BloomConfig", "BloomForCausalLM", dict(hidden_size=128, n_layer=2, n_head=4)),
+    "falcon": ("FalconConfig", "FalconForCausalLM",  # multi-query, fused q/k/v
+               dict(_HEADS, hidden_size=128)),
+    "gptj": ("GPTJConfig", "GPTJForCausalLM",
+             dict(n_embd=128, n_layer=2, n_head=4, n_positions=512, rotary_dim=16)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_greedy_dynamic_cache_on_other_architectures(name):
+    import transformers
+    config_class, model_class, sizes = ARCHITECTURES[name]
+    torch.manual_seed(0)
+    cfg = getattr(transformers, config_class)(**_TINY, **sizes)
+    stats = _run(getattr(transformers, model_class)(cfg).eval(), 16)
+    # lengths 7..37 touch buckets 8, 16, 32 and 64 at most. Falcon's decode step, before its
+    # unread size input stopped picking buckets, compiled one program per pair of buckets.
+    assert max(g["compiles"] for g in stats["graphs"].values()) <= 4, stats["graphs"]
 
 
 def _t5():
