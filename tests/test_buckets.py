@@ -129,6 +129,11 @@ CASES = {
     # get_attr nodes: tensors the graph holds (a cache's empty start)
     "constants": lambda x: (x * torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0]),
                             torch.cat([torch.tensor([]), x.sum(2).reshape(-1)])),
+    # a causal LM loss's shifted labels (``pad(labels, (0, 1), value=-100)[..., 1:]``): the
+    # values after the real end go where the bucket had padding; before the start, a shift
+    "constant_pad_of_padded_dim": lambda x: (
+        F.pad(x, (0, 0, 0, 1), value=-100.0)[:, 1:], F.pad(x, (1, 0, 2, 3), value=0.5).cumsum(1),
+        F.pad(x, (0, 0, 3, 0)).softmax(1)),
     # every part of a cat is a 1-d empty tensor (fuzz seed 1078: the rule indexed its first
     # kept part and raised IndexError)
     "cat_of_only_empty_parts": lambda x: (x * 2, torch.cat([x[0, 0, 5:], x[1, 0, 5:]])),
@@ -451,6 +456,30 @@ def test_training_step_with_dynamic_batch_matches_eager(fresh_dynamo):
 
 
 # --- switches and fallbacks --------------------------------------------------------------------
+
+def test_a_causal_lm_trained_at_several_lengths_compiles_per_bucket(fresh_dynamo):
+    # Hugging Face's causal LM loss shifts the labels with ``pad(labels, (0, 1), -100)``: the
+    # forward, and so its backward, compiled once per sequence length.
+    from tests.support import zoo
+    eager, _ = zoo.llama()
+    eager.eval()  # no dropout: its draws are not eager's
+    model = copy.deepcopy(eager)
+    compiled = compile_tpu(model)
+    torch.manual_seed(0)
+    with config.patch(matmul_precision="highest"):
+        for length in (9, 12, 20):  # the first call is static, then buckets 16 and 32
+            ids = torch.randint(3, 100, (2, length))
+            expected = eager(input_ids=ids, labels=ids).loss
+            actual = compiled(input_ids=ids, labels=ids).loss
+            expected.backward()
+            actual.backward()
+            _close(actual, expected)
+            for mine, theirs in zip(model.parameters(), eager.parameters()):
+                torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-4, atol=1e-6)
+                mine.grad = theirs.grad = None
+    assert torchtpu_compile.stats()["buckets"]["exact_shape_compiles"] == 0
+    assert [g["buckets"] for g in _graphs("/forward").values() if g["buckets"]] == [[[16], [32]]]
+
 
 def test_buckets_off_compiles_once_per_shape(fresh_dynamo):
     compiled = compile_tpu(lambda x: x.softmax(0))

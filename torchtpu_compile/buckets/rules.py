@@ -539,11 +539,31 @@ def _write_at(x, block, dim: int, offset):
 
 @padding_rule(aten.constant_pad_nd.default)
 def constant_pad(ctx, node, x, pad, value=0):
+    # A padded dim padded by k after its end (a causal LM loss's ``pad(labels, (0, 1),
+    # value=-100)``) holds the k values after its real elements, where the bucket put padding:
+    # everything from the real end on is set to the value. Padding before the start keeps the
+    # real elements a prefix as it is.
     rank = len(x.layout)
+    result = aten.constant_pad_nd.default(x.tensor, pad, value)
+    layout = list(x.layout)
+    shape = out_shape(node)
     for i in range(len(pad) // 2):
-        if x.layout[rank - 1 - i] is not None and (pad[2 * i] or pad[2 * i + 1]):
-            raise NotPaddable("constant_pad_nd of a padded dim")
-    return Padded(aten.constant_pad_nd.default(x.tensor, pad, value), x.layout)
+        d, before, after = rank - 1 - i, pad[2 * i], pad[2 * i + 1]
+        if x.layout[d] is None or not (before or after):
+            continue
+        if not (isinstance(before, int) and isinstance(after, int)) or before < 0 or after < 0:
+            raise NotPaddable("constant_pad_nd of a padded dim by a negative or dynamic amount")
+        _prefix_dim(x, d, "constant_pad_nd")
+        layout[d] = prefix(shape[d])
+        if after:
+            real_end = aten.add.Tensor(_as_tensor(ctx.real_size(x, d, shape[d] - before - after)),
+                                       before)
+            positions = aten.arange.default(result.shape[d], dtype=torch.int64)
+            view = [1] * rank
+            view[d] = -1
+            keep = aten.view.default(aten.lt.Tensor(positions, real_end), view)
+            result = aten.where.self(keep, result, _scalar(value, result.dtype))
+    return Padded(result, tuple(layout))
 
 
 # --- factories ---------------------------------------------------------------------------------
