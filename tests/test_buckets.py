@@ -69,6 +69,14 @@ def _row_sort(x):
     return values, indices
 
 
+def _shift_right(x):
+    # T5's and BART's shift_tokens_right: a slice assignment, functionalized to a copy
+    shifted = x.new_zeros(x.shape)
+    shifted[:, 1:] = x[:, :-1].clone()
+    shifted[:, 0] = 7.0
+    return shifted
+
+
 def _put(buffer, index, values):
     buffer[:, index] = values
     return buffer
@@ -134,6 +142,7 @@ CASES = {
     "constant_pad_of_padded_dim": lambda x: (
         F.pad(x, (0, 0, 0, 1), value=-100.0)[:, 1:], F.pad(x, (1, 0, 2, 3), value=0.5).cumsum(1),
         F.pad(x, (0, 0, 3, 0)).softmax(1)),
+    "copy_into_a_slice": lambda x: (_shift_right(x), _shift_right(x).cumsum(1)),
     # every part of a cat is a 1-d empty tensor (fuzz seed 1078: the rule indexed its first
     # kept part and raised IndexError)
     "cat_of_only_empty_parts": lambda x: (x * 2, torch.cat([x[0, 0, 5:], x[1, 0, 5:]])),

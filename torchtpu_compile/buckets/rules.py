@@ -283,6 +283,10 @@ for _op in (aten.clone.default, aten._to_copy.default, aten.alias.default, aten.
             aten.lift_fresh_copy.default):
     RULES[_op] = same_layout
 
+# src's values broadcast into self's shape and dtype, element by element: the functional form
+# of a slice assignment (T5's and BART's shift_tokens_right, ``shifted[:, 1:] = ids[:, :-1]``)
+RULES[aten.copy.default] = pointwise
+
 
 @padding_rule(aten.view.dtype)
 def view_dtype(ctx, node, x, dtype):
