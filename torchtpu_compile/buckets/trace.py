@@ -77,15 +77,15 @@ def analyze(gm: fx.GraphModule, known_layouts: dict) -> InputSpec:
                         layout.append(None)
             kinds.append("tensor")
             layouts.append(tuple(layout))
-        elif isinstance(val, torch.SymInt) and node.users:
+        elif isinstance(val, torch.SymInt):
             expr = sym_expr(val)
-            if isinstance(expr, sympy.Symbol):
+            if isinstance(expr, sympy.Symbol):  # it may be the only input that binds it
                 binding.setdefault(expr, (i, None))
-            kinds.append("size")
-            layouts.append(expr)
+            kinds.append("size" if node.users else "unused")
+            layouts.append(expr if node.users else None)
         elif node.users:
             raise NotPaddable(f"input {node.name} is a {type(val).__name__}, not a tensor or size")
-        else:  # a size no node reads (Falcon's decode step has one) must not pick buckets
+        else:
             kinds.append("unused")
             layouts.append(None)
     needed = set()
@@ -99,6 +99,10 @@ def analyze(gm: fx.GraphModule, known_layouts: dict) -> InputSpec:
     unbound = needed - set(binding)
     if unbound:
         raise NotPaddable(f"size symbols {sorted(map(str, unbound))} are bound by no input")
+    # Only sizes the program depends on pick buckets: a size input that no node reads and no
+    # tensor's shape holds (Falcon's decode step has one) would compile one program per
+    # bucket of its own.
+    binding = {s: where for s, where in binding.items() if s in needed}
     symbols = sorted(binding, key=str)
     return InputSpec(kinds, layouts, symbols, binding)
 
