@@ -143,6 +143,10 @@ CASES = {
         F.pad(x, (0, 0, 0, 1), value=-100.0)[:, 1:], F.pad(x, (1, 0, 2, 3), value=0.5).cumsum(1),
         F.pad(x, (0, 0, 3, 0)).softmax(1)),
     "copy_into_a_slice": lambda x: (_shift_right(x), _shift_right(x).cumsum(1)),
+    # a slice as long as the dim, from before its start (a sliding-window cache's
+    # ``states[:, :, -4095:]`` of fewer states): its backward scatters into all of it
+    "slice_scatter_of_the_whole_dim": lambda x: (
+        torch.slice_scatter(torch.zeros_like(x), x[:, -20:].cos(), 1, -20),),
     # every part of a cat is a 1-d empty tensor (fuzz seed 1078: the rule indexed its first
     # kept part and raised IndexError)
     "cat_of_only_empty_parts": lambda x: (x * 2, torch.cat([x[0, 0, 5:], x[1, 0, 5:]])),

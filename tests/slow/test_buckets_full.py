@@ -97,8 +97,6 @@ PER_SHAPE_IN_TRAINING = {
     "gpt2": "the loss runs in a graph of its own (a graph break before it) whose logits and "
             "labels have distinct size symbols; its backward combines them: 'an op combines "
             "dims padded differently'",
-    "mistral": "its backward writes a gradient slice counted from the real end: "
-               "'slice_scatter into a padded dim from its real end'",
 }
 
 
