@@ -544,13 +544,13 @@ def _write_at(x, block, dim: int, offset):
 @padding_rule(aten.constant_pad_nd.default)
 def constant_pad(ctx, node, x, pad, value=0):
     # A padded dim padded by k after its end (a causal LM loss's ``pad(labels, (0, 1),
-    # value=-100)``) holds the k values after its real elements, where the bucket put padding:
-    # everything from the real end on is set to the value. Padding before the start keeps the
-    # real elements a prefix as it is.
+    # value=-100)``) holds the k values right after its real elements, where the bucket put
+    # padding: that padding is set to the value first. Padding before the start keeps the real
+    # elements a prefix as it is.
     rank = len(x.layout)
-    result = aten.constant_pad_nd.default(x.tensor, pad, value)
     layout = list(x.layout)
     shape = out_shape(node)
+    filled = []
     for i in range(len(pad) // 2):
         d, before, after = rank - 1 - i, pad[2 * i], pad[2 * i + 1]
         if x.layout[d] is None or not (before or after):
@@ -560,14 +560,9 @@ def constant_pad(ctx, node, x, pad, value=0):
         _prefix_dim(x, d, "constant_pad_nd")
         layout[d] = prefix(shape[d])
         if after:
-            real_end = aten.add.Tensor(_as_tensor(ctx.real_size(x, d, shape[d] - before - after)),
-                                       before)
-            positions = aten.arange.default(result.shape[d], dtype=torch.int64)
-            view = [1] * rank
-            view[d] = -1
-            keep = aten.view.default(aten.lt.Tensor(positions, real_end), view)
-            result = aten.where.self(keep, result, _scalar(value, result.dtype))
-    return Padded(result, tuple(layout))
+            filled.append(d)
+    tensor = ctx.fill(x, value, filled) if filled else x.tensor
+    return Padded(aten.constant_pad_nd.default(tensor, pad, value), tuple(layout))
 
 
 # --- factories ---------------------------------------------------------------------------------
