@@ -87,8 +87,6 @@ def test_lm_training_step_matches_eager(fresh_dynamo):
     assert torchtpu_compile.stats()["buckets"]["exact_shape_compiles"] == 0
 
 
-
-
 #: Zoo language models trained at varying lengths, their loss from ``labels``.
 TRAINED_AT_MANY_LENGTHS = ("llama", "qwen2", "mistral", "bert", "t5", "gpt_neox", "phi", "opt",
                            "bloom", "falcon", "bart", "gpt2")
