@@ -129,5 +129,6 @@ def test_a_language_model_trained_at_many_lengths_compiles_per_bucket(name, fres
                     torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-4,
                                                atol=1e-5 * scale)
                 mine.grad = theirs.grad = None
-    assert torchtpu_compile.stats()["buckets"]["exact_shape_compiles"] == 0, \
-        torchtpu_compile.stats()["graphs"]
+    stats = torchtpu_compile.stats()
+    assert stats["buckets"]["exact_shape_compiles"] == 0, stats["graphs"]
+    assert stats["fallback_ops"] == {}  # what the rules emit lowers

@@ -1066,8 +1066,10 @@ def slice_scatter(ctx, node, x, src, dim=0, start=None, end=None, step=1):
     if step == 1 and sym_expr(node.args[1].meta["val"].shape[dim]) == \
             sym_expr(node.args[0].meta["val"].shape[dim]):
         # src as long as x: the whole dim, whatever the bounds said (a sliding-window cache's
-        # ``states[:, :, -4095:]`` of fewer states, in its backward): every element is src's
-        return Padded(aten.slice_scatter.default(x.tensor, src.tensor, dim),
+        # ``states[:, :, -4095:]`` of fewer states, in its backward): every element is src's.
+        # Bounds spelled out: the lowering takes constant ones, not None.
+        return Padded(aten.slice_scatter.default(x.tensor, src.tensor, dim, 0,
+                                                 x.tensor.shape[dim]),
                       broadcast_layout([x, src], rank))
     start = 0 if start is None else start
     if step != 1 or not isinstance(start, int) or start < 0:
