@@ -470,6 +470,66 @@ def test_training_step_with_dynamic_batch_matches_eager(fresh_dynamo):
     assert backward and all(g["compiles"] <= 3 for g in backward.values())
 
 
+# --- sizes Dynamo named apart ------------------------------------------------------------------
+
+# (batch, length) of two tensors: equal, then equal products of unequal sizes (eager accepts
+# them: only the flattened rows must agree), then equal again at a bucket seen before
+APART = (((2, 9), (2, 9)), ((2, 12), (2, 12)), ((2, 12), (3, 8)), ((3, 20), (3, 20)))
+
+
+def _named_apart(*tensors):
+    # every dim its own symbol, as Dynamo names a model's logits and its labels when the loss
+    # runs after a graph break (GPT-2's)
+    for t in tensors:
+        torch._dynamo.mark_dynamic(t, 0)
+        torch._dynamo.mark_dynamic(t, 1)
+
+
+def test_a_gather_and_a_scatter_add_of_rows_padded_differently_match_eager(fresh_dynamo):
+    # The rules paired row i of the index with row i of the padded input whatever their
+    # layouts: at (2, 12) against (3, 8) the flattened rows sit at other padded positions, and
+    # both results were silently wrong.
+    def fn(x, y):
+        rows, index = x.flatten(0, 1), y.flatten(0, 1)
+        ones = torch.ones_like(index, dtype=rows.dtype)
+        return rows.gather(1, index), rows.scatter_add(1, index, ones)
+    compiled = compile_tpu(fn)
+    for i, (a, b) in enumerate(APART):
+        x, y = torch.randn(*a, 4), torch.randint(0, 4, (*b, 4))
+        if i == 0:
+            _named_apart(x, y)
+        for actual, expected in zip(compiled(x, y), fn(x, y)):
+            assert torch.equal(actual, expected)
+    # buckets that take the sizes as equal, checked at each call: the unequal call alone
+    # runs a program of its exact shapes
+    [graph] = _graphs().values()
+    assert graph["buckets"] == [[8, 16], [8, 32]] and graph["exact_shape_compiles"] == 1
+
+
+def test_a_loss_over_logits_and_labels_named_apart_trains_per_bucket(fresh_dynamo):
+    # GPT-2's loss graph: logits and labels with sizes of their own. Its backward combines
+    # the two flattened dims, and compiled once per shape; its forward's gather was silently
+    # wrong at (2, 12) against (3, 8).
+    def loss(logits, labels):
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), labels.view(-1))
+    compiled = compile_tpu(loss)
+    with config.patch(matmul_precision="highest"):
+        for i, (a, b) in enumerate(APART):
+            logits, labels = torch.randn(*a, 7, requires_grad=True), torch.randint(0, 7, b)
+            labels[0, 0] = -100
+            if i == 0:
+                _named_apart(logits, labels)
+            reference = logits.detach().clone().requires_grad_()
+            actual, expected = compiled(logits, labels), loss(reference, labels)
+            actual.backward()
+            expected.backward()
+            _close(actual, expected)
+            _close(logits.grad, reference.grad)
+    [forward], [backward] = _graphs("/forward").values(), _graphs("/backward").values()
+    for graph in (forward, backward):
+        assert graph["buckets"] == [[16, 8], [32, 8]] and graph["exact_shape_compiles"] == 1
+
+
 # --- switches and fallbacks --------------------------------------------------------------------
 
 def test_a_causal_lm_trained_at_several_lengths_compiles_per_bucket(fresh_dynamo):

@@ -13,6 +13,6 @@ Example::
 """
 from .layout import NotPaddable
 from .policy import bucket_size, choose
-from .runner import BucketedGraph
+from .runner import BucketedGraph, SizesDiffer
 
-__all__ = ["BucketedGraph", "NotPaddable", "bucket_size", "choose"]
+__all__ = ["BucketedGraph", "NotPaddable", "SizesDiffer", "bucket_size", "choose"]

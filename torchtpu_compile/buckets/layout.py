@@ -13,6 +13,8 @@ Example::
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import operator
 from dataclasses import dataclass
@@ -26,6 +28,38 @@ aten = torch.ops.aten
 
 class NotPaddable(Exception):
     """This graph cannot run exactly at a padded size; compile it for the exact shape."""
+
+
+class DimsDiffer(NotPaddable):
+    """An op combines two padded dims whose sizes are spelled by different symbols (``dims``):
+    exact only where those symbols are equal (``BucketedGraph`` may assume so)."""
+
+    def __init__(self, message: str, dims: tuple):
+        super().__init__(message)
+        self.dims = dims
+
+
+# Symbol -> the symbol it is taken to equal, while a graph is analyzed or a bucket traced
+# (``assuming_equal``): Dynamo gives two tensors of one batch sizes of their own when they
+# meet after a graph break (logits and labels), and only a product of them is guarded equal.
+_EQUAL: contextvars.ContextVar = contextvars.ContextVar("torchtpu_equal_sizes", default=None)
+
+
+@contextlib.contextmanager
+def assuming_equal(aliases: dict):
+    """Within the block, ``sym_expr`` and ``evaluate`` read each symbol of ``aliases`` as the
+    one it maps to; the caller checks at run time that the real sizes are equal.
+
+    Example::
+
+        with assuming_equal({s97: s88}):
+            sym_expr(labels_val.shape[0])   # s88
+    """
+    token = _EQUAL.set(aliases or None)
+    try:
+        yield
+    finally:
+        _EQUAL.reset(token)
 
 
 @dataclass(frozen=True)
@@ -57,10 +91,15 @@ def sym_expr(value):
         return float(expr) if expr.is_number else expr
     if isinstance(value, torch.SymInt):
         expr = value.node.expr
-        return int(expr) if expr.is_number else expr
+        return int(expr) if expr.is_number else _canonical(expr)
     if isinstance(value, sympy.Expr) and value.is_number:
         return int(value)
-    return value
+    return _canonical(value) if isinstance(value, sympy.Expr) else value
+
+
+def _canonical(expr):
+    aliases = _EQUAL.get()
+    return expr.xreplace(aliases) if aliases else expr
 
 
 _BINARY = {
@@ -87,6 +126,7 @@ def evaluate(expr, env: dict):
     if expr.is_number:
         return float(expr)
     if expr.is_Symbol:
+        expr = (_EQUAL.get() or {}).get(expr, expr)
         if expr not in env:
             raise NotPaddable(f"size symbol {expr} is not bound by any input")
         return env[expr]

@@ -31,8 +31,8 @@ import torch.fx as fx
 from torch.utils._sympy import functions as symfn
 
 from ..lower.index_checks import DIVISOR_OPS, INDEX_CHECK, INDEX_CHECK_REAL
-from .layout import Dim, NotPaddable, dim_mask, evaluate, is_symbolic, prefix, sym_expr, \
-    view_layout
+from .layout import Dim, DimsDiffer, NotPaddable, dim_mask, evaluate, is_symbolic, prefix, \
+    sym_expr, view_layout
 
 aten = torch.ops.aten
 RULES: dict = {}
@@ -159,9 +159,10 @@ def merge_dims(dims: list):
     if not varying:
         return padded[0]
     first = varying[0]
-    if any(not d.same_elements(first) for d in varying[1:]):
-        raise NotPaddable(f"an op combines dims padded differently: {first} and "
-                          f"{[d for d in varying if not d.same_elements(first)][0]}")
+    other = next((d for d in varying[1:] if not d.same_elements(first)), None)
+    if other is not None:
+        raise DimsDiffer(f"an op combines dims padded differently: {first} and {other}",
+                         (first, other))
     return first
 
 
@@ -902,10 +903,29 @@ def index_select(ctx, node, x, dim, index):
     return Padded(aten.index_select.default(x.tensor, dim, index.tensor), tuple(layout))
 
 
+def _rows_meet(x: Padded, index: Padded, skip, what: str) -> None:
+    """Raise unless ``index``'s element i meets ``x``'s element i, along every dim but
+    ``skip``, at the same padded position: a gather reads, and a scatter writes, row i of
+    ``x`` for row i of ``index``. Dims padded differently would pair real rows with other
+    rows, or with padding (cross_entropy of logits and labels whose batch and length Dynamo
+    named apart: their flattened dims are padded differently)."""
+    for d in range(len(index.layout)):
+        if d == skip:
+            continue
+        a, b = x.layout[d], index.layout[d]
+        if a is not None and b is not None:
+            merge_dims([a, b])
+            continue
+        one = a if b is None else b
+        if one is not None and not one.uniform and len(one.factors) > 1:
+            raise NotPaddable(f"{what} pairs a dim that merges padded dims with an unpadded one")
+
+
 @padding_rule(aten.gather.default)
 def gather(ctx, node, x, dim, index, sparse_grad=False):
     dim = _norm_dim(dim, len(x.layout))
     _prefix_dim(x, dim, "gather")
+    _rows_meet(x, index, dim, "gather")
     return Padded(aten.gather.default(x.tensor, dim, index.tensor, sparse_grad=sparse_grad),
                   index.layout)
 
@@ -984,6 +1004,7 @@ def scatter_add(ctx, node, x, dim, index, src):
     dim = _norm_dim(dim, len(x.layout))
     _prefix_dim(x, dim, "scatter_add")
     layout = broadcast_layout([index, src], src.tensor.dim())
+    _rows_meet(x, Padded(None, layout), dim, "scatter_add")
     src_tensor = ctx.fill(Padded(src.tensor, layout), 0)
     return Padded(aten.scatter_add.default(x.tensor, dim, index.tensor, src_tensor), x.layout)
 
@@ -1045,6 +1066,8 @@ def scatter(ctx, node, x, dim, index, src_or_value):
     _prefix_dim(x, dim, "scatter")
     if index.layout[dim] is not None:
         raise NotPaddable("scatter with an index padded along the scattered dim")
+    if isinstance(src_or_value, Padded):
+        _rows_meet(src_or_value, index, None, "scatter")
     layout = tuple(l if d == dim else merge_dims([l, index.layout[d]])
                    for d, l in enumerate(x.layout))
     source = src_or_value.tensor if isinstance(src_or_value, Padded) else unwrap(src_or_value,

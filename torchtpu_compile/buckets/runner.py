@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 
+import sympy
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -24,16 +25,25 @@ from .. import config, counters
 from .._logging import log
 from ..profiling import trace_artifact
 from ..runtime.transfer import keep_aliased
-from .layout import NotPaddable, has_padding, outputs_plan, pad_plan, pad_with
+from .layout import DimsDiffer, NotPaddable, has_padding, outputs_plan, pad_plan, pad_with
 from .background import compile_ahead
 from .kept_padding import KeptPadding, handed_back
 from .policy import bucket_size, choose
 from .trace import analyze, trace_bucket
 from .write_back import outputs_written, write_plans
 
+
+class SizesDiffer(Exception):
+    """Two sizes the graph's buckets assume equal (``InputSpec.aliases``) differ at this
+    call: it runs a program of its exact shapes instead."""
+
+
 # Layouts of the tensors a forward graph returns, by node name, per backend graph ("graph_3"):
 # its backward graph takes the saved ones as inputs under the same names.
 _SAVED_LAYOUTS: dict = {}
+# Sizes a forward graph's buckets take as equal (InputSpec.aliases), per backend graph: its
+# backward's saved tensors have the layouts those name.
+_SAVED_ALIASES: dict = {}
 #: Sizes a graph remembers how to call (a bound on memory for graphs called at many sizes).
 _MAX_CALL_PLANS = 4096
 
@@ -84,10 +94,51 @@ class BucketedGraph:
         self._shapes: dict = {}     # (precision, real sizes) -> _CallShapes
         self._sizes: dict = {}      # real size -> its scalar input (_size_input)
 
-    def _analyze(self):
+    def _analyze(self, aliases: dict | None = None):
         if self.spec is None:
-            self.spec = analyze(self.gm, _SAVED_LAYOUTS.get(_family(self.name), {}))
+            family = _family(self.name)
+            if aliases is None:
+                aliases = _SAVED_ALIASES.get(family, {})
+            self.spec = analyze(self.gm, _SAVED_LAYOUTS.get(family, {}), aliases)
+            if self.spec.aliases:
+                _SAVED_ALIASES.setdefault(family, {}).update(self.spec.aliases)
         return self.spec
+
+    def _assume_equal(self, differ: DimsDiffer, args: list) -> None:
+        """Take the symbols of two dims an op combines as equal, where each pair differs only
+        in its symbol and the sizes are equal at this call, or raise ``differ``. Dynamo names
+        the batch and length of a model's logits and of its labels apart when the loss runs
+        after a graph break (GPT-2's), and guards only their products equal: the loss's
+        backward combines the two flattened dims."""
+        first, other = differ.dims
+        real = self._bind(args)
+        parent = dict(self.spec.aliases)
+
+        def root(symbol):
+            while symbol in parent:
+                symbol = parent[symbol]
+            return symbol
+        if len(first.factors) != len(other.factors):
+            raise differ
+        for a, b in zip(first.factors, other.factors):
+            if a == b:
+                continue
+            if not (isinstance(a, sympy.Symbol) and isinstance(b, sympy.Symbol)) or \
+                    real.get(a) is None or real.get(a) != real.get(b):
+                raise differ
+            a, b = sorted((root(a), root(b)), key=str)
+            if a != b:
+                parent[b] = a
+        if parent == self.spec.aliases:
+            raise differ
+        aliases = {symbol: root(symbol) for symbol in parent}
+        log.debug("torchtpu: %s: sizes taken as equal, checked at each call: %s", self.name,
+                  aliases)
+        self.spec = None
+        self._analyze(aliases)
+        self._programs.clear()
+        self._calls.clear()
+        self._shapes.clear()
 
     def _bind(self, args) -> dict:
         real = {}
@@ -160,8 +211,22 @@ class BucketedGraph:
         log.debug("torchtpu: %s: bucket %s built ahead", self.name, ahead)
 
     def __call__(self, args: list, precision: str) -> list:
+        """The graph's outputs for ``args``; raises NotPaddable where no bucket can serve the
+        graph, SizesDiffer where none can serve this call."""
+        # each retry takes one more pair of symbols as equal; there are finitely many
+        while True:
+            try:
+                return self._call(args, precision)
+            except DimsDiffer as differ:
+                self._assume_equal(differ, args)
+
+    def _call(self, args: list, precision: str) -> list:
         spec = self._analyze()
         real_env = self._bind(args)
+        for symbol, same in spec.aliases.items():
+            if real_env[symbol] != real_env[same]:
+                raise SizesDiffer(f"{symbol} = {real_env[symbol]} and {same} = "
+                                  f"{real_env[same]}, which its buckets take as equal")
         sizes = tuple(real_env[s] for s in spec.symbols)
         # A decode loop calls with the same few sizes again and again: what they need (bucket,
         # program, which inputs to pad) is worked out once per sizes.
@@ -227,4 +292,4 @@ class BucketedGraph:
         return self._device
 
 
-__all__ = ["BucketedGraph", "NotPaddable"]
+__all__ = ["BucketedGraph", "NotPaddable", "SizesDiffer"]

@@ -23,7 +23,7 @@ import torch.fx.traceback as fx_traceback
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-from .layout import Dim, NotPaddable, evaluate, is_symbolic, prefix, sym_expr
+from .layout import Dim, NotPaddable, assuming_equal, evaluate, is_symbolic, prefix, sym_expr
 from .rules import RULES, Context, Padded, Size, pointwise, unwrap
 
 _SKIPPED = {torch.ops.aten._assert_scalar.default, torch.ops.aten.sym_constrain_range.default,
@@ -38,6 +38,9 @@ class InputSpec:
     layouts: list                   # per placeholder: layout (tensor) / expr (size) / None
     symbols: list                   # the size symbols, in program-argument order
     binding: dict                   # symbol -> (placeholder index, dim or None)
+    # symbol -> the symbol it is assumed to equal (layout.assuming_equal): bound, so that each
+    # call checks the two real sizes; it picks no bucket of its own
+    aliases: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -49,9 +52,37 @@ class BucketPlan:
     named_layouts: dict = field(default_factory=dict)   # output node name -> layout
 
 
-def analyze(gm: fx.GraphModule, known_layouts: dict) -> InputSpec:
+def analyze(gm: fx.GraphModule, known_layouts: dict, aliases: dict | None = None) -> InputSpec:
     """Layouts of the placeholders; ``known_layouts`` (by node name) come from the forward
-    graph for tensors it saved for the backward."""
+    graph for tensors it saved for the backward. Under ``aliases`` (symbol -> the symbol it
+    is taken to equal), layouts name only the symbols aliased to; an alias holds only where
+    inputs bind both symbols, for the check of each call (the forward's, taken by its backward,
+    may name symbols the backward does not have)."""
+    bound = {_own_symbol(size) for node in gm.graph.nodes if node.op == "placeholder"
+             for size in _sizes_of(node.meta.get("val"))}
+    aliases = {a: b for a, b in (aliases or {}).items() if a in bound and b in bound}
+    for a in aliases:  # each maps to the end of its chain
+        seen = {a}
+        while aliases[a] in aliases and aliases[a] not in seen:
+            seen.add(aliases[a])
+            aliases[a] = aliases[aliases[a]]
+    if any(a == b for a, b in aliases.items()):
+        raise NotPaddable(f"size symbols assumed equal in a cycle: {aliases}")
+    with assuming_equal(aliases):
+        spec = _analyze(gm, {name: tuple(None if dim is None else Dim(
+            tuple(sym_expr(f) for f in dim.factors), dim.uniform) for dim in layout)
+            for name, layout in known_layouts.items()}, aliases)
+    spec.aliases = aliases
+    return spec
+
+
+def _sizes_of(val) -> tuple:
+    if isinstance(val, torch.Tensor):
+        return tuple(val.shape)
+    return (val,) if isinstance(val, torch.SymInt) else ()
+
+
+def _analyze(gm: fx.GraphModule, known_layouts: dict, aliases: dict) -> InputSpec:
     kinds, layouts, binding = [], [], {}
     for i, node in enumerate(n for n in gm.graph.nodes if n.op == "placeholder"):
         val = node.meta.get("val")
@@ -59,9 +90,10 @@ def analyze(gm: fx.GraphModule, known_layouts: dict) -> InputSpec:
             if free_unbacked_symbols(val):
                 raise NotPaddable("an input with a data-dependent size")
             shape = [sym_expr(s) for s in val.shape]
-            for d, expr in enumerate(shape):
-                if isinstance(expr, sympy.Symbol):
-                    binding.setdefault(expr, (i, d))
+            for d, size in enumerate(val.shape):
+                symbol = _own_symbol(size)
+                if symbol is not None:
+                    binding.setdefault(symbol, (i, d))
             layout = known_layouts.get(node.name)
             if layout is not None and not _fits(layout, shape):
                 layout = None  # another graph's tensor of the same name
@@ -79,8 +111,9 @@ def analyze(gm: fx.GraphModule, known_layouts: dict) -> InputSpec:
             layouts.append(tuple(layout))
         elif isinstance(val, torch.SymInt):
             expr = sym_expr(val)
-            if isinstance(expr, sympy.Symbol):  # it may be the only input that binds it
-                binding.setdefault(expr, (i, None))
+            symbol = _own_symbol(val)
+            if symbol is not None:  # it may be the only input that binds it
+                binding.setdefault(symbol, (i, None))
             kinds.append("size" if node.users else "unused")
             layouts.append(expr if node.users else None)
         elif node.users:
@@ -101,10 +134,16 @@ def analyze(gm: fx.GraphModule, known_layouts: dict) -> InputSpec:
         raise NotPaddable(f"size symbols {sorted(map(str, unbound))} are bound by no input")
     # Only sizes the program depends on pick buckets: a size input that no node reads and no
     # tensor's shape holds (Falcon's decode step has one) would compile one program per
-    # bucket of its own.
-    binding = {s: where for s, where in binding.items() if s in needed}
-    symbols = sorted(binding, key=str)
+    # bucket of its own. An aliased symbol stays bound, for the check of its size.
+    symbols = sorted((s for s in binding if s in needed), key=str)
+    binding = {s: where for s, where in binding.items() if s in needed or s in aliases}
     return InputSpec(kinds, layouts, symbols, binding)
+
+
+def _own_symbol(size):
+    """The symbol a size is, as Dynamo named it (an alias not applied), or None."""
+    expr = size.node.expr if isinstance(size, torch.SymInt) else None
+    return expr if isinstance(expr, sympy.Symbol) else None
 
 
 def _grows_with_its_symbol(expr) -> bool:
@@ -167,7 +206,8 @@ def trace_bucket(gm: fx.GraphModule, spec: InputSpec, pad_env: dict) -> BucketPl
     from ..lower.decompositions import decomposition_table
     from ..lower.index_checks import unchecked
     # Nodes keep their source node's meta (its stack trace: errors name the user's line).
-    with torch.no_grad(), unchecked(), fx_traceback.preserve_node_meta():
+    with torch.no_grad(), unchecked(), fx_traceback.preserve_node_meta(), \
+            assuming_equal(spec.aliases):
         plan.gm = make_fx(run, decomposition_table=decomposition_table(),
                           tracing_mode="fake")(*examples)
     return plan

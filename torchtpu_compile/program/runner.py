@@ -239,13 +239,14 @@ class GraphRunner:
             if self.mutated_inputs and hasattr(base, "adopt_inputs"):
                 # a static KV cache: no copy of its new value back (donation.py)
                 base.adopt_inputs(host_adoptions(base, self.mutated_inputs))
-            counters.record_compile(self.name, exact_shape=self._bucketed is False)
+            # a bucketed graph comes here for a call its buckets cannot serve (SizesDiffer)
+            counters.record_compile(self.name, exact_shape=self._bucketed is not None)
             self._programs[key] = program
         return program
 
     def _run_bucketed(self, args: list, precision: str):
         """Outputs from the graph's padded buckets, or None where it needs exact shapes."""
-        from ..buckets import BucketedGraph, NotPaddable
+        from ..buckets import BucketedGraph, NotPaddable, SizesDiffer
         try:
             if self._bucketed is None:
                 _refuse_views_of_inputs(self.gm, self.eager_layouts, self._graph_mutated)
@@ -257,6 +258,11 @@ class GraphRunner:
             warn_once(("exact_shape", self.name),
                       "torchtpu: %s compiles once per shape, not per bucket: %s", self.name,
                       reason)
+            return None
+        except SizesDiffer as reason:
+            warn_once(("sizes_differ", self.name),
+                      "torchtpu: %s runs a program of the exact shapes for calls where %s",
+                      self.name, reason)
             return None
 
     def _run_with_tangents(self, args: list) -> list:
