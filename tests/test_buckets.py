@@ -506,6 +506,25 @@ def test_a_gather_and_a_scatter_add_of_rows_padded_differently_match_eager(fresh
     assert graph["buckets"] == [[8, 16], [8, 32]] and graph["exact_shape_compiles"] == 1
 
 
+def test_an_index_put_of_rows_padded_differently_matches_eager(fresh_dynamo):
+    # x[:, i] = rows, and += rows: the rule took the values' padding to be x's own, and at
+    # (2, 12) against (3, 8) the program failed to broadcast the values to x's rows.
+    def fn(x, y):
+        rows, index = y.flatten(0, 1), torch.tensor([0, 2])
+        put = torch.ops.aten.index_put.default
+        return put(x.flatten(0, 1), [None, index], rows, True), \
+            put(x.flatten(0, 1), [None, index], rows * 3)
+    compiled = compile_tpu(fn)
+    for i, (a, b) in enumerate(APART):
+        x, y = torch.randn(*a, 4), torch.randn(*b, 2)
+        if i == 0:
+            _named_apart(x, y)
+        for actual, expected in zip(compiled(x, y), fn(x, y)):
+            assert torch.equal(actual, expected)
+    [graph] = _graphs().values()
+    assert graph["buckets"] == [[8, 16], [8, 32]] and graph["exact_shape_compiles"] == 1
+
+
 def test_a_loss_over_logits_and_labels_named_apart_trains_per_bucket(fresh_dynamo):
     # GPT-2's loss graph: logits and labels with sizes of their own. Its backward combines
     # the two flattened dims, and compiled once per shape; its forward's gather was silently

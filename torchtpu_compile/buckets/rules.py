@@ -956,19 +956,40 @@ def index_put(ctx, node, x, indices, values, accumulate=False):
         raise NotPaddable("index_put with a padded boolean mask")
     index_layout = broadcast_layout([ix for _, ix in given],
                                     max(ix.tensor.dim() for _, ix in given))
+    layout, covered = _values_layout(x, [d for d, _ in given], index_layout, values)
+    values = Padded(values.tensor, layout)
     if accumulate:
+        if not covered:  # padded entries would add the broadcast values somewhere real
+            raise NotPaddable("index_put adding values broadcast along a padded dim")
         return _index_put_adding_zeros(ctx, x, indices, index_layout, values)
     return _index_put_dropping_padding(ctx, node, x, indices, index_layout, values)
 
 
+def _values_layout(x: Padded, given: list, index_layout: tuple, values: Padded) -> tuple:
+    """(``values``' layout, each dim merged with the dim of ``x[indices]`` it is written to;
+    whether ``values`` has a dim for each padded dim of ``x[indices]``). A value lands at the
+    padded position of its own row, which must be the same row of ``x``; one broadcast along
+    a padded dim takes that dim's layout, so that its padding can be masked. ``x[indices]``
+    has the broadcast indices' dims where the indexed dims were (first, if they are not next
+    to each other), then ``x``'s other dims; values broadcast to it from the right."""
+    if given == list(range(given[0], given[-1] + 1)):
+        target = x.layout[:given[0]] + index_layout + x.layout[given[-1] + 1:]
+    else:
+        target = index_layout + tuple(l for d, l in enumerate(x.layout) if d not in given)
+    rank = values.tensor.dim()
+    if rank > len(target):
+        raise NotPaddable("index_put with values of more dims than the indexed result")
+    layout = []
+    for written, own in zip(target[len(target) - rank:], values.layout):
+        if own is not None and written is None:
+            raise NotPaddable("index_put of values padded along a dim that is not")
+        layout.append(merge_dims([written, own]))
+    return tuple(layout), all(d is None for d in target[:len(target) - rank])
+
+
 def _index_put_adding_zeros(ctx, x, indices, index_layout, values):
-    # Padded positions add zero wherever their (garbage) index points. values has the shape
-    # of the broadcast indices, then of x's dims that are not indexed.
-    if values.tensor.dim() < len(index_layout):
-        raise NotPaddable("index_put with broadcast values")
-    layout = tuple(merge_dims([i, v]) for i, v in zip(index_layout, values.layout)) \
-        + values.layout[len(index_layout):]
-    filled = ctx.fill(Padded(values.tensor, layout), 0)
+    # Padded positions add zero wherever their (garbage) index points.
+    filled = ctx.fill(values, 0)
     return Padded(aten.index_put.default(x.tensor, unwrap(indices, ctx), filled, True),
                   x.layout)
 
