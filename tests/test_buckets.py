@@ -485,6 +485,21 @@ def _named_apart(*tensors):
         torch._dynamo.mark_dynamic(t, 1)
 
 
+def _equal_to_eager_apart(fn, inputs):
+    """``fn`` compiled, called with ``inputs(a, b)`` at each pair of APART, equal to eager;
+    its buckets take the sizes as equal, checked at each call: the unequal call alone runs a
+    program of its exact shapes."""
+    compiled = compile_tpu(fn)
+    for i, (a, b) in enumerate(APART):
+        x, y = inputs(a, b)
+        if i == 0:
+            _named_apart(x, y)
+        for actual, expected in zip(compiled(x, y), fn(x, y)):
+            assert torch.equal(actual, expected)
+    [graph] = _graphs().values()
+    assert graph["buckets"] == [[8, 16], [8, 32]] and graph["exact_shape_compiles"] == 1
+
+
 def test_a_gather_and_a_scatter_add_of_rows_padded_differently_match_eager(fresh_dynamo):
     # The rules paired row i of the index with row i of the padded input whatever their
     # layouts: at (2, 12) against (3, 8) the flattened rows sit at other padded positions, and
@@ -493,17 +508,7 @@ def test_a_gather_and_a_scatter_add_of_rows_padded_differently_match_eager(fresh
         rows, index = x.flatten(0, 1), y.flatten(0, 1)
         ones = torch.ones_like(index, dtype=rows.dtype)
         return rows.gather(1, index), rows.scatter_add(1, index, ones)
-    compiled = compile_tpu(fn)
-    for i, (a, b) in enumerate(APART):
-        x, y = torch.randn(*a, 4), torch.randint(0, 4, (*b, 4))
-        if i == 0:
-            _named_apart(x, y)
-        for actual, expected in zip(compiled(x, y), fn(x, y)):
-            assert torch.equal(actual, expected)
-    # buckets that take the sizes as equal, checked at each call: the unequal call alone
-    # runs a program of its exact shapes
-    [graph] = _graphs().values()
-    assert graph["buckets"] == [[8, 16], [8, 32]] and graph["exact_shape_compiles"] == 1
+    _equal_to_eager_apart(fn, lambda a, b: (torch.randn(*a, 4), torch.randint(0, 4, (*b, 4))))
 
 
 def test_an_index_put_of_rows_padded_differently_matches_eager(fresh_dynamo):
@@ -514,15 +519,7 @@ def test_an_index_put_of_rows_padded_differently_matches_eager(fresh_dynamo):
         put = torch.ops.aten.index_put.default
         return put(x.flatten(0, 1), [None, index], rows, True), \
             put(x.flatten(0, 1), [None, index], rows * 3)
-    compiled = compile_tpu(fn)
-    for i, (a, b) in enumerate(APART):
-        x, y = torch.randn(*a, 4), torch.randn(*b, 2)
-        if i == 0:
-            _named_apart(x, y)
-        for actual, expected in zip(compiled(x, y), fn(x, y)):
-            assert torch.equal(actual, expected)
-    [graph] = _graphs().values()
-    assert graph["buckets"] == [[8, 16], [8, 32]] and graph["exact_shape_compiles"] == 1
+    _equal_to_eager_apart(fn, lambda a, b: (torch.randn(*a, 4), torch.randn(*b, 2)))
 
 
 def test_a_loss_over_logits_and_labels_named_apart_trains_per_bucket(fresh_dynamo):
