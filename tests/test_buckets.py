@@ -150,6 +150,9 @@ CASES = {
     # every part of a cat is a 1-d empty tensor (fuzz seed 1078: the rule indexed its first
     # kept part and raised IndexError)
     "cat_of_only_empty_parts": lambda x: (x * 2, torch.cat([x[0, 0, 5:], x[1, 0, 5:]])),
+    # a squeeze with no dim of size 1 is prims.view_of (BERT's regression head squeezes its
+    # logits before the MSE loss)
+    "squeeze_of_no_unit_dim": lambda x: (x.squeeze() * 2, x.sum(2).squeeze().cumsum(1)),
 }
 
 

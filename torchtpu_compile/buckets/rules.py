@@ -281,7 +281,7 @@ def same_layout(ctx, node, x, *args, **kwargs):
 
 
 for _op in (aten.clone.default, aten._to_copy.default, aten.alias.default, aten.detach.default,
-            aten.lift_fresh_copy.default):
+            aten.lift_fresh_copy.default, torch.ops.prims.view_of.default):
     RULES[_op] = same_layout
 
 # src's values broadcast into self's shape and dtype, element by element: the functional form
