@@ -344,6 +344,28 @@ def test_an_index_past_the_real_size_of_a_bucketed_dim_raises_as_eager():
     assert stats["exact_shape_compiles"] == 0 and stats["compiles"] == 2
 
 
+def test_an_ignored_index_that_is_a_bucketed_size_is_ignored_as_eager():
+    # BERT QA's loss: ``ignore_index=start_logits.size(1)``, a size known only at run time.
+    # The target equal to the real size is ignored; one past it, or negative, raises eager's
+    # error; the rule took the size for an int and every length compiled a program of its own.
+    def loss(logits, positions):
+        return F.cross_entropy(logits, positions, ignore_index=logits.shape[1])
+    compiled = compile_tpu(loss, dynamic=True)
+    for n in (5, 7, 13):
+        logits = torch.randn(3, n)
+        for bad in (n - 1, n, n + 1, -1):
+            positions = torch.tensor([0, bad, n])
+            expected, error = _eager_or_error(loss, logits, positions)
+            if error is None:
+                torch.testing.assert_close(compiled(logits, positions), expected)
+            else:
+                with pytest.raises(IndexError, match=re.escape(str(error))):
+                    compiled(logits, positions)
+    stats = torchtpu_compile.stats()
+    assert stats["buckets"]["exact_shape_compiles"] == 0 and stats["buckets"]["compiles"] == 2
+    assert stats["fallback_ops"] == {}
+
+
 def test_literal_indices_in_range_are_checked_on_the_host_once():
     # Masks and position ids built from arange: folded on the host, found in range, and no
     # check is left in the program. An index that is a literal out of range still raises.

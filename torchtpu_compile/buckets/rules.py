@@ -875,15 +875,28 @@ def index_check(ctx, node, index, size, dim, wraps, op, ignore=None):
     # dynamic dim is checked against its real size (an input of the program), as eager
     # checks it: an index between the real size and the bucket's raises too.
     # A divisor's padding is 1, which its check passes (index_errors.DIVISOR_OPS).
+    # An ignored index that is a size (BERT QA's ``ignore_index=start_logits.size(1)``) is
+    # known only at run time: its elements are checked as an in-range 0 and put back after.
+    ignored, given = None, index.tensor
+    if isinstance(ignore, Size):
+        ignored = aten.eq.Tensor(given, _int64(ignore.real))
+        index = Padded(aten.where.self(ignored, _scalar(0, index.tensor.dtype), index.tensor),
+                       index.layout)
+        ignore = None
     fill = ignore if ignore is not None else 1 if op in DIVISOR_OPS else 0
     index_tensor = ctx.fill(index, fill)
     if isinstance(size, Size):
-        real = size.real if isinstance(size.real, torch.Tensor) else \
-            torch.tensor(int(size.real), dtype=torch.int64)
-        checked = INDEX_CHECK_REAL(index_tensor, real, dim, wraps, op, ignore)
+        checked = INDEX_CHECK_REAL(index_tensor, _int64(size.real), dim, wraps, op, ignore)
     else:
         checked = INDEX_CHECK(index_tensor, size, dim, wraps, op, ignore)
+    if ignored is not None:
+        checked = aten.where.self(ignored, given, checked)
     return Padded(checked, index.layout)
+
+
+def _int64(value):
+    return value if isinstance(value, torch.Tensor) else torch.tensor(int(value),
+                                                                      dtype=torch.int64)
 
 
 @padding_rule(aten.embedding.default)
