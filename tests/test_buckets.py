@@ -69,6 +69,10 @@ def _row_sort(x):
     return values, indices
 
 
+def _last_rows(x):
+    return torch.arange(x.shape[0]) * x.shape[1] + x.shape[1] - 1 - torch.arange(x.shape[0])
+
+
 def _shift_right(x):
     # T5's and BART's shift_tokens_right: a slice assignment, functionalized to a copy
     shifted = x.new_zeros(x.shape)
@@ -152,6 +156,14 @@ CASES = {
     "cat_of_only_empty_parts": lambda x: (x * 2, torch.cat([x[0, 0, 5:], x[1, 0, 5:]])),
     # a squeeze with no dim of size 1 is prims.view_of (BERT's regression head squeezes its
     # logits before the MSE loss)
+    # rows of ``x.reshape(3 * n, 5)`` picked by their real positions ``i * n + j``: in the
+    # bucket, row (i, j) lies at ``i * N + j``; a whole-dim slice of such a dim (``flat[:, 0]``)
+    "positions_along_merged_dims": lambda x: (
+        x.reshape(-1, 5).index_select(0, _last_rows(x)),
+        x.reshape(-1, 5).gather(0, _last_rows(x)[:, None].expand(3, 5)),
+        torch.zeros(x.shape[0] * x.shape[1], 5).scatter_add(
+            0, _last_rows(x)[:, None].expand(3, 5), x[:, 0]).cumsum(0),
+        x.reshape(-1, 5)[:, 1:].sum(0)),
     "squeeze_of_no_unit_dim": lambda x: (x.squeeze() * 2, x.sum(2).squeeze().cumsum(1)),
 }
 
@@ -171,6 +183,49 @@ def test_rule_matches_eager_at_every_size(name, fresh_dynamo):
     assert stats["buckets"]["compiles"] == 2 and stats["buckets"]["hits"] == 1
     # what a rule emits lowers: nothing of the bucket's program runs in eager PyTorch
     assert stats["fallback_ops"] == {}
+
+
+def test_pooling_the_last_real_token_trains_per_bucket(fresh_dynamo):
+    # Hugging Face's GPT-2 and Llama sequence classifiers pool ``logits[arange(b), last]``:
+    # its backward adds into ``view(b * s, c)`` at ``i * s + last[i]``, with the batch and
+    # the length both padded. Each (b, s) compiled a program of its own.
+    def pooled(logits, ids):
+        last = (torch.arange(ids.shape[1]) * (ids != 0).int()).argmax(-1)
+        return logits[torch.arange(ids.shape[0]), last].square().sum()
+    compiled = compile_tpu(pooled)
+    for i, (b, s) in enumerate(((2, 9), (3, 13), (4, 20), (2, 11), (5, 7))):
+        ids = torch.randint(0, 5, (b, s))
+        logits = torch.randn(b, s, 3, requires_grad=True)
+        mine = logits.detach().clone().requires_grad_()
+        if i == 0:
+            for t in (mine, ids):
+                torch._dynamo.mark_dynamic(t, 0)
+                torch._dynamo.mark_dynamic(t, 1)
+        loss = compiled(mine, ids)
+        loss.backward()
+        expected = pooled(logits, ids)
+        expected.backward()
+        _close(loss, expected)
+        _close(mine.grad, logits.grad)
+    stats = torchtpu_compile.stats()
+    assert stats["buckets"]["exact_shape_compiles"] == 0 and stats["fallback_ops"] == {}
+
+
+def test_a_padded_dim_times_a_static_one_is_one_layout_however_spelled(fresh_dynamo):
+    # ``(s, 3)`` (a view of (s, 3, 4) as (3 * s, 4)) holds the first 3 * s rows, as a tensor
+    # of size 3 * s does: BERT's multiple-choice head meets both in its backward. The two
+    # were refused as "padded differently", and a view of 3 * s into (s, 3) as a split.
+    def fn(x, y):
+        return (x.reshape(-1, 4) + y).cumsum(0), (y.view(-1, 3, 4) * x).sum(1)
+    compiled = compile_tpu(fn)
+    for i, n in enumerate((5, 7, 13)):
+        x, y = torch.randn(n, 3, 4), torch.randn(3 * n, 4)
+        if i == 0:
+            torch._dynamo.mark_dynamic(x, 0)
+            torch._dynamo.mark_dynamic(y, 0)
+        for actual, expected in zip(compiled(x, y), fn(x, y)):
+            _close(actual, expected)
+    assert torchtpu_compile.stats()["buckets"]["exact_shape_compiles"] == 0
 
 
 def test_a_stack_of_empty_tensors_next_to_a_padded_one_matches_eager(fresh_dynamo):

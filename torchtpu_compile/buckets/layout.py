@@ -72,7 +72,21 @@ class Dim:
         return math.prod(evaluate(f, pad_env) for f in self.factors)
 
     def same_elements(self, other: Dim) -> bool:
-        return self.factors == other.factors
+        return canonical_factors(self.factors) == canonical_factors(other.factors)
+
+
+def canonical_factors(factors) -> tuple:
+    """``factors`` with each static factor that follows a padded one folded into it:
+    ``(s, 2)`` holds rows ``2 * i + c`` for ``i < s``, the first ``2 * s`` of ``2 * S``, as
+    ``(2 * s,)`` does (a view of ``(b, 2, s)`` as ``(b * 2, s)``, against ``(2 * b, s)``
+    from its gradient). ``(2, s)`` differs from both: rows ``c * S + i``."""
+    folded: list = []
+    for f in factors:
+        if isinstance(f, int) and folded and is_symbolic(folded[-1]):
+            folded[-1] = folded[-1] * f
+        else:
+            folded.append(f)
+    return tuple(folded)
 
 
 def prefix(expr) -> Dim:
@@ -348,6 +362,11 @@ def view_layout(layout, in_shape, out_exprs, pad_env: dict):
             if product * size <= target:
                 taken.append(factor)
                 product *= size
+                continue
+            coefficient, rest = sympy.sympify(factor).as_coeff_Mul()
+            if is_symbolic(factor) and coefficient > 1 and coefficient.is_Integer:
+                # ``(k * s,)`` holds what ``(s, k)`` does (canonical_factors): split that way
+                atoms[:0] = [(size // int(coefficient), rest), (int(coefficient),) * 2]
                 continue
             need = target // product
             if is_symbolic(factor) or target % product or size % need:

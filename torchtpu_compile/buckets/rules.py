@@ -198,6 +198,29 @@ def _prefix_dim(x: Padded, d: int, what: str) -> Dim | None:
     return dim
 
 
+def _positions_along(ctx, x: Padded, d: int, index, what: str):
+    """``index``, positions along ``x``'s dim ``d`` counted in real elements, as positions in
+    its padded layout. A dim that merges padded factors (``view(b * s, d)``) holds real row
+    ``i * s + j`` at ``i * S + j`` for a bucket of ``S``: the real position is split in the
+    mixed radix of the real sizes and joined in that of the padded ones. Positions out of the
+    real range stay out of the padded range (the outermost digit is not reduced)."""
+    dim = x.layout[d]
+    if dim is None or len(dim.factors) == 1:
+        return index
+    if index.dtype not in (torch.int64, torch.int32):
+        raise NotPaddable(f"{what} along a dim that merges padded dims")
+    rest, position, stride = index, None, 1
+    for factor in reversed(dim.factors[1:]):
+        real = evaluate(factor, ctx.real_env)
+        digit = aten.remainder.Tensor(rest, _int64(real)) if isinstance(real, torch.Tensor) \
+            else aten.remainder.Scalar(rest, real)
+        rest = aten.div.Tensor_mode(rest, _int64(real), rounding_mode="floor")
+        term = aten.mul.Scalar(digit, stride)
+        position = term if position is None else aten.add.Tensor(position, term)
+        stride *= evaluate(factor, ctx.pad_env)
+    return aten.add.Tensor(position, aten.mul.Scalar(rest, stride))
+
+
 def _tensor_overload(op):
     # A Size used as a value is a traced tensor: the Scalar overload becomes the Tensor one
     # (clamp, clamp_min and clamp_max take their Scalars in their default overload).
@@ -405,10 +428,10 @@ def slice_(ctx, node, x, dim=0, start=None, end=None, step=1):
         return Padded(aten.slice.Tensor(x.tensor, dim, start, end, step), x.layout)
     if step != 1:
         raise NotPaddable("a strided slice of a padded dim")
-    _prefix_dim(x, dim, "a slice")
     start = 0 if start is None else start
     if isinstance(start, int) and start >= 0 and out_expr == in_expr:
-        return x  # the whole dim
+        return x  # the whole dim (``x[:, 0]`` slices dim 0 whole first)
+    _prefix_dim(x, dim, "a slice")
     if _unbounded_at_padding(out_expr):
         raise NotPaddable(f"a slice of length {out_expr}")
     length = evaluate(out_expr, ctx.pad_env)
@@ -910,10 +933,10 @@ def embedding(ctx, node, weight, indices, *args):
 @padding_rule(aten.index_select.default)
 def index_select(ctx, node, x, dim, index):
     dim = _norm_dim(dim, len(x.layout))
-    _prefix_dim(x, dim, "index_select")  # real positions are padded positions in a prefix
     layout = list(x.layout)
     layout[dim] = index.layout[0]
-    return Padded(aten.index_select.default(x.tensor, dim, index.tensor), tuple(layout))
+    positions = _positions_along(ctx, x, dim, index.tensor, "index_select")
+    return Padded(aten.index_select.default(x.tensor, dim, positions), tuple(layout))
 
 
 def _rows_meet(x: Padded, index: Padded, skip, what: str) -> None:
@@ -937,9 +960,9 @@ def _rows_meet(x: Padded, index: Padded, skip, what: str) -> None:
 @padding_rule(aten.gather.default)
 def gather(ctx, node, x, dim, index, sparse_grad=False):
     dim = _norm_dim(dim, len(x.layout))
-    _prefix_dim(x, dim, "gather")
     _rows_meet(x, index, dim, "gather")
-    return Padded(aten.gather.default(x.tensor, dim, index.tensor, sparse_grad=sparse_grad),
+    positions = _positions_along(ctx, x, dim, index.tensor, "gather")
+    return Padded(aten.gather.default(x.tensor, dim, positions, sparse_grad=sparse_grad),
                   index.layout)
 
 
@@ -1036,11 +1059,13 @@ def _index_put_dropping_padding(ctx, node, x, indices, index_layout, values):
 @padding_rule(aten.scatter_add.default)
 def scatter_add(ctx, node, x, dim, index, src):
     dim = _norm_dim(dim, len(x.layout))
-    _prefix_dim(x, dim, "scatter_add")
     layout = broadcast_layout([index, src], src.tensor.dim())
     _rows_meet(x, Padded(None, layout), dim, "scatter_add")
     src_tensor = ctx.fill(Padded(src.tensor, layout), 0)
-    return Padded(aten.scatter_add.default(x.tensor, dim, index.tensor, src_tensor), x.layout)
+    # the backward of ``logits[arange(b), last]`` (sequence classification's pooling) adds
+    # into ``view(b * s, c)`` at the real rows ``i * s + last[i]``
+    positions = _positions_along(ctx, x, dim, index.tensor, "scatter_add")
+    return Padded(aten.scatter_add.default(x.tensor, dim, positions, src_tensor), x.layout)
 
 
 # --- normalization -----------------------------------------------------------------------------

@@ -25,7 +25,8 @@ from .. import config, counters
 from .._logging import log
 from ..profiling import trace_artifact
 from ..runtime.transfer import keep_aliased
-from .layout import DimsDiffer, NotPaddable, has_padding, outputs_plan, pad_plan, pad_with
+from .layout import (DimsDiffer, NotPaddable, canonical_factors, has_padding, outputs_plan,
+                     pad_plan, pad_with)
 from .background import compile_ahead
 from .kept_padding import KeptPadding, handed_back
 from .policy import bucket_size, choose
@@ -118,12 +119,14 @@ class BucketedGraph:
             while symbol in parent:
                 symbol = parent[symbol]
             return symbol
-        if len(first.factors) != len(other.factors):
+        ours, theirs = canonical_factors(first.factors), canonical_factors(other.factors)
+        if len(ours) != len(theirs):
             raise differ
-        for a, b in zip(first.factors, other.factors):
+        for a, b in zip(ours, theirs):
             if a == b:
                 continue
-            if not (isinstance(a, sympy.Symbol) and isinstance(b, sympy.Symbol)) or \
+            (k, a), (j, b) = sympy.sympify(a).as_coeff_Mul(), sympy.sympify(b).as_coeff_Mul()
+            if k != j or not (isinstance(a, sympy.Symbol) and isinstance(b, sympy.Symbol)) or \
                     real.get(a) is None or real.get(a) != real.get(b):
                 raise differ
             a, b = sorted((root(a), root(b)), key=str)
