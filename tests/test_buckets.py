@@ -604,6 +604,31 @@ def test_a_loss_over_logits_and_labels_named_apart_trains_per_bucket(fresh_dynam
         assert graph["buckets"] == [[16, 8], [32, 8]] and graph["exact_shape_compiles"] == 1
 
 
+def test_a_shifted_loss_over_sizes_named_apart_trains_per_bucket(fresh_dynamo):
+    # GPT2DoubleHeadsModel's LM loss: ``logits[..., :-1, :]`` against ``labels[..., 1:]``, of
+    # (b, 2, s) named apart. The sizes taken as equal were symbols only, not ``s - 1`` against
+    # ``t - 1``: forward and backward compiled once per shape.
+    def loss(logits, labels):
+        shifted = logits[..., :-1, :].contiguous()
+        return F.cross_entropy(shifted.view(-1, shifted.size(-1)), labels[..., 1:].reshape(-1))
+    compiled = compile_tpu(loss)
+    with config.patch(matmul_precision="highest"):
+        for i, (b, s) in enumerate(((2, 9), (2, 12), (3, 20), (1, 11))):
+            logits = torch.randn(b, 2, s, 7, requires_grad=True)
+            labels = torch.randint(0, 7, (b, 2, s))
+            if i == 0:
+                for t in (logits, labels):
+                    torch._dynamo.mark_dynamic(t, 0)
+                    torch._dynamo.mark_dynamic(t, 2)
+            reference = logits.detach().clone().requires_grad_()
+            actual, expected = compiled(logits, labels), loss(reference, labels)
+            actual.backward()
+            expected.backward()
+            _close(actual, expected)
+            _close(logits.grad, reference.grad)
+    assert torchtpu_compile.stats()["buckets"]["exact_shape_compiles"] == 0
+
+
 # --- switches and fallbacks --------------------------------------------------------------------
 
 def test_a_causal_lm_trained_at_several_lengths_compiles_per_bucket(fresh_dynamo):

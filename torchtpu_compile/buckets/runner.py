@@ -75,6 +75,16 @@ class _CallShapes:
         self.written = ()
 
 
+def _renamed_symbol(a, b) -> tuple:
+    """(x, y) where size ``b`` is size ``a`` with its one symbol x renamed y, else (None,
+    None)."""
+    a, b = sympy.sympify(a), sympy.sympify(b)
+    if len(a.free_symbols) != 1 or len(b.free_symbols) != 1:
+        return None, None
+    (x,), (y,) = a.free_symbols, b.free_symbols
+    return (x, y) if a.xreplace({x: y}) == b else (None, None)
+
+
 class BucketedGraph:
     """The programs of one symbolic graph, one per bucket (and precision)."""
 
@@ -125,9 +135,9 @@ class BucketedGraph:
         for a, b in zip(ours, theirs):
             if a == b:
                 continue
-            (k, a), (j, b) = sympy.sympify(a).as_coeff_Mul(), sympy.sympify(b).as_coeff_Mul()
-            if k != j or not (isinstance(a, sympy.Symbol) and isinstance(b, sympy.Symbol)) or \
-                    real.get(a) is None or real.get(a) != real.get(b):
+            # the same size of one symbol each, spelled by two (``s51 - 1`` and ``s54 - 1``)
+            a, b = _renamed_symbol(a, b)
+            if a is None or real.get(a) is None or real.get(a) != real.get(b):
                 raise differ
             a, b = sorted((root(a), root(b)), key=str)
             if a != b:
