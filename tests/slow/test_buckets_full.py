@@ -99,19 +99,29 @@ def test_a_language_model_trained_at_many_lengths_compiles_per_bucket(name, fres
     # shift_tokens_right writes a slice (copy), which both did; GPT-2's loss, after a graph
     # break, gets logits and labels whose sizes Dynamo named apart.
     from tests.support import zoo_full
-    from tests.support.model_checks import no_dropout
     eager, _ = zoo_full.ZOO[name][1]()
+
+    def inputs(batch, length):
+        ids = torch.randint(3, 90, (batch, length))
+        labels = ids[:, : max(2, length // 2)].contiguous() if name in ("t5", "bart") \
+            else ids
+        return dict(input_ids=ids, labels=labels)
+    _trains_as_eager_per_bucket(eager, inputs)
+
+
+def _trains_as_eager_per_bucket(eager, inputs):
+    """``eager`` and a compiled copy trained at 5 (batch, length) shapes of ``inputs``: the
+    loss and every gradient as eager's, no graph compiled per shape, no op in eager."""
+    from tests.support.model_checks import no_dropout
     no_dropout(eager)  # torchtpu draws dropout masks of its own
     model = copy.deepcopy(eager)
     compiled = compile_tpu(model)
     torch.manual_seed(0)
     with config.patch(matmul_precision="highest"):
         for batch, length in ((2, 9), (2, 17), (3, 23), (1, 31), (4, 12)):
-            ids = torch.randint(3, 90, (batch, length))
-            labels = ids[:, : max(2, length // 2)].contiguous() if name in ("t5", "bart") \
-                else ids
-            expected = eager(input_ids=ids, labels=labels).loss
-            actual = compiled(input_ids=ids, labels=labels).loss
+            kwargs = inputs(batch, length)
+            expected = eager(**kwargs).loss
+            actual = compiled(**kwargs).loss
             expected.backward()
             actual.backward()
             torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
@@ -124,3 +134,18 @@ def test_a_language_model_trained_at_many_lengths_compiles_per_bucket(name, fres
     stats = torchtpu_compile.stats()
     assert stats["buckets"]["exact_shape_compiles"] == 0, stats["graphs"]
     assert stats["fallback_ops"] == {}  # what the rules emit lowers
+
+
+@pytest.mark.parametrize("name", ["bert_regression", "bert_question_answering",
+                                  "bert_multiple_choice", "bert_token_classification",
+                                  "gpt2_sequence_classification", "gpt2_double_heads",
+                                  "llama_sequence_classification",
+                                  "bart_sequence_classification", "t5_sequence_classification"])
+def test_a_task_head_trained_at_many_shapes_compiles_per_bucket(name, fresh_dynamo):
+    # Every head but token classification compiled per shape until 2026-12-06: a squeeze of
+    # nothing (prims.view_of), an ignore_index that is the length, pooling at the last real
+    # token (a scatter into (b * s) rows), (s, 2) against (2 * s), sizes named apart as
+    # s - 1 against t - 1, and a runtime assert on sizes after a graph break.
+    from tests.support.task_heads import HEADS
+    eager, inputs = HEADS[name]()
+    _trains_as_eager_per_bucket(eager, inputs)

@@ -302,8 +302,8 @@ def _run_node(node: fx.Node, args, kwargs, ctx: Context):
     val = node.meta.get("val")
     if target is operator.getitem:
         return args[0][args[1]]
-    if target in _SKIPPED:
-        return None
+    if target in _SKIPPED or (node.users and all(u.target in _SKIPPED for u in node.users)):
+        return None  # a runtime assert, and the SymBool only it reads
     if isinstance(val, (torch.SymInt, torch.SymBool, torch.SymFloat)) or (
             not isinstance(target, torch._ops.OpOverload)):
         if isinstance(val, (torch.SymInt, torch.SymFloat)):
