@@ -153,6 +153,15 @@ def adaptive_max_pool2d(x, output_size):
                               in zip(x.shape[-2:], _expand(output_size, 2))])
 
 
+def _plane(sizes) -> int:
+    # Size.numel() of symbolic sizes specialized them: a guard per image size, and a CNN
+    # trained at a new size got a backward compiled for an earlier one (a shape error)
+    plane = 1
+    for size in sizes:
+        plane = plane * size
+    return plane
+
+
 def _max_pool_backward(dims: int):
     def backward(grad, x, *args):
         # Unlowered (torch-mlir fails to legalize max_pool2d_with_indices_backward: a leftover
@@ -160,7 +169,7 @@ def _max_pool_backward(dims: int):
         # maximum inside each plane of the last ``dims`` dims: each output's gradient goes to
         # that input position, summed where windows overlap.
         indices = args[-1]
-        flat_grad = torch.zeros(list(x.shape[:-dims]) + [x.shape[-dims:].numel()],
+        flat_grad = torch.zeros(list(x.shape[:-dims]) + [_plane(x.shape[-dims:])],
                                 dtype=grad.dtype)
         flat_grad = flat_grad.scatter_add(-1, indices.flatten(-dims), grad.flatten(-dims))
         return flat_grad.reshape(x.shape)
@@ -185,7 +194,7 @@ def _separable_max(x, windows: list):
     """
     dims = len(windows)
     spatial = x.shape[-dims:]
-    flat = torch.arange(spatial.numel()).reshape(spatial).expand(x.shape)
+    flat = torch.arange(_plane(spatial)).reshape(spatial).expand(x.shape)
     low = float("-inf") if x.is_floating_point() else torch.iinfo(x.dtype).min
     values = x
     for i in reversed(range(dims)):  # the first dim reduced last decides first
