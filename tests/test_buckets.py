@@ -11,6 +11,7 @@ import random
 import pytest
 import torch
 import torch._dynamo
+import torch.nn as nn
 import torch.nn.functional as F
 
 import torchtpu_compile
@@ -226,6 +227,71 @@ def test_a_padded_dim_times_a_static_one_is_one_layout_however_spelled(fresh_dyn
         for actual, expected in zip(compiled(x, y), fn(x, y)):
             _close(actual, expected)
     assert torchtpu_compile.stats()["buckets"]["exact_shape_compiles"] == 0
+
+
+#: Images whose height and width vary: convolutions read their own zero padding past the real
+#: end, where a bucket has its padding (each case has weights: its gradients are checked too).
+IMAGE_CASES = {
+    "conv_strided_padded": lambda: nn.Conv2d(3, 4, 7, stride=2, padding=3),
+    "conv_dilated_depthwise": lambda: nn.Conv2d(3, 3, 3, padding=2, dilation=2, groups=3),
+    "conv_transposed": lambda: nn.ConvTranspose2d(3, 2, 3, stride=2, padding=1,
+                                                  output_padding=1),
+    # max pooling's windows pad with -inf; its indices count real positions of the plane
+    "max_pool_with_indices": lambda: _Pooled(nn.MaxPool2d(3, 2, 1, return_indices=True)),
+    "max_pool_ceil_mode": lambda: nn.Sequential(nn.Conv2d(3, 2, 1),
+                                                nn.MaxPool2d(2, 2, ceil_mode=True)),
+    "global_average_pool": lambda: nn.Sequential(nn.Conv2d(3, 2, 3, padding=1),
+                                                 nn.AdaptiveAvgPool2d(1)),
+}
+
+
+class _Pooled(nn.Module):
+    def __init__(self, pool):
+        super().__init__()
+        self.conv, self.pool = nn.Conv2d(3, 2, 1), pool
+
+    def forward(self, x):
+        values, indices = self.pool(self.conv(x))
+        return values, indices
+
+
+@pytest.mark.parametrize("name", sorted(IMAGE_CASES))
+def test_image_ops_over_padded_height_and_width_match_eager(name, fresh_dynamo):
+    # They compiled once per image size ("a convolution over a padded channel or spatial dim").
+    torch.manual_seed(0)
+    eager = IMAGE_CASES[name]()
+    model = copy.deepcopy(eager)
+    compiled = compile_tpu(model)
+    with config.patch(matmul_precision="highest"):
+        for i, (h, w) in enumerate(((9, 9), (11, 14), (13, 7), (16, 15))):
+            x = torch.randn(2, 3, h, w)
+            if i == 0:
+                torch._dynamo.mark_dynamic(x, 2)
+                torch._dynamo.mark_dynamic(x, 3)
+            mine, theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
+            actual, expected = compiled(mine), eager(theirs)
+            for a, e in zip(_leaves(actual), _leaves(expected)):
+                if a.is_floating_point():
+                    _close(a, e)
+                else:
+                    assert torch.equal(a, e)
+            _first(actual).square().sum().backward()
+            _first(expected).square().sum().backward()
+            _close(mine.grad, theirs.grad)
+            for p, q in zip(model.parameters(), eager.parameters()):
+                _close(p.grad, q.grad)
+                p.grad = q.grad = None
+    stats = torchtpu_compile.stats()
+    assert stats["buckets"]["exact_shape_compiles"] == 0 and stats["fallback_ops"] == {}
+    assert stats["buckets"]["compiles"] == 4  # buckets 16 x 16, forward and backward
+
+
+def _leaves(value):
+    return value if isinstance(value, (tuple, list)) else (value,)
+
+
+def _first(value):
+    return _leaves(value)[0]
 
 
 def test_a_stack_of_empty_tensors_next_to_a_padded_one_matches_eager(fresh_dynamo):

@@ -325,7 +325,10 @@ def view_dtype(ctx, node, x, dtype):
 @padding_rule(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 def view(ctx, node, x, size):
     layout = view_layout(x.layout, list(x.tensor.shape), out_shape(node), ctx.pad_env)
-    return Padded(node.target(x.tensor, unwrap(size, ctx)), layout)
+    # A reshape: the padded program's strides are its own (a convolution over filled images
+    # comes out contiguous where eager's was channels-last), and a functional graph's views
+    # and copies hold the same values.
+    return Padded(aten.reshape.default(x.tensor, unwrap(size, ctx)), layout)
 
 
 @padding_rule(aten.permute.default)
@@ -802,16 +805,6 @@ def addmm(ctx, node, bias, a, b, beta=1, alpha=1):
     product = Padded(None, (a.layout[0], b.layout[1]))
     layout = broadcast_layout([bias, product], 2)
     return Padded(aten.addmm.default(bias.tensor, ta, tb, beta=beta, alpha=alpha), layout)
-
-
-@padding_rule(aten.convolution.default)
-def convolution(ctx, node, x, weight, bias, *args):
-    # Only the batch dim may be padded: each sample is convolved on its own.
-    if any(d is not None for d in x.layout[1:]) or any(d is not None for d in weight.layout):
-        raise NotPaddable("a convolution over a padded channel or spatial dim")
-    result = aten.convolution.default(x.tensor, weight.tensor,
-                                      None if bias is None else bias.tensor, *args)
-    return Padded(result, (x.layout[0],) + (None,) * (result.dim() - 1))
 
 
 # --- softmax, cumulative ops, sorting ----------------------------------------------------------

@@ -20,10 +20,12 @@ import sympy
 import torch
 import torch.fx as fx
 import torch.fx.traceback as fx_traceback
+from torch.utils._sympy import functions as symfn
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from .layout import Dim, NotPaddable, assuming_equal, evaluate, is_symbolic, prefix, sym_expr
+from . import spatial_rules  # noqa: F401  (registers its rules in RULES)
 from .rules import RULES, Context, Padded, Size, pointwise, unwrap
 
 _SKIPPED = {torch.ops.aten._assert_scalar.default, torch.ops.aten.sym_constrain_range.default,
@@ -100,7 +102,7 @@ def _analyze(gm: fx.GraphModule, known_layouts: dict, aliases: dict) -> InputSpe
             if layout is None:
                 layout = []
                 for expr in shape:
-                    if isinstance(expr, sympy.Symbol) or _grows_with_its_symbol(expr):
+                    if isinstance(expr, sympy.Symbol) or _grows_with_its_symbols(expr):
                         layout.append(prefix(expr))
                     elif is_symbolic(expr):
                         raise NotPaddable(f"input {node.name} has a dim {expr} whose padded "
@@ -146,25 +148,45 @@ def _own_symbol(size):
     return expr if isinstance(expr, sympy.Symbol) else None
 
 
-def _grows_with_its_symbol(expr) -> bool:
-    """Whether an input's dim ``expr`` is ``a * s + c`` (ints ``a >= 1`` and ``c``, one
-    symbol ``s``): a mask one longer than its cache (``s + 1``). Padded to its value at
-    ``s``'s bucket, its real elements are a prefix (``a * n + c <= a * P + c``), as a
-    symbol's are, so it shares ``s``'s bucket.
+def _grows_with_its_symbols(expr) -> bool:
+    """Whether an input's dim ``expr`` never shrinks as its symbols grow: sums, products with
+    positive ints and floor divisions by them, of symbols and ints (a mask one longer than its
+    cache, ``s + 1``; a strided convolution's output, ``(s - 1) // 2 + 1``, whose gradient a
+    backward takes). Padded to its value at the bucket, its real elements are a prefix
+    (``expr(n) <= expr(P)`` for ``n <= P``), as a symbol's are.
 
     Example::
 
-        _grows_with_its_symbol(s0 + 1)      # True
-        _grows_with_its_symbol(8 - s0)      # False: it shrinks as s0 grows
+        _grows_with_its_symbols(s0 + 1)      # True
+        _grows_with_its_symbols(8 - s0)      # False: it shrinks as s0 grows
     """
-    if not is_symbolic(expr) or len(expr.free_symbols) != 1:
-        return False
-    [symbol] = expr.free_symbols
-    poly = sympy.Poly(expr, symbol) if expr.is_polynomial(symbol) else None
-    if poly is None or poly.degree() != 1:
-        return False
-    a, c = poly.all_coeffs()
-    return a.is_Integer and c.is_Integer and a >= 1
+    return is_symbolic(expr) and _never_shrinks(expr)
+
+
+def _never_shrinks(expr) -> bool:
+    if isinstance(expr, sympy.Symbol) or expr.is_Integer:
+        return True
+    if isinstance(expr, sympy.Add):
+        return all(_never_shrinks(a) for a in expr.args)
+    if isinstance(expr, sympy.Mul):
+        ceiling = _ceiling_of(expr)  # -((-x) // k), ceil mode's output size
+        if ceiling is not None:
+            return _never_shrinks(ceiling)
+        return all(a > 0 if a.is_number else _never_shrinks(a) for a in expr.args)
+    if isinstance(expr, symfn.FloorDiv):
+        divisor = expr.args[1]
+        return divisor.is_Integer and divisor > 0 and _never_shrinks(expr.args[0])
+    return False
+
+
+def _ceiling_of(expr):
+    """``x / k`` where ``expr`` is ``-((-x) // k)``, sympy's spelling of ``ceil(x / k)``."""
+    if len(expr.args) != 2 or expr.args[0] != -1 or not isinstance(expr.args[1], symfn.FloorDiv):
+        return None
+    numerator, divisor = expr.args[1].args
+    if not (divisor.is_Integer and divisor > 0):
+        return None
+    return -numerator
 
 
 def _fits(layout, shape) -> bool:

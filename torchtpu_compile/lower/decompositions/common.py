@@ -13,6 +13,20 @@ from __future__ import annotations
 import torch
 
 
+def has_symbolic_size(*tensors) -> bool:
+    """Whether a size of ``tensors`` is symbolic. A decomposition that would turn a size's
+    remainder into a pad by a dynamic amount leaves its op whole there: a padded bucket serves
+    the whole op (``buckets/spatial_rules.py``), and the op is decomposed once its sizes are
+    static (a bucket's trace, an exact-shape program).
+
+    Example::
+
+        if has_symbolic_size(grad_out, x):
+            return NotImplemented
+    """
+    return any(isinstance(s, torch.SymInt) for t in tensors for s in t.shape)
+
+
 def computing_dtype(dtype: torch.dtype) -> torch.dtype:
     """float32 for the half-width floats, which eager's CPU kernels compute in; else ``dtype``."""
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype

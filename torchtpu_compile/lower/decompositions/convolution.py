@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from .common import has_symbolic_size
 from .registry import decomposition
 
 aten = torch.ops.aten
@@ -63,7 +64,7 @@ def transposed_convolution(x, weight, bias, stride, padding, dilation, transpose
     # torch-mlir fails on transposed convolutions (conv_transpose2d/3d). A transposed
     # convolution is a forward one over the input spread by the stride, padded by the kernel
     # extent less the padding, with the kernel flipped and its channel dims swapped.
-    if not transposed:
+    if not transposed or has_symbolic_size(x, weight):
         return NotImplemented
     spatial = x.dim() - 2
     stride, padding, dilation = list(stride), list(padding), list(dilation)
@@ -86,6 +87,8 @@ def convolution_backward(grad_out, input, weight, bias_sizes, stride, padding, d
     # torch-mlir 20261001's own lowering fails for 1-D convolutions, for groups > 1, and when
     # (in + 2*pad - extent) % stride differs between spatial dims. Both gradients are forward
     # convolutions, which lower in every case.
+    if has_symbolic_size(grad_out, input, weight):
+        return NotImplemented
     if transposed:
         return _transposed_convolution_backward(grad_out, input, weight, stride, padding,
                                                 dilation, groups, output_mask)

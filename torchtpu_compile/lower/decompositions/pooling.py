@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .common import computing_dtype
+from .common import computing_dtype, has_symbolic_size
 from .registry import decomposition
 
 aten = torch.ops.aten
@@ -103,6 +103,8 @@ def max_pool2d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ce
             return NotImplemented
         # An empty stride (F.max_pool2d(x, k)'s default) is the kernel; torch-mlir takes 1.
         return pool(x, kernel_size, _expand(kernel_size, dims), padding, dilation, False)
+    if has_symbolic_size(x):
+        return NotImplemented
     kernel = _expand(kernel_size, dims)
     stride = _expand(stride, dims) if stride else kernel
     padding, dilation = _expand(padding, dims), _expand(dilation, dims)
@@ -168,6 +170,8 @@ def _max_pool_backward(dims: int):
         # torch.constant.int). The forward saved, per output element, the flat index of its
         # maximum inside each plane of the last ``dims`` dims: each output's gradient goes to
         # that input position, summed where windows overlap.
+        if has_symbolic_size(grad, x):
+            return NotImplemented
         indices = args[-1]
         flat_grad = torch.zeros(list(x.shape[:-dims]) + [_plane(x.shape[-dims:])],
                                 dtype=grad.dtype)

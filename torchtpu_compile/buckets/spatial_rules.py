@@ -1,0 +1,176 @@
+"""Padding rules for images of many sizes: convolutions and pooling over padded spatial dims.
+
+A convolution reads, past the real end of a spatial dim, its own zero padding; a bucket's
+padding lies there instead. Filled with zeros (max pooling: with the lowest value, as its own
+padding reads), the padding is what eager's kernel reads, and every real output position, a
+prefix of the padded output, gets eager's value. The output's real size is the node's
+symbolic size, the same formula at the bucket's size. Channels are contracted, so a padded
+channel dim stays refused; a padded batch dim is independent per sample.
+
+Gradients: with the padding of both the incoming gradient and the input zero, the padded
+positions add nothing to the weight's gradient, and each real input position gathers the
+gradients of the real outputs only.
+
+Example::
+
+    model = torch.compile(resnet, backend="torchtpu")
+    torch._dynamo.mark_dynamic(images, 2); torch._dynamo.mark_dynamic(images, 3)
+    model(images)      # one program per bucket of (height, width), not per image size
+"""
+from __future__ import annotations
+
+import torch
+
+from .layout import NotPaddable, evaluate, is_symbolic, prefix, sym_expr
+from .rules import Padded, _prefix_dim, lowest, out_shape, padding_rule
+
+aten = torch.ops.aten
+
+
+def _spatial(x: Padded, what: str) -> list:
+    """The padded spatial dims of ``x`` (N, C, *spatial); a padded channel dim is refused."""
+    if x.layout[1] is not None:
+        raise NotPaddable(f"{what} over a padded channel dim")
+    padded = [d for d in range(2, len(x.layout)) if x.layout[d] is not None]
+    for d in padded:
+        _prefix_dim(x, d, what)
+    return padded
+
+
+def _output_layout(ctx, node, x: Padded, result, out_index=None) -> tuple:
+    """(batch layout, None, a prefix of the node's symbolic size per padded spatial dim)."""
+    shape = out_shape(node) if out_index is None else _symbolic_shape(
+        node.meta["val"][out_index])
+    layout = [x.layout[0], None]
+    for d in range(2, len(x.layout)):
+        if x.layout[d] is None:
+            layout.append(None)
+            continue
+        expr = shape[d]
+        if not is_symbolic(expr) or evaluate(expr, ctx.pad_env) != result.shape[d]:
+            raise NotPaddable(f"{node.target}'s output size {expr} is not its padded size")
+        layout.append(prefix(expr))
+    return tuple(layout)
+
+
+def _symbolic_shape(val) -> list:
+    return [sym_expr(s) for s in val.shape]
+
+
+def _real_count(ctx, node_x, x: Padded, dims: list):
+    shape = _symbolic_shape(node_x.meta["val"])
+    count = 1
+    for d in dims:
+        count = count * ctx.real_size(x, d, shape[d])
+    return count
+
+
+def _zero_padded(ctx, x: Padded):
+    return ctx.fill(x, 0) if x.padded else x.tensor
+
+
+@padding_rule(aten.convolution.default)
+def convolution(ctx, node, x, weight, bias, *args):
+    if any(d is not None for d in weight.layout):
+        raise NotPaddable("a convolution with a padded weight")
+    spatial = _spatial(x, "a convolution")
+    tensor = ctx.fill(x, 0, spatial) if spatial else x.tensor
+    result = aten.convolution.default(tensor, weight.tensor,
+                                      None if bias is None else bias.tensor, *args)
+    return Padded(result, _output_layout(ctx, node, x, result))
+
+
+@padding_rule(aten.convolution_backward.default)
+def convolution_backward(ctx, node, grad, x, weight, *args):
+    if any(d is not None for d in weight.layout):
+        raise NotPaddable("a convolution with a padded weight")
+    _spatial(x, "a convolution's gradient")
+    _spatial(grad, "a convolution's gradient")
+    grad_input, grad_weight, grad_bias = aten.convolution_backward.default(
+        _zero_padded(ctx, grad), _zero_padded(ctx, x), weight.tensor, *args)
+    return [None if grad_input is None else Padded(grad_input, x.layout),
+            None if grad_weight is None else Padded(grad_weight, (None,) * grad_weight.dim()),
+            None if grad_bias is None else Padded(grad_bias, (None,) * grad_bias.dim())]
+
+
+def _flat_positions(ctx, node_x, x: Padded, index, dims: list, to_real: bool):
+    """Positions flattened over ``x``'s ``dims`` (max pooling's indices, row-major over the
+    pooled dims), from the bucket's padded plane to the real one (``to_real``) or back."""
+    shape = _symbolic_shape(node_x.meta["val"])
+    real = [ctx.real_size(x, d, shape[d]) for d in dims]
+    padded = [x.tensor.shape[d] for d in dims]
+    source, target = (padded, real) if to_real else (real, padded)
+    rest, position, stride = index, None, 1
+    for d in reversed(range(1, len(dims))):
+        size = source[d]
+        size_tensor = size if isinstance(size, torch.Tensor) else torch.tensor(size)
+        digit = aten.remainder.Tensor(rest, size_tensor)
+        rest = aten.div.Tensor_mode(rest, size_tensor, rounding_mode="floor")
+        term = aten.mul.Tensor(digit, stride) if isinstance(stride, torch.Tensor) else \
+            aten.mul.Scalar(digit, stride)
+        position = term if position is None else aten.add.Tensor(position, term)
+        stride = stride * target[d]
+    last = aten.mul.Tensor(rest, stride) if isinstance(stride, torch.Tensor) else \
+        aten.mul.Scalar(rest, stride)
+    return last if position is None else aten.add.Tensor(position, last)
+
+
+def _pooled_dims(x: Padded, kernel_size) -> list:
+    return list(range(len(x.layout) - len(kernel_size), len(x.layout)))
+
+
+@padding_rule(aten.max_pool2d_with_indices.default, aten.max_pool3d_with_indices.default)
+def max_pool_with_indices(ctx, node, x, kernel_size, *args):
+    # Eager pads a window with the lowest value; the indices count real positions.
+    if len(x.layout) != 2 + len(kernel_size):
+        raise NotPaddable("max pooling of an unbatched input")
+    spatial = _spatial(x, "max pooling")
+    tensor = ctx.fill(x, lowest(x.tensor.dtype), spatial) if spatial else x.tensor
+    out, indices = node.target(tensor, kernel_size, *args)
+    layout = _output_layout(ctx, node, x, out, out_index=0)
+    if spatial:
+        indices = _flat_positions(ctx, node.args[0], x, indices,
+                                  _pooled_dims(x, kernel_size), to_real=True)
+    return [Padded(out, layout), Padded(indices, layout)]
+
+
+@padding_rule(aten.max_pool2d_with_indices_backward.default,
+              aten.max_pool3d_with_indices_backward.default)
+def max_pool_with_indices_backward(ctx, node, grad, x, kernel_size, *args):
+    *rest, indices = args
+    if len(x.layout) != 2 + len(kernel_size):
+        raise NotPaddable("max pooling of an unbatched input")
+    spatial = _spatial(x, "max pooling's gradient")
+    # padded outputs add nothing, and go to position 0 of their plane
+    positions = _flat_positions(ctx, node.args[1], x, ctx.fill(indices, 0),
+                                _pooled_dims(x, kernel_size), to_real=False) \
+        if spatial else indices.tensor
+    result = node.target(_zero_padded(ctx, grad), x.tensor, kernel_size, *rest, positions)
+    return Padded(result, x.layout)
+
+
+@padding_rule(aten._adaptive_avg_pool2d.default, aten._adaptive_avg_pool3d.default)
+def adaptive_avg_pool(ctx, node, x, output_size):
+    # To one value per channel (a classifier's global pooling): the mean of the real elements.
+    spatial = _spatial(x, "adaptive average pooling")
+    if not spatial:
+        return Padded(node.target(x.tensor, output_size), x.layout)
+    if any(s != 1 for s in output_size):
+        raise NotPaddable("adaptive average pooling of a padded dim to more than one value")
+    dims = _pooled_dims(x, output_size)
+    total = aten.sum.dim_IntList(ctx.fill(x, 0, spatial), dims, True)
+    return Padded(aten.div.Tensor(total, _real_count(ctx, node.args[0], x, dims)),
+                  (x.layout[0],) + (None,) * (len(x.layout) - 1))
+
+
+@padding_rule(aten._adaptive_avg_pool2d_backward.default,
+              aten._adaptive_avg_pool3d_backward.default)
+def adaptive_avg_pool_backward(ctx, node, grad, x):
+    spatial = _spatial(x, "adaptive average pooling's gradient")
+    if not spatial:
+        return Padded(node.target(grad.tensor, x.tensor), x.layout)
+    if any(s != 1 for s in grad.tensor.shape[2:]):
+        raise NotPaddable("adaptive average pooling of a padded dim to more than one value")
+    dims = _pooled_dims(x, grad.tensor.shape[2:])
+    share = aten.div.Tensor(grad.tensor, _real_count(ctx, node.args[1], x, dims))
+    return Padded(aten.expand.default(share, list(x.tensor.shape)).contiguous(), x.layout)
