@@ -149,3 +149,31 @@ def test_a_task_head_trained_at_many_shapes_compiles_per_bucket(name, fresh_dyna
     from tests.support.task_heads import HEADS
     eager, inputs = HEADS[name]()
     _trains_as_eager_per_bucket(eager, inputs)
+
+
+@pytest.mark.parametrize("name", ["resnet_hf", "convnext"])
+def test_a_vision_model_trained_at_many_image_sizes_compiles_per_bucket(name, fresh_dynamo):
+    # Convolutions over padded height and width compiled per image size until 2026-12-06.
+    from tests.support import zoo_full
+    eager, _ = zoo_full.ZOO[name][1]()
+
+    def inputs(batch, size):
+        return dict(pixel_values=torch.randn(batch, 3, size, size + 7 - batch),
+                    labels=torch.randint(0, 10, (batch,)))
+    _trains_as_eager_per_bucket(eager, inputs)
+
+
+@pytest.mark.parametrize("name", ["wav2vec2", "hubert"])
+def test_a_speech_model_at_many_audio_lengths_compiles_per_bucket(name, fresh_dynamo):
+    from tests.support import zoo_full
+    eager, _ = zoo_full.ZOO[name][1]()
+    eager.eval()
+    compiled = compile_tpu(eager)
+    torch.manual_seed(0)
+    with config.patch(matmul_precision="highest"), torch.no_grad():
+        for length in (400, 517, 733, 640, 999, 1201):
+            audio = torch.randn(2, length)
+            _close(compiled(audio).logits, eager(audio).logits)
+    stats = torchtpu_compile.stats()
+    assert stats["buckets"]["exact_shape_compiles"] == 0, stats["graphs"]
+    assert stats["fallback_ops"] == {}
