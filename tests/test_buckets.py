@@ -74,6 +74,13 @@ def _last_rows(x):
     return torch.arange(x.shape[0]) * x.shape[1] + x.shape[1] - 1 - torch.arange(x.shape[0])
 
 
+def _windows(x):
+    padded = F.pad(x, (0, 0, 0, (4 - x.shape[1] % 4) % 4))
+    windows = padded.view(3, padded.shape[1] // 4, 4, 5)
+    mixed = windows.softmax(2) * windows.sum(2, keepdim=True)
+    return mixed.view(3, -1, 5)[:, : x.shape[1]].cumsum(1)
+
+
 def _shift_right(x):
     # T5's and BART's shift_tokens_right: a slice assignment, functionalized to a copy
     shifted = x.new_zeros(x.shape)
@@ -165,6 +172,12 @@ CASES = {
         torch.zeros(x.shape[0] * x.shape[1], 5).scatter_add(
             0, _last_rows(x)[:, None].expand(3, 5), x[:, 0]).cumsum(0),
         x.reshape(-1, 5)[:, 1:].sum(0)),
+    # pads by sizes known at run time and cuts: a window partition's pad to a multiple of 7,
+    # TensorFlow-style "same" padding (a share of the total before the start), a crop
+    "pad_by_dynamic_amounts": lambda x: (
+        F.pad(x, (0, 0, 0, (7 - x.shape[1] % 7) % 7), value=1.0).softmax(1),
+        F.pad(x, (0, 0, x.shape[1] // 3, 1), value=2.0).softmax(1),
+        F.pad(x, (0, 0, -1, 0)).softmax(1)),
     "squeeze_of_no_unit_dim": lambda x: (x.squeeze() * 2, x.sum(2).squeeze().cumsum(1)),
 }
 
@@ -184,6 +197,20 @@ def test_rule_matches_eager_at_every_size(name, fresh_dynamo):
     assert stats["buckets"]["compiles"] == 2 and stats["buckets"]["hits"] == 1
     # what a rule emits lowers: nothing of the bucket's program runs in eager PyTorch
     assert stats["fallback_ops"] == {}
+
+
+def test_a_window_partition_matches_eager_per_bucket(fresh_dynamo):
+    # Swin's window partition and its reverse: the length padded to a multiple of 4 by a
+    # size's remainder, viewed as (windows, 4) and back (Dynamo may guard on the remainder).
+    compiled = compile_tpu(_windows)
+    with config.patch(matmul_precision="highest"):
+        for i, n in enumerate((3, 6, 13, 16, 9)):
+            x = torch.randn(3, n, 5)
+            if i == 0:
+                torch._dynamo.mark_dynamic(x, 1)
+            _close(compiled(x), _windows(x))
+    stats = torchtpu_compile.stats()
+    assert stats["buckets"]["exact_shape_compiles"] == 0 and stats["fallback_ops"] == {}
 
 
 def test_pooling_the_last_real_token_trains_per_bucket(fresh_dynamo):

@@ -184,6 +184,66 @@ def _minimum(a, b):
     return torch.minimum(torch.as_tensor(a), torch.as_tensor(b))
 
 
+def never_shrinks(expr) -> bool:
+    """Whether a size expression is built so that it never shrinks as its symbols grow: sums,
+    products with positive ints, floor and ceiling divisions by them, max and min, of
+    symbols and ints.
+
+    Example::
+
+        never_shrinks((s0 - 1) // 2 + 1)     # True
+        never_shrinks(8 - s0)                # False
+    """
+    if isinstance(expr, sympy.Symbol) or expr.is_Integer:
+        return True
+    if isinstance(expr, sympy.Add):
+        return all(never_shrinks(a) for a in expr.args)
+    if isinstance(expr, sympy.Mul):
+        ceiling = _ceiling_of(expr)  # -((-x) // k), ceil mode's output size
+        if ceiling is not None:
+            return never_shrinks(ceiling)
+        return all(a > 0 if a.is_number else never_shrinks(a) for a in expr.args)
+    if isinstance(expr, (sympy.Max, sympy.Min, symfn.Max, symfn.Min)):
+        return all(never_shrinks(a) for a in expr.args)
+    if isinstance(expr, symfn.FloorDiv):
+        divisor = expr.args[1]
+        return divisor.is_Integer and divisor > 0 and never_shrinks(expr.args[0])
+    return False
+
+
+def _ceiling_of(expr):
+    """``x / k`` where ``expr`` is ``-((-x) // k)``, sympy's spelling of ``ceil(x / k)``."""
+    if len(expr.args) != 2 or expr.args[0] != -1 or not isinstance(expr.args[1], symfn.FloorDiv):
+        return None
+    numerator, divisor = expr.args[1].args
+    if not (divisor.is_Integer and divisor > 0):
+        return None
+    return -numerator
+
+
+def prefix_holds(expr, pad_env: dict) -> bool:
+    """Whether a dim of size ``expr``, at the bucket's sizes ``pad_env``, is at least as large as
+    at every smaller real size, so that the real elements fit as a prefix: checked at each real
+    value for an expression of one symbol (a remainder's complement, ``s + (-s) % 7``, grows
+    in steps), else by its form (``never_shrinks``).
+
+    Example::
+
+        prefix_holds(s0 + Mod(-s0, 7), {s0: 16})    # True: 21 at 16, at most 21 below
+    """
+    if not is_symbolic(expr):
+        return True
+    if len(expr.free_symbols) != 1:
+        return never_shrinks(expr)
+    [symbol] = expr.free_symbols
+    symbol = (_EQUAL.get() or {}).get(symbol, symbol)
+    bucket = pad_env.get(symbol)
+    if not isinstance(bucket, int):
+        return never_shrinks(expr)
+    top = evaluate(expr, pad_env)
+    return all(evaluate(expr, {symbol: n}) <= top for n in range(1, bucket + 1))
+
+
 def factor_sizes(dim: Dim, env: dict) -> list:
     return [evaluate(f, env) for f in dim.factors]
 
@@ -363,6 +423,11 @@ def view_layout(layout, in_shape, out_exprs, pad_env: dict):
                 taken.append(factor)
                 product *= size
                 continue
+            if product == 1 and _splits_as(factor, expr, size, target, pad_env):
+                # a padded size that is always a multiple of its inner size (a window
+                # partition's ``s + (-s) % 7``, viewed as ``(... // 7, 7)``): real rows first
+                atoms[:0] = [(target, expr), (size // target,) * 2]
+                continue
             coefficient, rest = sympy.sympify(factor).as_coeff_Mul()
             if is_symbolic(factor) and coefficient > 1 and coefficient.is_Integer:
                 # ``(k * s,)`` holds what ``(s, k)`` does (canonical_factors): split that way
@@ -380,12 +445,43 @@ def view_layout(layout, in_shape, out_exprs, pad_env: dict):
         if not symbolic:
             out.append(None)
             continue
+        merged = canonical_factors(_merge_static(taken))
+        if len(merged) == 1 and _equal_up_to_bucket(merged[0], expr, pad_env):
+            out.append(prefix(expr))  # (s // 7, 7) back into s + (-s) % 7: its first rows
+            continue
         if sympy.simplify(sympy.Mul(*taken) - expr) != 0:
             raise NotPaddable(f"a view regroups padded dims into {expr} ambiguously")
         out.append(Dim(tuple(_merge_static(taken))))
     if any(is_symbolic(a[1]) for a in atoms):
         raise NotPaddable("a view drops a padded dim")
     return tuple(out)
+
+
+def _splits_as(factor, outer, size: int, target: int, pad_env: dict) -> bool:
+    """Whether ``factor`` (padded size ``size``) is ``outer * k`` for a static ``k`` at every
+    real size up to the bucket's, ``outer`` one symbol's size of padded size ``target``."""
+    if not (is_symbolic(factor) and is_symbolic(outer)) or size % target or size == target:
+        return False
+    return _equal_up_to_bucket(factor, (size // target) * outer, pad_env)
+
+
+def _equal_up_to_bucket(a, b, pad_env: dict) -> bool:
+    """Whether sizes ``a`` and ``b`` of one symbol are equal at every value up to its bucket
+    (sympy does not simplify ``7 * ((s + 6) // 7) - (s + (-s) % 7)`` to 0)."""
+    if a == b:
+        return True
+    if not (is_symbolic(a) and is_symbolic(b)):
+        return False
+    symbols = a.free_symbols | b.free_symbols
+    if len(symbols) != 1:
+        return False
+    [symbol] = symbols
+    symbol = (_EQUAL.get() or {}).get(symbol, symbol)
+    bucket = pad_env.get(symbol)
+    if not isinstance(bucket, int):
+        return False
+    return all(evaluate(a, {symbol: n}) == evaluate(b, {symbol: n})
+               for n in range(1, bucket + 1))
 
 
 def _merge_static(factors):

@@ -32,7 +32,7 @@ from torch.utils._sympy import functions as symfn
 
 from ..lower.index_checks import DIVISOR_OPS, INDEX_CHECK, INDEX_CHECK_REAL
 from .layout import Dim, DimsDiffer, NotPaddable, dim_mask, evaluate, is_symbolic, prefix, \
-    sym_expr, view_layout
+    prefix_holds, sym_expr, view_layout
 
 aten = torch.ops.aten
 RULES: dict = {}
@@ -575,21 +575,59 @@ def constant_pad(ctx, node, x, pad, value=0):
     # padding: that padding is set to the value first. Padding before the start keeps the real
     # elements a prefix as it is.
     rank = len(x.layout)
+    pairs = [(rank - 1 - i, pad[2 * i], pad[2 * i + 1]) for i in range(len(pad) // 2)]
+    moved = [(d, before, after) for d, before, after in pairs if _moves_elements(before, after)]
+    if moved:  # by a size or a negative amount: each such dim on its own, then the rest
+        for d, before, after in moved:
+            x = _pad_by_real_amounts(ctx, node, x, d, before, after, value)
+        pad = [0 if (d, b, a) in moved else v
+               for (d, b, a) in pairs for v in (b, a)]
+        if not any(pad):
+            return x
     layout = list(x.layout)
     shape = out_shape(node)
     filled = []
-    for i in range(len(pad) // 2):
-        d, before, after = rank - 1 - i, pad[2 * i], pad[2 * i + 1]
+    for d, before, after in ((rank - 1 - i, pad[2 * i], pad[2 * i + 1])
+                             for i in range(len(pad) // 2)):
         if x.layout[d] is None or not (before or after):
             continue
-        if not (isinstance(before, int) and isinstance(after, int)) or before < 0 or after < 0:
-            raise NotPaddable("constant_pad_nd of a padded dim by a negative or dynamic amount")
         _prefix_dim(x, d, "constant_pad_nd")
         layout[d] = prefix(shape[d])
         if after:
             filled.append(d)
     tensor = ctx.fill(x, value, filled) if filled else x.tensor
-    return Padded(aten.constant_pad_nd.default(tensor, pad, value), tuple(layout))
+    return Padded(aten.constant_pad_nd.default(tensor, unwrap(pad, ctx), value), tuple(layout))
+
+
+def _moves_elements(before, after) -> bool:
+    return any(isinstance(v, Size) or (isinstance(v, int) and v < 0) for v in (before, after))
+
+
+def _pad_by_real_amounts(ctx, node, x: Padded, d: int, before, after, value) -> Padded:
+    """``x`` padded along ``d`` by amounts known at run time, or cut by negative ones
+    (TensorFlow-style "same" padding of a convolution's input, ``W % stride``'s complement; a
+    window partition's ``-W % window``): output element i is real element ``i - before`` where
+    that is one, else ``value``, its real elements a prefix of the bucket's output."""
+    _prefix_dim(x, d, "constant_pad_nd")
+    in_expr = sym_expr(node.args[0].meta["val"].shape[d])
+    out_expr = sym_expr(node.meta["val"].shape[d])
+    if not prefix_holds(out_expr, ctx.pad_env):
+        raise NotPaddable(f"constant_pad_nd to a size {out_expr} that a smaller size outgrows")
+    length = int(evaluate(out_expr, ctx.pad_env))
+    real_in = _as_tensor(ctx.real_size(x, d, in_expr))
+    start = _as_tensor(before.real if isinstance(before, Size) else before)
+    source = aten.sub.Tensor(aten.arange.default(length, dtype=torch.int64), start)
+    inside = aten.logical_and.default(aten.ge.Scalar(source, 0),
+                                      aten.lt.Tensor(source, real_in))
+    read = aten.clamp.default(source, 0, max(x.tensor.shape[d] - 1, 0))
+    shape = [1] * len(x.layout)
+    shape[d] = length
+    picked = aten.index_select.default(x.tensor, d, read)
+    result = aten.where.self(aten.view.default(inside, shape), picked,
+                             _scalar(value, x.tensor.dtype))
+    layout = list(x.layout)
+    layout[d] = prefix(out_expr) if is_symbolic(out_expr) else None
+    return Padded(result, tuple(layout))
 
 
 # --- factories ---------------------------------------------------------------------------------

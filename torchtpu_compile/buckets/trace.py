@@ -20,11 +20,11 @@ import sympy
 import torch
 import torch.fx as fx
 import torch.fx.traceback as fx_traceback
-from torch.utils._sympy import functions as symfn
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-from .layout import Dim, NotPaddable, assuming_equal, evaluate, is_symbolic, prefix, sym_expr
+from .layout import (Dim, NotPaddable, assuming_equal, evaluate, is_symbolic, never_shrinks, prefix,
+                     prefix_holds, sym_expr)
 from . import spatial_rules  # noqa: F401  (registers its rules in RULES)
 from .rules import RULES, Context, Padded, Size, pointwise, unwrap
 
@@ -102,7 +102,8 @@ def _analyze(gm: fx.GraphModule, known_layouts: dict, aliases: dict) -> InputSpe
             if layout is None:
                 layout = []
                 for expr in shape:
-                    if isinstance(expr, sympy.Symbol) or _grows_with_its_symbols(expr):
+                    if isinstance(expr, sympy.Symbol) or _grows_with_its_symbols(expr) or \
+                            _of_one_symbol(expr):
                         layout.append(prefix(expr))
                     elif is_symbolic(expr):
                         raise NotPaddable(f"input {node.name} has a dim {expr} whose padded "
@@ -160,33 +161,14 @@ def _grows_with_its_symbols(expr) -> bool:
         _grows_with_its_symbols(s0 + 1)      # True
         _grows_with_its_symbols(8 - s0)      # False: it shrinks as s0 grows
     """
-    return is_symbolic(expr) and _never_shrinks(expr)
+    return is_symbolic(expr) and never_shrinks(expr)
 
 
-def _never_shrinks(expr) -> bool:
-    if isinstance(expr, sympy.Symbol) or expr.is_Integer:
-        return True
-    if isinstance(expr, sympy.Add):
-        return all(_never_shrinks(a) for a in expr.args)
-    if isinstance(expr, sympy.Mul):
-        ceiling = _ceiling_of(expr)  # -((-x) // k), ceil mode's output size
-        if ceiling is not None:
-            return _never_shrinks(ceiling)
-        return all(a > 0 if a.is_number else _never_shrinks(a) for a in expr.args)
-    if isinstance(expr, symfn.FloorDiv):
-        divisor = expr.args[1]
-        return divisor.is_Integer and divisor > 0 and _never_shrinks(expr.args[0])
-    return False
-
-
-def _ceiling_of(expr):
-    """``x / k`` where ``expr`` is ``-((-x) // k)``, sympy's spelling of ``ceil(x / k)``."""
-    if len(expr.args) != 2 or expr.args[0] != -1 or not isinstance(expr.args[1], symfn.FloorDiv):
-        return None
-    numerator, divisor = expr.args[1].args
-    if not (divisor.is_Integer and divisor > 0):
-        return None
-    return -numerator
+def _of_one_symbol(expr) -> bool:
+    # A size that grows in steps (``s + (-s) % 7``, a window partition's padded length): a
+    # prefix where the bucket's size is at least every smaller one's, which trace_bucket
+    # checks for the bucket at hand (layout.prefix_holds).
+    return is_symbolic(expr) and len(expr.free_symbols) == 1
 
 
 def _fits(layout, shape) -> bool:
@@ -212,6 +194,10 @@ def trace_bucket(gm: fx.GraphModule, spec: InputSpec, pad_env: dict) -> BucketPl
     examples = []
     for node, kind, layout in zip(placeholders, spec.kinds, spec.layouts):
         if kind == "tensor":
+            for dim in layout:
+                if dim is not None and not all(prefix_holds(f, pad_env) for f in dim.factors):
+                    raise NotPaddable(f"input {node.name} has a dim {dim.factors} that a "
+                                      f"smaller size outgrows at this bucket")
             val = node.meta["val"]
             examples.append(torch.zeros(padded_shape(layout, val, pad_env), dtype=val.dtype))
     examples += [torch.zeros((), dtype=torch.int64) for _ in spec.symbols]
