@@ -231,15 +231,15 @@ def prefix_holds(expr, pad_env: dict) -> bool:
 
         prefix_holds(s0 + Mod(-s0, 7), {s0: 16})    # True: 21 at 16, at most 21 below
     """
-    if not is_symbolic(expr):
+    if not is_symbolic(expr) or never_shrinks(expr):
         return True
     if len(expr.free_symbols) != 1:
-        return never_shrinks(expr)
+        return False
     [symbol] = expr.free_symbols
     symbol = (_EQUAL.get() or {}).get(symbol, symbol)
     bucket = pad_env.get(symbol)
     if not isinstance(bucket, int):
-        return never_shrinks(expr)
+        return False
     top = evaluate(expr, pad_env)
     return all(evaluate(expr, {symbol: n}) <= top for n in range(1, bucket + 1))
 
