@@ -686,15 +686,19 @@ def test_a_loss_over_logits_and_labels_named_apart_trains_per_bucket(fresh_dynam
             labels[0, 0] = -100
             if i == 0:
                 _named_apart(logits, labels)
-            reference = logits.detach().clone().requires_grad_()
-            actual, expected = compiled(logits, labels), loss(reference, labels)
-            actual.backward()
-            expected.backward()
-            _close(actual, expected)
-            _close(logits.grad, reference.grad)
+            _loss_and_gradient_as_eager(compiled, loss, logits, labels)
     [forward], [backward] = _graphs("/forward").values(), _graphs("/backward").values()
     for graph in (forward, backward):
         assert graph["buckets"] == [[16, 8], [32, 8]] and graph["exact_shape_compiles"] == 1
+
+
+def _loss_and_gradient_as_eager(compiled, loss, logits, labels):
+    reference = logits.detach().clone().requires_grad_()
+    actual, expected = compiled(logits, labels), loss(reference, labels)
+    actual.backward()
+    expected.backward()
+    _close(actual, expected)
+    _close(logits.grad, reference.grad)
 
 
 def test_a_shifted_loss_over_sizes_named_apart_trains_per_bucket(fresh_dynamo):
@@ -713,12 +717,7 @@ def test_a_shifted_loss_over_sizes_named_apart_trains_per_bucket(fresh_dynamo):
                 for t in (logits, labels):
                     torch._dynamo.mark_dynamic(t, 0)
                     torch._dynamo.mark_dynamic(t, 2)
-            reference = logits.detach().clone().requires_grad_()
-            actual, expected = compiled(logits, labels), loss(reference, labels)
-            actual.backward()
-            expected.backward()
-            _close(actual, expected)
-            _close(logits.grad, reference.grad)
+            _loss_and_gradient_as_eager(compiled, loss, logits, labels)
     assert torchtpu_compile.stats()["buckets"]["exact_shape_compiles"] == 0
 
 

@@ -323,6 +323,15 @@ def _eager_or_error(fn, *args):
         return None, exc
 
 
+def _returns_or_raises_as_eager(compiled, fn, *args):
+    expected, error = _eager_or_error(fn, *args)
+    if error is None:
+        torch.testing.assert_close(compiled(*args), expected)
+    else:
+        with pytest.raises(IndexError, match=re.escape(str(error))):
+            compiled(*args)
+
+
 def test_an_index_past_the_real_size_of_a_bucketed_dim_raises_as_eager():
     # Bucket 8 serves sizes 5 and 7 (16 serves 13): an index between the real size and the
     # bucket's, or below minus the real size, raises eager's IndexError with eager's message
@@ -334,12 +343,7 @@ def test_an_index_past_the_real_size_of_a_bucketed_dim_raises_as_eager():
         x = torch.randn(n, 3)
         for i in (n - 1, -n, n, n + 2, -n - 1):
             index = torch.tensor([0, i])
-            expected, error = _eager_or_error(rows, x, index)
-            if error is None:
-                torch.testing.assert_close(compiled(x, index), expected)
-            else:
-                with pytest.raises(IndexError, match=re.escape(str(error))):
-                    compiled(x, index)
+            _returns_or_raises_as_eager(compiled, rows, x, index)
     stats = torchtpu_compile.stats()["buckets"]
     assert stats["exact_shape_compiles"] == 0 and stats["compiles"] == 2
 
@@ -355,12 +359,7 @@ def test_an_ignored_index_that_is_a_bucketed_size_is_ignored_as_eager():
         logits = torch.randn(3, n)
         for bad in (n - 1, n, n + 1, -1):
             positions = torch.tensor([0, bad, n])
-            expected, error = _eager_or_error(loss, logits, positions)
-            if error is None:
-                torch.testing.assert_close(compiled(logits, positions), expected)
-            else:
-                with pytest.raises(IndexError, match=re.escape(str(error))):
-                    compiled(logits, positions)
+            _returns_or_raises_as_eager(compiled, loss, logits, positions)
     stats = torchtpu_compile.stats()
     assert stats["buckets"]["exact_shape_compiles"] == 0 and stats["buckets"]["compiles"] == 2
     assert stats["fallback_ops"] == {}
