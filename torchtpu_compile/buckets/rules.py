@@ -209,16 +209,29 @@ def _positions_along(ctx, x: Padded, d: int, index, what: str):
         return index
     if index.dtype not in (torch.int64, torch.int32):
         raise NotPaddable(f"{what} along a dim that merges padded dims")
+    return reradix(index, [evaluate(f, ctx.real_env) for f in dim.factors],
+                   [evaluate(f, ctx.pad_env) for f in dim.factors])
+
+
+def reradix(index, source: list, target: list):
+    """``index``, row-major positions over dims of sizes ``source``, as the positions of the
+    same elements over dims of sizes ``target`` (ints or traced 0-d int64 tensors): split in
+    one mixed radix, joined in the other. The outermost digit is kept whole, so a position
+    past the end stays past it.
+
+    Example::
+
+        reradix(torch.tensor([4]), [3, 3], [3, 8])   # tensor([9]): row 1, column 1
+    """
     rest, position, stride = index, None, 1
-    for factor in reversed(dim.factors[1:]):
-        real = evaluate(factor, ctx.real_env)
-        digit = aten.remainder.Tensor(rest, _int64(real)) if isinstance(real, torch.Tensor) \
-            else aten.remainder.Scalar(rest, real)
-        rest = aten.div.Tensor_mode(rest, _int64(real), rounding_mode="floor")
-        term = aten.mul.Scalar(digit, stride)
+    for size, size_there in zip(reversed(source[1:]), reversed(target[1:])):
+        digit = aten.remainder.Tensor(rest, _int64(size))
+        rest = aten.div.Tensor_mode(rest, _int64(size), rounding_mode="floor")
+        term = aten.mul.Tensor(digit, _int64(stride))
         position = term if position is None else aten.add.Tensor(position, term)
-        stride *= evaluate(factor, ctx.pad_env)
-    return aten.add.Tensor(position, aten.mul.Scalar(rest, stride))
+        stride = stride * size_there
+    last = aten.mul.Tensor(rest, _int64(stride))
+    return last if position is None else aten.add.Tensor(position, last)
 
 
 def _tensor_overload(op):

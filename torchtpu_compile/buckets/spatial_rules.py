@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from .layout import NotPaddable, evaluate, is_symbolic, prefix, sym_expr
-from .rules import Padded, _prefix_dim, lowest, out_shape, padding_rule
+from .rules import Padded, _prefix_dim, lowest, out_shape, padding_rule, reradix
 
 aten = torch.ops.aten
 
@@ -99,20 +99,7 @@ def _flat_positions(ctx, node_x, x: Padded, index, dims: list, to_real: bool):
     shape = _symbolic_shape(node_x.meta["val"])
     real = [ctx.real_size(x, d, shape[d]) for d in dims]
     padded = [x.tensor.shape[d] for d in dims]
-    source, target = (padded, real) if to_real else (real, padded)
-    rest, position, stride = index, None, 1
-    for d in reversed(range(1, len(dims))):
-        size = source[d]
-        size_tensor = size if isinstance(size, torch.Tensor) else torch.tensor(size)
-        digit = aten.remainder.Tensor(rest, size_tensor)
-        rest = aten.div.Tensor_mode(rest, size_tensor, rounding_mode="floor")
-        term = aten.mul.Tensor(digit, stride) if isinstance(stride, torch.Tensor) else \
-            aten.mul.Scalar(digit, stride)
-        position = term if position is None else aten.add.Tensor(position, term)
-        stride = stride * target[d]
-    last = aten.mul.Tensor(rest, stride) if isinstance(stride, torch.Tensor) else \
-        aten.mul.Scalar(rest, stride)
-    return last if position is None else aten.add.Tensor(position, last)
+    return reradix(index, padded, real) if to_real else reradix(index, real, padded)
 
 
 def _pooled_dims(x: Padded, kernel_size) -> list:
