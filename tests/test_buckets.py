@@ -179,6 +179,24 @@ CASES = {
         F.pad(x, (0, 0, x.shape[1] // 3, 1), value=2.0).softmax(1),
         F.pad(x, (0, 0, -1, 0)).softmax(1)),
     "squeeze_of_no_unit_dim": lambda x: (x.squeeze() * 2, x.sum(2).squeeze().cumsum(1)),
+    # a view that moves real elements: a padded dim split (an interpolation's indices,
+    # ``cat([a, b]).view(2, n)``), padded dims regrouped; each was "a view splits a padded dim"
+    "view_that_moves_real_elements": lambda x: (
+        torch.cat([x, x * 2], 1).view(3, 2, x.shape[1], 5).softmax(2),
+        x.transpose(0, 1).reshape(x.shape[1], 15).reshape(-1, 3).cumsum(0)),
+    # rows of merged padded dims after others (ViT's class token before its patches), and
+    # next to a prefix of their product (BEiT's relative position index)
+    "merged_dims_as_a_prefix": lambda x: (
+        torch.cat([x[0, :1] * 3, x.reshape(-1, 5)], 0).softmax(0),
+        x.reshape(-1, 5) + torch.arange(x.shape[0] * x.shape[1])[:, None]),
+    # every k-th element to the end (Swin's patch merging, ``x[:, 1::2]``)
+    "strided_slice_to_the_end": lambda x: (
+        x[:, ::2] * 2, torch.cat([x, x * 2], 1)[:, 1::2].cumsum(1),
+        torch.cat([x, x, x], 1)[:, 2::3].softmax(1)),
+    # ConvNeXt V2's global response normalization: zeros add nothing to a norm of order >= 0
+    "vector_norm": lambda x: (
+        torch.linalg.vector_norm(x, dim=1), torch.linalg.vector_norm(x, 1, dim=(1, 2)),
+        torch.linalg.vector_norm(x, math.inf, dim=1), torch.linalg.vector_norm(x, 0, dim=1)),
 }
 
 
@@ -209,6 +227,47 @@ def test_a_window_partition_matches_eager_per_bucket(fresh_dynamo):
             if i == 0:
                 torch._dynamo.mark_dynamic(x, 1)
             _close(compiled(x), _windows(x))
+    stats = torchtpu_compile.stats()
+    assert stats["buckets"]["exact_shape_compiles"] == 0 and stats["fallback_ops"] == {}
+
+
+def _grid_windows(x):
+    # Swin's window attention over a (height, width) grid: padded to even sizes, split into
+    # 2 x 2 windows (batch and both window counts merged into one dim), put back, cropped
+    # where it was padded (a branch Dynamo guards on); then its patch merging.
+    b, h, w, c = x.shape
+    pad_h, pad_w = (2 - h % 2) % 2, (2 - w % 2) % 2
+    y = F.pad(x, (0, 0, 0, pad_w, 0, pad_h))
+    hp, wp = y.shape[1], y.shape[2]
+    windows = y.view(b, hp // 2, 2, wp // 2, 2, c).permute(0, 1, 3, 2, 4, 5).reshape(-1, 4, c)
+    mixed = windows.softmax(1) * windows.sum(1, keepdim=True)
+    back = mixed.view(-1, 2, 2, c).view(b, hp // 2, wp // 2, 2, 2, c)
+    back = back.permute(0, 1, 3, 2, 4, 5).reshape(b, hp, wp, c)
+    if pad_h > 0 or pad_w > 0:
+        back = back[:, :h, :w, :].contiguous()
+    out = x + back
+    # patch merging: every other row and column, of the grid padded to even sizes again
+    z = F.pad(out, (0, 0, 0, pad_w, 0, pad_h))
+    merged = torch.cat([z[:, 0::2, 0::2], z[:, 1::2, 1::2]], -1)
+    return out.reshape(b, h * w, c).softmax(1), merged.reshape(b, -1, 2 * c).softmax(1)
+
+
+def test_windows_of_a_grid_padded_to_a_multiple_train_per_bucket(fresh_dynamo):
+    # Dynamo spells the window counts as ``X // (X // 2)``-style sizes that sympy does not
+    # simplify, equal only under the graph's guards: each image size compiled on its own.
+    compiled = compile_tpu(_grid_windows)
+    with config.patch(matmul_precision="highest"):
+        for i, (h, w) in enumerate(((6, 8), (10, 12), (7, 9), (12, 14), (9, 5))):
+            x = torch.randn(2, h, w, 3)
+            if i == 0:
+                torch._dynamo.mark_dynamic(x, 1)
+                torch._dynamo.mark_dynamic(x, 2)
+            mine, theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
+            actual, expected = compiled(mine), _grid_windows(theirs)
+            _close(actual, expected)
+            sum(a.square().sum() for a in actual).backward()
+            sum(e.square().sum() for e in expected).backward()
+            _close(mine.grad, theirs.grad)
     stats = torchtpu_compile.stats()
     assert stats["buckets"]["exact_shape_compiles"] == 0 and stats["fallback_ops"] == {}
 
@@ -269,6 +328,12 @@ IMAGE_CASES = {
                                                 nn.MaxPool2d(2, 2, ceil_mode=True)),
     "global_average_pool": lambda: nn.Sequential(nn.Conv2d(3, 2, 3, padding=1),
                                                  nn.AdaptiveAvgPool2d(1)),
+    # each window divided by its area (PoolFormer: padding not counted, by the pad and
+    # divisor it decomposes to)
+    "average_pool": lambda: nn.Sequential(nn.Conv2d(3, 2, 1), nn.AvgPool2d(3, 2, 1),
+                                          nn.AvgPool2d(2)),
+    "average_pool_padding_not_counted": lambda: nn.Sequential(
+        nn.Conv2d(3, 2, 1), nn.AvgPool2d(3, 1, 1, count_include_pad=False)),
 }
 
 

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import itertools
 import math
 import operator
+from fractions import Fraction
 from dataclasses import dataclass
 
 import sympy
@@ -62,6 +64,54 @@ def assuming_equal(aliases: dict):
         _EQUAL.reset(token)
 
 
+# The graph's guards on one size symbol each (``Eq(Mod(s0, 4), 0)``, Swin's "no window
+# padding needed" branch), while a bucket is traced (``under_guards``): every real size that
+# reaches the bucket's program passed them, so sizes compared over "every size up to the
+# bucket" need only hold at the sizes that pass.
+_GUARDS: contextvars.ContextVar = contextvars.ContextVar("torchtpu_size_guards", default=None)
+
+
+@contextlib.contextmanager
+def under_guards(guards, pad_env: dict):
+    """Within the block (a bucket of sizes ``pad_env`` traced), sizes compared at every value
+    up to the bucket (``prefix_holds``, the equalities of ``view_layout`` and
+    ``Dim.same_elements``) skip the values that fail one of ``guards`` (sympy relations of
+    one symbol each; others are ignored).
+
+    Example::
+
+        with under_guards([sympy.Eq(Mod(s0, 2), 0)], {s0: 8}):
+            constant_size(2 * ((s0 + Mod(s0, 2)) // 2) - s0, {s0: 8})   # 0
+    """
+    by_symbol: dict = {}
+    for guard in guards:
+        guard = _canonical(guard)
+        if len(guard.free_symbols) == 1:
+            by_symbol.setdefault(next(iter(guard.free_symbols)), []).append(guard)
+    token = _GUARDS.set((by_symbol, {}, pad_env))
+    try:
+        yield
+    finally:
+        _GUARDS.reset(token)
+
+
+def _passes_guards(symbol, n: int) -> bool:
+    state = _GUARDS.get()
+    if state is None:
+        return True
+    by_symbol, seen, _ = state
+    if (symbol, n) not in seen:
+        seen[(symbol, n)] = not any(_fails(g, symbol, n) for g in by_symbol.get(symbol, ()))
+    return seen[(symbol, n)]
+
+
+def _fails(guard, symbol, n: int) -> bool:
+    try:
+        return guard.xreplace({symbol: sympy.Integer(n)}) is sympy.false
+    except (AssertionError, ZeroDivisionError, TypeError, ValueError):
+        return False  # undecided at n (torch's size functions refuse negative operands)
+
+
 @dataclass(frozen=True)
 class Dim:
     """A padded dim: row-major ``factors``; ``uniform`` if values do not vary along it."""
@@ -72,7 +122,20 @@ class Dim:
         return math.prod(evaluate(f, pad_env) for f in self.factors)
 
     def same_elements(self, other: Dim) -> bool:
-        return canonical_factors(self.factors) == canonical_factors(other.factors)
+        mine, theirs = canonical_factors(self.factors), canonical_factors(other.factors)
+        if mine == theirs:
+            return True
+        # While a bucket is traced: factors spelled apart but equal at every real size that
+        # passes the guards, and at the bucket's (Swin's ``2 * (h // 2)`` against ``h``
+        # under its guard that ``h`` is even).
+        state = _GUARDS.get()
+        if state is None or len(mine) != len(theirs):
+            return False
+        pad_env = state[2]
+        return all(a == b or (is_symbolic(a) and is_symbolic(b)
+                              and evaluate(a, pad_env) == evaluate(b, pad_env)
+                              and _equal_up_to_bucket(a, b, pad_env))
+                   for a, b in zip(mine, theirs))
 
 
 def canonical_factors(factors) -> tuple:
@@ -162,6 +225,11 @@ def evaluate(expr, env: dict):
         return float(args[0]) if isinstance(args[0], int) else args[0].to(torch.float64)
     if isinstance(expr, (symfn.FloatTrueDiv, symfn.IntTrueDiv)):
         return args[0] / args[1]
+    if isinstance(expr, (symfn.CeilToInt, symfn.FloorToInt)):  # math.ceil of a size ratio
+        rounded = math.ceil if isinstance(expr, symfn.CeilToInt) else math.floor
+        if isinstance(args[0], (int, float)):
+            return rounded(args[0])
+        return (torch.ceil if rounded is math.ceil else torch.floor)(args[0]).to(torch.int64)
     raise NotPaddable(f"size expression {expr} ({type(expr).__name__}) is not supported")
 
 
@@ -233,15 +301,117 @@ def prefix_holds(expr, pad_env: dict) -> bool:
     """
     if not is_symbolic(expr) or never_shrinks(expr):
         return True
-    if len(expr.free_symbols) != 1:
+    split = _by_symbol(expr)
+    if split is None:  # symbols that do not separate: at each combination of their sizes
+        top = evaluate(expr, pad_env)
+        return _holds_on_grid(lambda env: evaluate(expr, env) <= top, expr.free_symbols,
+                              pad_env)
+    if split[0] <= 0:
         return False
-    [symbol] = expr.free_symbols
-    symbol = (_EQUAL.get() or {}).get(symbol, symbol)
+    for symbol, term in split[1].items():
+        values = _values_up_to_bucket(term, symbol, pad_env)
+        if values is None:
+            return False
+        top = evaluate(term, {symbol: pad_env[symbol]})
+        if any(v is not None and not 0 <= v <= top for v in values):
+            return False
+    return True
+
+
+def constant_size(expr, pad_env: dict):
+    """The one value a symbolic size takes at every size up to the bucket's, or None: a
+    window of a grid, ``X // (X // 2)``, is 2 wherever it is defined, which sympy does not
+    see.
+
+    Example::
+
+        constant_size(X // (X // 2), {s0: 16})   # 2, X = s0 rounded up to even
+    """
+    if not is_symbolic(expr):
+        return int(expr)
+    split = _by_symbol(expr)
+    if split is None or not split[0].is_Integer:
+        return None
+    value = int(split[0])
+    for symbol, term in split[1].items():
+        values = _values_up_to_bucket(term, symbol, pad_env)
+        seen = {v for v in values or [None] if v is not None}
+        if values is None or len(seen) != 1 or not isinstance(next(iter(seen)), int):
+            return None
+        value *= seen.pop()
+    return value
+
+
+def simplified_size(expr, pad_env: dict, known=()):
+    """``expr`` with each part of one symbol that is one value (``constant_size``) replaced by
+    that value, and each that equals one of the ``known`` sizes at every real size up to the
+    bucket (under the graph's guards) replaced by it, so that sympy simplifies what is left:
+    Dynamo's ``(h * w) // (2 * (X // 2))`` for a view's ``-1`` (``X``: ``h`` rounded up to
+    even, under a guard that ``h`` is even) becomes ``w``.
+
+    Example::
+
+        simplified_size(s1 * (X // (X // 2)), {s0: 16, s1: 8})   # 2 * s1
+    """
+    known = [k for k in known if is_symbolic(k) and len(k.free_symbols) == 1]
+
+    def walk(e):
+        if not is_symbolic(e) or e.is_Symbol:
+            return e
+        if len(e.free_symbols) == 1:
+            value = constant_size(e, pad_env)
+            if value is not None:
+                return sympy.Integer(value)
+            for k in known:
+                if k.free_symbols == e.free_symbols and same_size(e, k, pad_env):
+                    return k
+        return e.func(*(walk(a) for a in e.args))
+    return walk(expr)
+
+
+def of_one_symbol_each(expr) -> bool:
+    """Whether ``expr`` is a product of factors of one symbol each (``h * (w // 2)``).
+
+    Example::
+
+        of_one_symbol_each(s0 * (s1 // 2))    # True
+        of_one_symbol_each((s0 * s1) // 2)    # False
+    """
+    return _by_symbol(expr) is not None
+
+
+def _by_symbol(expr):
+    """``expr`` as (a number, {symbol: the product of its factors of that symbol alone}), or
+    None where a factor holds two symbols: a grid's ``2 * h * (X // h) * w * (Y // w)``."""
+    constant, terms = sympy.Integer(1), {}
+    for factor in sympy.Mul.make_args(expr):
+        symbols = factor.free_symbols
+        if not symbols:
+            constant *= factor
+            continue
+        if len(symbols) != 1:
+            return None
+        [symbol] = symbols
+        symbol = (_EQUAL.get() or {}).get(symbol, symbol)
+        terms[symbol] = terms.get(symbol, sympy.Integer(1)) * factor
+    return constant, terms
+
+
+def _values_up_to_bucket(expr, symbol, pad_env: dict):
+    """``expr`` (of ``symbol`` alone) at each size from 1 to the symbol's bucket, None where it
+    divides by zero or fails the graph's guards (no program runs at that size; the bucket's
+    own size may fail them: its program runs at real sizes); None for a symbol without a
+    bucket."""
     bucket = pad_env.get(symbol)
     if not isinstance(bucket, int):
-        return False
-    top = evaluate(expr, pad_env)
-    return all(evaluate(expr, {symbol: n}) <= top for n in range(1, bucket + 1))
+        return None
+    values = []
+    for n in range(1, bucket + 1):
+        try:
+            values.append(evaluate(expr, {symbol: n}) if _passes_guards(symbol, n) else None)
+        except ZeroDivisionError:
+            values.append(None)
+    return values
 
 
 def factor_sizes(dim: Dim, env: dict) -> list:
@@ -449,7 +619,7 @@ def view_layout(layout, in_shape, out_exprs, pad_env: dict):
         if len(merged) == 1 and _equal_up_to_bucket(merged[0], expr, pad_env):
             out.append(prefix(expr))  # (s // 7, 7) back into s + (-s) % 7: its first rows
             continue
-        if sympy.simplify(sympy.Mul(*taken) - expr) != 0:
+        if not same_size(sympy.Mul(*taken), expr, pad_env):
             raise NotPaddable(f"a view regroups padded dims into {expr} ambiguously")
         out.append(Dim(tuple(_merge_static(taken))))
     if any(is_symbolic(a[1]) for a in atoms):
@@ -465,23 +635,92 @@ def _splits_as(factor, outer, size: int, target: int, pad_env: dict) -> bool:
     return _equal_up_to_bucket(factor, (size // target) * outer, pad_env)
 
 
+def same_size(a, b, pad_env: dict) -> bool:
+    """Whether sizes ``a`` and ``b`` are equal at every real size up to the bucket's: by
+    sympy's algebra, else value by value (``_equal_up_to_bucket``).
+
+    Example::
+
+        same_size(7 * ((s0 + 6) // 7), s0 + Mod(-s0, 7), {s0: 16})   # True
+    """
+    return a == b or sympy.simplify(a - b) == 0 or _equal_up_to_bucket(a, b, pad_env)
+
+
 def _equal_up_to_bucket(a, b, pad_env: dict) -> bool:
-    """Whether sizes ``a`` and ``b`` of one symbol are equal at every value up to its bucket
-    (sympy does not simplify ``7 * ((s + 6) // 7) - (s + (-s) % 7)`` to 0)."""
+    """Whether sizes ``a`` and ``b`` are equal at every size up to the bucket's, where each is a
+    product of factors of one symbol each, compared symbol by symbol: the ratio of their
+    factors of one symbol must be one number at every size of that symbol (sympy does not
+    simplify ``7 * ((s + 6) // 7) - (s + (-s) % 7)`` to 0, nor a window grid's
+    ``h * (X // h)`` to ``2 * h``)."""
     if a == b:
         return True
     if not (is_symbolic(a) and is_symbolic(b)):
         return False
-    symbols = a.free_symbols | b.free_symbols
-    if len(symbols) != 1:
+    split_a, split_b = _by_symbol(a), _by_symbol(b)
+    if split_a is None or split_b is None:
+        return _equal_on_grid(a, b, pad_env)
+    if split_a[1].keys() != split_b[1].keys():
         return False
-    [symbol] = symbols
-    symbol = (_EQUAL.get() or {}).get(symbol, symbol)
-    bucket = pad_env.get(symbol)
-    if not isinstance(bucket, int):
+    ratio = Fraction(int(split_a[0])) / Fraction(int(split_b[0])) \
+        if split_a[0].is_Integer and split_b[0].is_Integer and split_b[0] != 0 else None
+    if ratio is None:
         return False
-    return all(evaluate(a, {symbol: n}) == evaluate(b, {symbol: n})
-               for n in range(1, bucket + 1))
+    for symbol in split_a[1]:
+        values_a = _values_up_to_bucket(split_a[1][symbol], symbol, pad_env)
+        values_b = _values_up_to_bucket(split_b[1][symbol], symbol, pad_env)
+        if values_a is None or values_b is None:
+            return False
+        ratios = set()
+        for va, vb in zip(values_a, values_b):
+            if va is None or vb is None:
+                continue
+            if not (isinstance(va, int) and isinstance(vb, int)):
+                return False
+            if vb == 0 or va == 0:
+                if va != vb:
+                    return False
+                continue
+            ratios.add(Fraction(va, vb))
+        if len(ratios) > 1:
+            return False
+        ratio *= ratios.pop() if ratios else 1
+    return ratio == 1
+
+
+_GRID_POINTS = 4096
+
+
+def _equal_on_grid(a, b, pad_env: dict) -> bool:
+    """Whether ``a`` and ``b`` are equal at every combination of their symbols' sizes up to
+    the buckets that passes the graph's guards, for sizes whose symbols do not separate
+    (Dynamo's ``(h * w) // (2 * (X // 2))`` for a view's ``-1``), where the combinations
+    are few."""
+    return _holds_on_grid(lambda env: evaluate(a, env) == evaluate(b, env),
+                          a.free_symbols | b.free_symbols, pad_env)
+
+
+def _holds_on_grid(check, symbols, pad_env: dict) -> bool:
+    """Whether ``check(env)`` holds at every combination of ``symbols``' sizes from 1 to
+    their buckets that passes the graph's guards (skipping those that divide by zero); False
+    outside a bucket's trace or where the combinations are too many to try."""
+    symbols = sorted(symbols, key=str)
+    if _GUARDS.get() is None or not symbols:
+        return False  # outside a bucket's trace: no guards to narrow the grid
+    axes = []
+    for symbol in symbols:
+        bucket = pad_env.get(symbol)
+        if not isinstance(bucket, int):
+            return False
+        axes.append([n for n in range(1, bucket + 1) if _passes_guards(symbol, n)])
+    if math.prod(len(axis) for axis in axes) > _GRID_POINTS:
+        return False
+    for values in itertools.product(*axes):
+        try:
+            if not check(dict(zip(symbols, values))):
+                return False
+        except ZeroDivisionError:
+            continue
+    return True
 
 
 def _merge_static(factors):

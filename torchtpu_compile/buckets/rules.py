@@ -31,8 +31,9 @@ import torch.fx as fx
 from torch.utils._sympy import functions as symfn
 
 from ..lower.index_checks import DIVISOR_OPS, INDEX_CHECK, INDEX_CHECK_REAL
-from .layout import Dim, DimsDiffer, NotPaddable, dim_mask, evaluate, is_symbolic, prefix, \
-    prefix_holds, sym_expr, view_layout
+from .layout import Dim, DimsDiffer, NotPaddable, dim_mask, evaluate, \
+    is_symbolic, prefix, prefix_holds, same_size, simplified_size, sym_expr, \
+    view_layout
 
 aten = torch.ops.aten
 RULES: dict = {}
@@ -213,6 +214,55 @@ def _positions_along(ctx, x: Padded, d: int, index, what: str):
                    [evaluate(f, ctx.pad_env) for f in dim.factors])
 
 
+def as_prefix(ctx, x: Padded, d: int) -> Padded:
+    """``x`` with the real elements of its dim ``d`` moved to the front. A dim that merges
+    padded factors (a grid of patches flattened to a sequence) becomes a prefix of their
+    product, for ops that need the real elements in one run (ViT's class token ``cat``
+    before the patches).
+
+    Example::
+
+        as_prefix(ctx, Padded(t, (Dim((h, w)),)), 0).layout == (prefix(h * w),)
+    """
+    dim = x.layout[d]
+    if dim is None or len(dim.factors) == 1:
+        return x
+    return relaid(ctx, x, d, Dim((math.prod(dim.factors),), dim.uniform))
+
+
+def relaid(ctx, x: Padded, d: int, target: Dim) -> Padded:
+    """``x`` with its dim ``d`` laid out as ``target``, a layout of as many real elements
+    (``(h, w)`` against ``(h * w,)``): each position of ``target`` gathers the real element
+    of the same rank, split in the mixed radix of its padded factors, joined in the real
+    one, then split in the real sizes of ``x``'s factors and joined in their padded ones."""
+    dim = x.layout[d]
+    length = x.tensor.shape[d]
+    there = [evaluate(f, ctx.pad_env) for f in target.factors]
+    rank = reradix(aten.arange.default(math.prod(there), dtype=torch.int64), there,
+                   [evaluate(f, ctx.real_env) for f in target.factors])
+    source = reradix(rank, [evaluate(f, ctx.real_env) for f in dim.factors],
+                     [evaluate(f, ctx.pad_env) for f in dim.factors])
+    source = aten.clamp.default(source, 0, length - 1)  # on padding: any element
+    layout = list(x.layout)
+    layout[d] = Dim(target.factors, dim.uniform)
+    return Padded(aten.index_select.default(x.tensor, d, source), tuple(layout))
+
+
+def agreeing(ctx, dims: list) -> dict:
+    """Where operands lay out one dim of as many real elements in different ways (ViT's
+    patches as a ``(h, w)`` grid against a length ``h * w``; Swin's tokens against its
+    windows' ``(2, h, w)``), the ways to bring them to the layout with the most factors:
+    {index in ``dims``: that layout}. ``dims``: per operand, its Dim there or None."""
+    varying = [(i, dim) for i, dim in enumerate(dims) if dim is not None and not dim.uniform]
+    if len(varying) < 2:
+        return {}
+    target = max((dim for _, dim in varying), key=lambda dim: len(dim.factors))
+    total = math.prod(target.factors)
+    return {i: target for i, dim in varying
+            if not dim.same_elements(target)
+            and same_size(math.prod(dim.factors), total, ctx.pad_env)}
+
+
 def reradix(index, source: list, target: list):
     """``index``, row-major positions over dims of sizes ``source``, as the positions of the
     same elements over dims of sizes ``target`` (ints or traced 0-d int64 tensors): split in
@@ -279,6 +329,11 @@ def pointwise(ctx, node, *args, **kwargs):
             args, kwargs = _numbers_as_tensors(op, args, kwargs)
         op = _tensor_overload(op)
     tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, Padded)]
+    compacted = _relaid_to_agree(ctx, tensors)
+    if compacted:
+        args = tuple(compacted.get(id(a), a) for a in args)
+        kwargs = {k: compacted.get(id(v), v) for k, v in kwargs.items()}
+        tensors = [compacted.get(id(t), t) for t in tensors]
     try:
         torch.broadcast_shapes(*(t.tensor.shape for t in tensors))
     except RuntimeError as exc:
@@ -292,6 +347,21 @@ def pointwise(ctx, node, *args, **kwargs):
                                                           call_kwargs)
     result = op(*call_args, **call_kwargs)
     return Padded(result, broadcast_layout(tensors, result.dim()))
+
+
+def _relaid_to_agree(ctx, tensors: list) -> dict:
+    """Operands of an elementwise op relaid (``agreeing``) where they lay out a dim of as many
+    real elements differently (BEiT's relative position index: a ``(h, w)`` grid's offsets
+    written into a slice of length ``h * w``): {id of the operand: the operand relaid}."""
+    rank = max((len(t.layout) for t in tensors), default=0)
+    relaid_ones: dict = {}
+    for d in range(rank):
+        at = [(t, d - (rank - len(t.layout))) for t in tensors]
+        at = [(t, k) for t, k in at if k >= 0]
+        for i, target in agreeing(ctx, [t.layout[k] for t, k in at]).items():
+            t, k = at[i]
+            relaid_ones[id(t)] = relaid(ctx, relaid_ones.get(id(t), t), k, target)
+    return relaid_ones
 
 
 def _numbers_in_result_dtype(node, args, call_args, kwargs, call_kwargs):
@@ -337,11 +407,52 @@ def view_dtype(ctx, node, x, dtype):
 
 @padding_rule(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 def view(ctx, node, x, size):
-    layout = view_layout(x.layout, list(x.tensor.shape), out_shape(node), ctx.pad_env)
+    out = out_shape(node)
+    try:
+        layout = view_layout(x.layout, list(x.tensor.shape), out, ctx.pad_env)
+    except NotPaddable as exc:
+        known = [f for dim in x.layout if dim is not None for f in dim.factors]
+        out = [simplified_size(e, ctx.pad_env, known) for e in out]
+        try:
+            layout = view_layout(x.layout, list(x.tensor.shape), out, ctx.pad_env)
+        except NotPaddable:
+            return _view_by_gather(ctx, out, x, exc)
     # A reshape: the padded program's strides are its own (a convolution over filled images
     # comes out contiguous where eager's was channels-last), and a functional graph's views
     # and copies hold the same values.
     return Padded(aten.reshape.default(x.tensor, unwrap(size, ctx)), layout)
+
+
+def _view_by_gather(ctx, out: list, x: Padded, refused: NotPaddable) -> Padded:
+    """``x.view(out)`` where the padded elements cannot keep their places (a padded dim split
+    by a view, ``cat([a, b]).view(2, n)`` in an interpolation's indices; padded dims merged
+    and regrouped): each real element of the output, at its place in a padding of each
+    symbolic output dim at its end, is gathered from its place in ``x``. Row-major order of
+    the real elements is what a view keeps: output position ``(i, j)`` is real element
+    ``i * n + j``, found in ``x`` by splitting that number in the real sizes of ``x``'s
+    factors and joining it in their padded ones."""
+    if any(is_symbolic(e) and not prefix_holds(e, ctx.pad_env) for e in out):
+        raise refused
+    padded = [int(evaluate(e, ctx.pad_env)) for e in out]
+    flat = None
+    for d, (e, length) in enumerate(zip(out, padded)):
+        shape = [1] * len(out)
+        shape[d] = length
+        position = aten.view.default(aten.arange.default(length, dtype=torch.int64), shape)
+        flat = position if flat is None else aten.add.Tensor(
+            aten.mul.Tensor(flat, _int64(evaluate(e, ctx.real_env))), position)
+    factors = [f for dim, size in zip(x.layout, x.tensor.shape)
+               for f in ((size,) if dim is None else dim.factors)]
+    numel = x.tensor.numel()
+    if flat is None or numel == 0:
+        raise refused
+    source = reradix(aten.reshape.default(flat, [-1]),
+                     [evaluate(f, ctx.real_env) for f in factors],
+                     [evaluate(f, ctx.pad_env) for f in factors])
+    source = aten.clamp.default(source, 0, numel - 1)  # on padding: any element
+    picked = aten.index_select.default(aten.reshape.default(x.tensor, [-1]), 0, source)
+    return Padded(aten.reshape.default(picked, padded),
+                  tuple(prefix(e) if is_symbolic(e) else None for e in out))
 
 
 @padding_rule(aten.permute.default)
@@ -393,7 +504,8 @@ def expand(ctx, node, x, size, implicit=False):
     for d, expr in enumerate(shape):
         k = d - offset
         source = x.layout[k] if k >= 0 else None
-        if source is not None:
+        if source is not None or (k >= 0 and x.tensor.shape[k] != 1):
+            # not broadcast: a static dim whose size sympy spells with symbols stays static
             layout.append(source)
         elif is_symbolic(expr):  # broadcast along a padded dim: the same value everywhere
             layout.append(Dim((expr,), uniform=True))
@@ -442,9 +554,9 @@ def slice_(ctx, node, x, dim=0, start=None, end=None, step=1):
         if isinstance(start, Size) or isinstance(end, Size):
             return _slice_static_dim(ctx, x, dim, start, out_expr, step)
         return Padded(aten.slice.Tensor(x.tensor, dim, start, end, step), x.layout)
-    if step != 1:
-        raise NotPaddable("a strided slice of a padded dim")
     start = 0 if start is None else start
+    if step != 1:
+        return _strided_slice_to_the_end(ctx, x, dim, start, end, step, in_expr, out_expr)
     if isinstance(start, int) and start >= 0 and out_expr == in_expr:
         return x  # the whole dim (``x[:, 0]`` slices dim 0 whole first)
     _prefix_dim(x, dim, "a slice")
@@ -463,6 +575,23 @@ def slice_(ctx, node, x, dim=0, start=None, end=None, step=1):
     index = aten.add.Tensor(aten.arange.default(length, dtype=torch.int64), real_start)
     index = aten.clamp.default(index, 0, x.tensor.shape[dim] - 1)
     return Padded(aten.index_select.default(x.tensor, dim, index), tuple(layout))
+
+
+def _strided_slice_to_the_end(ctx, x: Padded, dim: int, start, end, step, in_expr, out_expr):
+    # x[:, k::2] (Swin's patch merging): element i is x[k + 2 * i], at the same place in a
+    # prefix-padded dim, so the real ones are a prefix of the padded slice.
+    to_the_end = end is None or (isinstance(end, int) and end >= 2 ** 62) or (
+        isinstance(end, Size) and end.expr == in_expr)
+    if not (isinstance(start, int) and start >= 0 and to_the_end):
+        raise NotPaddable("a strided slice of a padded dim that stops before its end")
+    _prefix_dim(x, dim, "a strided slice")
+    result = aten.slice.Tensor(x.tensor, dim, start, None, step)
+    if not prefix_holds(out_expr, ctx.pad_env) or \
+            evaluate(out_expr, ctx.pad_env) != result.shape[dim]:
+        raise NotPaddable(f"a strided slice of length {out_expr}")
+    layout = list(x.layout)
+    layout[dim] = prefix(out_expr)
+    return Padded(result, tuple(layout))
 
 
 def _real_start(start, real_in):
@@ -547,22 +676,24 @@ def cat(ctx, node, tensors, dim=0):
     dim = _norm_dim(dim, rank)
     layout = [merge_dims([p.layout[d] for p in parts]) if d != dim else None
               for d in range(rank)]
-    result = aten.cat.default([p.tensor for p in parts], dim)
     if len(parts) == 1:
-        return Padded(result, parts[0].layout)
+        return Padded(aten.cat.default([parts[0].tensor], dim), parts[0].layout)
     if all(p.layout[dim] is None for p in parts):
-        return Padded(result, tuple(layout))
+        return Padded(aten.cat.default([p.tensor for p in parts], dim), tuple(layout))
     # The real elements must end up a prefix: each part after a padded one (a KV cache's new
     # block after the cached ones) is written again at its real offset, over the padding
     # before it. A part's padding lands past every real element written so far, and the
-    # parts after it overwrite it in turn; the writes stay inside the padded size.
+    # parts after it overwrite it in turn; the writes stay inside the padded size. A part
+    # whose dim merges padded factors (ViT's patches after its class token) is made a prefix
+    # first.
     layout[dim] = prefix(out_shape(node)[dim])
+    kept = [(as_prefix(ctx, part, dim), shape) for part, shape in kept]
+    result = aten.cat.default([part.tensor for part, _ in kept], dim)
     offset, shifted = 0, False
     for part, shape in kept:
         if shifted:
             result = _write_at(result, part.tensor, dim, offset)
         if part.layout[dim] is not None:
-            _prefix_dim(part, dim, "cat")
             shifted = True
         size = ctx.real_size(part, dim, shape[dim])
         offset = aten.add.Tensor(_as_tensor(offset), size) if shifted else offset + size
@@ -789,6 +920,17 @@ for _op, _spec in {
     RULES[_op] = _reduction(*_spec, positions=True)
 RULES[aten.max.default] = _reduction("max", None, None)
 RULES[aten.min.default] = _reduction("min", None, None)
+_norm_of_filled = _reduction("sum", 2, 3)
+
+
+@padding_rule(aten.linalg_vector_norm.default)
+def vector_norm(ctx, node, x, *args, **kwargs):
+    # Zeros add nothing to a norm of order p >= 0 (ConvNeXt V2's global response
+    # normalization) and are not counted by order 0; a negative order's zeros would win.
+    order = args[0] if args else kwargs.get("ord", 2)
+    if order < 0:
+        raise NotPaddable(f"a vector norm of order {order} over a padded dim")
+    return _norm_of_filled(ctx, node, x, *args, **kwargs)
 
 
 @padding_rule(aten.var_mean.correction, aten.var.correction, aten.std.correction)
@@ -833,8 +975,19 @@ def _contract(ctx, a: Padded, ka: int, b: Padded, kb: int):
     """a and b with the padding of their contracted dims zeroed (garbage could be inf/nan)."""
     if a.layout[ka] is None and b.layout[kb] is None:
         return a.tensor, b.tensor
+    a, b = _laid_alike(ctx, a, ka, b, kb)
     merge_dims([a.layout[ka], b.layout[kb]])
     return ctx.fill(a, 0, [ka]), ctx.fill(b, 0, [kb])
+
+
+def _laid_alike(ctx, a: Padded, ka: int, b: Padded, kb: int):
+    """``a`` and ``b`` with their dims ``ka`` and ``kb`` in one layout (``agreeing``)."""
+    relayout = agreeing(ctx, [a.layout[ka], b.layout[kb]])
+    if 0 in relayout:
+        a = relaid(ctx, a, ka, relayout[0])
+    if 1 in relayout:
+        b = relaid(ctx, b, kb, relayout[1])
+    return a, b
 
 
 @padding_rule(aten.mm.default)
@@ -845,6 +998,7 @@ def mm(ctx, node, a, b):
 
 @padding_rule(aten.bmm.default)
 def bmm(ctx, node, a, b):
+    a, b = _laid_alike(ctx, a, 0, b, 0)
     ta, tb = _contract(ctx, a, 2, b, 1)
     return Padded(aten.bmm.default(ta, tb),
                   (merge_dims([a.layout[0], b.layout[0]]), a.layout[1], b.layout[2]))
@@ -1182,7 +1336,10 @@ def scatter(ctx, node, x, dim, index, src_or_value):
 def slice_scatter(ctx, node, x, src, dim=0, start=None, end=None, step=1):
     rank = len(x.layout)
     dim = _norm_dim(dim, rank)
-    layout = tuple(merge_dims([x.layout[d], src.layout[d]]) if d != dim else x.layout[d]
+    # along dim, x's layout holding src's values too (a zeros tensor's is uniform: no more)
+    written = x.layout[dim] if x.layout[dim] is None or src.layout[dim] is None or \
+        src.layout[dim].uniform else Dim(x.layout[dim].factors)
+    layout = tuple(merge_dims([x.layout[d], src.layout[d]]) if d != dim else written
                    for d in range(rank))
     if x.layout[dim] is None:
         if isinstance(start, Size) or isinstance(end, Size):
@@ -1198,7 +1355,9 @@ def slice_scatter(ctx, node, x, src, dim=0, start=None, end=None, step=1):
                                                  x.tensor.shape[dim]),
                       broadcast_layout([x, src], rank))
     start = 0 if start is None else start
-    if step != 1 or not isinstance(start, int) or start < 0:
+    if step != 1:
+        return _strided_slice_scatter_to_the_end(x, src, dim, start, end, step, layout)
+    if not isinstance(start, int) or start < 0:
         raise NotPaddable("slice_scatter into a padded dim from its real end")
     _prefix_dim(x, dim, "slice_scatter")
     length = src.tensor.shape[dim]
@@ -1209,4 +1368,20 @@ def slice_scatter(ctx, node, x, src, dim=0, start=None, end=None, step=1):
     mask = ctx.mask(src, [dim])
     source = src.tensor if mask is None else aten.where.self(mask, src.tensor, kept)
     return Padded(aten.slice_scatter.default(x.tensor, source, dim, start, start + length),
+                  layout)
+
+
+def _strided_slice_scatter_to_the_end(x: Padded, src: Padded, dim: int, start, end, step,
+                                      layout) -> Padded:
+    # The backward of x[:, k::2] (Swin's patch merging): src's element i goes to k + 2 * i,
+    # the same place in a prefix-padded dim; its padding (i past its real length) lands past
+    # x's real end.
+    to_the_end = end is None or (isinstance(end, int) and end >= 2 ** 62)
+    if not (isinstance(start, int) and start >= 0 and to_the_end):
+        raise NotPaddable("a strided slice_scatter into a padded dim that stops before its end")
+    _prefix_dim(x, dim, "a strided slice_scatter")
+    size = x.tensor.shape[dim]
+    if src.tensor.shape[dim] != len(range(start, size, step)):
+        raise NotPaddable("a strided slice_scatter whose source is not the padded slice")
+    return Padded(aten.slice_scatter.default(x.tensor, src.tensor, dim, start, size, step),
                   layout)

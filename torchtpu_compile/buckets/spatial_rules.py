@@ -136,6 +136,44 @@ def max_pool_with_indices_backward(ctx, node, grad, x, kernel_size, *args):
     return Padded(result, x.layout)
 
 
+def _average_pooling_exact(x: Padded, kernel_size, padding, ceil_mode, count_include_pad,
+                           what: str) -> list:
+    """The padded spatial dims of an average pooling whose divisor is the window's area for
+    every real output: without ceil mode a real output's window ends within the real input
+    and eager's own padding, which the bucket's zero padding stands in for. Ceil mode's last
+    window, and padding not counted, divide by a count that the bucket's size would change."""
+    if len(x.layout) != 2 + len(kernel_size):
+        raise NotPaddable(f"{what} of an unbatched input")
+    spatial = _spatial(x, what)
+    padding = [padding] if isinstance(padding, int) else list(padding)
+    if spatial and (ceil_mode or (not count_include_pad and any(padding))):
+        raise NotPaddable(f"{what} whose divisor counts real positions (ceil mode, or "
+                          f"padding not counted)")
+    return spatial
+
+
+@padding_rule(aten.avg_pool2d.default, aten.avg_pool3d.default)
+def avg_pool(ctx, node, x, kernel_size, stride=(), padding=0, ceil_mode=False,
+             count_include_pad=True, divisor_override=None):
+    spatial = _average_pooling_exact(x, kernel_size, padding, ceil_mode, count_include_pad,
+                                     "average pooling")
+    result = node.target(_zero_padded(ctx, x) if spatial else x.tensor, kernel_size, stride,
+                         padding, ceil_mode, count_include_pad, divisor_override)
+    return Padded(result, _output_layout(ctx, node, x, result))
+
+
+@padding_rule(aten.avg_pool2d_backward.default, aten.avg_pool3d_backward.default)
+def avg_pool_backward(ctx, node, grad, x, kernel_size, stride, padding, ceil_mode,
+                      count_include_pad, divisor_override=None):
+    # padded outputs add nothing to the real inputs' gradients
+    spatial = _average_pooling_exact(x, kernel_size, padding, ceil_mode, count_include_pad,
+                                     "average pooling's gradient")
+    result = node.target(_zero_padded(ctx, grad) if spatial else grad.tensor, x.tensor,
+                         kernel_size, stride, padding, ceil_mode, count_include_pad,
+                         divisor_override)
+    return Padded(result, x.layout)
+
+
 @padding_rule(aten._adaptive_avg_pool2d.default, aten._adaptive_avg_pool3d.default)
 def adaptive_avg_pool(ctx, node, x, output_size):
     # To one value per channel (a classifier's global pooling): the mean of the real elements.

@@ -23,8 +23,9 @@ import torch.fx.traceback as fx_traceback
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-from .layout import (Dim, NotPaddable, assuming_equal, evaluate, is_symbolic, never_shrinks, prefix,
-                     prefix_holds, sym_expr)
+from .layout import (Dim, NotPaddable, assuming_equal, constant_size, evaluate, is_symbolic,
+                     never_shrinks, of_one_symbol_each, prefix, prefix_holds, same_size,
+                     sym_expr, under_guards)
 from . import spatial_rules  # noqa: F401  (registers its rules in RULES)
 from .rules import RULES, Context, Padded, Size, pointwise, unwrap
 
@@ -165,40 +166,50 @@ def _grows_with_its_symbols(expr) -> bool:
 
 
 def _of_one_symbol(expr) -> bool:
-    # A size that grows in steps (``s + (-s) % 7``, a window partition's padded length): a
-    # prefix where the bucket's size is at least every smaller one's, which trace_bucket
-    # checks for the bucket at hand (layout.prefix_holds).
-    return is_symbolic(expr) and len(expr.free_symbols) == 1
+    # A size that grows in steps (``s + (-s) % 7``, a window partition's padded length), or a
+    # product of such sizes of one symbol each (a grid of them, ``h * w``): a prefix where the
+    # bucket's size is at least every smaller one's, which trace_bucket checks for the bucket
+    # at hand (layout.prefix_holds).
+    return is_symbolic(expr) and of_one_symbol_each(expr)
 
 
 def _fits(layout, shape) -> bool:
+    """Whether a layout the forward found fits this input's shape. Sizes that sympy cannot
+    prove equal to the layout's (Swin's window counts, ``X // (X // 2)``) fit where they
+    name the same symbols: ``trace_bucket`` checks them at each bucket
+    (``_check_input_dims``). A dim without padding fits a size spelled with symbols where
+    the size has no layout of its own to derive (it may be one value: checked there too)."""
     if len(layout) != len(shape):
         return False
     for dim, expr in zip(layout, shape):
+        derivable = is_symbolic(expr) and (isinstance(expr, sympy.Symbol) or
+                                           _grows_with_its_symbols(expr) or _of_one_symbol(expr))
         if dim is None:
-            if is_symbolic(expr):
+            if derivable:
                 return False
-        elif sympy.simplify(sympy.Mul(*dim.factors) - expr) != 0:
+            continue  # a size spelled with symbols that may be one value
+        product = sympy.Mul(*dim.factors)
+        if sympy.simplify(product - expr) != 0 and (
+                not is_symbolic(expr) or product.free_symbols != expr.free_symbols):
             return False
     return True
 
 
 def padded_shape(layout, val, pad_env: dict) -> list:
-    return [dim.padded(pad_env) if dim is not None else int(s)
+    return [dim.padded(pad_env) if dim is not None else int(evaluate(sym_expr(s), pad_env))
             for dim, s in zip(layout, val.shape)]
 
 
 def trace_bucket(gm: fx.GraphModule, spec: InputSpec, pad_env: dict) -> BucketPlan:
     """The static graph of one bucket (raises NotPaddable for an op no rule makes exact)."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    guards = _size_guards(placeholders)
     examples = []
     for node, kind, layout in zip(placeholders, spec.kinds, spec.layouts):
         if kind == "tensor":
-            for dim in layout:
-                if dim is not None and not all(prefix_holds(f, pad_env) for f in dim.factors):
-                    raise NotPaddable(f"input {node.name} has a dim {dim.factors} that a "
-                                      f"smaller size outgrows at this bucket")
             val = node.meta["val"]
+            with assuming_equal(spec.aliases), under_guards(guards, pad_env):
+                _check_input_dims(node.name, layout, val, pad_env)
             examples.append(torch.zeros(padded_shape(layout, val, pad_env), dtype=val.dtype))
     examples += [torch.zeros((), dtype=torch.int64) for _ in spec.symbols]
     plan = BucketPlan(gm=None, outputs=[])
@@ -215,10 +226,40 @@ def trace_bucket(gm: fx.GraphModule, spec: InputSpec, pad_env: dict) -> BucketPl
     from ..lower.index_checks import unchecked
     # Nodes keep their source node's meta (its stack trace: errors name the user's line).
     with torch.no_grad(), unchecked(), fx_traceback.preserve_node_meta(), \
-            assuming_equal(spec.aliases):
+            assuming_equal(spec.aliases), under_guards(guards, pad_env):
         plan.gm = make_fx(run, decomposition_table=decomposition_table(),
                           tracing_mode="fake")(*examples)
     return plan
+
+
+def _check_input_dims(name: str, layout, val, pad_env: dict) -> None:
+    """Each input dim's layout holds at this bucket: its factors' real sizes fit in the
+    bucket's, and a layout ``_fits`` took on trust matches the dim's size at every real size
+    (a dim the forward found to be one value, a window's area ``X // (X // 2)``)."""
+    for dim, size in zip(layout, val.shape):
+        expr = sym_expr(size)
+        if dim is None:
+            if is_symbolic(expr) and constant_size(expr, pad_env) is None:
+                raise NotPaddable(f"input {name} has a dim {expr} whose padded layout is "
+                                  f"unknown")
+            continue
+        if not all(prefix_holds(f, pad_env) for f in dim.factors):
+            raise NotPaddable(f"input {name} has a dim {dim.factors} that a smaller size "
+                              f"outgrows at this bucket")
+        if not same_size(sympy.Mul(*dim.factors), expr, pad_env):
+            raise NotPaddable(f"input {name} has a dim {expr} that its layout {dim.factors} "
+                              f"does not match")
+
+
+def _size_guards(placeholders) -> list:
+    """The relations Dynamo guarded the graph's sizes on (from its inputs' shape env)."""
+    for node in placeholders:
+        val = node.meta.get("val")
+        sizes = val.shape if isinstance(val, torch.Tensor) else [val]
+        for size in sizes:
+            if isinstance(size, torch.SymInt):
+                return [guard.expr for guard in size.node.shape_env.guards]
+    return []
 
 
 def _interpret(gm, spec, flat, ctx: Context, plan: BucketPlan) -> list:
