@@ -306,14 +306,18 @@ def prefix_holds(expr, pad_env: dict) -> bool:
         top = evaluate(expr, pad_env)
         return _holds_on_grid(lambda env: evaluate(expr, env) <= top, expr.free_symbols,
                               pad_env)
-    if split[0] <= 0:
+    constant, terms = split
+    if constant <= 0:
         return False
-    for symbol, term in split[1].items():
+    # a product of several terms holds where each term is at most its bucket's value and
+    # none is negative; a lone term only needs the first
+    lowest = -math.inf if len(terms) == 1 else 0
+    for symbol, term in terms.items():
         values = _values_up_to_bucket(term, symbol, pad_env)
         if values is None:
             return False
         top = evaluate(term, {symbol: pad_env[symbol]})
-        if any(v is not None and not 0 <= v <= top for v in values):
+        if any(v is not None and not lowest <= v <= top for v in values):
             return False
     return True
 

@@ -580,9 +580,7 @@ def slice_(ctx, node, x, dim=0, start=None, end=None, step=1):
 def _strided_slice_to_the_end(ctx, x: Padded, dim: int, start, end, step, in_expr, out_expr):
     # x[:, k::2] (Swin's patch merging): element i is x[k + 2 * i], at the same place in a
     # prefix-padded dim, so the real ones are a prefix of the padded slice.
-    to_the_end = end is None or (isinstance(end, int) and end >= 2 ** 62) or (
-        isinstance(end, Size) and end.expr == in_expr)
-    if not (isinstance(start, int) and start >= 0 and to_the_end):
+    if not (isinstance(start, int) and start >= 0 and _to_the_end(end, in_expr)):
         raise NotPaddable("a strided slice of a padded dim that stops before its end")
     _prefix_dim(x, dim, "a strided slice")
     result = aten.slice.Tensor(x.tensor, dim, start, None, step)
@@ -592,6 +590,12 @@ def _strided_slice_to_the_end(ctx, x: Padded, dim: int, start, end, step, in_exp
     layout = list(x.layout)
     layout[dim] = prefix(out_expr)
     return Padded(result, tuple(layout))
+
+
+def _to_the_end(end, in_expr) -> bool:
+    """Whether a slice's ``end`` is its dim's end at every size (Python's ``x[k::2]``)."""
+    return end is None or (isinstance(end, int) and end >= 2 ** 62) or (
+        isinstance(end, Size) and end.expr == in_expr)
 
 
 def _real_start(start, real_in):
@@ -1356,7 +1360,8 @@ def slice_scatter(ctx, node, x, src, dim=0, start=None, end=None, step=1):
                       broadcast_layout([x, src], rank))
     start = 0 if start is None else start
     if step != 1:
-        return _strided_slice_scatter_to_the_end(x, src, dim, start, end, step, layout)
+        return _strided_slice_scatter_to_the_end(x, src, dim, start, end, step, layout,
+                                                 sym_expr(node.args[0].meta["val"].shape[dim]))
     if not isinstance(start, int) or start < 0:
         raise NotPaddable("slice_scatter into a padded dim from its real end")
     _prefix_dim(x, dim, "slice_scatter")
@@ -1372,12 +1377,11 @@ def slice_scatter(ctx, node, x, src, dim=0, start=None, end=None, step=1):
 
 
 def _strided_slice_scatter_to_the_end(x: Padded, src: Padded, dim: int, start, end, step,
-                                      layout) -> Padded:
+                                      layout, in_expr) -> Padded:
     # The backward of x[:, k::2] (Swin's patch merging): src's element i goes to k + 2 * i,
     # the same place in a prefix-padded dim; its padding (i past its real length) lands past
     # x's real end.
-    to_the_end = end is None or (isinstance(end, int) and end >= 2 ** 62)
-    if not (isinstance(start, int) and start >= 0 and to_the_end):
+    if not (isinstance(start, int) and start >= 0 and _to_the_end(end, in_expr)):
         raise NotPaddable("a strided slice_scatter into a padded dim that stops before its end")
     _prefix_dim(x, dim, "a strided slice_scatter")
     size = x.tensor.shape[dim]
