@@ -89,6 +89,13 @@ def _shift_right(x):
     return shifted
 
 
+def _into_columns(rows):
+    # a slice assignment into a buffer whose rows are a prefix of their count
+    buffer = torch.arange(rows.shape[0], dtype=torch.float32)[:, None].repeat(1, 6)
+    buffer[:, 1:] = rows
+    return buffer
+
+
 def _put(buffer, index, values):
     buffer[:, index] = values
     return buffer
@@ -188,7 +195,8 @@ CASES = {
     # next to a prefix of their product (BEiT's relative position index)
     "merged_dims_as_a_prefix": lambda x: (
         torch.cat([x[0, :1] * 3, x.reshape(-1, 5)], 0).softmax(0),
-        x.reshape(-1, 5) + torch.arange(x.shape[0] * x.shape[1])[:, None]),
+        x.reshape(-1, 5) + torch.arange(x.shape[0] * x.shape[1])[:, None],
+        _into_columns(x.reshape(-1, 5))),
     # every k-th element to the end (Swin's patch merging, ``x[:, 1::2]``)
     "strided_slice_to_the_end": lambda x: (
         x[:, ::2] * 2, torch.cat([x, x * 2], 1)[:, 1::2].cumsum(1),

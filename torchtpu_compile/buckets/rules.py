@@ -1340,6 +1340,11 @@ def scatter(ctx, node, x, dim, index, src_or_value):
 def slice_scatter(ctx, node, x, src, dim=0, start=None, end=None, step=1):
     rank = len(x.layout)
     dim = _norm_dim(dim, rank)
+    whole = step == 1 and sym_expr(node.args[1].meta["val"].shape[dim]) == \
+        sym_expr(node.args[0].meta["val"].shape[dim])
+    for d in range(rank):  # rows laid out differently (BEiT's ``index[1:, 1:] = grid``)
+        if (d != dim or whole) and x.layout[d] is not None and src.layout[d] is not None:
+            x, src = _laid_alike(ctx, x, d, src, d)
     # along dim, x's layout holding src's values too (a zeros tensor's is uniform: no more)
     written = x.layout[dim] if x.layout[dim] is None or src.layout[dim] is None or \
         src.layout[dim].uniform else Dim(x.layout[dim].factors)
@@ -1350,8 +1355,7 @@ def slice_scatter(ctx, node, x, src, dim=0, start=None, end=None, step=1):
             raise NotPaddable("a static dim slice-scattered by a dynamic size")
         return Padded(aten.slice_scatter.default(x.tensor, src.tensor, dim, start, end, step),
                       layout)
-    if step == 1 and sym_expr(node.args[1].meta["val"].shape[dim]) == \
-            sym_expr(node.args[0].meta["val"].shape[dim]):
+    if whole:
         # src as long as x: the whole dim, whatever the bounds said (a sliding-window cache's
         # ``states[:, :, -4095:]`` of fewer states, in its backward): every element is src's.
         # Bounds spelled out: the lowering takes constant ones, not None.
