@@ -864,7 +864,7 @@ def _reduction(kind: str, dims_at: int | None, keepdim_at: int | None, positions
         if kind == "mean":
             total = aten.sum.dim_IntList(ctx.fill(x, 0, padded), dims, keepdim,
                                          dtype=kwargs.get("dtype"))
-            return Padded(aten.div.Tensor(total, _count(ctx, x, node, dims)), layout)
+            return Padded(aten.div.Tensor(total, real_count(ctx, x, node.args[0], dims)), layout)
         filled = ctx.fill(x, _IDENTITY[kind](x.tensor.dtype), padded)
         result = node.target(filled, *unwrap(args, ctx), **unwrap(kwargs, ctx))
         if positions and dims_arg is None and rank > 1:
@@ -897,8 +897,15 @@ def _wrap(result, layout):
     return Padded(result, layout)
 
 
-def _count(ctx, x, node, dims):
-    shape = [sym_expr(s) for s in node.args[0].meta["val"].shape]
+def real_count(ctx, x, node_x, dims):
+    """How many real elements ``x`` (the value of graph node ``node_x``) holds along ``dims``:
+    a mean's or a pool's divisor, a tensor while the sizes are the call's.
+
+    Example::
+
+        real_count(ctx, x, node.args[0], [1])     # the real length of dim 1
+    """
+    shape = [sym_expr(s) for s in node_x.meta["val"].shape]
     count = 1
     for d in dims:
         count = count * ctx.real_size(x, d, shape[d])
@@ -947,7 +954,7 @@ def variance(ctx, node, x, dims=None, correction=None, keepdim=False, **kwargs):
         result = node.target(x.tensor, dims, correction=correction, keepdim=keepdim, **kwargs)
         return _wrap(result, layout)
     correction = 1 if correction is None else correction
-    count = _count(ctx, x, node, dims)
+    count = real_count(ctx, x, node.args[0], dims)
     # Half widths in float32, rounded once at the end, as eager's kernel and the unpadded
     # decomposition: a float16 sum of squares past 65504 was inf (fuzz seed 6061).
     dtype = x.tensor.dtype
@@ -1294,7 +1301,7 @@ def batch_norm_training(ctx, node, x, weight, bias, running_mean, running_var, t
         return [Padded(outs[0], x.layout)] + [Padded(o, (None,)) for o in outs[1:]]
     # Statistics over the real samples only; running_var takes the unbiased variance.
     dims = [0] + list(range(2, len(x.layout)))
-    count = _count(ctx, x, node, dims)
+    count = real_count(ctx, x, node.args[0], dims)
     total = aten.sum.dim_IntList(ctx.fill(x, 0, [0]), dims, True)
     mean = aten.div.Tensor(total, count)
     centered = Padded(aten.sub.Tensor(x.tensor, mean), x.layout)

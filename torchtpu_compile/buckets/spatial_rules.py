@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from .layout import NotPaddable, evaluate, is_symbolic, prefix, sym_expr
-from .rules import Padded, _prefix_dim, lowest, out_shape, padding_rule, reradix
+from .rules import Padded, _prefix_dim, lowest, out_shape, padding_rule, real_count, reradix
 
 aten = torch.ops.aten
 
@@ -55,14 +55,6 @@ def _output_layout(ctx, node, x: Padded, result, out_index=None) -> tuple:
 
 def _symbolic_shape(val) -> list:
     return [sym_expr(s) for s in val.shape]
-
-
-def _real_count(ctx, node_x, x: Padded, dims: list):
-    shape = _symbolic_shape(node_x.meta["val"])
-    count = 1
-    for d in dims:
-        count = count * ctx.real_size(x, d, shape[d])
-    return count
 
 
 def _zero_padded(ctx, x: Padded):
@@ -184,7 +176,7 @@ def adaptive_avg_pool(ctx, node, x, output_size):
         raise NotPaddable("adaptive average pooling of a padded dim to more than one value")
     dims = _pooled_dims(x, output_size)
     total = aten.sum.dim_IntList(ctx.fill(x, 0, spatial), dims, True)
-    return Padded(aten.div.Tensor(total, _real_count(ctx, node.args[0], x, dims)),
+    return Padded(aten.div.Tensor(total, real_count(ctx, x, node.args[0], dims)),
                   (x.layout[0],) + (None,) * (len(x.layout) - 1))
 
 
@@ -197,5 +189,5 @@ def adaptive_avg_pool_backward(ctx, node, grad, x):
     if any(s != 1 for s in grad.tensor.shape[2:]):
         raise NotPaddable("adaptive average pooling of a padded dim to more than one value")
     dims = _pooled_dims(x, grad.tensor.shape[2:])
-    share = aten.div.Tensor(grad.tensor, _real_count(ctx, node.args[1], x, dims))
+    share = aten.div.Tensor(grad.tensor, real_count(ctx, x, node.args[1], dims))
     return Padded(aten.expand.default(share, list(x.tensor.shape)).contiguous(), x.layout)

@@ -103,8 +103,7 @@ def _analyze(gm: fx.GraphModule, known_layouts: dict, aliases: dict) -> InputSpe
             if layout is None:
                 layout = []
                 for expr in shape:
-                    if isinstance(expr, sympy.Symbol) or _grows_with_its_symbols(expr) or \
-                            _of_one_symbol(expr):
+                    if _has_own_layout(expr):
                         layout.append(prefix(expr))
                     elif is_symbolic(expr):
                         raise NotPaddable(f"input {node.name} has a dim {expr} whose padded "
@@ -173,6 +172,19 @@ def _of_one_symbol(expr) -> bool:
     return is_symbolic(expr) and of_one_symbol_each(expr)
 
 
+def _has_own_layout(expr) -> bool:
+    """Whether an input dim of size ``expr`` is padded as a prefix of its own: a symbol, a
+    size that never shrinks as its symbols grow, or one of sizes of one symbol each.
+
+    Example::
+
+        _has_own_layout(s0 + 1)            # True
+        _has_own_layout(8 - s0)            # False: it shrinks as s0 grows
+    """
+    return isinstance(expr, sympy.Symbol) or _grows_with_its_symbols(expr) or \
+        _of_one_symbol(expr)
+
+
 def _fits(layout, shape) -> bool:
     """Whether a layout the forward found fits this input's shape. Sizes that sympy cannot
     prove equal to the layout's (Swin's window counts, ``X // (X // 2)``) fit where they
@@ -182,10 +194,8 @@ def _fits(layout, shape) -> bool:
     if len(layout) != len(shape):
         return False
     for dim, expr in zip(layout, shape):
-        derivable = is_symbolic(expr) and (isinstance(expr, sympy.Symbol) or
-                                           _grows_with_its_symbols(expr) or _of_one_symbol(expr))
         if dim is None:
-            if derivable:
+            if _has_own_layout(expr):
                 return False
             continue  # a size spelled with symbols that may be one value
         product = sympy.Mul(*dim.factors)
