@@ -336,6 +336,10 @@ IMAGE_CASES = {
                                                 nn.MaxPool2d(2, 2, ceil_mode=True)),
     "global_average_pool": lambda: nn.Sequential(nn.Conv2d(3, 2, 3, padding=1),
                                                  nn.AdaptiveAvgPool2d(1)),
+    # windows of the real size, overlapping where it does not divide; wider than the image
+    # (8 outputs over a width of 7) too
+    "adaptive_average_pool_to_a_grid": lambda: nn.Sequential(nn.Conv2d(3, 2, 1),
+                                                             nn.AdaptiveAvgPool2d((3, 8))),
     # each window divided by its area (PoolFormer: padding not counted, by the pad and
     # divisor it decomposes to)
     "average_pool": lambda: nn.Sequential(nn.Conv2d(3, 2, 1), nn.AvgPool2d(3, 2, 1),
@@ -386,6 +390,28 @@ def test_image_ops_over_padded_height_and_width_match_eager(name, fresh_dynamo):
     assert stats["buckets"]["compiles"] == 4  # buckets 16 x 16, forward and backward
 
 
+def test_adaptive_max_pooling_to_a_grid_matches_eager_at_every_image_size(fresh_dynamo):
+    # Its decomposition gathers over the longest window, ceil(w/4) - w//8 for 8 outputs: 3 at
+    # a width of 14, 2 at the bucket's 16. The bucket dropped part of each window and returned
+    # wrong maxima (0.7 off at 11 x 14), silently. Such a graph runs at its exact shapes.
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.Conv2d(3, 2, 1), nn.AdaptiveMaxPool2d((3, 8)))
+    model = copy.deepcopy(eager)
+    compiled = compile_tpu(model)
+    with config.patch(matmul_precision="highest"):
+        for i, (h, w) in enumerate(((9, 9), (11, 14), (13, 7), (16, 15))):
+            x = torch.randn(2, 3, h, w)
+            if i == 0:
+                torch._dynamo.mark_dynamic(x, 2)
+                torch._dynamo.mark_dynamic(x, 3)
+            mine, theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
+            actual, expected = compiled(mine), eager(theirs)
+            _close(actual, expected)
+            actual.square().sum().backward()
+            expected.square().sum().backward()
+            _close(mine.grad, theirs.grad)
+
+
 def _leaves(value):
     return value if isinstance(value, (tuple, list)) else (value,)
 
@@ -402,6 +428,24 @@ def test_a_stack_of_empty_tensors_next_to_a_padded_one_matches_eager(fresh_dynam
         args = torch.randn(n, 3), torch.ones(1, dtype=torch.float16)[1:]
         for actual, expected in zip(compiled(*args), fn(*args)):
             assert actual.dtype == expected.dtype and torch.equal(actual, expected)
+
+
+def test_a_size_smaller_at_the_bucket_than_below_it_is_not_padded(fresh_dynamo):
+    # ceil(n/4) - n//8 is 3 at 14 and 2 at 16 (adaptive pooling's longest window has this
+    # form): a bucket of 16 holds fewer elements than 14 gives, and the cut-back of the
+    # result raised "start (0) + length (3) exceeds dimension size (2)". Such a graph runs at
+    # its exact shapes instead.
+    def fn(x):
+        k = (x.shape[0] + 3) // 4 - x.shape[0] // 8
+        return torch.arange(k) * 2.0 + x[:k], x[:k].cumsum(0)
+
+    compiled = compile_tpu(fn, dynamic=True)
+    for n in (9, 14, 13, 15):
+        x = torch.randn(n)
+        for actual, expected in zip(compiled(x), fn(x)):
+            torch.testing.assert_close(actual, expected)
+    stats = torchtpu_compile.stats()["buckets"]
+    assert stats["compiles"] == 0 and stats["exact_shape_compiles"] > 0
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -74,6 +74,24 @@ class Context:
         self.pad_env = pad_env
         self.real_env = real_env
         self._masks: dict = {}
+        self._holds: dict = {}
+
+    def check_fits(self, result, node) -> None:
+        """Raise NotPaddable where a dim of ``result`` (a rule's output) is padded to fewer
+        elements than a smaller real size gives it: a size that does not grow with its symbols
+        (adaptive pooling's longest window, ``ceil(n/4) - n//8``: 3 at 14, 2 at 16) would
+        drop real elements at the bucket, silently."""
+        for value in result if isinstance(result, (list, tuple)) else (result,):
+            if not isinstance(value, Padded):
+                continue
+            for dim in value.layout:
+                for factor in () if dim is None else dim.factors:
+                    held = self._holds.get(factor)
+                    if held is None:
+                        held = self._holds[factor] = prefix_holds(factor, self.pad_env)
+                    if not held:
+                        raise NotPaddable(f"{node.target} makes a dim of size {factor}, which "
+                                          f"a smaller size outgrows at this bucket")
 
     def dim_mask(self, dim: Dim):
         key = dim.factors

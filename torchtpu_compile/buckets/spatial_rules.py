@@ -22,7 +22,9 @@ from __future__ import annotations
 import torch
 
 from .layout import NotPaddable, evaluate, is_symbolic, prefix, sym_expr
-from .rules import Padded, _prefix_dim, lowest, out_shape, padding_rule, real_count, reradix
+from ..lower.decompositions.pooling import (adaptive_windows, box_means, box_means_backward,
+                                           longest_adaptive_window)
+from .rules import Padded, _prefix_dim, lowest, out_shape, padding_rule, reradix
 
 aten = torch.ops.aten
 
@@ -166,28 +168,37 @@ def avg_pool_backward(ctx, node, grad, x, kernel_size, stride, padding, ceil_mod
     return Padded(result, x.layout)
 
 
+def _adaptive_windows(ctx, node_x, x: Padded, output_size) -> list:
+    """Adaptive pooling's windows (``adaptive_windows``) over each pooled dim of ``x`` at its
+    real size: a padded dim's windows are traced from its real size, as long as its longest
+    window at any real size up to the bucket; padded positions lie in none."""
+    shape = _symbolic_shape(node_x.meta["val"])
+    windows = []
+    for d, out in zip(_pooled_dims(x, output_size), output_size):
+        if x.layout[d] is None:
+            windows.append(adaptive_windows(x.tensor.shape[d], out))
+            continue
+        longest = max(longest_adaptive_window(n, out) for n in range(1, x.tensor.shape[d] + 1))
+        windows.append(adaptive_windows(ctx.real_size(x, d, shape[d]), out, longest))
+    return windows
+
+
 @padding_rule(aten._adaptive_avg_pool2d.default, aten._adaptive_avg_pool3d.default)
 def adaptive_avg_pool(ctx, node, x, output_size):
-    # To one value per channel (a classifier's global pooling): the mean of the real elements.
-    spatial = _spatial(x, "adaptive average pooling")
-    if not spatial:
+    # Each output is the mean of its window at the real size (the op's decomposition, with
+    # windows from the real size): padded positions lie in no window.
+    if not _spatial(x, "adaptive average pooling"):
         return Padded(node.target(x.tensor, output_size), x.layout)
-    if any(s != 1 for s in output_size):
-        raise NotPaddable("adaptive average pooling of a padded dim to more than one value")
-    dims = _pooled_dims(x, output_size)
-    total = aten.sum.dim_IntList(ctx.fill(x, 0, spatial), dims, True)
-    return Padded(aten.div.Tensor(total, real_count(ctx, x, node.args[0], dims)),
-                  (x.layout[0],) + (None,) * (len(x.layout) - 1))
+    result = box_means(x.tensor, _adaptive_windows(ctx, node.args[0], x, output_size))
+    return Padded(result, (x.layout[0],) + (None,) * (len(x.layout) - 1))
 
 
 @padding_rule(aten._adaptive_avg_pool2d_backward.default,
               aten._adaptive_avg_pool3d_backward.default)
 def adaptive_avg_pool_backward(ctx, node, grad, x):
-    spatial = _spatial(x, "adaptive average pooling's gradient")
-    if not spatial:
+    # Each output's gradient, over its window's length, goes to the real positions of its
+    # window; the padding gets none.
+    if not _spatial(x, "adaptive average pooling's gradient"):
         return Padded(node.target(grad.tensor, x.tensor), x.layout)
-    if any(s != 1 for s in grad.tensor.shape[2:]):
-        raise NotPaddable("adaptive average pooling of a padded dim to more than one value")
-    dims = _pooled_dims(x, grad.tensor.shape[2:])
-    share = aten.div.Tensor(grad.tensor, real_count(ctx, x, node.args[1], dims))
-    return Padded(aten.expand.default(share, list(x.tensor.shape)).contiguous(), x.layout)
+    windows = _adaptive_windows(ctx, node.args[1], x, list(grad.tensor.shape[2:]))
+    return Padded(box_means_backward(grad.tensor, x.tensor.shape, windows), x.layout)

@@ -300,6 +300,7 @@ def _interpret(gm, spec, flat, ctx: Context, plan: BucketPlan) -> list:
         with fx_traceback.set_current_meta(node):
             try:
                 env[node] = _run_node(node, args, kwargs, ctx)
+                ctx.check_fits(env[node], node)
             except NotPaddable:
                 raise
             except RuntimeError as exc:

@@ -56,16 +56,29 @@ def _regular_windows(n: int, size: int, kernel: int, stride: int, padding: int,
     return pos.clamp(0, n - 1), valid
 
 
-def _adaptive_windows(n: int, size: int):
-    """Adaptive pooling's windows along one dim: output j reads [floor(j n / size),
-    ceil((j + 1) n / size)), padded to the longest window with invalid positions."""
+def adaptive_windows(n, size: int, longest: int | None = None):
+    """Adaptive pooling's windows along one dim of ``n`` elements: output j reads
+    [floor(j n / size), ceil((j + 1) n / size)), as ``(positions, valid)`` of shape
+    (size, longest), padded to the longest window with invalid positions. ``n`` may be a
+    traced 0-d tensor (a bucket's real size) given ``longest``, the longest window at any
+    size the program serves.
+
+    Example::
+
+        pos, valid = adaptive_windows(5, 2)      # windows [0, 3) and [2, 5)
+    """
     # The longest window in Python (a shape); the windows themselves from arange, as traced
     # code must build its constants.
-    length = max(-(-(j + 1) * n // size) - j * n // size for j in range(size))
+    if longest is None:
+        longest = longest_adaptive_window(n, size)
     j = torch.arange(size)
-    pos = ((j * n) // size)[:, None] + torch.arange(length)[None, :]
+    pos = ((j * n) // size)[:, None] + torch.arange(longest)[None, :]
     valid = pos < (-((-(j + 1) * n) // size))[:, None]
     return pos.clamp(max=n - 1), valid
+
+
+def longest_adaptive_window(n: int, size: int) -> int:
+    return max(-(-(j + 1) * n // size) - j * n // size for j in range(size))
 
 
 def _gather_windows(x, axis: int, pos, valid):
@@ -143,7 +156,7 @@ def max_pool3d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ce
 
 @decomposition(aten.adaptive_max_pool3d.default)
 def adaptive_max_pool3d(x, output_size):
-    return _separable_max(x, [_adaptive_windows(n, out) for n, out
+    return _separable_max(x, [adaptive_windows(n, out) for n, out
                               in zip(x.shape[-3:], _expand(output_size, 3))])
 
 
@@ -151,7 +164,7 @@ def adaptive_max_pool3d(x, output_size):
 def adaptive_max_pool2d(x, output_size):
     # PyTorch's reference (torch-mlir's table) handles only sizes that divide the input
     # ("condition must be true" otherwise: nn.AdaptiveMaxPool1d/2d ran in eager PyTorch).
-    return _separable_max(x, [_adaptive_windows(n, out) for n, out
+    return _separable_max(x, [adaptive_windows(n, out) for n, out
                               in zip(x.shape[-2:], _expand(output_size, 2))])
 
 
@@ -223,35 +236,68 @@ def _separable_max(x, windows: list):
 
 # --- average pooling -------------------------------------------------------------------------
 
-@decomposition(aten._adaptive_avg_pool3d.default)
-def adaptive_avg_pool3d(x, output_size):
-    # Unlowered. A box mean is the mean along each dim in turn (in float32 for narrower
-    # floats, as eager accumulates).
-    dims = 3
-    compute = computing_dtype(x.dtype)
-    out = x.to(compute)
-    for i, (n, size) in enumerate(zip(x.shape[-dims:], _expand(output_size, dims))):
+def box_means(x, windows: list):
+    """Adaptive average pooling over the last ``len(windows)`` dims of ``x`` (``windows``:
+    ``adaptive_windows`` per dim): a box mean is the mean along each dim in turn, in float32
+    for the narrower floats as eager accumulates.
+
+    Example::
+
+        box_means(x, [adaptive_windows(n, 7) for n in x.shape[-2:]])   # a 7x7 pool
+    """
+    dims = len(windows)
+    out = x.to(computing_dtype(x.dtype))
+    for i, (pos, valid) in enumerate(windows):
         axis = x.dim() - dims + i
-        pos, valid = _adaptive_windows(n, size)
         gathered, ok = _gather_windows(out, axis, pos, valid)
         out = torch.where(ok, gathered, 0).sum(axis + 1) / ok.sum(axis + 1)
     return out.to(x.dtype)
 
 
+def box_means_backward(grad, in_shape, windows: list):
+    """The gradient of ``box_means`` over an input of ``in_shape``: each window's gradient,
+    over its length, added back at the positions it read; positions no window reads get 0.
+
+    Example::
+
+        box_means_backward(grad, x.shape, [adaptive_windows(n, 7) for n in x.shape[-2:]])
+    """
+    return _spread_back(grad, in_shape, windows, [valid.sum(1) for _, valid in windows])
+
+
+@decomposition(aten._adaptive_avg_pool2d.default)
+def adaptive_avg_pool2d(x, output_size):
+    # At a symbolic size the op stays whole: torch's decomposition gathers over the longest
+    # window, a length that does not grow with the size, which no bucket can hold. A bucket
+    # pools it at the real size (buckets/spatial_rules.py); an exact-shape program decomposes
+    # it once its sizes are static, as torch does.
+    if has_symbolic_size(x):
+        return NotImplemented
+    from torch._decomp.decompositions import adaptive_avg_pool2d as torch_decomposition
+    return torch_decomposition(x, output_size)
+
+
+@decomposition(aten._adaptive_avg_pool3d.default)
+def adaptive_avg_pool3d(x, output_size):
+    # Unlowered; left whole at a symbolic size, as the 2-D one.
+    if has_symbolic_size(x):
+        return NotImplemented
+    return box_means(x, [adaptive_windows(n, size) for n, size
+                         in zip(x.shape[-3:], _expand(output_size, 3))])
+
+
 def _adaptive_avg_pool_backward(dims: int):
     def backward(grad, x):
-        # The forward's per-dim means, transposed: each window's gradient, over its length,
-        # added back at the positions it read.
-        windows = [_adaptive_windows(n, size)
-                   for n, size in zip(x.shape[-dims:], grad.shape[-dims:])]
-        per_dim = [valid.sum(1) for _, valid in windows]
-        return _spread_back(grad, x.shape, windows, per_dim)
+        if has_symbolic_size(grad, x):
+            return NotImplemented
+        return box_means_backward(grad, x.shape, [
+            adaptive_windows(n, size) for n, size in zip(x.shape[-dims:], grad.shape[-dims:])])
     backward.__name__ = f"adaptive_avg_pool{dims}d_backward"
     return backward
 
 
-# 2-D: torch-mlir lowers only output sizes that divide the input's; the others (a 7x7 pool of
-# a 10x10 map) ran on the host.
+# 3-D: unlowered; 2-D: torch-mlir lowers only output sizes that divide the input's; the others
+# (a 7x7 pool of a 10x10 map) ran on the host.
 decomposition(aten._adaptive_avg_pool2d_backward.default)(_adaptive_avg_pool_backward(2))
 decomposition(aten._adaptive_avg_pool3d_backward.default)(_adaptive_avg_pool_backward(3))
 
