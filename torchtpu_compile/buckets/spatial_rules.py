@@ -23,7 +23,7 @@ import torch
 
 from .layout import NotPaddable, evaluate, is_symbolic, prefix, sym_expr
 from ..lower.decompositions.pooling import (adaptive_windows, box_means, box_means_backward,
-                                           longest_adaptive_window)
+                                           longest_adaptive_window, separable_max)
 from .rules import Padded, _prefix_dim, lowest, out_shape, padding_rule, reradix
 
 aten = torch.ops.aten
@@ -202,3 +202,35 @@ def adaptive_avg_pool_backward(ctx, node, grad, x):
         return Padded(node.target(grad.tensor, x.tensor), x.layout)
     windows = _adaptive_windows(ctx, node.args[1], x, list(grad.tensor.shape[2:]))
     return Padded(box_means_backward(grad.tensor, x.tensor.shape, windows), x.layout)
+
+
+@padding_rule(aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default)
+def adaptive_max_pool(ctx, node, x, output_size):
+    # The largest real element of each window at the real size; the indices count real
+    # positions of the plane, as eager's.
+    if len(x.layout) != 2 + len(output_size):
+        raise NotPaddable("adaptive max pooling of an unbatched input")
+    if not _spatial(x, "adaptive max pooling"):
+        values, indices = node.target(x.tensor, output_size)
+        layout = (x.layout[0],) + (None,) * (len(x.layout) - 1)
+        return [Padded(values, layout), Padded(indices, layout)]
+    values, indices = separable_max(x.tensor,
+                                    _adaptive_windows(ctx, node.args[0], x, output_size))
+    indices = _flat_positions(ctx, node.args[0], x, indices, _pooled_dims(x, output_size),
+                              to_real=True)
+    layout = (x.layout[0],) + (None,) * (len(x.layout) - 1)
+    return [Padded(values, layout), Padded(indices, layout)]
+
+
+@padding_rule(aten.adaptive_max_pool2d_backward.default,
+              aten.adaptive_max_pool3d_backward.default)
+def adaptive_max_pool_backward(ctx, node, grad, x, indices):
+    # Each output's gradient to its maximum's position in the padded plane.
+    dims = 2 if node.target is aten.adaptive_max_pool2d_backward.default else 3
+    if len(x.layout) != 2 + dims:
+        raise NotPaddable("adaptive max pooling of an unbatched input")
+    if not _spatial(x, "adaptive max pooling's gradient"):
+        return Padded(node.target(grad.tensor, x.tensor, indices.tensor), x.layout)
+    positions = _flat_positions(ctx, node.args[1], x, ctx.fill(indices, 0),
+                                list(range(2, 2 + dims)), to_real=False)
+    return Padded(node.target(_zero_padded(ctx, grad), x.tensor, positions), x.layout)

@@ -151,21 +151,27 @@ def max_pool3d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ce
     geometry = _pool_geometry(in_sizes, kernel, stride, padding, dilation, ceil_mode)
     windows = [_regular_windows(n, size, k, s, p, d) for n, (size, _), k, s, p, d
                in zip(in_sizes, geometry, kernel, stride, padding, dilation)]
-    return _separable_max(x, windows)
+    return separable_max(x, windows)
 
 
 @decomposition(aten.adaptive_max_pool3d.default)
 def adaptive_max_pool3d(x, output_size):
-    return _separable_max(x, [adaptive_windows(n, out) for n, out
-                              in zip(x.shape[-3:], _expand(output_size, 3))])
+    # Left whole at a symbolic size, as adaptive average pooling: a bucket pools it at the
+    # real size (buckets/spatial_rules.py).
+    if has_symbolic_size(x):
+        return NotImplemented
+    return separable_max(x, [adaptive_windows(n, out) for n, out
+                             in zip(x.shape[-3:], _expand(output_size, 3))])
 
 
 @decomposition(aten.adaptive_max_pool2d.default)
 def adaptive_max_pool2d(x, output_size):
     # PyTorch's reference (torch-mlir's table) handles only sizes that divide the input
     # ("condition must be true" otherwise: nn.AdaptiveMaxPool1d/2d ran in eager PyTorch).
-    return _separable_max(x, [adaptive_windows(n, out) for n, out
-                              in zip(x.shape[-2:], _expand(output_size, 2))])
+    if has_symbolic_size(x):
+        return NotImplemented
+    return separable_max(x, [adaptive_windows(n, out) for n, out
+                             in zip(x.shape[-2:], _expand(output_size, 2))])
 
 
 def _plane(sizes) -> int:
@@ -202,8 +208,14 @@ max_pool2d_backward = decomposition(aten.max_pool2d_with_indices_backward.defaul
                                         _max_pool_backward(2))
 
 
-def _separable_max(x, windows: list):
-    """(max, flat input index) over box windows, one spatial dim at a time.
+def separable_max(x, windows: list):
+    """(max, flat input index) over box windows, one spatial dim at a time (``windows``:
+    ``adaptive_windows`` or the like, per pooled dim); the index is row-major over ``x``'s
+    pooled dims.
+
+    Example::
+
+        values, indices = separable_max(x, [adaptive_windows(n, 7) for n in x.shape[-2:]])
 
     Reducing the last dim first and keeping, per window, the first maximum keeps eager's choice
     among equal maxima: the first in its scan order (the lexicographically smallest position)
