@@ -154,24 +154,26 @@ def max_pool3d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ce
     return separable_max(x, windows)
 
 
-@decomposition(aten.adaptive_max_pool3d.default)
-def adaptive_max_pool3d(x, output_size):
-    # Left whole at a symbolic size, as adaptive average pooling: a bucket pools it at the
-    # real size (buckets/spatial_rules.py).
+def _adaptive(pool, x, output_size, dims: int):
+    """``pool(x, windows)`` over adaptive windows of the last ``dims`` dims; at a symbolic
+    size the op stays whole (its longest window is no shape there): a bucket pools it at the
+    real size (buckets/spatial_rules.py), an exact-shape program once its sizes are static."""
     if has_symbolic_size(x):
         return NotImplemented
-    return separable_max(x, [adaptive_windows(n, out) for n, out
-                             in zip(x.shape[-3:], _expand(output_size, 3))])
+    return pool(x, [adaptive_windows(n, out) for n, out
+                    in zip(x.shape[-dims:], _expand(output_size, dims))])
+
+
+@decomposition(aten.adaptive_max_pool3d.default)
+def adaptive_max_pool3d(x, output_size):
+    return _adaptive(separable_max, x, output_size, 3)
 
 
 @decomposition(aten.adaptive_max_pool2d.default)
 def adaptive_max_pool2d(x, output_size):
     # PyTorch's reference (torch-mlir's table) handles only sizes that divide the input
     # ("condition must be true" otherwise: nn.AdaptiveMaxPool1d/2d ran in eager PyTorch).
-    if has_symbolic_size(x):
-        return NotImplemented
-    return separable_max(x, [adaptive_windows(n, out) for n, out
-                             in zip(x.shape[-2:], _expand(output_size, 2))])
+    return _adaptive(separable_max, x, output_size, 2)
 
 
 def _plane(sizes) -> int:
@@ -291,11 +293,7 @@ def adaptive_avg_pool2d(x, output_size):
 
 @decomposition(aten._adaptive_avg_pool3d.default)
 def adaptive_avg_pool3d(x, output_size):
-    # Unlowered; left whole at a symbolic size, as the 2-D one.
-    if has_symbolic_size(x):
-        return NotImplemented
-    return box_means(x, [adaptive_windows(n, size) for n, size
-                         in zip(x.shape[-3:], _expand(output_size, 3))])
+    return _adaptive(box_means, x, output_size, 3)  # unlowered
 
 
 def _adaptive_avg_pool_backward(dims: int):
