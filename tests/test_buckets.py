@@ -201,6 +201,9 @@ CASES = {
     "strided_slice_to_the_end": lambda x: (
         x[:, ::2] * 2, torch.cat([x, x * 2], 1)[:, 1::2].cumsum(1),
         torch.cat([x, x, x], 1)[:, 2::3].softmax(1)),
+    # reversed along the padded dim, the real elements stay a prefix (cumsum's backward)
+    "flip": lambda x: (x.flip(1) * torch.arange(x.shape[1])[None, :, None],
+                       x.flip(1, 2).cumsum(1), torch.flip(x, [0, 1]).softmax(1)),
     # ConvNeXt V2's global response normalization: zeros add nothing to a norm of order >= 0
     "vector_norm": lambda x: (
         torch.linalg.vector_norm(x, dim=1), torch.linalg.vector_norm(x, 1, dim=(1, 2)),
@@ -223,6 +226,24 @@ def test_rule_matches_eager_at_every_size(name, fresh_dynamo):
     assert stats["buckets"]["compiles"] == 2 and stats["buckets"]["hits"] == 1
     # what a rule emits lowers: nothing of the bucket's program runs in eager PyTorch
     assert stats["fallback_ops"] == {}
+
+
+def test_a_cumulative_sum_trains_along_the_dynamic_dim_per_bucket(fresh_dynamo):
+    # cumsum's backward flips the gradient along the summed dim: it compiled per shape
+    fn = lambda x: (x.cumsum(1) * x).square().mean()  # noqa: E731
+    compiled = compile_tpu(fn)
+    for i, n in enumerate(SIZES):
+        x = torch.randn(3, n, 5)
+        if i == 0:
+            torch._dynamo.mark_dynamic(x, 1)
+        mine, theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
+        actual, expected = compiled(mine), fn(theirs)
+        _close(actual, expected)
+        actual.backward()
+        expected.backward()
+        _close(mine.grad, theirs.grad)
+    stats = torchtpu_compile.stats()
+    assert stats["buckets"]["exact_shape_compiles"] == 0 and stats["fallback_ops"] == {}
 
 
 def test_a_window_partition_matches_eager_per_bucket(fresh_dynamo):

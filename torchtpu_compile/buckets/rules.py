@@ -1072,6 +1072,27 @@ def cumulative(ctx, node, x, dim, **kwargs):
     return Padded(node.target(ctx.fill(x, neutral, [dim]), dim, **kwargs), x.layout)
 
 
+@padding_rule(aten.flip.default)
+def flip(ctx, node, x, dims):
+    # Reversed along a padded dim, the real elements would end the dim: element i of the
+    # result is real element n - 1 - i instead, a prefix again (cumsum's backward flips its
+    # gradient along the summed dim).
+    rank = len(x.layout)
+    dims = _norm_dims(dims, rank)
+    static = [d for d in dims if x.layout[d] is None]
+    tensor = aten.flip.default(x.tensor, static) if static else x.tensor
+    shape = [sym_expr(s) for s in node.args[0].meta["val"].shape]
+    for d in dims:
+        if x.layout[d] is None:
+            continue
+        _prefix_dim(x, d, "flip")
+        length = tensor.shape[d]
+        source = aten.sub.Tensor(aten.sub.Tensor(_as_tensor(ctx.real_size(x, d, shape[d])), 1),
+                                 aten.arange.default(length, dtype=torch.int64))
+        tensor = aten.index_select.default(tensor, d, aten.clamp.default(source, 0, length - 1))
+    return Padded(tensor, x.layout)
+
+
 @padding_rule(aten.sort.default, aten.sort.stable)
 def sort(ctx, node, x, *args, **kwargs):
     if node.target is aten.sort.stable:
