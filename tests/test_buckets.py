@@ -201,9 +201,16 @@ CASES = {
     "strided_slice_to_the_end": lambda x: (
         x[:, ::2] * 2, torch.cat([x, x * 2], 1)[:, 1::2].cumsum(1),
         torch.cat([x, x, x], 1)[:, 2::3].softmax(1)),
+    # scans read only earlier positions; a running maximum's index counts them
+    "scans": lambda x: (x.logcumsumexp(1), x.cummax(1), x.cummin(1).values * 2,
+                        x.reshape(-1, 5).logcumsumexp(0)),
     # reversed along the padded dim, the real elements stay a prefix (cumsum's backward)
     "flip": lambda x: (x.flip(1) * torch.arange(x.shape[1])[None, :, None],
                        x.flip(1, 2).cumsum(1), torch.flip(x, [0, 1]).softmax(1)),
+    # wrapped around at the real size, by a fixed shift or by one of the size (through
+    # torch's decomposition: slices and a cat)
+    "roll": lambda x: (x.roll(2, 1) * 2, x.roll((-3, 1), (1, 2)).cumsum(1),
+                       x.roll(x.shape[1] // 2, 1).softmax(1), torch.roll(x, 1, 0)),
     # ConvNeXt V2's global response normalization: zeros add nothing to a norm of order >= 0
     "vector_norm": lambda x: (
         torch.linalg.vector_norm(x, dim=1), torch.linalg.vector_norm(x, 1, dim=(1, 2)),

@@ -1063,13 +1063,27 @@ def log_softmax_backward(ctx, node, grad, out, dim, dtype):
                               dtype), grad.layout)
 
 
-@padding_rule(aten.cumsum.default, aten.cumprod.default)
+_SCAN_NEUTRAL = {aten.cumsum.default: 0, aten.cumprod.default: 1,
+                 aten.logcumsumexp.default: -math.inf}
+
+
+@padding_rule(*_SCAN_NEUTRAL)
 def cumulative(ctx, node, x, dim, **kwargs):
-    # A prefix sum at a real position reads only earlier positions: zero (one) the padding
-    # that a merged dim puts between real elements.
+    # A prefix sum at a real position reads only earlier positions: the padding that a merged
+    # dim puts between real elements is made the scan's neutral element.
     dim = _norm_dim(dim, len(x.layout))
-    neutral = 0 if node.target is aten.cumsum.default else 1
-    return Padded(node.target(ctx.fill(x, neutral, [dim]), dim, **kwargs), x.layout)
+    return Padded(node.target(ctx.fill(x, _SCAN_NEUTRAL[node.target], [dim]), dim, **kwargs),
+                  x.layout)
+
+
+@padding_rule(aten.cummax.default, aten.cummin.default)
+def cumulative_extreme(ctx, node, x, dim):
+    # A running maximum at a real position reads only earlier positions, and its index counts
+    # them: along a prefix the padding comes after every real element.
+    dim = _norm_dim(dim, len(x.layout))
+    _prefix_dim(x, dim, str(node.target))
+    values, indices = node.target(x.tensor, dim)
+    return [Padded(values, x.layout), Padded(indices, x.layout)]
 
 
 @padding_rule(aten.flip.default)
