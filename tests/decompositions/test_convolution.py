@@ -50,6 +50,18 @@ def test_transposed_convolution_backward(dims, kwargs):
     check(grads, x, w, randn(3 * groups, seed=2).requires_grad_())
 
 
+def test_a_transposed_convolution_with_no_output_position_is_empty_as_eager():
+    # a padding of 2 on both sides eats a width of 3 - 1 + 2: eager returns a (2, 4, 3, 0)
+    # result and zero gradients; the forward convolution it decomposed to refused a kernel
+    # wider than its input (fuzz seeds 7152, 7214)
+    def step(x, w, b):
+        y = torch.nn.functional.conv_transpose2d(x, w, b, padding=2, groups=2)
+        return (y, *torch.autograd.grad((y * 2).sum(), (x, w, b)))
+    x = randn(2, 2, 7, 3).requires_grad_()
+    w = randn(2, 2, 1, 2, seed=1).requires_grad_()
+    check(step, x, w, randn(4, seed=2).requires_grad_())
+
+
 def test_convolution_backward_with_one_padding_for_all_dims():
     # padding="valid" reaches convolution_backward as [0] for a 2-d convolution (SigLIP).
     def grads(x, w):

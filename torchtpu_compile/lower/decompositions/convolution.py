@@ -70,8 +70,15 @@ def transposed_convolution(x, weight, bias, stride, padding, dilation, transpose
     stride, padding, dilation = list(stride), list(padding), list(dilation)
     output_padding = list(output_padding)
     kernel = list(weight.shape[2:])
-    spread = _spread_by_stride(x, stride, dilation, kernel, padding, output_padding)
     in_ch, out_per_group = weight.shape[0], weight.shape[1]
+    sizes = [(x.shape[2 + i] - 1) * stride[i] - 2 * padding[i] + dilation[i] * (kernel[i] - 1)
+             + output_padding[i] + 1 for i in range(spatial)]
+    if 0 in sizes:
+        # No output position (a padding that eats the whole output): eager returns the empty
+        # result, where the forward convolution over the spread input refused a kernel larger
+        # than it (fuzz seed 7152).
+        return x.new_zeros([x.shape[0], groups * out_per_group] + sizes)
+    spread = _spread_by_stride(x, stride, dilation, kernel, padding, output_padding)
     w = weight.reshape([groups, in_ch // groups, out_per_group] + kernel)
     w = w.transpose(1, 2).reshape([groups * out_per_group, in_ch // groups] + kernel)
     w = aten.flip(w, list(range(2, 2 + spatial)))
@@ -140,6 +147,10 @@ def _transposed_convolution_backward(grad_out, input, weight, stride, padding, d
     # convolution of dL/dy, and dL/dw is the weight gradient of conv(dL/dy, w) at output x.
     spatial = input.dim() - 2
     grad_input = grad_weight = grad_bias = None
+    if 0 in grad_out.shape[2:]:  # no output position: nothing flows back (as the forward)
+        return (input.new_zeros(input.shape) if output_mask[0] else None,
+                weight.new_zeros(weight.shape) if output_mask[1] else None,
+                grad_out.new_zeros([weight.shape[1] * groups]) if output_mask[2] else None)
     if output_mask[0]:
         grad_input = aten.convolution(grad_out, weight, None, stride, padding, dilation, False,
                                       [0] * spatial, groups)
