@@ -424,6 +424,29 @@ def test_image_ops_over_padded_height_and_width_match_eager(name, fresh_dynamo):
     assert stats["buckets"]["compiles"] == 4  # buckets 16 x 16, forward and backward
 
 
+@pytest.mark.parametrize("pool", [nn.AdaptiveAvgPool2d((2, None)), nn.AdaptiveMaxPool2d((None, 3))])
+def test_adaptive_pooling_to_an_output_as_long_as_its_input_matches_eager(pool, fresh_dynamo):
+    # (2, None) keeps the dynamic width: the bucket's windows would change with it, so the
+    # graph runs at its exact shapes (the pooling rule raised TypeError on the size; fuzz
+    # seed 7299)
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.Conv2d(3, 2, 1), pool)
+    model = copy.deepcopy(eager)
+    compiled = compile_tpu(model)
+    with config.patch(matmul_precision="highest"):
+        for i, (h, w) in enumerate(((9, 9), (11, 14), (13, 7))):
+            x = torch.randn(2, 3, h, w)
+            if i == 0:
+                torch._dynamo.mark_dynamic(x, 2)
+                torch._dynamo.mark_dynamic(x, 3)
+            mine, theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
+            actual, expected = compiled(mine), eager(theirs)
+            _close(actual, expected)
+            actual.square().sum().backward()
+            expected.square().sum().backward()
+            _close(mine.grad, theirs.grad)
+
+
 def _leaves(value):
     return value if isinstance(value, (tuple, list)) else (value,)
 

@@ -172,6 +172,9 @@ def _adaptive_windows(ctx, node_x, x: Padded, output_size) -> list:
     """Adaptive pooling's windows (``adaptive_windows``) over each pooled dim of ``x`` at its
     real size: a padded dim's windows are traced from its real size, as long as its longest
     window at any real size up to the bucket; padded positions lie in none."""
+    if any(not isinstance(out, int) for out in output_size):
+        # an output as long as its dynamic input (``(2, None)``): windows the bucket resizes
+        raise NotPaddable("adaptive pooling to a dynamic output size")
     shape = _symbolic_shape(node_x.meta["val"])
     windows = []
     for d, out in zip(_pooled_dims(x, output_size), output_size):
@@ -200,7 +203,7 @@ def adaptive_avg_pool_backward(ctx, node, grad, x):
     # window; the padding gets none.
     if not _spatial(x, "adaptive average pooling's gradient"):
         return Padded(node.target(grad.tensor, x.tensor), x.layout)
-    windows = _adaptive_windows(ctx, node.args[1], x, list(grad.tensor.shape[2:]))
+    windows = _adaptive_windows(ctx, node.args[1], x, _static_output(grad))
     return Padded(box_means_backward(grad.tensor, x.tensor.shape, windows), x.layout)
 
 
@@ -231,6 +234,15 @@ def adaptive_max_pool_backward(ctx, node, grad, x, indices):
         raise NotPaddable("adaptive max pooling of an unbatched input")
     if not _spatial(x, "adaptive max pooling's gradient"):
         return Padded(node.target(grad.tensor, x.tensor, indices.tensor), x.layout)
+    _static_output(grad)
     positions = _flat_positions(ctx, node.args[1], x, ctx.fill(indices, 0),
                                 list(range(2, 2 + dims)), to_real=False)
     return Padded(node.target(_zero_padded(ctx, grad), x.tensor, positions), x.layout)
+
+
+def _static_output(grad: Padded) -> list:
+    """An adaptive pool's output sizes from its gradient: the spatial dims must not be padded
+    (an output as long as its dynamic input, ``(2, None)``, is refused as in the forward)."""
+    if any(d is not None for d in grad.layout[2:]):
+        raise NotPaddable("adaptive pooling to a dynamic output size")
+    return list(grad.tensor.shape[2:])
