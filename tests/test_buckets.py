@@ -393,15 +393,14 @@ class _Pooled(nn.Module):
         return values, indices
 
 
-@pytest.mark.parametrize("name", sorted(IMAGE_CASES))
-def test_image_ops_over_padded_height_and_width_match_eager(name, fresh_dynamo):
-    # They compiled once per image size ("a convolution over a padded channel or spatial dim").
-    torch.manual_seed(0)
-    eager = IMAGE_CASES[name]()
+def _trains_as_eager_at_image_sizes(eager, sizes) -> None:
+    """Compile a copy of ``eager`` (images dynamic in height and width from the first call)
+    and train it at each (height, width) of ``sizes``: every output, the input's gradient and
+    every parameter's gradient against eager's."""
     model = copy.deepcopy(eager)
     compiled = compile_tpu(model)
     with config.patch(matmul_precision="highest"):
-        for i, (h, w) in enumerate(((9, 9), (11, 14), (13, 7), (16, 15))):
+        for i, (h, w) in enumerate(sizes):
             x = torch.randn(2, 3, h, w)
             if i == 0:
                 torch._dynamo.mark_dynamic(x, 2)
@@ -419,6 +418,13 @@ def test_image_ops_over_padded_height_and_width_match_eager(name, fresh_dynamo):
             for p, q in zip(model.parameters(), eager.parameters()):
                 _close(p.grad, q.grad)
                 p.grad = q.grad = None
+
+
+@pytest.mark.parametrize("name", sorted(IMAGE_CASES))
+def test_image_ops_over_padded_height_and_width_match_eager(name, fresh_dynamo):
+    # They compiled once per image size ("a convolution over a padded channel or spatial dim").
+    torch.manual_seed(0)
+    _trains_as_eager_at_image_sizes(IMAGE_CASES[name](), ((9, 9), (11, 14), (13, 7), (16, 15)))
     stats = torchtpu_compile.stats()
     assert stats["buckets"]["exact_shape_compiles"] == 0 and stats["fallback_ops"] == {}
     assert stats["buckets"]["compiles"] == 4  # buckets 16 x 16, forward and backward
@@ -430,21 +436,8 @@ def test_adaptive_pooling_to_an_output_as_long_as_its_input_matches_eager(pool, 
     # graph runs at its exact shapes (the pooling rule raised TypeError on the size; fuzz
     # seed 7299)
     torch.manual_seed(0)
-    eager = nn.Sequential(nn.Conv2d(3, 2, 1), pool)
-    model = copy.deepcopy(eager)
-    compiled = compile_tpu(model)
-    with config.patch(matmul_precision="highest"):
-        for i, (h, w) in enumerate(((9, 9), (11, 14), (13, 7))):
-            x = torch.randn(2, 3, h, w)
-            if i == 0:
-                torch._dynamo.mark_dynamic(x, 2)
-                torch._dynamo.mark_dynamic(x, 3)
-            mine, theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
-            actual, expected = compiled(mine), eager(theirs)
-            _close(actual, expected)
-            actual.square().sum().backward()
-            expected.square().sum().backward()
-            _close(mine.grad, theirs.grad)
+    _trains_as_eager_at_image_sizes(nn.Sequential(nn.Conv2d(3, 2, 1), pool),
+                                    ((9, 9), (11, 14), (13, 7)))
 
 
 def _leaves(value):

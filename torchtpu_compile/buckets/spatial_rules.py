@@ -193,7 +193,7 @@ def adaptive_avg_pool(ctx, node, x, output_size):
     if not _spatial(x, "adaptive average pooling"):
         return Padded(node.target(x.tensor, output_size), x.layout)
     result = box_means(x.tensor, _adaptive_windows(ctx, node.args[0], x, output_size))
-    return Padded(result, (x.layout[0],) + (None,) * (len(x.layout) - 1))
+    return Padded(result, _pooled_to_static(x))
 
 
 @padding_rule(aten._adaptive_avg_pool2d_backward.default,
@@ -213,15 +213,14 @@ def adaptive_max_pool(ctx, node, x, output_size):
     # positions of the plane, as eager's.
     if len(x.layout) != 2 + len(output_size):
         raise NotPaddable("adaptive max pooling of an unbatched input")
+    layout = _pooled_to_static(x)
     if not _spatial(x, "adaptive max pooling"):
         values, indices = node.target(x.tensor, output_size)
-        layout = (x.layout[0],) + (None,) * (len(x.layout) - 1)
         return [Padded(values, layout), Padded(indices, layout)]
     values, indices = separable_max(x.tensor,
                                     _adaptive_windows(ctx, node.args[0], x, output_size))
     indices = _flat_positions(ctx, node.args[0], x, indices, _pooled_dims(x, output_size),
                               to_real=True)
-    layout = (x.layout[0],) + (None,) * (len(x.layout) - 1)
     return [Padded(values, layout), Padded(indices, layout)]
 
 
@@ -238,6 +237,11 @@ def adaptive_max_pool_backward(ctx, node, grad, x, indices):
     positions = _flat_positions(ctx, node.args[1], x, ctx.fill(indices, 0),
                                 list(range(2, 2 + dims)), to_real=False)
     return Padded(node.target(_zero_padded(ctx, grad), x.tensor, positions), x.layout)
+
+
+def _pooled_to_static(x: Padded) -> tuple:
+    """An adaptive pool's output layout: its batch dim as the input's, every other static."""
+    return (x.layout[0],) + (None,) * (len(x.layout) - 1)
 
 
 def _static_output(grad: Padded) -> list:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .common import computing_dtype, has_symbolic_size
+from .common import computing_dtype, has_symbolic_size, torch_decomposition
 from .registry import decomposition
 
 aten = torch.ops.aten
@@ -287,8 +287,7 @@ def adaptive_avg_pool2d(x, output_size):
     # it once its sizes are static, as torch does.
     if has_symbolic_size(x):
         return NotImplemented
-    from torch._decomp.decompositions import adaptive_avg_pool2d as torch_decomposition
-    return torch_decomposition(x, output_size)
+    return torch_decomposition(aten._adaptive_avg_pool2d.default)(x, output_size)
 
 
 @decomposition(aten._adaptive_avg_pool3d.default)
