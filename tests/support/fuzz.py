@@ -1152,6 +1152,23 @@ def overlapping_views(prog, what):
         any(_SHIFTED_WRITE.search(line) for line in prog.lines)
 
 
+#: A dropout that keeps every value, then an in-place op on its result.
+_KEEPING_DROPOUT = re.compile(r"^(v\d+) = torch\.nn\.functional\.\w*dropout\w*\(")
+
+
+@accepted_class(COMPILE_PATHS, _reference_backend("aot_eager"),
+                "a dropout that keeps every value (p=0, or not training) returns its input "
+                "itself in eager, so an in-place op on its result writes that input too; "
+                "traced, its result is a new tensor and the input keeps its values (seed 7302: "
+                "dropout(v1, 0.0).div_(3)); aot_eager and Inductor the same")
+def dropout_alias(prog, what):
+    if "differ" not in what and "instead of" not in what:
+        return False
+    kept = {m.group(1) for m in map(_KEEPING_DROPOUT.match, prog.lines) if m}
+    return any(line.startswith(f"{name}.") and re.match(rf"{name}\.\w+_\(", line)
+               for name in kept for line in prog.lines)
+
+
 def _outcome(run, prog):
     try:
         return run(prog)
