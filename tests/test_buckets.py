@@ -380,7 +380,26 @@ IMAGE_CASES = {
                                           nn.AvgPool2d(2)),
     "average_pool_padding_not_counted": lambda: nn.Sequential(
         nn.Conv2d(3, 2, 1), nn.AvgPool2d(3, 1, 1, count_include_pad=False)),
+    # ceil mode's last window is cut at the real end, and divided by what it covers (RT-DETR's
+    # ResNet shortcut; timm's ResNet-D with its padding not counted)
+    "average_pool_ceil_mode": lambda: nn.Sequential(nn.Conv2d(3, 2, 1),
+                                                    nn.AvgPool2d(2, 2, 0, ceil_mode=True)),
+    "average_pool_ceil_mode_padding_not_counted": lambda: nn.Sequential(
+        nn.Conv2d(3, 2, 1), nn.AvgPool2d(3, 2, 1, ceil_mode=True, count_include_pad=False)),
+    "average_pool_3d_ceil_mode": lambda: _Volume(nn.AvgPool3d((1, 3, 2), 2, (0, 1, 0),
+                                                               ceil_mode=True)),
 }
+
+
+class _Volume(nn.Module):
+    """A pool over (depth 2, height, width) of the conv's output."""
+    def __init__(self, pool):
+        super().__init__()
+        self.conv, self.pool = nn.Conv2d(3, 4, 1), pool
+
+    def forward(self, x):
+        y = self.conv(x)
+        return self.pool(y.unflatten(1, (2, 2)))
 
 
 class _Pooled(nn.Module):

@@ -267,7 +267,7 @@ def never_shrinks(expr) -> bool:
     if isinstance(expr, sympy.Add):
         return all(never_shrinks(a) for a in expr.args)
     if isinstance(expr, sympy.Mul):
-        ceiling = _ceiling_of(expr)  # -((-x) // k), ceil mode's output size
+        ceiling = _ceiling_of(expr)  # -c * ((-x) // k): ceil mode's sizes
         if ceiling is not None:
             return never_shrinks(ceiling)
         return all(a > 0 if a.is_number else never_shrinks(a) for a in expr.args)
@@ -280,8 +280,11 @@ def never_shrinks(expr) -> bool:
 
 
 def _ceiling_of(expr):
-    """``x / k`` where ``expr`` is ``-((-x) // k)``, sympy's spelling of ``ceil(x / k)``."""
-    if len(expr.args) != 2 or expr.args[0] != -1 or not isinstance(expr.args[1], symfn.FloorDiv):
+    """``x`` where ``expr`` is ``-c * ((-x) // k)``, sympy's spelling of ``c * ceil(x / k)``
+    for positive ints c and k (an average pool's input padded to whole windows in ceil mode:
+    ``-2 * ((-s0) // 2)``)."""
+    if len(expr.args) != 2 or not (expr.args[0].is_Integer and expr.args[0] < 0) or \
+            not isinstance(expr.args[1], symfn.FloorDiv):
         return None
     numerator, divisor = expr.args[1].args
     if not (divisor.is_Integer and divisor > 0):
