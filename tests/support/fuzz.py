@@ -947,6 +947,7 @@ def _adder(rng, dtype, first: int, added: list):
     def param(shape, grad=True, positive=False, distinct=False):
         added.append(_param_source(rng, shape, dtype, grad, positive, distinct))
         return f"x{first + len(added) - 1}"
+    param.dtype = dtype
     return param
 
 
