@@ -459,6 +459,35 @@ def test_adaptive_pooling_to_an_output_as_long_as_its_input_matches_eager(pool, 
                                     ((9, 9), (11, 14), (13, 7)))
 
 
+def _pools_each_channel(x, w):
+    y = x * w
+    return (F.adaptive_avg_pool2d(y, (3, 2)), F.adaptive_max_pool2d(y, (2, 3))[0],
+            F.max_pool2d(y, 3, 2, 1), F.avg_pool2d(y, 2, ceil_mode=True))
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_pooling_over_padded_channels_trains_per_bucket(batched, fresh_dynamo):
+    # Pooling keeps each channel apart (a convolution contracts them): a dynamic channel dim,
+    # and the height of an unbatched (C, H, W) input, compiled once per shape before (fuzz
+    # seeds 7400-7599: "adaptive average pooling's gradient over a padded channel dim").
+    torch.manual_seed(0)
+    compiled = compile_tpu(_pools_each_channel, dynamic=True)
+    w = torch.randn(1)
+    with config.patch(matmul_precision="highest"):
+        for shape in ((2, 9, 7), (2, 11, 14), (3, 13, 5), (4, 6, 15)):
+            x = torch.randn((2, *shape) if batched else shape)
+            mine = [t.clone().requires_grad_() for t in (x, w)]
+            theirs = [t.clone().requires_grad_() for t in (x, w)]
+            actual, expected = compiled(*mine), _pools_each_channel(*theirs)
+            for a, e in zip(actual, expected):
+                _close(a, e)
+            sum(t.square().sum() for t in actual).backward()
+            sum(t.square().sum() for t in expected).backward()
+            for a, e in zip(mine, theirs):
+                _close(a.grad, e.grad)
+    assert torchtpu_compile.stats()["buckets"]["exact_shape_compiles"] == 0
+
+
 def _leaves(value):
     return value if isinstance(value, (tuple, list)) else (value,)
 

@@ -4,8 +4,9 @@ A convolution reads, past the real end of a spatial dim, its own zero padding; a
 padding lies there instead. Filled with zeros (max pooling: with the lowest value, as its own
 padding reads), the padding is what eager's kernel reads, and every real output position, a
 prefix of the padded output, gets eager's value. The output's real size is the node's
-symbolic size, the same formula at the bucket's size. Channels are contracted, so a padded
-channel dim stays refused; a padded batch dim is independent per sample.
+symbolic size, the same formula at the bucket's size. A convolution contracts its channels,
+so a padded channel dim stays refused there; pooling keeps each channel (and each sample) apart,
+so a padded batch or channel dim passes through it.
 
 Gradients: with the padding of both the incoming gradient and the input zero, the padded
 positions add nothing to the weight's gradient, and each real input position gathers the
@@ -29,22 +30,30 @@ from .rules import Padded, _prefix_dim, lowest, out_shape, padding_rule, reradix
 aten = torch.ops.aten
 
 
-def _spatial(x: Padded, what: str) -> list:
-    """The padded spatial dims of ``x`` (N, C, *spatial); a padded channel dim is refused."""
-    if x.layout[1] is not None:
-        raise NotPaddable(f"{what} over a padded channel dim")
-    padded = [d for d in range(2, len(x.layout)) if x.layout[d] is not None]
+def _spatial(x: Padded, what: str, pooled: int | None = None) -> list:
+    """The padded dims among ``x``'s last ``pooled`` (its spatial dims), the dims before them
+    kept apart; a convolution's (``pooled`` None: (N, C, *spatial)) padded channel dim is
+    refused, as the convolution contracts it."""
+    if pooled is None:
+        if x.layout[1] is not None:
+            raise NotPaddable(f"{what} over a padded channel dim")
+        pooled = len(x.layout) - 2
+    padded = [d for d in range(len(x.layout) - pooled, len(x.layout))
+              if x.layout[d] is not None]
     for d in padded:
         _prefix_dim(x, d, what)
     return padded
 
 
-def _output_layout(ctx, node, x: Padded, result, out_index=None) -> tuple:
-    """(batch layout, None, a prefix of the node's symbolic size per padded spatial dim)."""
+def _output_layout(ctx, node, x: Padded, result, pooled: int, out_index=None) -> tuple:
+    """The layout of the dims before the last ``pooled`` as ``x``'s (a convolution's output
+    channels: not padded, as it refuses padded input channels), a prefix of the node's
+    symbolic size per padded spatial dim."""
     shape = out_shape(node) if out_index is None else _symbolic_shape(
         node.meta["val"][out_index])
-    layout = [x.layout[0], None]
-    for d in range(2, len(x.layout)):
+    first = len(x.layout) - pooled
+    layout = list(x.layout[:first])
+    for d in range(first, len(x.layout)):
         if x.layout[d] is None:
             layout.append(None)
             continue
@@ -71,7 +80,7 @@ def convolution(ctx, node, x, weight, bias, *args):
     tensor = ctx.fill(x, 0, spatial) if spatial else x.tensor
     result = aten.convolution.default(tensor, weight.tensor,
                                       None if bias is None else bias.tensor, *args)
-    return Padded(result, _output_layout(ctx, node, x, result))
+    return Padded(result, _output_layout(ctx, node, x, result, len(x.layout) - 2))
 
 
 @padding_rule(aten.convolution_backward.default)
@@ -96,22 +105,32 @@ def _flat_positions(ctx, node_x, x: Padded, index, dims: list, to_real: bool):
     return reradix(index, padded, real) if to_real else reradix(index, real, padded)
 
 
-def _pooled_dims(x: Padded, kernel_size) -> list:
-    return list(range(len(x.layout) - len(kernel_size), len(x.layout)))
+_POOLS_3D = {aten.max_pool3d_with_indices.default, aten.max_pool3d_with_indices_backward.default,
+             aten.avg_pool3d.default, aten.avg_pool3d_backward.default,
+             aten._adaptive_avg_pool3d.default, aten._adaptive_avg_pool3d_backward.default,
+             aten.adaptive_max_pool3d.default, aten.adaptive_max_pool3d_backward.default}
+
+
+def _pooled(node) -> int:
+    """How many trailing dims a pooling op pools (its kernel size may be one int for all)."""
+    return 3 if node.target in _POOLS_3D else 2
+
+
+def _pooled_dims(x: Padded, pooled: int) -> list:
+    return list(range(len(x.layout) - pooled, len(x.layout)))
 
 
 @padding_rule(aten.max_pool2d_with_indices.default, aten.max_pool3d_with_indices.default)
 def max_pool_with_indices(ctx, node, x, kernel_size, *args):
     # Eager pads a window with the lowest value; the indices count real positions.
-    if len(x.layout) != 2 + len(kernel_size):
-        raise NotPaddable("max pooling of an unbatched input")
-    spatial = _spatial(x, "max pooling")
+    pooled = _pooled(node)
+    spatial = _spatial(x, "max pooling", pooled)
     tensor = ctx.fill(x, lowest(x.tensor.dtype), spatial) if spatial else x.tensor
     out, indices = node.target(tensor, kernel_size, *args)
-    layout = _output_layout(ctx, node, x, out, out_index=0)
+    layout = _output_layout(ctx, node, x, out, pooled, out_index=0)
     if spatial:
-        indices = _flat_positions(ctx, node.args[0], x, indices,
-                                  _pooled_dims(x, kernel_size), to_real=True)
+        indices = _flat_positions(ctx, node.args[0], x, indices, _pooled_dims(x, pooled),
+                                  to_real=True)
     return [Padded(out, layout), Padded(indices, layout)]
 
 
@@ -119,26 +138,23 @@ def max_pool_with_indices(ctx, node, x, kernel_size, *args):
               aten.max_pool3d_with_indices_backward.default)
 def max_pool_with_indices_backward(ctx, node, grad, x, kernel_size, *args):
     *rest, indices = args
-    if len(x.layout) != 2 + len(kernel_size):
-        raise NotPaddable("max pooling of an unbatched input")
-    spatial = _spatial(x, "max pooling's gradient")
+    pooled = _pooled(node)
+    spatial = _spatial(x, "max pooling's gradient", pooled)
     # padded outputs add nothing, and go to position 0 of their plane
     positions = _flat_positions(ctx, node.args[1], x, ctx.fill(indices, 0),
-                                _pooled_dims(x, kernel_size), to_real=False) \
+                                _pooled_dims(x, pooled), to_real=False) \
         if spatial else indices.tensor
     result = node.target(_zero_padded(ctx, grad), x.tensor, kernel_size, *rest, positions)
     return Padded(result, x.layout)
 
 
-def _average_pooling_exact(x: Padded, kernel_size, padding, ceil_mode, count_include_pad,
+def _average_pooling_exact(x: Padded, pooled: int, padding, ceil_mode, count_include_pad,
                            what: str) -> list:
     """The padded spatial dims of an average pooling whose divisor is the window's area for
     every real output: without ceil mode a real output's window ends within the real input
     and eager's own padding, which the bucket's zero padding stands in for. Ceil mode's last
     window, and padding not counted, divide by a count that the bucket's size would change."""
-    if len(x.layout) != 2 + len(kernel_size):
-        raise NotPaddable(f"{what} of an unbatched input")
-    spatial = _spatial(x, what)
+    spatial = _spatial(x, what, pooled)
     padding = [padding] if isinstance(padding, int) else list(padding)
     if spatial and (ceil_mode or (not count_include_pad and any(padding))):
         raise NotPaddable(f"{what} whose divisor counts real positions (ceil mode, or "
@@ -149,18 +165,19 @@ def _average_pooling_exact(x: Padded, kernel_size, padding, ceil_mode, count_inc
 @padding_rule(aten.avg_pool2d.default, aten.avg_pool3d.default)
 def avg_pool(ctx, node, x, kernel_size, stride=(), padding=0, ceil_mode=False,
              count_include_pad=True, divisor_override=None):
-    spatial = _average_pooling_exact(x, kernel_size, padding, ceil_mode, count_include_pad,
+    pooled = _pooled(node)
+    spatial = _average_pooling_exact(x, pooled, padding, ceil_mode, count_include_pad,
                                      "average pooling")
     result = node.target(_zero_padded(ctx, x) if spatial else x.tensor, kernel_size, stride,
                          padding, ceil_mode, count_include_pad, divisor_override)
-    return Padded(result, _output_layout(ctx, node, x, result))
+    return Padded(result, _output_layout(ctx, node, x, result, pooled))
 
 
 @padding_rule(aten.avg_pool2d_backward.default, aten.avg_pool3d_backward.default)
 def avg_pool_backward(ctx, node, grad, x, kernel_size, stride, padding, ceil_mode,
                       count_include_pad, divisor_override=None):
     # padded outputs add nothing to the real inputs' gradients
-    spatial = _average_pooling_exact(x, kernel_size, padding, ceil_mode, count_include_pad,
+    spatial = _average_pooling_exact(x, _pooled(node), padding, ceil_mode, count_include_pad,
                                      "average pooling's gradient")
     result = node.target(_zero_padded(ctx, grad) if spatial else grad.tensor, x.tensor,
                          kernel_size, stride, padding, ceil_mode, count_include_pad,
@@ -177,7 +194,7 @@ def _adaptive_windows(ctx, node_x, x: Padded, output_size) -> list:
         raise NotPaddable("adaptive pooling to a dynamic output size")
     shape = _symbolic_shape(node_x.meta["val"])
     windows = []
-    for d, out in zip(_pooled_dims(x, output_size), output_size):
+    for d, out in zip(_pooled_dims(x, len(output_size)), output_size):
         if x.layout[d] is None:
             windows.append(adaptive_windows(x.tensor.shape[d], out))
             continue
@@ -190,10 +207,11 @@ def _adaptive_windows(ctx, node_x, x: Padded, output_size) -> list:
 def adaptive_avg_pool(ctx, node, x, output_size):
     # Each output is the mean of its window at the real size (the op's decomposition, with
     # windows from the real size): padded positions lie in no window.
-    if not _spatial(x, "adaptive average pooling"):
-        return Padded(node.target(x.tensor, output_size), x.layout)
+    pooled = _pooled(node)
+    if not _spatial(x, "adaptive average pooling", pooled):
+        return Padded(node.target(x.tensor, output_size), _pooled_to_static(x, pooled))
     result = box_means(x.tensor, _adaptive_windows(ctx, node.args[0], x, output_size))
-    return Padded(result, _pooled_to_static(x))
+    return Padded(result, _pooled_to_static(x, pooled))
 
 
 @padding_rule(aten._adaptive_avg_pool2d_backward.default,
@@ -201,9 +219,10 @@ def adaptive_avg_pool(ctx, node, x, output_size):
 def adaptive_avg_pool_backward(ctx, node, grad, x):
     # Each output's gradient, over its window's length, goes to the real positions of its
     # window; the padding gets none.
-    if not _spatial(x, "adaptive average pooling's gradient"):
+    pooled = _pooled(node)
+    if not _spatial(x, "adaptive average pooling's gradient", pooled):
         return Padded(node.target(grad.tensor, x.tensor), x.layout)
-    windows = _adaptive_windows(ctx, node.args[1], x, _static_output(grad))
+    windows = _adaptive_windows(ctx, node.args[1], x, _static_output(grad, pooled))
     return Padded(box_means_backward(grad.tensor, x.tensor.shape, windows), x.layout)
 
 
@@ -211,15 +230,14 @@ def adaptive_avg_pool_backward(ctx, node, grad, x):
 def adaptive_max_pool(ctx, node, x, output_size):
     # The largest real element of each window at the real size; the indices count real
     # positions of the plane, as eager's.
-    if len(x.layout) != 2 + len(output_size):
-        raise NotPaddable("adaptive max pooling of an unbatched input")
-    layout = _pooled_to_static(x)
-    if not _spatial(x, "adaptive max pooling"):
+    pooled = _pooled(node)
+    layout = _pooled_to_static(x, pooled)
+    if not _spatial(x, "adaptive max pooling", pooled):
         values, indices = node.target(x.tensor, output_size)
         return [Padded(values, layout), Padded(indices, layout)]
     values, indices = separable_max(x.tensor,
                                     _adaptive_windows(ctx, node.args[0], x, output_size))
-    indices = _flat_positions(ctx, node.args[0], x, indices, _pooled_dims(x, output_size),
+    indices = _flat_positions(ctx, node.args[0], x, indices, _pooled_dims(x, pooled),
                               to_real=True)
     return [Padded(values, layout), Padded(indices, layout)]
 
@@ -228,25 +246,25 @@ def adaptive_max_pool(ctx, node, x, output_size):
               aten.adaptive_max_pool3d_backward.default)
 def adaptive_max_pool_backward(ctx, node, grad, x, indices):
     # Each output's gradient to its maximum's position in the padded plane.
-    dims = 2 if node.target is aten.adaptive_max_pool2d_backward.default else 3
-    if len(x.layout) != 2 + dims:
-        raise NotPaddable("adaptive max pooling of an unbatched input")
-    if not _spatial(x, "adaptive max pooling's gradient"):
+    pooled = _pooled(node)
+    if not _spatial(x, "adaptive max pooling's gradient", pooled):
         return Padded(node.target(grad.tensor, x.tensor, indices.tensor), x.layout)
-    _static_output(grad)
+    _static_output(grad, pooled)
     positions = _flat_positions(ctx, node.args[1], x, ctx.fill(indices, 0),
-                                list(range(2, 2 + dims)), to_real=False)
+                                _pooled_dims(x, pooled), to_real=False)
     return Padded(node.target(_zero_padded(ctx, grad), x.tensor, positions), x.layout)
 
 
-def _pooled_to_static(x: Padded) -> tuple:
-    """An adaptive pool's output layout: its batch dim as the input's, every other static."""
-    return (x.layout[0],) + (None,) * (len(x.layout) - 1)
+def _pooled_to_static(x: Padded, pooled: int) -> tuple:
+    """An adaptive pool's output layout: its batch and channel dims as the input's, its
+    ``pooled`` dims static."""
+    return tuple(x.layout[:len(x.layout) - pooled]) + (None,) * pooled
 
 
-def _static_output(grad: Padded) -> list:
-    """An adaptive pool's output sizes from its gradient: the spatial dims must not be padded
-    (an output as long as its dynamic input, ``(2, None)``, is refused as in the forward)."""
-    if any(d is not None for d in grad.layout[2:]):
+def _static_output(grad: Padded, pooled: int) -> list:
+    """An adaptive pool's output sizes from its gradient: its ``pooled`` dims must not be
+    padded (an output as long as its dynamic input, ``(2, None)``, is refused as in the
+    forward)."""
+    if any(d is not None for d in grad.layout[-pooled:]):
         raise NotPaddable("adaptive pooling to a dynamic output size")
-    return list(grad.tensor.shape[2:])
+    return list(grad.tensor.shape[-pooled:])
