@@ -232,6 +232,15 @@ def test_the_generator_draws_no_program_whose_reference_is_eagers_float32_roundi
         assert fuzz.check(prog, "compile") is None, prog.repro()
 
 
+@pytest.mark.parametrize("seed", [7056, 7639])
+def test_the_generator_draws_no_antialiased_resize_to_one_column(seed):
+    # eager CPU's antialiased resize to an output width of 1 repeats its first row in every
+    # row (torch 2.13): every path of ours differed from that reference
+    prog = fuzz.program(seed, ops=6, generation=fuzz.TRAINING)
+    with torchtpu_compile.config.patch(matmul_precision="highest"):
+        assert fuzz.check(prog, "eager") is None, prog.repro()
+
+
 #: An in-place op on a dropout's result that kept every value: eager's dropout returns its
 #: input itself, so the write reaches it; traced, it does not (seed 7302, minimized).
 KEPT_DROPOUT = _prog(["torch.tensor([1.0, -2.0, 3.0], device=dev)"],
