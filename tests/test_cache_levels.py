@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import torchtpu_compile
+import torchtpu_eager  # noqa: F401  (registers the device)
 from tests.support.helpers import compile_tpu
 from torchtpu_compile import config, counters, graph_cache
 from torchtpu_compile.lower import cache as lowering_cache
@@ -134,3 +135,49 @@ def test_every_cache_counts_in_one_schema_and_hits_in_this_process(tmp_path):
         assert caches[name]["all"]["misses"] == 0, name
     assert stats["graphs_compiled"] == 0 and stats["lowering_seconds"] == 0
     assert stats["cache_hits"] == 1 and stats["cache_misses"] == 0  # the executable cache's
+
+
+def test_the_process_level_keeps_the_most_recently_used_entries(text_cache):
+    # Values may be compiled programs, each holding native code mappings: a process that kept
+    # every one ran out of mappings and crashed (runtime/cache/recent.py).
+    cache, _, _ = text_cache
+    with config.patch(process_cache_entries=16, cache_dir=None, remote_cache=None):
+        for i in range(16):
+            cache.put(f"k{i}", f"v{i}")
+        assert cache.get("k0") == "v0"   # now the most recently used
+        for i in range(16, 40):
+            cache.put(f"k{i}", f"v{i}")
+            if i < 30:
+                cache.get("k0")
+        kept = [k for k in (f"k{i}" for i in range(40)) if cache.get(k) is not None]
+    assert len(kept) == 16 and "k0" in kept and "k1" not in kept and "k39" in kept
+
+
+def _mappings() -> int:
+    with open("/proc/self/maps") as maps:
+        return sum(1 for _ in maps)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="counts Linux mappings")
+def test_an_eager_loop_over_new_shapes_holds_a_bounded_number_of_programs():
+    # Each op's program at each new shape was kept for the life of the process: about 18 code
+    # mappings a shape for this loop, until vm.max_map_count (65530) was reached, LLVM failed
+    # with "Cannot allocate memory" and the process died in a segmentation fault (a fuzz sweep
+    # of the eager device, 124 programs in). Only the most recently used programs stay.
+    import gc
+
+    def step(x):
+        return ((x * 2 + 1).sin() * 3).sum(0)
+
+    with config.patch(process_cache_entries=32):
+        step(torch.randn(5, 3).to("tpu")).cpu()
+        gc.collect()
+        before = _mappings()
+        for n in range(6, 66):
+            x = torch.randn(n, 3)
+            torch.testing.assert_close(step(x.to("tpu")).cpu(), step(x))
+        gc.collect()
+        grown = _mappings() - before
+        x = torch.randn(6, 3)  # a shape whose programs were dropped: compiled again
+        torch.testing.assert_close(step(x.to("tpu")).cpu(), step(x))
+    assert grown < 300, f"{grown} new mappings for 60 shapes"

@@ -35,6 +35,7 @@ FROM_ENVIRONMENT = {
     "remote_cache": ("file:///tmp/remote", "file:///tmp/remote"),
     "cache_key": ("team secret", "team secret"),
     "graph_cache": ("0", False),
+    "process_cache_entries": ("64", 64),
     "dynamo_cache": ("1", True),
     "buckets": ("false", False),
     "bucket_policy": ("16,64,256", "16,64,256"),

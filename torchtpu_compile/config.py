@@ -375,6 +375,13 @@ _SETTINGS = (
             "with it (HMAC-SHA256) and entries not signed with it are refused. Without it only "
             "a folder no other user can write is used.",
             "cache", secret=True),
+    Setting("process_cache_entries", "TORCHTPU_PROCESS_CACHE_ENTRIES", 2048, _Int(16),
+            "Entries each in-process cache table keeps (compiled programs of graphs and of "
+            "eager ops, their traces and lowerings), the least recently used dropped first: "
+            "each compiled program holds native code mappings, of which a process has a "
+            "limited number. A dropped program is loaded from the disk cache, or compiled, "
+            "when met again. Read at each insertion.",
+            "cache"),
     Setting("graph_cache", "TORCHTPU_GRAPH_CACHE", True, _Flag(),
             "Also cache aot_autograd results and lowered StableHLO, at the same levels as the "
             "executables; torch's force_disable_caches turns it off too.",

@@ -34,6 +34,7 @@ from torchtpu_compile.lower import device_random
 from torchtpu_compile.lower.precision import resolve_precision
 from torchtpu_compile.lower.support import is_written, written_arguments
 from torchtpu_compile.profiling import TORCH_PROFILER, span
+from torchtpu_compile.runtime.cache import RecentlyUsed
 from torchtpu_compile.runtime.client import get_client
 
 from . import fallback, modes, rng, scalars, trace_cache, views
@@ -51,7 +52,7 @@ aten = torch.ops.aten
 _CPU = torch.device("cpu")
 
 _handlers: dict = {}     # OpOverload -> handler(func, args, kwargs)
-_ops: dict = {}          # signature -> _Compiled or _Fallback
+_ops = RecentlyUsed()    # signature -> _Compiled or _Fallback (its program: bounded)
 
 
 def handles(*ops):
@@ -748,7 +749,7 @@ def _fresh(value, shape, dtype):
 
 
 _SEEN_ONCE, _NOT_LIFTABLE = object(), object()
-_by_structure: dict = {}   # signature with scalars blanked -> lifted _Compiled, or a marker
+_by_structure = RecentlyUsed()   # signature, scalars blanked -> lifted _Compiled, or a marker
 _float_recompiles: dict = {}   # structure of a not-liftable op -> programs compiled for it
 #: Programs compiled for one op that differ only in float (or int) arguments before we say so:
 #: a loop that passes a new value each step compiles every step, and nothing else shows it.
@@ -935,7 +936,11 @@ def elements_meet(a, b) -> bool:
 
 def run_op(func, args, kwargs):
     key, tensors = signature(func, args, kwargs)
-    entry = _ops.get(key)
+    try:  # RecentlyUsed.get, in C calls only: no Python frame on the per-op path
+        _ops.move_to_end(key)
+        entry = _ops[key]
+    except KeyError:
+        entry = None
     if entry is None:
         entry = _COMPOSITE if _check_devices(func, tensors, args) else \
             _lifted_entry(func, args, kwargs, tensors, key) or \

@@ -36,6 +36,7 @@ from torchtpu_compile import config
 from torchtpu_compile._logging import log
 from torchtpu_compile.index_errors import caller_location
 from torchtpu_compile.profiling import spanning
+from torchtpu_compile.runtime.cache import RecentlyUsed
 
 from .programs import OpGraph, splice
 from .stats import COUNTERS
@@ -43,7 +44,7 @@ from .stats import COUNTERS
 #: Shortest block the repeated-ops heuristic cuts at: shorter repeats are elementwise runs.
 MIN_BLOCK = 8
 
-_fused: dict = {}   # signature -> OpGraph of the whole recording
+_fused = RecentlyUsed()   # signature -> OpGraph of the whole recording
 #: hash(signature) -> times seen, for recordings not compiled yet. A hash, not the signature:
 #: a loop whose recordings all differ would keep every one's key (thousands of ids each); a
 #: collision only compiles a recording a run early.

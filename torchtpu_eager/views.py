@@ -23,12 +23,13 @@ import weakref
 import torch
 
 from torchtpu_compile.lower.index_checks import unchecked
+from torchtpu_compile.runtime.cache import RecentlyUsed
 
 from . import modes, scalars
 from .programs import example, trace
 from .tensor import contiguous_strides, memory_layout
 
-_graphs: dict = {}
+_graphs = RecentlyUsed()   # a view's read or write -> its OpGraph (a program, once run)
 
 
 def _numel(shape) -> int:

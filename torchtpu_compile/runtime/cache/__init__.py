@@ -10,7 +10,9 @@ One module per job:
   live beside their values, in ``runtime/executable.py`` and ``lower/cache.py``);
 - ``stores.py``: where entries live (disk folder, remote) and whether a store may be trusted;
   every I/O failure becomes a miss and one warning;
-- ``frame.py``: the entry format (checksum, the key it was stored under, HMAC signature).
+- ``frame.py``: the entry format (checksum, the key it was stored under, HMAC signature);
+- ``recent.py``: the bounded table the process level (and every other in-process table of
+  compiled programs) is, its least recently used entries dropped.
 
 Example::
 
@@ -20,5 +22,7 @@ Example::
 """
 from .codecs import Codec, PickleCodec, PickledBytesCodec
 from .levels import GRAPH_FOLDER, Levels, Lookup
+from .recent import RecentlyUsed
 
-__all__ = ["Codec", "GRAPH_FOLDER", "Levels", "Lookup", "PickleCodec", "PickledBytesCodec"]
+__all__ = ["Codec", "GRAPH_FOLDER", "Levels", "Lookup", "PickleCodec", "PickledBytesCodec",
+           "RecentlyUsed"]

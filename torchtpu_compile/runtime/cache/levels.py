@@ -38,6 +38,7 @@ from ..._logging import log
 from ...profiling import TORCH_PROFILER, span
 from .codecs import Codec
 from .frame import pack
+from .recent import RecentlyUsed
 from .stores import configured_stores, discard_corrupt, fetch, store_entry
 
 #: The folder (in ``config.cache_dir`` and in the remote) of the caches above the executables.
@@ -72,8 +73,9 @@ class Levels:
         self.name = name
         self.codec = codec
         self.folder = folder
-        self._memory: dict = {}  # key -> (value, seconds computing it took)
-        self._served: dict = {}  # key -> (level, size, seconds) of its last hit, for ``reject``
+        # key -> (value, seconds computing it took); bounded: values may be compiled programs
+        self._memory = RecentlyUsed()
+        self._served = RecentlyUsed()  # key -> (level, size, seconds) of its last hit (reject)
         self._lock = threading.Lock()
         counters.declare_cache(name, events)
 
