@@ -254,16 +254,26 @@ def relaid(ctx, x: Padded, d: int, target: Dim) -> Padded:
     of the same rank, split in the mixed radix of its padded factors, joined in the real
     one, then split in the real sizes of ``x``'s factors and joined in their padded ones."""
     dim = x.layout[d]
-    length = x.tensor.shape[d]
     there = [evaluate(f, ctx.pad_env) for f in target.factors]
     rank = reradix(aten.arange.default(math.prod(there), dtype=torch.int64), there,
                    [evaluate(f, ctx.real_env) for f in target.factors])
     source = reradix(rank, [evaluate(f, ctx.real_env) for f in dim.factors],
                      [evaluate(f, ctx.pad_env) for f in dim.factors])
-    source = aten.clamp.default(source, 0, length - 1)  # on padding: any element
     layout = list(x.layout)
     layout[d] = Dim(target.factors, dim.uniform)
-    return Padded(aten.index_select.default(x.tensor, d, source), tuple(layout))
+    return Padded(gather_along(x.tensor, d, source), tuple(layout))
+
+
+def gather_along(tensor, d: int, source):
+    """``tensor``'s elements at positions ``source`` (traced int64) along dim ``d``; a position
+    out of range (where the result holds padding) reads an element clamped into range.
+
+    Example::
+
+        gather_along(t, 1, real_n - 1 - arange(16))   # flipped, the real elements a prefix
+    """
+    last = max(tensor.shape[d] - 1, 0)
+    return aten.index_select.default(tensor, d, aten.clamp.default(source, 0, last))
 
 
 def agreeing(ctx, dims: list) -> dict:
@@ -467,8 +477,7 @@ def _view_by_gather(ctx, out: list, x: Padded, refused: NotPaddable) -> Padded:
     source = reradix(aten.reshape.default(flat, [-1]),
                      [evaluate(f, ctx.real_env) for f in factors],
                      [evaluate(f, ctx.pad_env) for f in factors])
-    source = aten.clamp.default(source, 0, numel - 1)  # on padding: any element
-    picked = aten.index_select.default(aten.reshape.default(x.tensor, [-1]), 0, source)
+    picked = gather_along(aten.reshape.default(x.tensor, [-1]), 0, source)
     return Padded(aten.reshape.default(picked, padded),
                   tuple(prefix(e) if is_symbolic(e) else None for e in out))
 
@@ -591,8 +600,7 @@ def slice_(ctx, node, x, dim=0, start=None, end=None, step=1):
     real_start = _real_start(start, real_in)
     real_start = aten.clamp.default(_as_tensor(real_start), 0)
     index = aten.add.Tensor(aten.arange.default(length, dtype=torch.int64), real_start)
-    index = aten.clamp.default(index, 0, x.tensor.shape[dim] - 1)
-    return Padded(aten.index_select.default(x.tensor, dim, index), tuple(layout))
+    return Padded(gather_along(x.tensor, dim, index), tuple(layout))
 
 
 def _strided_slice_to_the_end(ctx, x: Padded, dim: int, start, end, step, in_expr, out_expr):
@@ -678,9 +686,7 @@ def select(ctx, node, x, dim, index):
     _prefix_dim(x, dim, "select")
     in_expr = sym_expr(node.args[0].meta["val"].shape[dim])
     real = index.real if isinstance(index, Size) else evaluate(in_expr, ctx.real_env) + index
-    position = aten.view.default(aten.clamp.default(_as_tensor(real), 0,
-                                                    x.tensor.shape[dim] - 1), [1])
-    picked = aten.index_select.default(x.tensor, dim, position)
+    picked = gather_along(x.tensor, dim, aten.view.default(_as_tensor(real), [1]))
     return Padded(aten.squeeze.dim(picked, dim), layout)
 
 
@@ -785,10 +791,9 @@ def _pad_by_real_amounts(ctx, node, x: Padded, d: int, before, after, value) -> 
     source = aten.sub.Tensor(aten.arange.default(length, dtype=torch.int64), start)
     inside = aten.logical_and.default(aten.ge.Scalar(source, 0),
                                       aten.lt.Tensor(source, real_in))
-    read = aten.clamp.default(source, 0, max(x.tensor.shape[d] - 1, 0))
     shape = [1] * len(x.layout)
     shape[d] = length
-    picked = aten.index_select.default(x.tensor, d, read)
+    picked = gather_along(x.tensor, d, source)
     result = aten.where.self(aten.view.default(inside, shape), picked,
                              _scalar(value, x.tensor.dtype))
     layout = list(x.layout)
@@ -1100,10 +1105,9 @@ def flip(ctx, node, x, dims):
         if x.layout[d] is None:
             continue
         _prefix_dim(x, d, "flip")
-        length = tensor.shape[d]
         source = aten.sub.Tensor(aten.sub.Tensor(_as_tensor(ctx.real_size(x, d, shape[d])), 1),
-                                 aten.arange.default(length, dtype=torch.int64))
-        tensor = aten.index_select.default(tensor, d, aten.clamp.default(source, 0, length - 1))
+                                 aten.arange.default(tensor.shape[d], dtype=torch.int64))
+        tensor = gather_along(tensor, d, source)
     return Padded(tensor, x.layout)
 
 
