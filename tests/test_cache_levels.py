@@ -169,7 +169,7 @@ def test_an_eager_loop_over_new_shapes_holds_a_bounded_number_of_programs():
     def step(x):
         return ((x * 2 + 1).sin() * 3).sum(0)
 
-    with config.patch(process_cache_entries=32):
+    with config.patch(process_cache_entries=32, process_cache_programs=8):
         step(torch.randn(5, 3).to("tpu")).cpu()
         gc.collect()
         before = _mappings()

@@ -36,6 +36,7 @@ FROM_ENVIRONMENT = {
     "cache_key": ("team secret", "team secret"),
     "graph_cache": ("0", False),
     "process_cache_entries": ("64", 64),
+    "process_cache_programs": ("8", 8),
     "dynamo_cache": ("1", True),
     "buckets": ("false", False),
     "bucket_policy": ("16,64,256", "16,64,256"),

@@ -376,11 +376,15 @@ _SETTINGS = (
             "a folder no other user can write is used.",
             "cache", secret=True),
     Setting("process_cache_entries", "TORCHTPU_PROCESS_CACHE_ENTRIES", 2048, _Int(16),
-            "Entries each in-process cache table keeps (compiled programs of graphs and of "
-            "eager ops, their traces and lowerings), the least recently used dropped first: "
-            "each compiled program holds native code mappings, of which a process has a "
-            "limited number. A dropped program is loaded from the disk cache, or compiled, "
-            "when met again. Read at each insertion.",
+            "Entries each in-process table of eager ops' programs, traces and lowerings keeps, "
+            "the least recently used dropped first: a compiled program holds native code "
+            "mappings, of which a process has a limited number. A dropped one is loaded from "
+            "the disk cache, or compiled, when met again. Read at each insertion.",
+            "cache"),
+    Setting("process_cache_programs", "TORCHTPU_PROCESS_CACHE_PROGRAMS", 64, _Int(1),
+            "Whole compiled programs (graphs' executables, fused recordings) this process keeps "
+            "beyond those its live graphs hold, the least recently used dropped first: each "
+            "holds about 3 code mappings per kernel. Read at each insertion.",
             "cache"),
     Setting("graph_cache", "TORCHTPU_GRAPH_CACHE", True, _Flag(),
             "Also cache aot_autograd results and lowered StableHLO, at the same levels as the "

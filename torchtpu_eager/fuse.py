@@ -44,7 +44,7 @@ from .stats import COUNTERS
 #: Shortest block the repeated-ops heuristic cuts at: shorter repeats are elementwise runs.
 MIN_BLOCK = 8
 
-_fused = RecentlyUsed()   # signature -> OpGraph of the whole recording
+_fused = RecentlyUsed("process_cache_programs")   # signature -> OpGraph of the recording
 #: hash(signature) -> times seen, for recordings not compiled yet. A hash, not the signature:
 #: a loop whose recordings all differ would keep every one's key (thousands of ids each); a
 #: collision only compiles a recording a run early.

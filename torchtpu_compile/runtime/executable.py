@@ -191,7 +191,7 @@ class ExecutableCodec:
         return Executable(loaded, serialized=payload, compiled_here=False)
 
 
-_levels = Levels("executable", ExecutableCodec())
+_levels = Levels("executable", ExecutableCodec(), kept="process_cache_programs")
 
 
 def compile_stablehlo(bytecode: bytes, fingerprint: str, precision: str,

@@ -65,17 +65,18 @@ class Levels:
     """One cache (``name``) at three levels, its values turned into bytes by ``codec``.
 
     ``folder``: the subfolder of each store root its entries live in (None: the roots);
-    ``events``: names of counters of its own, kept under "all" (``count_event``).
+    ``events``: names of counters of its own, kept under "all" (``count_event``);
+    ``kept``: the setting that bounds its process level (``recent.py``).
     """
 
     def __init__(self, name: str, codec: Codec, folder: str | None = None,
-                 events: tuple = ()):
+                 events: tuple = (), kept: str = "process_cache_entries"):
         self.name = name
         self.codec = codec
         self.folder = folder
         # key -> (value, seconds computing it took); bounded: values may be compiled programs
-        self._memory = RecentlyUsed()
-        self._served = RecentlyUsed()  # key -> (level, size, seconds) of its last hit (reject)
+        self._memory = RecentlyUsed(kept)
+        self._served = RecentlyUsed(kept)  # key -> (level, size, seconds) of its last hit
         self._lock = threading.Lock()
         counters.declare_cache(name, events)
 

@@ -1,18 +1,21 @@
 """A table of this process that keeps its most recently used entries: every in-process table
 that holds compiled programs.
 
-An XLA CPU executable maps pages of its own (3 to 4 mappings for an op's program), and a process
-may hold ``vm.max_map_count`` mappings (65530 by default on Linux). A process that kept every
-program it ever compiled (an eager tpu device meeting new shapes for hours: about 18 mappings a
-shape for a five-op loop; a fuzz sweep after 124 programs) ran out of them, LLVM failed with
-"Cannot allocate memory" and the process died in a segmentation fault. Each such table keeps at
-most ``config.process_cache_entries`` entries, the least recently used dropped first; a program
-dropped is freed with its last reference, and compiled again (or loaded from the disk cache)
-when it is met again.
+An XLA CPU executable maps pages of its own, 3 for each kernel it holds (about 3 for an eager
+op's program, 280 for a tiny GPT-2's training step), and a process may hold
+``vm.max_map_count`` mappings (65530 by default on Linux). A process that kept every program it
+ever compiled (an eager tpu device meeting new shapes for hours: 18 mappings a shape for a
+five-op loop; a fuzz sweep, 124 programs in) ran out of them, LLVM failed with "Cannot allocate
+memory" and the process died in a segmentation fault. Each such table keeps the number of
+entries its setting names, the least recently used dropped first: ``process_cache_entries``
+for eager ops' programs, traces and lowerings, ``process_cache_programs`` for whole programs
+(every executable kept beyond those live graphs hold, fused recordings). A program dropped is
+freed with its last reference, and compiled again (or loaded from the disk cache) when met
+again.
 
 Example::
 
-    programs = RecentlyUsed()
+    programs = RecentlyUsed("process_cache_programs")
     programs[key] = program          # past the bound, the least recently used entry goes
     program = programs.get(key)      # None once dropped; a hit makes it the most recent
 """
@@ -26,12 +29,15 @@ _MISSING = object()
 
 
 class RecentlyUsed(collections.OrderedDict):
-    """A dict of at most ``config.process_cache_entries`` entries (read at each insertion),
-    the least recently set or got dropped first. Safe to share between threads as a dict is:
-    an entry another thread drops between a lookup's steps is still returned."""
+    """A dict of at most ``config.<setting>`` entries (read at each insertion), the least
+    recently set or got dropped first. Safe to share between threads as a dict is: an entry
+    another thread drops between a lookup's steps is still returned."""
 
-    __slots__ = ()
     _get = collections.OrderedDict.get
+
+    def __init__(self, setting: str = "process_cache_entries"):
+        super().__init__()
+        self.setting = setting
 
     def get(self, key, default=None):
         value = self._get(key, _MISSING)
@@ -46,7 +52,7 @@ class RecentlyUsed(collections.OrderedDict):
     def __setitem__(self, key, value) -> None:
         super().__setitem__(key, value)
         self.move_to_end(key)
-        limit = config.process_cache_entries
+        limit = getattr(config, self.setting)
         while len(self) > limit:
             try:
                 self.popitem(last=False)
