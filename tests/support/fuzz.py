@@ -1140,6 +1140,11 @@ def overlapping_write(prog, what):
         "more than one element of the written-to", "being mutated that has internal overlap"))
 
 
+def _values_differ(what: str) -> bool:
+    """Whether a mismatch is in values (or a value's type), not an exception."""
+    return "differ" in what or "instead of" in what
+
+
 def _zero_dim_float64_input(prog):
     return any(t.dim() == 0 and t.dtype == torch.float64 for t in prog.make_inputs())
 
@@ -1149,7 +1154,7 @@ def _zero_dim_float64_input(prog):
                 "TensorifyScalarRestartAnalysis) and the restarted graph lost an in-place write "
                 "(seeds 1110, 1126); aot_eager and Inductor the same")
 def restart_lost_write(prog, what):
-    return ("differ" in what or "instead of" in what) and _zero_dim_float64_input(prog)
+    return _values_differ(what) and _zero_dim_float64_input(prog)
 
 
 #: An in-place op from one view of a tensor into another that shares elements with it.
@@ -1162,8 +1167,7 @@ _SHIFTED_WRITE = re.compile(r"(\w+)\[1:\]\.(copy_|add_)\(\1\[:-1\]\)")
                 "it has written and carries x[0] forward, aot_autograd's functional graph reads "
                 "the old values (seeds 1884, 1893, 3687); aot_eager the same")
 def overlapping_views(prog, what):
-    return ("differ" in what or "instead of" in what) and \
-        any(_SHIFTED_WRITE.search(line) for line in prog.lines)
+    return _values_differ(what) and any(_SHIFTED_WRITE.search(line) for line in prog.lines)
 
 
 #: A dropout that keeps every value, then an in-place op on its result.
@@ -1176,7 +1180,7 @@ _KEEPING_DROPOUT = re.compile(r"^(v\d+) = torch\.nn\.functional\.\w*dropout\w*\(
                 "traced, its result is a new tensor and the input keeps its values (seed 7302: "
                 "dropout(v1, 0.0).div_(3)); aot_eager and Inductor the same")
 def dropout_alias(prog, what):
-    if "differ" not in what and "instead of" not in what:
+    if not _values_differ(what):
         return False
     kept = {m.group(1) for m in map(_KEEPING_DROPOUT.match, prog.lines) if m}
     return any(line.startswith(f"{name}.") and re.match(rf"{name}\.\w+_\(", line)
