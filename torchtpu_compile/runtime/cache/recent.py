@@ -51,7 +51,10 @@ class RecentlyUsed(collections.OrderedDict):
 
     def __setitem__(self, key, value) -> None:
         super().__setitem__(key, value)
-        self.move_to_end(key)
+        try:
+            self.move_to_end(key)  # a key set again is the most recent too
+        except KeyError:  # dropped by another thread since
+            pass
         limit = getattr(config, self.setting)
         while len(self) > limit:
             try:
