@@ -207,6 +207,13 @@ CASES = {
     # reversed along the padded dim, the real elements stay a prefix (cumsum's backward)
     "flip": lambda x: (x.flip(1) * torch.arange(x.shape[1])[None, :, None],
                        x.flip(1, 2).cumsum(1), torch.flip(x, [0, 1]).softmax(1)),
+    # the padded diagonal holds the real one first (at an offset too), and its scatter (the
+    # backward) writes past the real length only into padding
+    "diagonal": lambda x: (x[:, :, :3].diagonal(0, 1, 2) * 2,
+                           x.transpose(0, 1)[:, None].expand(-1, x.shape[1], -1, -1)
+                           .diagonal(-1, 0, 1).cumsum(-1),
+                           torch.diagonal_scatter(x[0][:, None].expand(-1, x.shape[1], -1)
+                                                  .clone(), x[1, 1:].t(), 1, 0, 1).sum(1)),
     # wrapped around at the real size, by a fixed shift or by one of the size (through
     # torch's decomposition: slices and a cat)
     "roll": lambda x: (x.roll(2, 1) * 2, x.roll((-3, 1), (1, 2)).cumsum(1),
@@ -486,6 +493,35 @@ def test_pooling_over_padded_channels_trains_per_bucket(batched, fresh_dynamo):
             for a, e in zip(mine, theirs):
                 _close(a.grad, e.grad)
     assert torchtpu_compile.stats()["buckets"]["exact_shape_compiles"] == 0
+
+
+def _contrastive_loss(a, b, scale):
+    logits = (a @ b.T) * scale
+    return -(logits.diag() - logits.logsumexp(1)).mean()
+
+
+def test_a_contrastive_loss_over_a_dynamic_batch_trains_per_bucket(fresh_dynamo):
+    # logits.diag() of two inputs' batches: its decomposition, a strided slice of the flattened
+    # (batch, batch) dims, compiled once per shape, and its size Min(s0, s1) beside the batch
+    # s1 combined dims padded differently
+    compiled = compile_tpu(_contrastive_loss)
+    scale = torch.tensor(2.0)
+    with config.patch(matmul_precision="highest"):
+        for i, n in enumerate((5, 7, 9, 12)):
+            a, b = torch.randn(n, 8), torch.randn(n, 8)
+            if i == 0:
+                torch._dynamo.mark_dynamic(a, 0)
+                torch._dynamo.mark_dynamic(b, 0)
+            mine = [t.clone().requires_grad_() for t in (a, b, scale)]
+            theirs = [t.clone().requires_grad_() for t in (a, b, scale)]
+            actual, expected = compiled(*mine), _contrastive_loss(*theirs)
+            _close(actual, expected)
+            actual.backward()
+            expected.backward()
+            for m, t in zip(mine, theirs):
+                _close(m.grad, t.grad)
+    stats = torchtpu_compile.stats()["buckets"]
+    assert stats["exact_shape_compiles"] == 0 and stats["compiles"] == 4
 
 
 def _leaves(value):
@@ -956,9 +992,10 @@ def test_buckets_off_compiles_once_per_shape(fresh_dynamo):
 
 
 def test_graph_without_exact_rule_compiles_per_shape_and_is_counted(fresh_dynamo):
-    # a diagonal across two padded dims has no rule (flip, the example before, has one now)
+    # searchsorted in a padded sorted sequence has no rule (flip, then a diagonal across two
+    # padded dims, the examples before, have one now)
     def fn(x):
-        return x[:, None].expand(-1, x.shape[0]).diagonal().cumsum(0)
+        return torch.searchsorted(x.sort().values, x)
 
     compiled = compile_tpu(fn)
     for i, n in enumerate((3, 5, 5)):

@@ -1091,6 +1091,47 @@ def cumulative_extreme(ctx, node, x, dim):
     return [Padded(values, x.layout), Padded(indices, x.layout)]
 
 
+def _diagonal_layout(ctx, node, x: Padded, offset, dim1: int, dim2: int) -> tuple:
+    """The layout of ``x``'s diagonal over ``dim1`` and ``dim2`` (the other dims' own, then
+    the diagonal's): element i of a padded diagonal is ``x[i + a, i + b]`` (a, b: the offset's
+    parts), real for every i below the real length ``min(n1 - a, n2 - b)``, so the real
+    elements are its first ones."""
+    if not isinstance(offset, int):
+        raise NotPaddable("a diagonal at a dynamic offset")
+    for d in (dim1, dim2):
+        _prefix_dim(x, d, "a diagonal")
+    rest = [x.layout[d] for d in range(len(x.layout)) if d not in (dim1, dim2)]
+    if x.layout[dim1] is None and x.layout[dim2] is None:
+        return tuple(rest + [None])
+    expr = sym_expr(node.meta["val"].shape[-1])
+    return tuple(rest + [prefix(expr) if is_symbolic(expr) else None])
+
+
+@padding_rule(aten.diagonal.default)
+def diagonal(ctx, node, x, offset=0, dim1=0, dim2=1):
+    # A contrastive loss's logits.diag() over a dynamic batch: the padded logits' diagonal
+    # holds the real one first (its decomposition, a strided slice of the flattened dims, is
+    # left whole at symbolic sizes).
+    rank = len(x.layout)
+    dim1, dim2 = _norm_dim(dim1, rank), _norm_dim(dim2, rank)
+    layout = _diagonal_layout(ctx, node, x, offset, dim1, dim2)
+    return Padded(aten.diagonal.default(x.tensor, offset, dim1, dim2), layout)
+
+
+@padding_rule(aten.diagonal_scatter.default)
+def diagonal_scatter(ctx, node, x, src, offset=0, dim1=0, dim2=1):
+    # diagonal's backward: the padded diagonal's positions past the real length are padding
+    # of x, so writing src's padding there leaves x's real elements as eager's.
+    rank = len(x.layout)
+    dim1, dim2 = _norm_dim(dim1, rank), _norm_dim(dim2, rank)
+    expected = _diagonal_layout(ctx, node.args[1], x, offset, dim1, dim2)
+    if [None if d is None else d.factors for d in src.layout] != \
+            [None if d is None else d.factors for d in expected]:
+        raise NotPaddable("a diagonal_scatter of a source laid out unlike the diagonal")
+    return Padded(aten.diagonal_scatter.default(x.tensor, src.tensor, offset, dim1, dim2),
+                  x.layout)
+
+
 @padding_rule(aten.flip.default)
 def flip(ctx, node, x, dims):
     # Reversed along a padded dim, the real elements would end the dim: element i of the

@@ -76,13 +76,18 @@ class _CallShapes:
 
 
 def _renamed_symbol(a, b) -> tuple:
-    """(x, y) where size ``b`` is size ``a`` with its one symbol x renamed y, else (None,
-    None)."""
+    """(x, y) where one size is the other with a symbol x renamed y (``s51 - 1`` against
+    ``s54 - 1``; a diagonal's ``Min(s52, s97)`` against ``s97``, the logits of two inputs'
+    batches beside the batch), the size of the renamed one of one symbol; else (None, None)."""
     a, b = sympy.sympify(a), sympy.sympify(b)
-    if len(a.free_symbols) != 1 or len(b.free_symbols) != 1:
-        return None, None
-    (x,), (y,) = a.free_symbols, b.free_symbols
-    return (x, y) if a.xreplace({x: y}) == b else (None, None)
+    for first, one in ((a, b), (b, a)):
+        if len(one.free_symbols) != 1:
+            continue
+        (y,) = one.free_symbols
+        for x in sorted(first.free_symbols - {y}, key=str):
+            if first.xreplace({x: y}) == one:
+                return x, y
+    return None, None
 
 
 class BucketedGraph:

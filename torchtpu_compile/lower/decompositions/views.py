@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from .common import has_symbolic_size
 from .jax_functions import builds, jax_function
 from .registry import decomposition
 
@@ -147,6 +148,9 @@ def _diagonal_slice(x, offset, dim1, dim2):
 @decomposition(aten.diagonal.default)
 def diagonal(x, offset=0, dim1=0, dim2=1):
     # torch-mlir leaves a torch.constant.int behind for diagonal (and diag, diagonal_copy).
+    # Whole at symbolic sizes: a bucket's rule takes the padded diagonal (buckets/rules.py).
+    if has_symbolic_size(x):
+        return NotImplemented
     moved, flat, start, end, step, length = _diagonal_slice(x, offset, dim1, dim2)
     if length == 0:
         return flat.new_zeros(list(moved.shape[:-2]) + [0])
@@ -155,6 +159,8 @@ def diagonal(x, offset=0, dim1=0, dim2=1):
 
 @decomposition(aten.diagonal_scatter.default)
 def diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
+    if has_symbolic_size(x):
+        return NotImplemented
     moved, flat, start, end, step, length = _diagonal_slice(x, offset, dim1, dim2)
     if length == 0:
         return x.clone()
