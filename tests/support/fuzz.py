@@ -1183,8 +1183,7 @@ def dropout_alias(prog, what):
     if not _values_differ(what):
         return False
     kept = {m.group(1) for m in map(_KEEPING_DROPOUT.match, prog.lines) if m}
-    return any(line.startswith(f"{name}.") and re.match(rf"{name}\.\w+_\(", line)
-               for name in kept for line in prog.lines)
+    return any(re.match(rf"{name}\.\w+_\(", line) for name in kept for line in prog.lines)
 
 
 def _outcome(run, prog):
