@@ -146,6 +146,39 @@ def test_cross_entropy_backward_is_a_select_not_a_scatter():
     torch.testing.assert_close(*grads)
 
 
+def test_index_copy_of_one_position_is_a_select_not_a_scatter():
+    # A static KV cache's decode step (transformers' StaticCache: cache.index_copy_(2,
+    # cache_position, new)) was a scatter giving every element its own index, which XLA CPU
+    # runs as a loop over each element of the update; one position is a compare and a select.
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torchtpu_compile.lower.decompositions import decomposition_table
+
+    cache, new, position = randn(1, 4, 6, 8), randn(1, 4, 1, 8, seed=1), torch.tensor([3])
+    graph = make_fx(lambda c, p, n: c.index_copy(2, p, n),
+                    decomposition_table=decomposition_table())(cache, position, new)
+    targets = {node.target for node in graph.graph.nodes if node.op == "call_function"}
+    assert not targets & {aten.index_copy.default, aten.index_put.default,
+                          aten.scatter.src, aten.scatter.value}, targets
+
+    def writes(x, position, new, first, several, last):
+        return [x.index_copy(2, position, new), x.index_copy(-2, position, new),
+                x.index_copy(0, first, x * 2), (x > 0).index_copy(2, position, new > 0),
+                x.index_copy(2, several, torch.cat([new, new * 3], 2)),  # repeated: the last
+                x.index_fill(1, last, 3.0)]  # through index_copy, its index counted from the end
+    check_on_both_paths(writes, cache, position, new, torch.tensor([0]), torch.tensor([5, 5]),
+                        torch.tensor([-1]))
+
+    def decode_step(cache, position, new):  # written in place, then read
+        cache.index_copy_(2, position, new)
+        return cache * 2
+    ours, theirs = cache.clone(), cache.clone()
+    with config.patch(strict=True):
+        out = compile_tpu(decode_step)(ours, torch.tensor([5]), new)
+    torch.testing.assert_close(out, decode_step(theirs, torch.tensor([5]), new), rtol=0, atol=0)
+    assert torch.equal(ours, theirs)
+
+
 def test_scatter_with_add_and_multiply():
     x, src = randn(4, 5), randn(3, 6, seed=1)
     index = torch.tensor([[0, 1, 3, 0, 1], [0, 0, 3, 2, 1], [2, 0, 0, 0, 1]])

@@ -16,7 +16,7 @@ import threading
 import torch
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
-from .common import computing_dtype
+from .common import computing_dtype, torch_decomposition
 from .registry import decomposition
 
 aten = torch.ops.aten
@@ -285,6 +285,28 @@ def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, of
 
 #: Largest (source elements x target elements) comparison a dense scatter_reduce may build.
 _DENSE_SCATTER_LIMIT = 1 << 22
+
+
+@decomposition(aten.index_copy.default)
+def index_copy_one_position(x, dim, index, source):
+    # A static KV cache's decode step writes one position along the sequence dim
+    # (transformers' StaticCache: cache.index_copy_(2, cache_position, new)). torch's
+    # decomposition is an index_put with None gaps, lowered as a scatter giving every element
+    # its own index, which XLA CPU runs as a loop of one iteration per element (128 per cache
+    # of the tiny GPT-2 of bench/generation.py, four caches a step). One position is a compare
+    # and a select over the cache, fused into one loop. A negative index counts from the end,
+    # as the scatter's (torch's index_fill decomposes through index_copy with the index it was
+    # given; eager's index_copy itself refuses one, index_checks.py's check before this); one
+    # out of range matches no position and writes nothing, as the scatter.
+    if x.dim() == 0 or index.dim() != 1 or source.dim() != x.dim() or \
+            not guard_or_false(index.shape[0] == 1):
+        return torch_decomposition(aten.index_copy.default)(x, dim, index, source)
+    dim = dim % x.dim()
+    size = x.shape[dim]
+    index = torch.where(index < 0, index + size, index).reshape([1] * x.dim())
+    positions = torch.arange(size, dtype=index.dtype, device=x.device)
+    positions = positions.reshape([-1 if d == dim else 1 for d in range(x.dim())])
+    return torch.where(positions == index, source, x)
 
 
 @decomposition(aten.scatter_reduce.two)
