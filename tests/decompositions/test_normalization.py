@@ -3,6 +3,8 @@ against eager CPU PyTorch, in strict mode: the op must run through XLA, not fall
 eager's numbers."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -15,6 +17,34 @@ pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 def test_group_norm_with_affine_parameters():
     F = torch.nn.functional
     check(lambda x, w, b: F.group_norm(x, 2, w, b, 0.5), randn(1, 6, 3), randn(6), randn(6))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layer_and_group_norm_compute_in_float32_as_eager(dtype):
+    # Their moments were torch.var_mean, which torch-mlir computes in float64 for float32: a
+    # transformer's every layer norm was float64 arithmetic (three times the time of the
+    # float32 one on CPU; no float64 units on a TPU). Eager computes them in float32, and
+    # overflows there as float32 does (the squares of 1e30).
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torchtpu_compile.lower import lower_graph
+    from torchtpu_compile.lower.decompositions import decomposition_table
+    F = torch.nn.functional
+
+    def norms(x, w, b, wide, grouped, gw, gb):
+        return [F.layer_norm(x, (8,), w, b), F.layer_norm(x, (3, 8)), F.layer_norm(x, (8,), w),
+                F.layer_norm(wide, (4,)), F.group_norm(grouped, 2, gw, gb),
+                F.group_norm(grouped, 3), F.group_norm(grouped, 2, None, gb)]
+    args = (randn(2, 3, 8).to(dtype) * 10 + 3, randn(8, seed=1).to(dtype),
+            randn(8, seed=2).to(dtype), torch.tensor([[1e30, -1e30, 0.0, 5.0]]).to(dtype),
+            randn(2, 6, 5, seed=3).to(dtype), randn(6, seed=4).to(dtype),
+            randn(6, seed=5).to(dtype))
+    tolerance = {} if dtype == torch.float32 else {"rtol": 1.6e-2, "atol": 1e-2}
+    check(norms, *args, **tolerance)
+    graph = make_fx(norms, decomposition_table=decomposition_table(), tracing_mode="fake")(*args)
+    text = lower_graph(graph, platform="cpu", precision="highest").text
+    # The one float64 left is each eps, a literal converted to float32 (XLA folds it).
+    assert set(re.findall(r"tensor<([0-9x]*)f64>", text)) <= {"", "1x"}, text
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

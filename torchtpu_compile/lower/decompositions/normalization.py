@@ -1,5 +1,6 @@
 """Normalization layers torch-mlir fails on: batch norm in inference and with the update of its
-running statistics, and weight norm's backward.
+running statistics, and weight norm's backward; and layer and group norm with their moments in
+float32 (torch-mlir computes torch.var_mean of float32 in float64).
 
 Example::
 
@@ -60,3 +61,55 @@ def weight_norm_backward(grad_w, saved_v, saved_g, saved_norms, dim):
     grad_v = (saved_g / norms) * (grad_w - saved_v * (per_dim / (norms * norms)))
     grad_g = per_dim / norms
     return grad_v, grad_g.reshape(saved_g.shape)
+
+
+def _moments(x, dims: list):
+    """(mean, biased variance) of ``x`` over ``dims``, kept, in ``x``'s own dtype: the mean,
+    then the mean of the squared deviations from it (two passes, no cancellation)."""
+    mean = x.mean(dims, keepdim=True)
+    centered = x - mean
+    return mean, (centered * centered).mean(dims, keepdim=True)
+
+
+@decomposition(aten.native_layer_norm.default)
+def native_layer_norm(input, normalized_shape, weight, bias, eps):
+    # torch's decomposition takes torch.var_mean, which torch-mlir computes in float64 for a
+    # float32 input: every layer norm of a transformer was float64 arithmetic (half the SIMD
+    # width on CPU; TPUs have no float64 units). Eager's CPU kernel computes float32 moments
+    # in float32 (float32 for the half-width floats too); so does this.
+    compute = computing_dtype(input.dtype)
+    x = input.to(compute)
+    dims = list(range(input.dim() - len(normalized_shape), input.dim()))
+    mean, var = _moments(x, dims)
+    rstd = torch.rsqrt(var + eps)
+    out = (x - mean) * rstd
+    if weight is not None:
+        out = out * weight
+    if bias is not None:
+        out = out + bias
+    return out.to(input.dtype), mean.to(input.dtype), rstd.to(input.dtype)
+
+
+@decomposition(aten.native_group_norm.default)
+def native_group_norm(input, weight, bias, batch_size, num_channels, inner, groups, eps):
+    # As layer norm's (torch's decomposition takes torch.var_mean, float64 under torch-mlir),
+    # with torch's arithmetic otherwise: given a weight, one scale and shift per sample and
+    # channel, as eager's CPU kernel applies them.
+    compute = computing_dtype(input.dtype)
+    x = input.to(compute)
+    grouped = x.reshape(batch_size, groups, num_channels // groups, inner)
+    mean, var = _moments(grouped, [2, 3])
+    rstd = torch.rsqrt(var + eps)
+    per_channel = [batch_size, num_channels] + [1] * (input.dim() - 2)
+    if weight is not None:
+        scale = rstd * weight.reshape(1, groups, num_channels // groups, 1)
+        shift = -mean * scale
+        if bias is not None:
+            shift = shift + bias.reshape(1, groups, num_channels // groups, 1)
+        out = x * scale.reshape(per_channel) + shift.reshape(per_channel)
+    else:
+        out = ((grouped - mean) * rstd).reshape(input.shape)
+        if bias is not None:
+            out = out + bias.reshape([1, num_channels] + [1] * (input.dim() - 2))
+    return out.to(input.dtype), mean.reshape(batch_size, groups).to(input.dtype), \
+        rstd.reshape(batch_size, groups).to(input.dtype)
