@@ -304,9 +304,14 @@ def index_copy_one_position(x, dim, index, source):
     dim = dim % x.dim()
     size = x.shape[dim]
     index = torch.where(index < 0, index + size, index).reshape([1] * x.dim())
-    positions = torch.arange(size, dtype=index.dtype, device=x.device)
-    positions = positions.reshape([-1 if d == dim else 1 for d in range(x.dim())])
-    return torch.where(positions == index, source, x)
+    return torch.where(_positions_along(x, dim) == index, source, x)
+
+
+def _positions_along(x, dim: int):
+    """Each position's coordinate along ``dim`` (0 .. size - 1), shaped to broadcast against
+    ``x``: compared with an index, the positions a one-position write selects."""
+    positions = torch.arange(x.shape[dim], device=x.device)
+    return positions.reshape([-1 if d == dim else 1 for d in range(x.dim())])
 
 
 @decomposition(aten.scatter_reduce.two)
@@ -437,9 +442,7 @@ def scatter_one_per_row(self, dim, index, src):
         src = src[tuple(slice(0, size) for size in index.shape)]
     else:  # scatter casts the value to self's dtype
         src = torch.scalar_tensor(src, dtype=self.dtype, device=self.device)
-    positions = torch.arange(self.shape[dim], device=self.device)
-    positions = positions.reshape([-1 if d == dim else 1 for d in range(rank)])
-    return torch.where(positions == index, src, self)
+    return torch.where(_positions_along(self, dim) == index, src, self)
 
 
 @decomposition(aten.scatter.reduce, aten.scatter.value_reduce)

@@ -64,11 +64,12 @@ def weight_norm_backward(grad_w, saved_v, saved_g, saved_norms, dim):
 
 
 def _moments(x, dims: list):
-    """(mean, biased variance) of ``x`` over ``dims``, kept, in ``x``'s own dtype: the mean,
-    then the mean of the squared deviations from it (two passes, no cancellation)."""
+    """(mean, deviations from it, biased variance) of ``x`` over ``dims``, kept, in ``x``'s
+    own dtype: the mean, then the mean of the squared deviations (two passes, no
+    cancellation)."""
     mean = x.mean(dims, keepdim=True)
     centered = x - mean
-    return mean, (centered * centered).mean(dims, keepdim=True)
+    return mean, centered, (centered * centered).mean(dims, keepdim=True)
 
 
 @decomposition(aten.native_layer_norm.default)
@@ -80,9 +81,9 @@ def native_layer_norm(input, normalized_shape, weight, bias, eps):
     compute = computing_dtype(input.dtype)
     x = input.to(compute)
     dims = list(range(input.dim() - len(normalized_shape), input.dim()))
-    mean, var = _moments(x, dims)
+    mean, centered, var = _moments(x, dims)
     rstd = torch.rsqrt(var + eps)
-    out = (x - mean) * rstd
+    out = centered * rstd
     if weight is not None:
         out = out * weight
     if bias is not None:
@@ -97,19 +98,20 @@ def native_group_norm(input, weight, bias, batch_size, num_channels, inner, grou
     # channel, as eager's CPU kernel applies them.
     compute = computing_dtype(input.dtype)
     x = input.to(compute)
-    grouped = x.reshape(batch_size, groups, num_channels // groups, inner)
-    mean, var = _moments(grouped, [2, 3])
-    rstd = torch.rsqrt(var + eps)
+    in_group = [1, groups, num_channels // groups, 1]  # a weight or bias, grouped
     per_channel = [batch_size, num_channels] + [1] * (input.dim() - 2)
+    mean, centered, var = _moments(x.reshape(batch_size, groups, num_channels // groups, inner),
+                                   [2, 3])
+    rstd = torch.rsqrt(var + eps)
     if weight is not None:
-        scale = rstd * weight.reshape(1, groups, num_channels // groups, 1)
+        scale = rstd * weight.reshape(in_group)
         shift = -mean * scale
         if bias is not None:
-            shift = shift + bias.reshape(1, groups, num_channels // groups, 1)
+            shift = shift + bias.reshape(in_group)
         out = x * scale.reshape(per_channel) + shift.reshape(per_channel)
     else:
-        out = ((grouped - mean) * rstd).reshape(input.shape)
+        out = (centered * rstd).reshape(input.shape)
         if bias is not None:
-            out = out + bias.reshape([1, num_channels] + [1] * (input.dim() - 2))
+            out = out + bias.reshape([1] + per_channel[1:])
     return out.to(input.dtype), mean.reshape(batch_size, groups).to(input.dtype), \
         rstd.reshape(batch_size, groups).to(input.dtype)
