@@ -151,6 +151,28 @@ def test_an_integer_bound_that_overflows_raises_eagers_error():
         torch.testing.assert_close(_outcome(fn, x.to("tpu")), fn(x))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_a_float_bound_beyond_the_dtypes_range_raises_eagers_error(dtype):
+    # Eager converts a clamp bound to the tensor's float dtype and raises where it is finite
+    # and beyond the dtype's range (half and 70000, even 65504.5); traced, it saturated. On
+    # the eager device a float32 clamp's bound becomes a program input after two values:
+    # later bounds beyond float32's range must still raise.
+    x = torch.tensor([0.5, 2.5, -3.0]).to(dtype)
+    big = torch.finfo(dtype).max * 1.01
+    bounds = (0.5, 0.25, 65504.5, 7e4, big, -big, float("inf"), float("nan"), 1e300, 0.75)
+    for bound in bounds:
+        for fn in (lambda x, b=bound: x.clamp(max=b), lambda x, b=bound: x.clone().clamp_(min=-b),
+                   lambda x, b=bound: torch.clamp_min(x, b)):
+            want = _outcome(fn, x)
+            got = _outcome(fn, x.to("tpu"))
+            if isinstance(want, RuntimeError):
+                assert isinstance(got, RuntimeError) and str(got) == str(want), bound
+            else:
+                torch.testing.assert_close(got, want, equal_nan=True)
+    with pytest.raises(RuntimeError, match="without overflow"):
+        compile_tpu(lambda x: x.clamp(max=big), dynamic=False)(x)
+
+
 @pytest.mark.parametrize("dtype", [torch.int64, torch.uint8, torch.bool])
 def test_an_integer_round_with_decimals_raises_eagers_error(dtype):
     # Eager's round with decimals has float kernels only; traced, an integer tensor was scaled,

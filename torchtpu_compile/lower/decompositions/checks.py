@@ -192,27 +192,35 @@ def _subtraction_of_bools(a, b, alpha=1):
 
 
 
-#: c10's names of the integer types in its overflow message.
+#: c10's names of the types its overflow message names.
 _C_NAMES = {torch.uint8: "uint8_t", torch.int8: "int8_t", torch.int16: "int16_t",
-            torch.int32: "int", torch.int64: "int64_t"}
+            torch.int32: "int", torch.int64: "int64_t", torch.float16: "c10::Half",
+            torch.bfloat16: "c10::BFloat16", torch.float32: "float"}
 
 
-def _overflows(dtype, value: int) -> bool:
-    # c10::overflows: an unsigned type takes negatives down to -max (they wrap).
+def _overflows(dtype, value) -> bool:
+    # c10::overflows: an unsigned type takes negatives down to -max (they wrap); a float type
+    # takes infinities and NaN, and refuses a finite value beyond its largest (65504.5 for
+    # half, though it would round to 65504).
+    if dtype.is_floating_point:
+        info = torch.finfo(dtype)
+        return value == value and abs(value) != float("inf") and \
+            not info.min <= value <= info.max
     info = torch.iinfo(dtype)
     low = -info.max if info.min == 0 else info.min
     return not low <= value <= info.max
 
 
 @checked_first(aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default)
-def _integer_bound_that_overflows(x, *bounds, **named):
-    # Eager converts a Python integer bound to an integer tensor's dtype and raises where it
-    # would overflow (clamp of uint8 to 300); traced, the bound wrapped or saturated silently.
+def _bound_that_overflows(x, *bounds, **named):
+    # Eager converts a Python bound to the tensor's dtype and raises where it would overflow
+    # (clamp of uint8 to 300, of half to 70000); traced, the bound wrapped or saturated
+    # silently. A float bound meets an integer tensor in float (the result's dtype).
     if x.dtype not in _C_NAMES:
         return None
+    kinds = (int, float) if x.dtype.is_floating_point else (int,)
     for bound in (*bounds, *named.values()):
-        if isinstance(bound, int) and not isinstance(bound, bool) and \
-                _overflows(x.dtype, bound):
+        if type(bound) in kinds and _overflows(x.dtype, bound):
             raise invalid_input(RuntimeError, f"value cannot be converted to type "
                                               f"{_C_NAMES[x.dtype]} without overflow")
     return None
