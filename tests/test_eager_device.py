@@ -609,6 +609,45 @@ def test_new_float_arguments_do_not_compile_again():
     assert torchtpu_compile.stats()["eager_programs_compiled"] == before
 
 
+FLOAT_SLOT_OPS = {
+    "lt": lambda x, s: x < s, "le": lambda x, s: x <= s, "gt": lambda x, s: x > s,
+    "ge": lambda x, s: x >= s, "eq": lambda x, s: x == s, "ne": lambda x, s: x != s,
+    "clamp": lambda x, s: x.clamp(-abs(s), abs(s)), "clamp_min": lambda x, s: x.clamp(min=s),
+    "clamp_max": lambda x, s: torch.clamp_max(x, s),
+}
+
+
+@pytest.mark.parametrize("op", list(FLOAT_SLOT_OPS))
+def test_comparisons_and_clamps_with_new_floats_compile_once(op):
+    # Their floats sit in Scalar slots: each new value (LBFGS's line search, a moving
+    # threshold) compiled a program. The Tensor twin takes them as an input. Half dtypes keep
+    # exact keys (eager rounds the float to them once; through float32 would be twice), and
+    # their values stay eager's: bf16(0.1001) < 0.1001 is False in bf16.
+    fn = FLOAT_SLOT_OPS[op]
+    g = torch.Generator().manual_seed(0)
+    x_cpu = torch.randn(16, generator=g)
+    x_cpu[:3] = torch.tensor([0.30000001192092896, -0.0, float("nan")])
+    inputs = [x_cpu, torch.tensor([2, -3, 7, 2 ** 40 + 1]), x_cpu.to(torch.float64)]
+    for x_cpu in inputs:
+        x = x_cpu.to("tpu")
+        for s in (0.5, -0.25):  # the second value lifts the floats into an input
+            torch.testing.assert_close(fn(x, s).cpu(), fn(x_cpu, s), equal_nan=True)
+        before = torchtpu_compile.stats()["eager_programs_compiled"]
+        for s in (0.1, 0.30000001, 2.5, -7.75, float("inf")):
+            torch.testing.assert_close(fn(x, s).cpu(), fn(x_cpu, s), equal_nan=True)
+        assert torchtpu_compile.stats()["eager_programs_compiled"] == before, x_cpu.dtype
+    for dtype in (torch.bfloat16, torch.float16):
+        x_cpu = torch.tensor([0.1, 0.1001, 2.5, 65504.0]).to(dtype)
+        for s in (0.5, 0.1001, 0.10009765625, 65504.5, 1e-8):
+            try:
+                expected = fn(x_cpu, s)
+            except RuntimeError:  # a clamp bound beyond half's range, in eager's words
+                with pytest.raises(RuntimeError, match="without overflow"):
+                    fn(x_cpu.to("tpu"), s).cpu()
+                continue
+            torch.testing.assert_close(fn(x_cpu.to("tpu"), s).cpu(), expected)
+
+
 def test_a_float_an_op_consumes_is_never_lifted_into_an_input():
     # fill_ of an int tensor truncates its float while tracing: both sentinels became the same
     # 0, the graph read no input, and every later value (-2.7) filled 0 with no error.

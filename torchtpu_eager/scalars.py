@@ -84,6 +84,7 @@ def collect(args, kwargs, func=None) -> list:
 
 
 _INT64 = (-2 ** 63, 2 ** 63 - 1)
+_F32_MAX, _INF = torch.finfo(torch.float32).max, float("inf")
 #: The ranges an eager check tells ints apart by: int8, uint8, int16, uint16, half's finite
 #: values, int32, uint32 (``uint8.clamp(min=300)`` raises, ``half + 70000`` is inf).
 _RANGES = ((-2 ** 7, 2 ** 7 - 1), (0, 2 ** 8 - 1), (-2 ** 15, 2 ** 15 - 1), (0, 2 ** 16 - 1),
@@ -151,13 +152,21 @@ def structure(key: tuple, func=None, args=(), kwargs=None) -> tuple:
     """A signature with its float values blanked (floats appear as ``(float, value)``); where
     it has none and ``func`` is given, with the values of its ``int_slots`` replaced by their
     ``_bucket``. ``args`` and ``kwargs``: the call ``key`` is the signature of."""
+    beyond = []
+
     def blank(part):
         if type(part) is tuple:
             if len(part) == 2 and part[0] is float:
+                if type(part[1]) is float and _F32_MAX < abs(part[1]) < _INF:
+                    beyond.append(part[1])
                 return (float, None)
             return tuple(blank(p) for p in part)
         return part
     blanked = tuple(blank(p) for p in key)
+    if beyond:
+        # A finite float beyond float32's range is never an input: clamp's bound check (eager
+        # raises) runs when a program is traced, not when it runs.
+        return key
     if blanked != key or func is None:
         return blanked
     kwargs = kwargs or {}
@@ -232,9 +241,12 @@ def read_input(lifted, i: int):
     return lifted.select(0, i)
 
 
-#: Pointwise ops whose Scalar slots a lifted int moves to their Tensor twin's: the same value
-#: with the int cast to the op's dtype first, as eager casts it. Not pow: eager's kernel
-#: squares and cubes for exponents 2 and 3, which a general power does not round alike.
+#: Pointwise ops whose Scalar slots a lifted scalar moves to their Tensor twin's: the same
+#: value, an int cast to the op's dtype first, as eager casts it; a float as a 0-dim tensor,
+#: which promotes as a Python float does (``bf16 < 0.1`` compares in bf16). A comparison or a
+#: clamp with a new float each call (LBFGS's line search, a threshold that moves) compiled a
+#: program per value. Not pow: eager's kernel squares and cubes for exponents 2 and 3, and
+#: takes a square root for 0.5, which a general power does not round alike.
 _TENSOR_TWINS = {
     aten.clamp.default: aten.clamp.Tensor, aten.clamp_min.default: aten.clamp_min.Tensor,
     aten.clamp_max.default: aten.clamp_max.Tensor,
@@ -315,6 +327,7 @@ def lift(gm: fx.GraphModule, values: list, dtype: torch.dtype) -> fx.GraphModule
     lifted.meta["tensor_meta"] = _extract_tensor_metadata(lifted.meta["val"])
     reads: dict = {}
     added: set = set()
+    twinned: set = set()   # nodes moved to their _TENSOR_TWINS op
 
     def new_node(before, op, args, kwargs, like):
         with graph.inserting_before(before) if before is not None else \
@@ -331,10 +344,12 @@ def lift(gm: fx.GraphModule, values: list, dtype: torch.dtype) -> fx.GraphModule
             node = reads[i] = new_node(None, aten.select.int, (lifted, 0, i), {},
                                        torch.empty((), dtype=dtype))
         if cast is None:
-            if kind is float:
+            if kind is float and consumer not in twinned:
                 return node
             cast = _operand_dtype(consumer, value)
-            if cast is None:
+            if cast is None or kind is float and cast != dtype:
+                # A float that eager rounds to a half dtype once would be rounded twice,
+                # through the lifted input's float32: left on exact keys.
                 return None
         if cast == dtype:
             return node
@@ -357,9 +372,10 @@ def lift(gm: fx.GraphModule, values: list, dtype: torch.dtype) -> fx.GraphModule
     for node in list(graph.nodes):
         if node.op != "call_function" or node in added:
             continue
-        if kind is int and node.target in _TENSOR_TWINS and any(
-                type(a) is int and a in index for a in (*node.args, *node.kwargs.values())):
+        if node.target in _TENSOR_TWINS and any(
+                type(a) is kind and a in index for a in (*node.args, *node.kwargs.values())):
             node.target = _TENSOR_TWINS[node.target]
+            twinned.add(node)
         args = list(node.args)
         for pos, a in enumerate(args):
             if type(a) is kind and a in index:
