@@ -414,6 +414,24 @@ def _portable_guards(guards) -> list:
     return portable
 
 
+def _inputs_sharing_storage(output) -> bool:
+    """Whether two different tensors the frame reads share a storage (``f(z[:6], z[4:])``).
+
+    aot_autograd rebuilds such inputs from one synthetic base at the offsets it traced, and
+    Dynamo guards neither offset: an entry saved for ``z[:6], z[4:]`` passed ``z[1:7], z[3:9]``
+    in a fresh process and wrote the wrong elements, where a fresh trace is right. A tensor
+    read twice (tied weights) is one tensor; a view's ``._base`` is tracked beside it."""
+    seen: dict = {}
+    for tracked in output.tracked_fakes:
+        fake = tracked.fake
+        if not isinstance(fake, torch.Tensor) or tracked.source.name.endswith("._base"):
+            continue
+        other = seen.setdefault(fake.untyped_storage()._cdata, fake)
+        if other is not fake:
+            return True
+    return False
+
+
 def _entry_from_trace(output, out_code) -> _Entry:
     """Everything needed to skip this frame's tracing next time, or ``Unportable``."""
     from torch._dynamo.package import SerializedCode
@@ -423,6 +441,9 @@ def _entry_from_trace(output, out_code) -> _Entry:
     if output.torch_function_mode_stack or output.functorch_layers or \
             output.aotautograd_guards or output.export:
         raise Unportable("torch function modes, functorch layers or export")
+    if _inputs_sharing_storage(output):
+        raise Unportable("inputs that share a storage (overlapping views): Dynamo's guards do "
+                         "not say where they overlap")
     guards = sorted((g for g in output.guards if g.create_fn_name() != "SHAPE_ENV"),
                     key=torch._guards.Guard.sort_key)
     if not guards:  # every frame has global-state guards at least: something is amiss
