@@ -95,9 +95,10 @@ def as_strided(x, size, stride, storage_offset=None):
     base = x.storage_offset()
     if not x.is_contiguous() or not isinstance(base, int):
         return NotImplemented
-    if not isinstance(storage_offset, (int, type(None))):
-        # A symbolic offset (aot_autograd views overlapping inputs of a dynamic graph from one
-        # synthetic base) has no proxy of its own in this trace: used as a value, make_fx
+    if not isinstance(storage_offset, (int, type(None))) or \
+            not all(isinstance(v, int) for v in (*size, *stride)):
+        # A symbolic geometry (aot_autograd views overlapping inputs of a dynamic graph from
+        # one synthetic base) has no proxy of its own in this trace: used as a value, make_fx
         # looped until Python's recursion limit. aten.as_strided takes it as it is.
         return NotImplemented
     offset = (base if storage_offset is None else storage_offset) - base
