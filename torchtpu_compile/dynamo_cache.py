@@ -22,7 +22,8 @@ source; each entry holds a checksum of the source lines of every function Dynamo
 the rebuilt guards must pass on the frame before the entry is used.
 
 Not cached (traced as before): frames with dynamic shapes (symbolic sizes), frames that graph
-break (resume functions), and frames whose guards read an object only identifiable by ``id``.
+break (resume functions), frames whose guards read an object only identifiable by ``id``, and
+frames whose inputs share a storage (``_inputs_sharing_storage``).
 A loaded entry brings the sizes its trace had seen into Dynamo's automatic-dynamic record, so a
 warm process goes dynamic at the same call a cold one does (a decode loop's next length traces
 the symbolic frame, not one more static frame per process).
