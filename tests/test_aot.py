@@ -180,3 +180,39 @@ def test_artifact_outputs_have_eagers_strides(tmp_path):
     slot["value"] = {"memory_order": [0, 0]}
     with pytest.raises(aot.ArtifactError, match="memory_order"):
         parse(path, json.dumps(manifest).encode())
+
+
+class _KeywordsAndDict(torch.nn.Module):
+    def forward(self, pair, *, x, y):
+        return x - 2 * y + pair["a"] * pair["b"].sum()
+
+
+def test_keywords_and_dict_entries_bind_by_name(tmp_path):
+    # The loader matched the call's tensors to the recorded inputs by position: run(y=y, x=x)
+    # after an export with x first computed y - 2 * x, silently, and unknown names were
+    # taken too. Eager binds by name, and raises on a name it does not know.
+    model = _KeywordsAndDict()
+    g = torch.Generator().manual_seed(0)
+    a, b, x, y = (torch.randn(3, 4, generator=g) for _ in range(4))
+    path = str(tmp_path / "kw.tpu")
+    aot.compile(model, ({"a": a, "b": b},), {"x": x, "y": y}).save(path)
+    run = aot.load(path)
+    want = model({"a": a, "b": b}, x=x, y=y)
+    torch.testing.assert_close(run({"b": b, "a": a}, y=y, x=x), want)
+    torch.testing.assert_close(run({"a": a, "b": b}, x=x, y=y), want)
+    with pytest.raises(TypeError, match=r"got keyword arguments \['x', 'z'\]; the artifact was "
+                                        r"exported with \['x', 'y'\]"):
+        run({"a": a, "b": b}, x=x, z=y)
+    with pytest.raises(TypeError, match="the inputs are structured as"):
+        run({"a": a, "c": b}, x=x, y=y)
+
+
+def test_compile_gives_the_model_back_in_the_modes_it_came_in():
+    # aot.compile exports in eval mode; it left the model there, so training after an export
+    # ran without dropout and with frozen BatchNorm statistics. A submodule the user froze in
+    # eval mode stays there.
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4),
+                                torch.nn.Dropout(0.5), torch.nn.BatchNorm1d(4)).train()
+    model[3].eval()
+    aot.compile(model, (torch.randn(3, 4),))
+    assert [m.training for m in model.modules()] == [True, True, True, True, False]

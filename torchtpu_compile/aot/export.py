@@ -125,15 +125,24 @@ def _export(model, example_args, example_kwargs, dynamic_shapes):
     if isinstance(model, torch.export.ExportedProgram):
         exported = model
     else:
+        modes = {}
         if isinstance(model, torch.nn.Module):
+            # Exported in eval mode, then given back as it came: a model exported between
+            # training steps kept dropout off and BatchNorm statistics frozen.
+            modes = {module: module.training for module in model.modules()}
             model.eval()
         elif callable(model):
             model = _Function(model)
         # The fused CPU attention kernels (flash, efficient) neither decompose cleanly nor
         # lower through torch-mlir; the math kernel decomposes into matmuls and a softmax.
-        with sdpa_kernel(SDPBackend.MATH):
-            exported = torch.export.export(model, tuple(example_args), example_kwargs or None,
-                                           dynamic_shapes=dynamic_shapes, strict=False)
+        try:
+            with sdpa_kernel(SDPBackend.MATH):
+                exported = torch.export.export(model, tuple(example_args),
+                                               example_kwargs or None,
+                                               dynamic_shapes=dynamic_shapes, strict=False)
+        finally:
+            for module, training in modes.items():
+                module.training = training
     with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
         return exported.run_decompositions(decomposition_table())
 

@@ -59,6 +59,7 @@ class LoadedArtifact:
         self.example_inputs = example_inputs
         self.recompiled = recompiled
         self._out_spec = self._spec(manifest["out_spec"])
+        self._in_spec = self._input_spec(manifest.get("in_spec"))
         self._buckets = buckets  # a BucketTable, or None for static shapes
         self._by_bucket = {tuple(p.bucket): p for p in programs.values() if p.bucket is not None}
 
@@ -81,6 +82,36 @@ class LoadedArtifact:
                         f"{self.path!r}: member 'manifest.json' is malformed: out_spec has "
                         f"{spec.num_leaves} outputs, program {program.name} {count}")
         return spec
+
+    def _input_spec(self, text):
+        """The ``(args, kwargs)`` structure recorded at export, or None (none recorded, or a
+        class not importable here): inputs are then taken by position."""
+        try:
+            return specs.load_treespec(text)
+        except Exception as exc:  # noqa: BLE001  (any reason: positions still work)
+            log.warning("torchtpu: %s: input structure not restored (%s); inputs are matched "
+                        "by position", self.path, exc)
+            return None
+
+    def _flat_inputs(self, args: tuple, kwargs: dict) -> list:
+        """The call's tensors in the recorded inputs' order: keywords and dict entries by
+        name, as eager binds them, not by the order they were written in."""
+        spec = self._in_spec
+        if spec is None:
+            return pytree.tree_leaves((args, kwargs))
+        names = list(spec.child(1).context)
+        if set(kwargs) != set(names):
+            raise TypeError(f"{self.path}: got keyword arguments {sorted(kwargs)}; the artifact "
+                            f"was exported with {names}")
+        positional = spec.child(0).num_children
+        if len(args) != positional:
+            raise TypeError(f"{self.path}: expected {positional} inputs by position, got "
+                            f"{len(args)}")
+        flat, received = pytree.tree_flatten(_in_order((args, kwargs), spec))
+        if received != spec:
+            raise TypeError(f"{self.path}: the inputs are structured as {received}; the "
+                            f"artifact was exported with {spec}")
+        return flat
 
     def _check_inputs(self, flat: list) -> None:
         expected = self.manifest["inputs"]
@@ -120,7 +151,7 @@ class LoadedArtifact:
         return self._by_bucket[key], real_env, pad_env, padded
 
     def __call__(self, *args, **kwargs):
-        flat = pytree.tree_leaves((args, kwargs))  # matched to the recorded inputs by position
+        flat = self._flat_inputs(args, kwargs)
         self._check_inputs(flat)
         program, real_env, pad_env, inputs = self._choose(flat)
         graph_args = []
@@ -148,6 +179,19 @@ class LoadedArtifact:
         if not self.example_inputs:
             raise ArtifactError(f"{self.path} was saved without example inputs")
         return self(*[self.example_inputs[s["name"]] for s in self.manifest["inputs"]])
+
+
+def _in_order(value, spec):
+    """``value`` with every dict that has the keys of its place in ``spec`` rebuilt in
+    ``spec``'s key order (pytree flattens a dict in its own order)."""
+    if spec.is_leaf():
+        return value
+    children = spec.children()
+    if spec.type is dict and isinstance(value, dict) and set(value) == set(spec.context):
+        return {k: _in_order(value[k], c) for k, c in zip(spec.context, children)}
+    if spec.type in (tuple, list) and type(value) is spec.type and len(value) == len(children):
+        return spec.type(_in_order(v, c) for v, c in zip(value, children))
+    return value
 
 
 def _load_executable(path: str, members: dict, manifest: dict, entry: dict, client):
