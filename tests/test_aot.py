@@ -216,3 +216,19 @@ def test_compile_gives_the_model_back_in_the_modes_it_came_in():
     model[3].eval()
     aot.compile(model, (torch.randn(3, 4),))
     assert [m.training for m in model.modules()] == [True, True, True, True, False]
+
+
+def test_export_and_save_errors_name_what_is_wrong(tmp_path):
+    # A bool keyword (HF's use_cache=False) was refused as "got Tensor, bool", naming no
+    # argument; a save into a missing directory named mkstemp's temporary file.
+    class Flagged(torch.nn.Module):
+        def forward(self, x, scale=False):
+            return x * 2 if scale else x + 1
+
+    with pytest.raises(torchtpu_compile.errors.LoweringError,
+                       match=r"not a tensor: keyword 'scale' \(bool\)"):
+        aot.compile(Flagged(), (torch.randn(3),), {"scale": True})
+    artifact = aot.compile(Flagged(), (torch.randn(3),))
+    missing = tmp_path / "no_such_dir" / "m.tpu"
+    with pytest.raises(FileNotFoundError, match="parent directory .*no_such_dir' does not exist"):
+        artifact.save(str(missing))

@@ -47,6 +47,9 @@ def write_members(path: str, members: dict) -> None:
     """Write ``{name: bytes}`` plus their checksums to ``path`` atomically."""
     checksums = {name: hashlib.sha256(data).hexdigest() for name, data in members.items()}
     directory = os.path.dirname(os.path.abspath(path)) or "."
+    if not os.path.isdir(directory):  # else mkstemp names its own temporary file
+        raise FileNotFoundError(f"cannot save {path!r}: parent directory {directory!r} does "
+                                f"not exist")
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-artifact-")
     os.close(fd)
     try:

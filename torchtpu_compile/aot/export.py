@@ -118,6 +118,15 @@ class _Function(torch.nn.Module):
         return self.fn(*args, **kwargs)
 
 
+def _input_name(path) -> str:
+    """A leaf of ``(args, kwargs)`` as a user calls it: "keyword 'use_cache'", "argument 0[2]"."""
+    top, first, *rest = path
+    inner = pytree.keystr(tuple(rest))
+    if top.idx == 1:
+        return f"keyword {first.key!r}{inner}"
+    return f"argument {first.idx}{inner}"
+
+
 def _export(model, example_args, example_kwargs, dynamic_shapes):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -290,8 +299,13 @@ def compile(model, example_args=(), example_kwargs=None, precision: str | None =
     flat_user, in_spec = pytree.tree_flatten((example_args, example_kwargs))
     user_names = list(signature.user_inputs)
     if len(flat_user) != len(user_names) or not all(isinstance(t, torch.Tensor) for t in flat_user):
-        raise LoweringError("AOT artifacts take tensor inputs only; got "
-                            + ", ".join(type(t).__name__ for t in flat_user))
+        others = [f"{_input_name(where)} ({type(value).__name__})" for where, value in
+                  pytree.tree_flatten_with_path((example_args, example_kwargs))[0]
+                  if not isinstance(value, torch.Tensor)]
+        raise LoweringError(
+            "AOT artifacts take tensor inputs only; not a tensor: " + ", ".join(others)
+            + ". Fix such a value before exporting (functools.partial, or a setting of the "
+            "model such as config.use_cache = False)")
 
     state_values = {**exported.state_dict, **exported.constants}
     graph_arguments, state = [], {}
