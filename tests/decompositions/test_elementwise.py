@@ -55,6 +55,29 @@ def test_a_product_with_a_converted_bool_keeps_eagers_nan(path, tmp_path):
         torch.testing.assert_close(g, e, equal_nan=True)
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_relu_keeps_a_negative_zero(path, tmp_path):
+    # Eager's relu (and Inductor's) returns x unless x < 0, so relu(-0.0) is -0.0; XLA's
+    # maximum(x, 0) gave +0.0, and 1 / relu(x) was inf where eager's is -inf. Its gradient at
+    # 0 and -0 stays eager's 0.
+    x = torch.tensor([-0.0, 0.0, -1.5, 2.0, NAN, -INF, INF])
+
+    def f(x):
+        return 1 / torch.relu(x), torch.relu(x.bfloat16()), torch.relu(x.double()).signbit()
+    got = run_on_path(path, f, x, tmp_dir=tmp_path)
+    for g, e in zip(got, f(x)):
+        torch.testing.assert_close(g, e, equal_nan=True)
+        assert torch.equal(g.signbit() & ~g.isnan(), e.signbit() & ~e.isnan())
+    assert torch.equal(run_on_path(path, torch.relu, torch.tensor([-3, 0, 7]), tmp_dir=tmp_path),
+                       torch.tensor([0, 0, 7]))
+    leaf = torch.tensor([-0.0, 0.0, -1.0, 2.0], requires_grad=True)
+    (torch.relu(leaf) * torch.arange(4.0)).sum().backward()
+    grad_eager = leaf.grad.clone()
+    leaf.grad = None
+    compile_tpu(lambda t: (torch.relu(t) * torch.arange(4.0)).sum())(leaf).backward()
+    torch.testing.assert_close(leaf.grad, grad_eager)
+
+
 def test_remainder_takes_the_divisors_sign():
     a, b = randn(5, 6), randn(5, 6, seed=1)
     check(torch.remainder, a, b)

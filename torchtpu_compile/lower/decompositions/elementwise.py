@@ -306,6 +306,15 @@ def reciprocal(x):
     return torch.reciprocal(x.to(torch.get_default_dtype()))
 
 
+@decomposition(aten.relu.default)
+def relu(x):
+    # Eager (and Inductor) keep -0.0: relu returns x unless x < 0. torch-mlir's maximum(x, 0)
+    # gave +0.0, which 1 / x or copysign downstream tells apart. NaN stays NaN.
+    if x.dtype == torch.bool:
+        return NotImplemented  # eager's own error
+    return torch.where(x < 0, 0, x)
+
+
 @decomposition(aten.erf.default)
 def erf(x):
     # As reciprocal: floats only in torch-mlir (erfc is 1 - erf).
