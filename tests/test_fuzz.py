@@ -255,3 +255,15 @@ def test_a_write_through_a_dropout_that_kept_its_input_is_accepted_compiled():
                           run=lambda p: ((torch.tensor([2.0, -4.0, 6.0]),
                                           torch.tensor([2.0, -4.0, 6.0])), []))
     assert mismatch is not None and not mismatch.accepted
+
+
+def test_a_constant_the_index_rounding_adds_crosses_a_cut_around_an_eager_fallback():
+    # The -0.0 that keeps index arithmetic rounded per op (fx_passes) had an empty tensor as
+    # its val and no tensor_meta. Where the graph is cut around an eager fallback (embedding
+    # with scale_grad_by_freq) and the constant becomes a region's input, torch-mlir could
+    # not type it: seed 8154 on the dynamic path raised "Could not deduce type from value
+    # info", after seed 8148 (same fallback) ran in the process.
+    with torchtpu_compile.config.patch(matmul_precision="highest"):
+        for seed in (8148, 8154):
+            mismatch = fuzz.check(fuzz.program(seed, generation=4), "dynamic")
+            assert mismatch is None, str(mismatch)
