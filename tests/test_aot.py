@@ -205,6 +205,7 @@ def test_keywords_and_dict_entries_bind_by_name(tmp_path):
         run({"a": a, "b": b}, x=x, z=y)
     with pytest.raises(TypeError, match="the inputs are structured as"):
         run({"a": a, "c": b}, x=x, y=y)
+    torch.testing.assert_close(run.run_example(), want)  # the saved inputs, in their order
 
 
 def test_compile_gives_the_model_back_in_the_modes_it_came_in():

@@ -151,7 +151,10 @@ class LoadedArtifact:
         return self._by_bucket[key], real_env, pad_env, padded
 
     def __call__(self, *args, **kwargs):
-        flat = self._flat_inputs(args, kwargs)
+        return self._run(self._flat_inputs(args, kwargs))
+
+    def _run(self, flat: list):
+        """The outputs for ``flat``, the inputs in the recorded order."""
         self._check_inputs(flat)
         program, real_env, pad_env, inputs = self._choose(flat)
         graph_args = []
@@ -178,7 +181,7 @@ class LoadedArtifact:
         """Run on the example inputs saved at export time."""
         if not self.example_inputs:
             raise ArtifactError(f"{self.path} was saved without example inputs")
-        return self(*[self.example_inputs[s["name"]] for s in self.manifest["inputs"]])
+        return self._run([self.example_inputs[s["name"]] for s in self.manifest["inputs"]])
 
 
 def _in_order(value, spec):
