@@ -1,4 +1,5 @@
 """torch.export + AOT artifacts: save, load elsewhere, detect damage, check inputs."""
+import os
 import subprocess
 import sys
 import textwrap
@@ -233,3 +234,18 @@ def test_export_and_save_errors_name_what_is_wrong(tmp_path):
     missing = tmp_path / "no_such_dir" / "m.tpu"
     with pytest.raises(FileNotFoundError, match="parent directory .*no_such_dir' does not exist"):
         artifact.save(str(missing))
+
+
+def test_a_saved_artifact_has_the_mode_torch_save_gives(tmp_path):
+    # Artifacts were written 0600 (mkstemp), so another user or a serving process could not
+    # read one that torch.save beside it would have made readable.
+    artifact = aot.compile(torch.nn.Linear(3, 2), (torch.randn(4, 3),))
+    old = os.umask(0o022)
+    try:
+        artifact.save(str(tmp_path / "m.tpu"))
+        torch.save({}, str(tmp_path / "reference.pt"))
+    finally:
+        os.umask(old)
+    mode = (tmp_path / "m.tpu").stat().st_mode & 0o777
+    assert mode == (tmp_path / "reference.pt").stat().st_mode & 0o777 == 0o644
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp")]

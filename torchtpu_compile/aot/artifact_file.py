@@ -15,7 +15,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 import zipfile
 
 from ..errors import TorchTPUError
@@ -47,11 +46,10 @@ def write_members(path: str, members: dict) -> None:
     """Write ``{name: bytes}`` plus their checksums to ``path`` atomically."""
     checksums = {name: hashlib.sha256(data).hexdigest() for name, data in members.items()}
     directory = os.path.dirname(os.path.abspath(path)) or "."
-    if not os.path.isdir(directory):  # else mkstemp names its own temporary file
+    if not os.path.isdir(directory):  # else the error would name our temporary file
         raise FileNotFoundError(f"cannot save {path!r}: parent directory {directory!r} does "
                                 f"not exist")
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-artifact-")
-    os.close(fd)
+    tmp = _new_file_beside(directory)
     try:
         with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as zf:
             for name, data in members.items():
@@ -62,6 +60,19 @@ def write_members(path: str, members: dict) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _new_file_beside(directory: str) -> str:
+    """A new empty file in ``directory`` with the mode ``open()`` and ``torch.save`` give
+    (0666 less the umask): an artifact is meant to be shared, unlike ``mkstemp``'s 0600."""
+    for _ in range(100):
+        tmp = os.path.join(directory, f".tmp-artifact-{os.urandom(6).hex()}")
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        except FileExistsError:
+            continue
+        return tmp
+    raise FileExistsError(f"no free temporary name in {directory!r}")
 
 
 #: Most a checksum table may hold; a manifest's is far larger than any we write.
