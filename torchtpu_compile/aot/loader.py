@@ -122,17 +122,27 @@ class LoadedArtifact:
             if not isinstance(value, torch.Tensor):
                 raise TypeError(f"{self.path}: input {spec['name']!r} must be a tensor, got "
                                 f"{type(value).__name__}")
+            if value.device.type == "meta":
+                raise ValueError(f"{self.path}: input {spec['name']!r} is a meta tensor, which "
+                                 f"has no values to run on")
             shape, dtype = list(value.shape), specs.dtype_name(value.dtype)
             dynamic = {int(d) for d in spec.get("dynamic", {})}
             static_ok = len(shape) == len(spec["shape"]) and all(
                 d in dynamic or s == e for d, s, e in zip(range(len(shape)), shape, spec["shape"]))
             if not static_ok or dtype != spec["dtype"]:
-                wanted = [f"<{spec['dynamic'][str(d)]}>" if d in dynamic else e
-                          for d, e in enumerate(spec["shape"])]
                 raise ValueError(
                     f"{self.path}: input {spec['name']!r} has shape {shape} and dtype {dtype}; "
-                    f"the artifact was compiled for shape {wanted if dynamic else spec['shape']} "
+                    f"the artifact was compiled for shape {self._shape_text(spec)} "
                     f"and dtype {spec['dtype']}")
+
+    def _shape_text(self, spec: dict) -> str:
+        """An input's exported shape with each dynamic dim as its range: ``[2, 2..64, 4]``."""
+        dynamic = spec.get("dynamic", {})
+        dims = []
+        for d, size in enumerate(spec["shape"]):
+            record = self._buckets.records[dynamic[str(d)]] if str(d) in dynamic else None
+            dims.append(f"{record['min']}..{record['max']}" if record else str(size))
+        return f"[{', '.join(dims)}]"
 
     def _choose(self, flat: list):
         """(program, real sizes, padded sizes, inputs padded to the program's bucket)."""
