@@ -209,6 +209,28 @@ def test_keywords_and_dict_entries_bind_by_name(tmp_path):
     torch.testing.assert_close(run.run_example(), want)  # the saved inputs, in their order
 
 
+def test_keywords_are_refused_where_the_input_structure_is_not_restored(tmp_path, monkeypatch):
+    # An input structure naming a class not imported here was a warning, and the call's
+    # keywords and dict entries were then bound by position: in another order, silently wrong.
+    model = _KeywordsAndDict()
+    a, b, x, y = (torch.randn(3, 4) for _ in range(4))
+    path = str(tmp_path / "kw.tpu")
+    aot.compile(model, ({"a": a, "b": b},), {"x": x, "y": y}).save(path)
+    real, in_spec = aot.specs.load_treespec, aot.load(path).manifest["in_spec"]
+
+    def without_the_class(text):
+        if text == in_spec:
+            raise NotImplementedError("No registered serialization name for <class 'Foo'>")
+        return real(text)
+    monkeypatch.setattr(aot.specs, "load_treespec", without_the_class)
+    run = aot.load(path)
+    with pytest.raises(TypeError, match=r"keyword arguments and dict inputs need the input "
+                                        r"structure, which was not restored \(No registered"):
+        run({"b": b, "a": a}, y=y, x=x)
+    with pytest.raises(TypeError, match="need the input structure"):
+        run({"a": a, "b": b}, x, y)
+
+
 def test_compile_gives_the_model_back_in_the_modes_it_came_in():
     # aot.compile exports in eval mode; it left the model there, so training after an export
     # ran without dropout and with frozen BatchNorm statistics. A submodule the user froze in

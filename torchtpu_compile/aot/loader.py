@@ -58,6 +58,7 @@ class LoadedArtifact:
         self.state = state
         self.example_inputs = example_inputs
         self.recompiled = recompiled
+        self._unrestored_in_spec = None
         self._out_spec = self._spec(manifest["out_spec"])
         self._in_spec = self._input_spec(manifest.get("in_spec"))
         self._buckets = buckets  # a BucketTable, or None for static shapes
@@ -85,19 +86,31 @@ class LoadedArtifact:
 
     def _input_spec(self, text):
         """The ``(args, kwargs)`` structure recorded at export, or None (none recorded, or a
-        class not importable here): inputs are then taken by position."""
+        class not importable here): inputs are then taken by position, and keywords refused."""
         try:
             return specs.load_treespec(text)
-        except Exception as exc:  # noqa: BLE001  (any reason: positions still work)
+        except NotImplementedError as exc:  # a class not imported here
             log.warning("torchtpu: %s: input structure not restored (%s); inputs are matched "
-                        "by position", self.path, exc)
+                        "by position. Import the module defining it before loading.",
+                        self.path, exc)
+            self._unrestored_in_spec = str(exc)
             return None
+        except Exception as exc:
+            raise ArtifactError(f"{self.path!r}: member 'manifest.json' is malformed: in_spec "
+                                f"does not read back ({type(exc).__name__}: {exc})") from exc
 
     def _flat_inputs(self, args: tuple, kwargs: dict) -> list:
         """The call's tensors in the recorded inputs' order: keywords and dict entries by
         name, as eager binds them, not by the order they were written in."""
         spec = self._in_spec
         if spec is None:
+            if self._unrestored_in_spec and (kwargs or _holds_a_dict(args)):
+                # by position, names in another order would bind to the wrong inputs
+                raise TypeError(f"{self.path}: keyword arguments and dict inputs need the "
+                                f"input structure, "
+                                f"which was not restored ({self._unrestored_in_spec}); import "
+                                f"the module defining it before loading, or pass inputs by "
+                                f"position")
             return pytree.tree_leaves((args, kwargs))
         names = list(spec.child(1).context)
         if set(kwargs) != set(names):
@@ -339,6 +352,12 @@ def _state_type(path: str, name: str, state: dict) -> tuple:
     tensor = state[name]
     return (f"tensor {name!r}", "params.safetensors", specs.dtype_name(tensor.dtype),
             tuple(tensor.shape))
+
+
+def _holds_a_dict(value) -> bool:
+    if isinstance(value, dict):
+        return True
+    return isinstance(value, (list, tuple)) and any(_holds_a_dict(v) for v in value)
 
 
 def load(path: str) -> LoadedArtifact:
