@@ -35,6 +35,8 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from torchtpu_compile.lower.node_values import set_value
+
 aten = torch.ops.aten
 
 
@@ -322,9 +324,7 @@ def lift(gm: fx.GraphModule, values: list, dtype: torch.dtype) -> fx.GraphModule
         graph.inserting_before(next(iter(graph.nodes)))
     with ctx:
         lifted = graph.placeholder("lifted_floats" if kind is float else "lifted_ints")
-    lifted.meta["val"] = torch.empty(len(values), dtype=dtype)
-    from torch.fx.passes.shape_prop import _extract_tensor_metadata
-    lifted.meta["tensor_meta"] = _extract_tensor_metadata(lifted.meta["val"])
+    set_value(lifted, torch.empty(len(values), dtype=dtype))
     reads: dict = {}
     added: set = set()
     twinned: set = set()   # nodes moved to their _TENSOR_TWINS op
@@ -333,8 +333,7 @@ def lift(gm: fx.GraphModule, values: list, dtype: torch.dtype) -> fx.GraphModule
         with graph.inserting_before(before) if before is not None else \
                 graph.inserting_after(lifted):
             node = graph.call_function(op, args, kwargs)
-        node.meta["val"] = like
-        node.meta["tensor_meta"] = _extract_tensor_metadata(like)
+        set_value(node, like)
         added.add(node)
         return node
 

@@ -30,10 +30,10 @@ from collections.abc import Callable
 
 import torch
 import torch.fx as fx
-from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
 from ..output_slots import (OutputSlot, decode_view_steps, empty_spec, encode_view_steps,
                             memory_order, replay_view_steps)
+from .node_values import set_value
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -128,8 +128,7 @@ def pin_rng_state_sizes(gm: fx.GraphModule) -> None:
             state = node
         else:
             continue
-        state.meta["val"] = _state_example()
-        state.meta["tensor_meta"] = _extract_tensor_metadata(state.meta["val"])
+        set_value(state, _state_example())
 
 
 def _drawn_from(draw: Callable[[], torch.Tensor], state: torch.Tensor) -> torch.Tensor:
@@ -179,9 +178,7 @@ def _new_placeholder(graph: fx.Graph, after: fx.Node | None, name: str, val) -> 
         ctx = graph.inserting_after(after)
     with ctx:
         node = graph.placeholder(name)
-    node.meta["val"] = val
-    # The FX importer types a placeholder from FakeTensor vals or from tensor_meta.
-    node.meta["tensor_meta"] = _extract_tensor_metadata(val)
+    set_value(node, val)
     return node
 
 
@@ -348,8 +345,7 @@ def _permuted(graph: fx.Graph, node: fx.Node, order: list, before: fx.Node) -> f
     """``node``'s value permuted to ``order``: its elements in eager's memory order."""
     with graph.inserting_before(before):
         permuted = graph.call_function(aten.permute.default, (node, order))
-    permuted.meta["val"] = node.meta["val"].permute(order)
-    permuted.meta["tensor_meta"] = _extract_tensor_metadata(permuted.meta["val"])
+    set_value(permuted, node.meta["val"].permute(order))
     return permuted
 
 

@@ -22,7 +22,8 @@ import operator
 
 import torch
 import torch.fx as fx
-from torch.fx.passes.shape_prop import _extract_tensor_metadata
+
+from .node_values import set_value
 
 aten = torch.ops.aten
 
@@ -127,12 +128,6 @@ class KeyDraw:
         return torch.zeros((self.count, 2), dtype=torch.int32)
 
 
-def _meta(node: fx.Node, val) -> None:
-    node.meta["val"] = val
-    if isinstance(val, torch.Tensor):
-        node.meta["tensor_meta"] = _extract_tensor_metadata(val)
-
-
 def rewrite(graph: fx.Graph, nodes: list, keys: fx.Node) -> None:
     """Replace each of ``nodes`` (``draws_on_device``) by a device draw keyed by row ``i`` of
     the placeholder ``keys`` (int32 [len(nodes), 2])."""
@@ -143,16 +138,16 @@ def rewrite(graph: fx.Graph, nodes: list, keys: fx.Node) -> None:
         like, val = node.args[0], node.meta["val"]
         with graph.inserting_before(node):
             key = graph.call_function(aten.select.int, (keys, 0, i))
-            _meta(key, key_val)
+            set_value(key, key_val)
             call = graph.call_function(kernels[kind].op, ([key, like],))
-            _meta(call, [val])
+            set_value(call, [val])
             drawn = graph.call_function(operator.getitem, (call, 0))
-            _meta(drawn, val)
+            set_value(drawn, val)
             if threshold is not None:  # bernoulli(p): 1 where U < p, in the input's dtype
                 below = graph.call_function(aten.lt.Scalar, (drawn, threshold))
-                _meta(below, torch.empty(val.shape, dtype=torch.bool))
+                set_value(below, torch.empty(val.shape, dtype=torch.bool))
                 drawn = graph.call_function(aten._to_copy.default, (below,),
                                             {"dtype": val.dtype})
-                _meta(drawn, val)
+                set_value(drawn, val)
         node.replace_all_uses_with(drawn)
         graph.erase_node(node)

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import torch
 import torch.fx as fx
-from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
 from .. import config
 from .index_checks import INDEX_CHECK, INDEX_CHECK_REAL
+from .node_values import set_value
 
 aten = torch.ops.aten
 _PASSES: list = []
@@ -599,9 +599,7 @@ def index_arithmetic_rounded_per_op(gm):
             # Its value and tensor_meta, as a placeholder needs them: a graph cut around an
             # eager fallback hands the constant to the next piece as an input, and an empty
             # tensor without tensor_meta failed torch-mlir's import ("Could not deduce type").
-            zeros[dtype].meta["val"] = torch.tensor(-0.0, dtype=dtype)
-            zeros[dtype].meta["tensor_meta"] = _extract_tensor_metadata(
-                zeros[dtype].meta["val"])
+            set_value(zeros[dtype], torch.tensor(-0.0, dtype=dtype))
         with gm.graph.inserting_after(node):
             rounded = gm.graph.call_function(aten.add.Tensor, (node, zeros[dtype]))
         rounded.meta = {**node.meta, _ROUNDING: True}
