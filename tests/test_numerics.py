@@ -323,3 +323,26 @@ def run_in(tmp_path, *args):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), ROOT]))
     return subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=300)
+
+
+class CompilesAnotherProgram(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.linear(x)
+        if torch.compiler.is_compiling():
+            h = h + 0.5
+        return torch.tanh(h)
+
+
+def test_locate_says_when_the_captured_program_is_not_eagers():
+    # A branch on is_compiling() makes Dynamo capture another program; no op of ours is wrong,
+    # yet the note blamed rounding that "builds up over many ops".
+    torch.manual_seed(0)
+    report = compare(CompilesAnotherProgram(), (torch.randn(4, 8),), reference="cpu",
+                     precision="highest", locate=True)
+    assert not report.passed and report.divergence is None
+    assert "already differ from eager in output" in report.locate_note, report.locate_note
+    assert "builds up" not in report.locate_note

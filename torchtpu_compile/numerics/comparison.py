@@ -73,7 +73,7 @@ def compare(model_or_fn, example_inputs, reference: str = "auto", precision: str
     if locate and not report.passed:
         from .locate import locate_divergence
         report.divergence, report.locate_note = locate_divergence(
-            model_or_fn, inputs, device, mode, train, cotangents)
+            model_or_fn, inputs, device, mode, train, cotangents, expected)
     return report
 
 

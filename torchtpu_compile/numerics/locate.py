@@ -77,10 +77,11 @@ class CapturedRun:
     args: list
 
 
-def capture(model_or_fn, inputs: tuple, train: bool, cotangents: dict) -> list:
+def capture(model_or_fn, inputs: tuple, train: bool, cotangents: dict) -> tuple:
     """Run the model through the torchtpu backend with a recording graph compiler.
 
-    Returns the CapturedRuns in the order the graphs ran (forward before backward).
+    Returns the CapturedRuns in the order the graphs ran (forward before backward), and the
+    result of that run: the captured program's, run by eager PyTorch on the CPU.
     """
     from .. import backend
 
@@ -114,11 +115,11 @@ def capture(model_or_fn, inputs: tuple, train: bool, cotangents: dict) -> list:
     # capture must see every graph being built.
     try:
         with config.patch(graph_cache=False):
-            side.run(torch.compile(side.fn, backend="torchtpu"), cotangents or None)
+            result, _ = side.run(torch.compile(side.fn, backend="torchtpu"), cotangents or None)
     finally:
         backend._compiler, backend._decompositions = saved
         torch._dynamo.reset()
-    return runs
+    return runs, result
 
 
 def _snapshot(value):
@@ -313,6 +314,22 @@ def module_path(node: fx.Node) -> str:
     return f"{path} ({getattr(cls, '__name__', cls)})"
 
 
+def _differing_values(captured, expected, precision: str) -> list:
+    """Names of the outputs, gradients and buffers where the captured program's own result
+    differs from eager's beyond tolerance ([] without ``expected``)."""
+    if expected is None:
+        return []
+    from .comparison import _check_group
+
+    differing = []
+    for group, shared_scale in (("outputs", False), ("grads", True), ("buffers", False)):
+        ours = {k: _on_host(v) for k, v in getattr(captured, group).items()}
+        theirs = {k: _on_host(v) for k, v in getattr(expected, group).items()}
+        differing += [c.name for c in _check_group(ours, theirs, precision, shared_scale)
+                      if not c.passed]
+    return differing
+
+
 def _on_host(value):
     return value.cpu() if isinstance(value, torch.Tensor) else value
 
@@ -332,9 +349,13 @@ def _signature(node: fx.Node) -> tuple:
 
 
 def locate_divergence(model_or_fn, inputs: tuple, device: torch.device, precision: str,
-                      train: bool, cotangents: dict):
-    """(the first Divergence or None, a one-line note on what was checked)."""
-    runs = capture(model_or_fn, inputs, train, cotangents)
+                      train: bool, cotangents: dict, expected=None):
+    """(the first Divergence or None, a one-line note on what was checked).
+
+    ``expected``, eager's result (``sides.Result``), lets the note tell a program that
+    Dynamo captured differently from eager's (no op of ours at fault) from rounding that
+    builds up."""
+    runs, captured = capture(model_or_fn, inputs, train, cotangents)
     if not runs:
         return None, "Dynamo gave torchtpu no graph to check"
     programs: dict = {}
@@ -357,8 +378,16 @@ def locate_divergence(model_or_fn, inputs: tuple, device: torch.device, precisio
         return ties[0], (f"checked {checked} ops in {len(runs)} graph runs: none diverges "
                          f"beyond tolerance on its own; {len(ties)} chose other elements "
                          f"among equal values than eager did")
-    note = (f"checked {checked} ops in {len(runs)} graph runs and none diverges beyond "
-            f"tolerance on its own: the difference builds up over many ops")
+    differing = _differing_values(captured, expected, precision)
+    if differing:
+        note = (f"checked {checked} ops in {len(runs)} graph runs and none diverges beyond "
+                f"tolerance on its own, but the captured graphs, run by eager PyTorch itself, "
+                f"already differ from eager in {', '.join(differing[:3])}: torch.compile "
+                f"captured another program than eager runs (a branch on "
+                f"torch.compiler.is_compiling(), or a value read once at trace time)")
+    else:
+        note = (f"checked {checked} ops in {len(runs)} graph runs and none diverges beyond "
+                f"tolerance on its own: the difference builds up over many ops")
     if skipped:
         note += f" (not checked: {dict(skipped)})"
     return None, note
