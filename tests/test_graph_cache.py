@@ -356,3 +356,34 @@ def test_a_given_collective_plan_is_passed_down_not_planned_again(isolated_cache
     assert lowering_cache.lower_graph_cached(gm, "cpu", "highest", collectives=plan) is lowered
     assert calls == [(gm, {"platform": "cpu", "precision": "highest", "collectives": plan})]
     assert counts("lowering")["hits"] == counts("lowering")["misses"] == 0
+
+
+# An output that is a view of another output made by linear on a 3-D input (its reshape is an
+# _unsafe_view): torch 2.13 pickles that view's replay with sizes read from freed memory, and
+# the entry rebuilt the output from them ("shape '[94250163632215, 4594155876129682724, 4]' is
+# invalid", or a segfault: fuzz seed 8141), in the process that wrote it and in the next.
+ALIAS_OF_LINEAR = textwrap.dedent("""\
+    import json, torch, torch.nn.functional as F
+    torch.set_float32_matmul_precision("highest")
+    def f(x, w):
+        y = F.linear(x, w)
+        z = y.unflatten(0, (1, -1))
+        p = F.pad(x, (2, -1))
+        return y, z, p, z.sum().float() + p.sum().float()
+    x = torch.tensor([[[-0.3249, 0.1486]], [[-0.522, 1.1598]], [[-0.9743, 1.4348]]])[..., ::2]
+    w = torch.tensor([[1.3192, 0.1907, 1.9894, 1.8243]]).t()
+    x.requires_grad_(), w.requires_grad_()
+    ours, want = torch.compile(f, backend="torchtpu")(x, w), f(x, w)
+    print(json.dumps({"same": all(a.shape == b.shape and torch.allclose(a, b)
+                                  for a, b in zip(ours, want))}))
+""")
+
+
+def test_an_output_viewing_a_linear_output_comes_back_from_the_cache(tmp_path):
+    env = python_env(TORCHTPU_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("TORCHTPU_GRAPH_CACHE", None)
+    for process in ("writes the entry", "loads it"):
+        proc = subprocess.run([sys.executable, "-c", ALIAS_OF_LINEAR], env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, (process, proc.returncode, proc.stderr[-2000:])
+        assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"same": True}, process

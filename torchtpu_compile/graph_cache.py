@@ -324,7 +324,8 @@ def scope(gm: torch.fx.GraphModule, example_inputs=()):
     outcomes = _torch_outcomes(torch_counters)
     with _scope_lock, torch._functorch.config.patch(
             bundled_autograd_cache=True, enable_autograd_cache=False,
-            enable_remote_autograd_cache=True, force_non_lazy_backward_lowering=True):
+            enable_remote_autograd_cache=True, force_non_lazy_backward_lowering=True), \
+            _view_replays_that_pickle():
         saved = {name: AOTAutogradCache.__dict__[name] for name in patched}
         try:
             for name, value in patched.items():
@@ -345,6 +346,43 @@ def scope(gm: torch.fx.GraphModule, example_inputs=()):
         _levels.count_event("bypasses")
         log.debug("aot_autograd cache bypassed for a graph (TORCH_LOGS=+torch._functorch "
                   "says why)")
+
+
+#: ViewMeta classes whose pickled form is not the view they replay. torch 2.13's
+#: ``_unsafe_view_ViewMeta`` (matmul's and linear's reshape of a 3-D result) keeps its size as a
+#: reference to memory freed after tracing: live, it replays right, but pickled it writes
+#: whatever that memory holds by then.
+_UNPICKLABLE_VIEW_METAS = ("_unsafe_view_ViewMeta",)
+
+
+@contextlib.contextmanager
+def _view_replays_that_pickle():
+    """Within the block, aot_autograd's metadata drops the view replay of an output aliasing
+    another (``OutputAliasInfo.view_meta_sequence``) where a step of it does not pickle.
+
+    A cached entry is the pickled metadata, and an entry written in one call is what runs.
+    ``f(x, w): y = linear(x, w); return y, y.unflatten(0, (1, -1))`` on a 3-D ``x`` rebuilt
+    its second output with sizes read from freed memory: "shape '[94250163632215,
+    4594155876129682724, 4]' is invalid", or a segfault (fuzz seed 8141). Without the replay,
+    aot_autograd rebuilds the alias from the output's recorded view of its base, as it does
+    for a replay with symbolic sizes (``ViewAndMutationMeta.make_runtime_safe``, where this
+    hooks in)."""
+    from torch._functorch._aot_autograd.schemas import ViewAndMutationMeta
+
+    original = ViewAndMutationMeta.make_runtime_safe
+
+    def make_runtime_safe(meta) -> None:
+        original(meta)
+        for i, info in enumerate(meta.output_info):
+            steps = info.view_meta_sequence.sequence if info.view_meta_sequence else ()
+            if any(type(step).__name__ in _UNPICKLABLE_VIEW_METAS for step in steps):
+                meta.output_info[i] = dataclasses.replace(info, view_meta_sequence=None)
+
+    ViewAndMutationMeta.make_runtime_safe = make_runtime_safe
+    try:
+        yield
+    finally:
+        ViewAndMutationMeta.make_runtime_safe = original
 
 
 def _torch_outcomes(torch_counters) -> tuple:
