@@ -63,6 +63,31 @@ def test_max_buckets_reuses_covering_bucket_then_grows():
         assert choose((3, 20), [(8, 8), (16, 16)]) == ((16, 32), True)
 
 
+def test_a_negative_int_argument_is_its_own_bucket_and_huge_sizes_round_exactly():
+    with config.patch(bucket_policy="pow2-128", bucket_min=8, max_buckets=3):
+        assert choose((-2, 5), []) == ((-2, 8), True)
+        assert choose((-3, 5), [(-2, 8), (0, 8)]) == ((-3, 8), True)   # -2 does not cover -3
+        assert choose((-3, 5), [(-2, 8), (0, 8), (-3, 16)]) == ((-3, 16), False)
+        assert choose((4, 20), [(-2, 8), (0, 8), (8, 8)]) == ((8, 32), True)
+    # a float's 53 bits rounded 2**53 + 1 down to a "bucket" below it (a ValueError)
+    assert bucket_size(2 ** 53 + 1, "pow2-128") == 2 ** 53 + 128
+
+
+@pytest.mark.parametrize("fn, values", [
+    (lambda x, s: (x * 1)[s], (2, -2, -1)),
+    (lambda x, s: (x * 1).select(1, s), (1, -2)),
+    (lambda x, s: (x * 1)[:, s:s + 2], (1, -3)),
+    (lambda x, s: x + s, (5, 2 ** 53 + 1, -2 ** 62 - 3)),
+], ids=["getitem", "select", "slice", "huge"])
+def test_a_dynamic_int_argument_at_any_sign_matches_eager(fn, values, fresh_dynamo):
+    # A negative index s passed as a Python int was bucketed like a size (to 8), so the
+    # program took x[-2] of an intermediate as x[0]; 2**53 + 1 raised in the bucket policy.
+    compiled = torch.compile(fn, backend="torchtpu", dynamic=True)
+    x = torch.arange(12).reshape(3, 4)
+    for s in values:
+        assert torch.equal(compiled(x, s), fn(x, s)), s
+
+
 # --- one rule at a time, against eager ---------------------------------------------------------
 
 def _row_sort(x):

@@ -716,7 +716,7 @@ def _holds_on_grid(check, symbols, pad_env: dict) -> bool:
     axes = []
     for symbol in symbols:
         bucket = pad_env.get(symbol)
-        if not isinstance(bucket, int):
+        if not isinstance(bucket, int) or bucket < 1:  # a negative int argument: no grid
             return False
         axes.append([n for n in range(1, bucket + 1) if _passes_guards(symbol, n)])
     if math.prod(len(axis) for axis in axes) > _GRID_POINTS:

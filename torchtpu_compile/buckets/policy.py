@@ -23,7 +23,8 @@ def _pow2(size: int, smallest: int) -> int:
 
 
 def _round_up(size: int, step: int) -> int:
-    return max(step, math.ceil(size / step) * step)
+    # integer division: a float's 53 bits rounded 2**53 + 1 down to a bucket below it
+    return max(step, -(-size // step) * step)
 
 
 def bucket_size(size: int, policy=None) -> int:
@@ -61,8 +62,27 @@ def bucket_size(size: int, policy=None) -> int:
     return bucket
 
 
+def bucket_of(value: int) -> int:
+    """The bucket slot for a dynamic int: ``bucket_size`` of a size, and a negative value (an
+    int argument such as an index, ``x[s]`` with ``s = -2``) itself. A negative index counts
+    from the end, so no other value can stand for it, and its sign decides the program
+    Dynamo traced (it guards the sign).
+
+    Example::
+
+        >>> bucket_of(5), bucket_of(-2)
+        (8, -2)
+    """
+    return value if value < 0 else bucket_size(value)
+
+
+def next_bucket(slot: int) -> int:
+    """The bucket after ``slot`` (a negative slot is one value: itself)."""
+    return slot if slot < 0 else bucket_size(slot + 1)
+
+
 def _covers(key: tuple, sizes: tuple) -> bool:
-    return all(k >= s for k, s in zip(key, sizes))
+    return all(k == s if s < 0 else k >= s for k, s in zip(key, sizes))
 
 
 def _volume(key: tuple) -> int:
@@ -82,7 +102,7 @@ def choose(sizes: tuple, existing) -> tuple[tuple, bool]:
         >>> choose((100,), [])
         ((128,), True)
     """
-    canonical = tuple(bucket_size(s) for s in sizes)
+    canonical = tuple(bucket_of(s) for s in sizes)
     existing = list(existing)
     if canonical in existing:
         return canonical, False
@@ -92,6 +112,6 @@ def choose(sizes: tuple, existing) -> tuple[tuple, bool]:
         return canonical, True
     if covering:
         return min(covering, key=_volume), False
-    high_water = tuple(max(c, *(k[i] for k in existing)) if existing else c
+    high_water = tuple(c if c < 0 else max(c, *(k[i] for k in existing if k[i] >= 0))
                        for i, c in enumerate(canonical))
     return high_water, True

@@ -685,7 +685,13 @@ def select(ctx, node, x, dim, index):
         return Padded(aten.select.int(x.tensor, dim, index), layout)
     _prefix_dim(x, dim, "select")
     in_expr = sym_expr(node.args[0].meta["val"].shape[dim])
-    real = index.real if isinstance(index, Size) else evaluate(in_expr, ctx.real_env) + index
+    if isinstance(index, Size):
+        # a dynamic index's slot is its value where it is negative (policy.bucket_of): it
+        # counts from the real end, as eager's does; a gather at -2 picked row 0
+        real = index.real if index.pad >= 0 else \
+            aten.add.Tensor(_as_tensor(evaluate(in_expr, ctx.real_env)), index.real)
+    else:
+        real = evaluate(in_expr, ctx.real_env) + index
     picked = gather_along(x.tensor, dim, aten.view.default(_as_tensor(real), [1]))
     return Padded(aten.squeeze.dim(picked, dim), layout)
 

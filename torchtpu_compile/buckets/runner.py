@@ -29,7 +29,7 @@ from .layout import (DimsDiffer, NotPaddable, canonical_factors, has_padding, ou
                      pad_plan, pad_with)
 from .background import compile_ahead
 from .kept_padding import KeptPadding, handed_back
-from .policy import bucket_size, choose
+from .policy import choose, next_bucket
 from .trace import analyze, trace_bucket
 from .write_back import outputs_written, write_plans
 
@@ -218,7 +218,7 @@ class BucketedGraph:
         """Build the bucket after ``key`` (each size's next canonical bucket), its XLA compile
         in the background (background.py), if the graph has room for it below
         ``config.max_buckets`` (whose last slot stays for the bucket covering every size)."""
-        ahead = tuple(bucket_size(k + 1) for k in key)
+        ahead = tuple(next_bucket(k) for k in key)
         if buckets + 1 >= int(config.max_buckets) or (precision, ahead) in self._programs:
             return
         def build(gm, precision, label, resident):
