@@ -441,6 +441,35 @@ def test_overlapping_inputs_are_traced_in_every_process(tmp_path):
     assert [run["loaded"] for run in runs] == [0, 0, 0]
 
 
+HOOKS_SCRIPT = textwrap.dedent("""\
+    import json, sys, torch, torch.nn as nn, torchtpu_compile
+    torch.set_float32_matmul_precision("highest")
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(3, 3), nn.Tanh(), nn.Linear(3, 2))
+    x, case = torch.ones(1, 3), sys.argv[1]
+    if case == "forward hook": m.register_forward_hook(lambda mod, a, o: o * 10)
+    if case == "pre hook": m.register_forward_pre_hook(lambda mod, a: (a[0] * 3,))
+    if case == "submodule hook": m[1].register_forward_hook(lambda mod, a, o: o + 1)
+    if case == "global hook":
+        nn.modules.module.register_module_forward_hook(
+            lambda mod, a, o: o * 2 if isinstance(mod, nn.Tanh) else o)
+    out = torch.compile(m, backend="torchtpu")(x)
+    counts = torchtpu_compile.stats()["caches"]["dynamo"]["all"]
+    print(json.dumps({"same": torch.allclose(out, m(x)), "loaded": counts["frames_loaded"]}))
+""")
+
+
+@pytest.mark.parametrize("case", ["forward hook", "pre hook", "submodule hook", "global hook"])
+def test_a_module_hooked_in_this_process_is_not_served_an_unhooked_entry(tmp_path, case):
+    # Dynamo does not guard a module's empty hook dicts by default (and, when asked to, reads
+    # their length live): a process that registered a hook loaded the entry of one that had
+    # not, and the hook never ran (the output 10x off).
+    first, again, hooked = (json.loads(_script_output(tmp_path, "hooks.py", HOOKS_SCRIPT, how))
+                            for how in ("none", "none", case))
+    assert first["same"] and again["same"] and again["loaded"] == 1, (first, again)
+    assert hooked == {"same": True, "loaded": 0}, hooked
+
+
 DESCRIPTOR_SCRIPT = textwrap.dedent("""\
     import json, sys, torch, torchtpu_compile
     class Act(torch.nn.Module):

@@ -260,6 +260,10 @@ _FINGERPRINTS = {
     "CONSTANT_MATCH": _describe, "EQUALS_MATCH": _describe,
     "TENSOR_MATCH": _tensor,
     "SEQUENCE_LENGTH": lambda v: ("len", type(v).__name__, len(v)),
+    # A module's hook dict, empty when traced. Dynamo's builder emits its length check only
+    # under skip_nnmodule_hook_guards=False, and then reads the length live: either way a
+    # process whose module has a hook loaded an entry traced without it (the hook ignored).
+    "EMPTY_NN_MODULE_HOOKS_DICT": lambda v: ("len", type(v).__name__, len(v)),
     "DICT_KEYS_MATCH": lambda v: ("keys", tuple(_describe(k) for k in v.keys())),
     "AUTOGRAD_SAVED_TENSORS_HOOKS": _saved_tensors_hooks,
 }
@@ -270,8 +274,15 @@ _SELF_CONTAINED = frozenset({
     "GRAD_MODE", "DETERMINISTIC_ALGORITHMS", "FSDP_TRAINING_STATE", "GLOBAL_STATE",
     "TORCH_FUNCTION_STATE", "DEFAULT_DEVICE", "DUPLICATE_INPUT", "NO_TENSOR_ALIASING",
     "NOT_PRESENT_IN_GENERIC_DICT", "DICT_CONTAINS", "DICT_NOT_CONTAINS",
-    "EMPTY_NN_MODULE_HOOKS_DICT",
 })
+
+
+def _global_module_hooks() -> dict:
+    """id -> name of torch.nn's global hook dicts (``register_module_forward_hook``, ...)."""
+    from torch.nn.modules import module
+    return {id(value): name for name, value in vars(module).items()
+            if name.startswith("_global_") and name.endswith("hooks") and
+            isinstance(value, dict)}
 
 
 def _guard_scope(local_scope: dict, global_scope: dict) -> dict:
@@ -305,6 +316,12 @@ def _fingerprint(guard, scope: dict, value_cache: dict):
         value = _guard_value(guard, scope, value_cache)
     except Exception as exc:  # a source that no longer resolves: not the same program
         raise Unportable(f"{kind} guard on {guard.name} does not resolve: {exc}") from exc
+    if id(value) in _global_module_hooks():
+        # Dynamo guards torch.nn's global hook dicts by type only: their hooks, run by every
+        # module call, must be the ones the entry was traced with
+        if value:
+            raise Unportable("global module hooks are registered")
+        return (*fingerprint(value), "no global hooks")
     return fingerprint(value)
 
 
