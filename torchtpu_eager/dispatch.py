@@ -1174,6 +1174,18 @@ handles(aten._linalg_check_errors.default, aten._assert_async.default,
         aten._assert_async.msg)(run_host_value)
 
 
+@handles(aten._linalg_det.default, aten._linalg_slogdet.default)
+def determinant(func, args, kwargs):
+    # The LU these return beside the value is eager's: of A.mT where A is contiguous, else of
+    # A, the convention their backward solves in. The op's program sees A's value dense
+    # (contiguous), so a non-contiguous A runs as its transpose: the same determinant, and
+    # the LU of A itself (its gradient came back transposed).
+    a = args[0]
+    if not a.is_contiguous() and not a.is_complex():  # complex: eager's LU is A's anyway
+        a = a.mT
+    return run_op(func, (a, *args[1:]), kwargs)
+
+
 @handles(aten.one_hot.default)
 def one_hot(func, args, kwargs):
     # Reached whole in inference mode only; elsewhere kernels.one_hot_checked runs above

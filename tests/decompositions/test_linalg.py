@@ -154,6 +154,32 @@ def test_lu_determinants_inverse_and_solves_through_jax():
         rtol=1e-4, atol=1e-4)
 
 
+def _det_gradients(a):
+    a = a.detach().requires_grad_()
+    sign, logabsdet = torch.linalg.slogdet(a)
+    det = torch.linalg.det(a)
+    weights = torch.arange(1.0, det.numel() + 1, device=a.device).reshape(det.shape)
+    grads = torch.autograd.grad(((det + sign * logabsdet) * weights).sum(), a)
+    return det.detach(), logabsdet.detach(), grads[0], torch._linalg_det(a.detach())[1]
+
+
+@pytest.mark.parametrize("path", ["compile", "strict", "defer_and_fuse"])
+def test_determinant_gradients_of_any_layout_match_eager(path):
+    # det and slogdet return an LU that their backward solves with: eager's is of A.mT where
+    # A is contiguous. Ours was of A, so every contiguous matrix got its gradient transposed
+    # (and, on the tpu device, whose programs see values dense, every transposed one too).
+    square = randn(3, 3)
+    inputs = [square, square.t(), randn(2, 4, 4, seed=1), randn(2, 4, 4, seed=2).mT]
+    for a in inputs:
+        want = _det_gradients(a)
+        if path == "compile":
+            got = compile_tpu(_det_gradients)(a)
+        else:
+            with eager_mode(path), config.patch(strict=True, matmul_precision="highest"):
+                got = [t.cpu() for t in _det_gradients(a.to("tpu"))]
+        torch.testing.assert_close(got, list(want), rtol=1e-4, atol=1e-4)
+
+
 def test_svd_qr_and_lu_unpacking_through_jax():
     a = randn(3, 5, 4)
     linalg = torch.linalg

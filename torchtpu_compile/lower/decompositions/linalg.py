@@ -321,11 +321,19 @@ def linalg_lu_factor_ex(a, *, pivot=True, check_errors=False):
     return _lu(a)
 
 
+def _det_lu(a):
+    """The LU eager's det and slogdet return beside their value: of ``a.mT`` where ``a`` is
+    contiguous (LAPACK wants columns; det(A^T) = det(A)), else of ``a``. Their backward
+    solves with it in that convention: the LU of ``a`` gave every contiguous matrix the
+    transpose of its gradient."""
+    return _lu(a.mT if a.is_contiguous() else a)
+
+
 @decomposition(aten._linalg_det.default)
 def linalg_det(a):
     if not _is_real_float(a):
         return NotImplemented
-    lu, pivots, _ = _lu(a)
+    lu, pivots, _ = _det_lu(a)
     diagonal = torch.diagonal(lu, dim1=-2, dim2=-1)
     return diagonal.prod(-1) * _pivot_sign(pivots, a.dtype), lu, pivots
 
@@ -334,7 +342,7 @@ def linalg_det(a):
 def linalg_slogdet(a):
     if not _is_real_float(a):
         return NotImplemented
-    lu, pivots, _ = _lu(a)
+    lu, pivots, _ = _det_lu(a)
     diagonal = torch.diagonal(lu, dim1=-2, dim2=-1)
     sign = torch.sign(diagonal).prod(-1) * _pivot_sign(pivots, a.dtype)
     return sign, diagonal.abs().log().sum(-1), lu, pivots
