@@ -598,3 +598,14 @@ def test_where_of_a_value_and_its_view_broadcasts_them(path, tmp_path):
     actual = run_on_path(path, fn, x, y, tmp_dir=tmp_path)
     for a, e in zip(actual, fn(x, y)):
         assert a.dtype == e.dtype and torch.equal(a, e), (a, e)
+
+
+def test_rrelu_in_eval_mode_has_eagers_gradient():
+    # torch-mlir's lowering of rrelu_with_noise_backward (eval mode) gave grad + x * slope
+    # for negative x: F.rrelu(training=False)'s gradient was 0.6 where eager's is 0.2.
+    def grad_of_rrelu(x, g):
+        out = torch.nn.functional.rrelu(x, 0.1, 0.3, training=False)
+        return out.detach(), torch.autograd.grad(out, x, g)[0]
+    x = torch.tensor([-2.0, -1.0, -0.0, 1.0, 2.0], requires_grad=True)
+    g = torch.tensor([1.0, 10, 7, 100, 1000])
+    check_on_both_paths(grad_of_rrelu, x, g)

@@ -315,6 +315,25 @@ def relu(x):
     return torch.where(x < 0, 0, x)
 
 
+@decomposition(aten.rrelu_with_noise_functional.default)
+def rrelu_with_noise_functional(x, noise, lower=0.125, upper=1 / 3, training=False,
+                                generator=None):
+    # Eval mode draws nothing: leaky_relu at the mean slope, the noise untouched (it ran on
+    # the host as a random op, and refused under TORCHTPU_STRICT=1).
+    if training:
+        return NotImplemented
+    return aten.leaky_relu.default(x, (lower + upper) / 2), noise.clone()
+
+
+@decomposition(aten.rrelu_with_noise_backward.default)
+def rrelu_with_noise_backward(grad, x, noise, lower, upper, training, self_is_result):
+    # Eager's kernel. torch-mlir's own lowering of eval mode gave grad + x * slope for
+    # negative inputs (F.rrelu(training=False)'s gradient: 0.6 where eager gives 0.2).
+    if training:
+        return grad * noise
+    return aten.leaky_relu_backward(grad, x, (lower + upper) / 2, self_is_result)
+
+
 @decomposition(aten.erf.default)
 def erf(x):
     # As reciprocal: floats only in torch-mlir (erfc is 1 - erf).
