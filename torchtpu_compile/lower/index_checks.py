@@ -9,7 +9,8 @@ raises. A program cannot raise on a data value, so the check leaves it as an out
    size. Registered per op with ``@index_rule``. Indexing that decompositions build themselves
    (upsampling's ``_unsafe_index``, the scatter inside ``index_put``) is in range by
    construction, and backward formulas index with the forward op's indices, checked there:
-   neither is marked, neither costs anything.
+   neither is marked, neither costs anything. The user's own backward code (an
+   ``autograd.Function``'s backward, a tensor hook) is marked: its indices are new.
 2. ``calling_convention.prepare`` calls ``lower_marks``: each mark is replaced by its index, and
    a few ops computing (1, the first index out of range) or (0, 0) are added; the pairs of a
    graph are stacked into one extra program output, recorded as an ``OutputSlot("check")``.
@@ -27,6 +28,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
+import sys
 import threading
 
 import torch
@@ -356,11 +359,39 @@ def _called_by_user() -> bool:
     op's decomposition (whose indices are in range by construction) nor, in a whole graph, by a
     backward formula (whose indices are the forward op's, checked there)."""
     mode = getattr(_marking, "mode", None)
-    if mode == "off" or (mode != "ops" and torch._C._current_autograd_node() is not None):
+    if mode == "off":
+        return False
+    node = torch._C._current_autograd_node()
+    if mode != "ops" and node is not None and not _user_code_in_backward(node):
         return False
     from torch.fx.experimental.proxy_tensor import get_proxy_mode
     proxy = get_proxy_mode()
     return proxy is None or getattr(proxy, "decomp_layers", 0) <= 1
+
+
+_LIBRARY_DIRS = (os.path.dirname(torch.__file__) + os.sep,
+                 os.path.dirname(os.path.dirname(os.path.dirname(__file__))) + os.sep)
+
+
+def _user_code_in_backward(node) -> bool:
+    """Whether the user's own code calls the op being decomposed in a backward (under autograd
+    ``node``): an ``autograd.Function``'s backward (Dynamo hands it over as a graph, run by
+    torch's code) or a tensor hook. Its indices are new, checked nowhere else: an index out
+    of range there gave gradients from clamped indices. A backward formula is C++ under a
+    node of its own; torch's and our Python are libraries."""
+    from torch.autograd.function import BackwardCFunction
+    from torch.autograd.graph import _engine_run_backward
+    if isinstance(node, BackwardCFunction):
+        return True
+    frame = sys._getframe(2)
+    while frame is not None:
+        code = frame.f_code
+        if code is _engine_run_backward.__code__:
+            return False
+        if not code.co_filename.startswith(_LIBRARY_DIRS + ("<frozen ", "<string>")):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _checked(op, rule, inner):
