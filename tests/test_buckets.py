@@ -88,6 +88,18 @@ def test_a_dynamic_int_argument_at_any_sign_matches_eager(fn, values, fresh_dyna
         assert torch.equal(compiled(x, s), fn(x, s)), s
 
 
+@pytest.mark.parametrize("other", [torch.zeros(0), torch.zeros(0, dtype=torch.float64)],
+                         ids=["float32", "float64"])
+def test_cat_with_an_empty_part_of_another_dtype_promotes_as_eager(other, fresh_dynamo):
+    # cat skips a 1-d empty part, but eager still promotes to its dtype: the rule dropped it
+    # first, and cat(int64, empty float32) came back int64.
+    compiled = torch.compile(lambda a, b: torch.cat([a, b]), backend="torchtpu", dynamic=True)
+    for n in (3, 5):
+        a = torch.arange(2 * n).reshape(2, n)
+        got, want = compiled(a, other), torch.cat([a, other])
+        assert got.dtype == want.dtype and torch.equal(got, want)
+
+
 # --- one rule at a time, against eager ---------------------------------------------------------
 
 def _row_sort(x):

@@ -699,7 +699,11 @@ def select(ctx, node, x, dim, index):
 @padding_rule(aten.cat.default)
 def cat(ctx, node, tensors, dim=0):
     # cat skips 1-d empty tensors (a cache before its first write) whatever their rank
-    kept = [(t, [sym_expr(s) for s in n.meta["val"].shape])
+    # ... but not their dtype: cat(int64, empty float32) is float32
+    dtype = node.meta["val"].dtype
+    kept = [(t if t.tensor.dtype == dtype else
+             Padded(aten._to_copy.default(t.tensor, dtype=dtype), t.layout),
+             [sym_expr(s) for s in n.meta["val"].shape])
             for t, n in zip(tensors, node.args[0])
             if not (t.tensor.dim() == 1 and t.tensor.shape[0] == 0)]
     parts = [t for t, _ in kept]
