@@ -45,6 +45,26 @@ def test_parameters_keep_their_identity_both_ways():
     assert model.embed.weight is weight is model.head.weight and weight.device.type == "cpu"
 
 
+def test_parameters_keep_their_attributes_and_hooks_both_ways():
+    # The swap that keeps a Parameter object swapped its Python attributes and its tensor
+    # hooks out with the old tensor: on CUDA (param.data = ...) both stay.
+    results = {}
+    for device in ("cpu", "tpu"):
+        linear, fired = torch.nn.Linear(3, 2), []
+        linear.weight.sharded = True
+        linear.weight.register_hook(lambda grad, fired=fired: fired.append("hook") or grad * 2)
+        linear.weight.register_post_accumulate_grad_hook(
+            lambda p, fired=fired: fired.append("post"))
+        linear.to(device)
+        linear(torch.ones(1, 3, device=device)).sum().backward()
+        linear.cpu()
+        linear(torch.ones(1, 3)).sum().backward()
+        results[device] = (getattr(linear.weight, "sharded", None), fired,
+                           linear.weight.grad.cpu())
+    assert results["tpu"][:2] == results["cpu"][:2] == (True, ["hook", "post"] * 2)
+    torch.testing.assert_close(results["tpu"][2], results["cpu"][2])
+
+
 def test_cpu_conversions_are_untouched():
     model = Tied()
     assert not torch.__future__.get_swap_module_params_on_conversion()

@@ -174,8 +174,31 @@ def _convert(original, self, args, kwargs):
                   "ones. Move the model before the forward pass or after backward",
                   type(self).__name__, blocked)
         return original(self, *args, **kwargs)
+    kept = _attributes_and_hooks(self)
     with _swapping():
-        return original(self, *args, **kwargs)
+        converted = original(self, *args, **kwargs)
+    _restore(kept)
+    return converted
+
+
+def _attributes_and_hooks(module: torch.nn.Module) -> list:
+    """Each parameter's Python attributes and tensor hooks: ``swap_tensors`` swaps them out
+    with the old tensor, where CUDA's ``param.data = ...`` keeps both (a flag an optimizer or
+    a sharding library set on a weight, a gradient hook registered before the move)."""
+    return [(p, dict(p.__dict__), p._backward_hooks, p._post_accumulate_grad_hooks)
+            for p in module.parameters()]
+
+
+def _restore(kept: list) -> None:
+    for param, attributes, hooks, post_hooks in kept:
+        for name, value in attributes.items():
+            param.__dict__.setdefault(name, value)
+        # set again even where the attribute reads back: that registers them with the new
+        # tensor's autograd record, which the swap left without them
+        if hooks:
+            param._backward_hooks = hooks
+        if post_hooks:
+            param._post_accumulate_grad_hooks = post_hooks
 
 
 def _target(original, args, kwargs) -> torch.device | None:
