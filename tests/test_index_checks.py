@@ -535,3 +535,19 @@ def test_an_index_into_a_tensor_with_no_element_is_checked_as_eager_checks_it(na
         finally:
             torch.tpu.set_eager_mode(previous)
     _assert_same_outcome(actual, expected)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda a, s: a // s, lambda a, s: a % s, lambda a, s: torch.fmod(a, s),
+    lambda a, s: torch.div(a, s, rounding_mode="trunc")], ids=["//", "%", "fmod", "trunc"])
+def test_a_dynamic_int_divisor_of_zero_raises_as_eager(fn, fresh_dynamo):
+    # Under dynamic=True a Python int divisor is a symbol, left unchecked: a // 0 gave -1.
+    compiled = compile_tpu(fn, dynamic=True)
+    a = torch.tensor([7, -8], dtype=torch.int32)
+    for s in (2, -3):
+        got, want = compiled(a, s), fn(a, s)
+        assert got.dtype == want.dtype and torch.equal(got, want)
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        fn(a, 0)
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        compiled(a, 0)

@@ -269,29 +269,35 @@ def _nll_loss(x, target, weight, reduction, ignore_index):
             reduction, ignore_index)
 
 
-def _mark_divisor(x, divisor, op: str):
-    """An integer division's tensor ``divisor`` marked, for eager's error on a zero; a number
-    that is zero raises at once (eager: "ZeroDivisionError"). A dividend with no element
-    divides nothing: eager's kernel raises for no divisor then (fuzz seed 5313)."""
+def _mark_divisor(x, divisor, op: str) -> tuple:
+    """(dividend, divisor) of an integer division, the divisor marked for eager's error on a
+    zero; a number that is zero raises at once (eager: "ZeroDivisionError"). A dividend with
+    no element divides nothing: eager's kernel raises for no divisor then (fuzz seed 5313)."""
     dtype = torch.result_type(x, divisor)
     if dtype.is_floating_point or dtype.is_complex:
-        return divisor  # IEEE division: inf or nan, no error
+        return x, divisor  # IEEE division: inf or nan, no error
     if isinstance(x, torch.Tensor) and _has_empty_dim(x):
-        return divisor
+        return x, divisor
+    if isinstance(divisor, torch.SymInt):
+        # A dynamic int (``a // s`` under dynamic=True) stays a number for the op, and is
+        # checked as a tensor tied into the dividend (+ 0 * it, which XLA folds away);
+        # comparing the number itself would specialize the graph. It went unchecked: x // 0
+        # gave -1 where eager raises.
+        mark = index_check(torch.scalar_tensor(divisor, dtype=torch.int64), 0, 0, False, op)
+        return x + mark * 0, divisor
     if not isinstance(divisor, torch.Tensor):
-        # A symbolic size is left unchecked: comparing it would specialize the graph.
         if isinstance(divisor, (bool, int, float)) and divisor == 0:
             raise RuntimeError("ZeroDivisionError")
-        return divisor
+        return x, divisor
     if divisor.numel() == 0:
-        return divisor
-    return index_check(divisor, 0, 0, False, op)
+        return x, divisor
+    return x, index_check(divisor, 0, 0, False, op)
 
 
 def _divisor_rule(name: str):
     """The rule of an op taking (dividend, divisor)."""
     def rule(x, divisor):
-        return (x, _mark_divisor(x, divisor, name))
+        return _mark_divisor(x, divisor, name)
     return rule
 
 
@@ -304,7 +310,7 @@ index_rule(aten.fmod.Tensor, aten.fmod.Scalar)(_divisor_rule("aten.fmod"))
 @index_rule(aten.div.Tensor_mode, aten.div.Scalar_mode, keywords=True)
 def _div_mode(x, divisor, rounding_mode=None):
     if rounding_mode is not None:  # None: true division, a float result for integers too
-        divisor = _mark_divisor(x, divisor, "aten.div")
+        x, divisor = _mark_divisor(x, divisor, "aten.div")
     return (x, divisor)
 
 
