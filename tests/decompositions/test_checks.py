@@ -215,6 +215,34 @@ REFUSED = {
     "as_strided_scatter beyond the input": (
         lambda x, s: torch.as_strided_scatter(x, s, [2, 2], [200, 200], 0),
         lambda: (torch.zeros(4, 4), torch.ones(2, 2))),
+    # Operands of other dtypes eager's kernels refuse, which a trace promoted (a real
+    # DDPM script with a float64 model and a float32 time embedding ran on).
+    "linear of a bf16 weight and bias on a float32 input": (
+        torch.nn.functional.linear,
+        lambda: (torch.randn(2, 4), torch.randn(3, 4).bfloat16(), torch.randn(3).bfloat16())),
+    "addmm of a float64 bias": (
+        torch.addmm, lambda: (torch.randn(3).double(), torch.randn(2, 4), torch.randn(4, 3))),
+    "layer_norm of float64 parameters on a float32 input": (
+        lambda x, w, b: torch.nn.functional.layer_norm(x, (4,), w, b),
+        lambda: (torch.randn(2, 4), torch.ones(4).double(), torch.zeros(4).double())),
+    "layer_norm of bf16 parameters on a float32 input": (
+        lambda x, w, b: torch.nn.functional.layer_norm(x, (4,), w, b),
+        lambda: (torch.randn(2, 4), torch.ones(4).bfloat16(), torch.zeros(4).bfloat16())),
+    "layer_norm of float32 parameters on a float64 input": (
+        lambda x, w, b: torch.nn.functional.layer_norm(x, (4,), w, b),
+        lambda: (torch.randn(2, 4).double(), torch.ones(4), torch.zeros(4))),
+    "layer_norm of a bf16 weight and a float32 bias on a bf16 input": (
+        lambda x, w, b: torch.nn.functional.layer_norm(x, (4,), w, b),
+        lambda: (torch.randn(2, 4).bfloat16(), torch.ones(4).bfloat16(), torch.zeros(4))),
+    "group_norm of float64 parameters on a float32 input": (
+        lambda x, w, b: torch.nn.functional.group_norm(x, 2, w, b),
+        lambda: (torch.randn(2, 4, 3), torch.ones(4).double(), torch.zeros(4).double())),
+    "index_copy of a bf16 source": (
+        lambda x, i, s: x.index_copy(0, i, s),
+        lambda: (torch.zeros(3, 4), torch.tensor([0, 2]), torch.ones(2, 4).bfloat16())),
+    "index_put of bf16 values": (
+        lambda x, i, v: x.index_put((i,), v, accumulate=True),
+        lambda: (torch.zeros(3, 4), torch.tensor([0, 2]), torch.ones(2, 4).bfloat16())),
 }
 ACCEPTED = {
     "index_add along dim 1": (lambda x, i, s: torch.index_add(x, 1, i, s),
@@ -225,6 +253,12 @@ ACCEPTED = {
     "as_strided_scatter within the input": (
         lambda x, s: torch.as_strided_scatter(x, s, [2, 2], [4, 1], 10),
         lambda: (torch.zeros(4, 4), torch.ones(2, 2))),
+    "layer_norm of float32 parameters on a bf16 input": (
+        lambda x, w, b: torch.nn.functional.layer_norm(x, (4,), w, b),
+        lambda: (torch.randn(2, 4).bfloat16(), torch.ones(4), torch.zeros(4))),
+    "group_norm of float32 parameters on a half input": (
+        lambda x, w, b: torch.nn.functional.group_norm(x, 2, w, b),
+        lambda: (torch.randn(2, 4, 3).half(), torch.ones(4), torch.zeros(4))),
     "nll_loss with a weight of its dtype": (
         lambda x, t, w: torch.nn.functional.nll_loss(x, t, weight=w),
         lambda: (torch.randn(3, 4), torch.tensor([0, 1, 2]), torch.rand(4))),

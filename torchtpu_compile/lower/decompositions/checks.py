@@ -141,7 +141,19 @@ for _op in (aten.var.correction, aten.std.correction, aten.var_mean.correction,
     checked_first(_op)(_correction_at_most_count(_op))
 
 
-@checked_first(aten.index_copy.default, aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
+@checked_first(aten.index_copy.default)
+def _index_copy(x, dim, index, source):
+    # Eager's kernel refuses a source of another dtype; traced, it was converted (a bf16 key
+    # written into a float32 KV cache).
+    if x.dtype != source.dtype:
+        raise invalid_input(RuntimeError, f"index_copy_(): self and source expected to have "
+                                          f"the same dtype, but got (self) "
+                                          f"{_type_name(x.dtype)} and (source) "
+                                          f"{_type_name(source.dtype)}")
+    return _index_into_an_empty_dim(x, dim, index, source)
+
+
+@checked_first(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
 def _index_into_an_empty_dim(x, dim, index, *rest):
     # Eager's kernels write through ``x`` restrided to the index's length along ``dim``
     # (stride 0) over a fresh, empty storage: any index into an empty ``dim`` fails there,
@@ -299,4 +311,60 @@ def _as_strided_scatter_beyond_the_input(x, src, size, stride, storage_offset=No
                                           f"itemsize {item} requiring a storage size of "
                                           f"{needed * item} are out of bounds for storage of "
                                           f"size {x.numel() * item}")
+    return None
+
+
+@checked_first(aten.index_put.default, aten._unsafe_index_put.default)
+def _index_put_of_another_dtype(x, indices, values, accumulate=False):
+    # As index_copy: eager's index_put refuses values of another dtype; traced, converted.
+    if x.dtype != values.dtype:
+        raise invalid_input(RuntimeError, f"Index put requires the source and destination "
+                                          f"dtypes match, got {_type_name(x.dtype)} for the "
+                                          f"destination and {_type_name(values.dtype)} for "
+                                          f"the source.")
+    return None
+
+
+@checked_first(aten.addmm.default)
+def _addmm_of_mixed_dtypes(bias, mat1, mat2, *, beta=1, alpha=1):
+    # Eager's CPU kernel (F.linear with a bias) refuses operands of other dtypes; traced, they
+    # were promoted. mm and F.linear without a bias raise already, from their meta functions.
+    for name, t in (("self", bias), ("mat1", mat1)):
+        if t.dtype != mat2.dtype:
+            raise invalid_input(RuntimeError, f"{name} and mat2 must have the same dtype, but "
+                                              f"got {_type_name(t.dtype)} and "
+                                              f"{_type_name(mat2.dtype)}")
+    return None
+
+
+def _norm_parameters_of_another_dtype(x, weight, bias) -> None:
+    """Eager's CPU rule for a norm's weight and bias: of the input's dtype, or float32 ones
+    for a bf16 or half input ("mixed dtype"); traced, any were promoted."""
+    parameters = [p for p in (weight, bias) if p is not None]
+    if not parameters:
+        return
+    if parameters[0].dtype != x.dtype:
+        for p in parameters:
+            if p.dtype != torch.float32:
+                raise invalid_input(RuntimeError, "mixed dtype (CPU): expect parameter to have "
+                                                  "scalar type of Float")
+        if x.dtype not in (torch.bfloat16, torch.float16):
+            raise invalid_input(RuntimeError, "mixed dtype (CPU): all inputs must share same "
+                                              "datatype.")
+        return
+    for p in parameters:
+        if p.dtype != x.dtype:
+            raise invalid_input(RuntimeError, f"expected scalar type {_type_name(x.dtype)} but "
+                                              f"found {_type_name(p.dtype)}")
+
+
+@checked_first(aten.native_layer_norm.default)
+def _layer_norm_parameters(x, normalized_shape, weight, bias, eps):
+    _norm_parameters_of_another_dtype(x, weight, bias)
+    return None
+
+
+@checked_first(aten.native_group_norm.default)
+def _group_norm_parameters(x, weight, bias, n, c, hxw, group, eps):
+    _norm_parameters_of_another_dtype(x, weight, bias)
     return None
