@@ -240,6 +240,13 @@ REFUSED = {
     "index_copy of a bf16 source": (
         lambda x, i, s: x.index_copy(0, i, s),
         lambda: (torch.zeros(3, 4), torch.tensor([0, 2]), torch.ones(2, 4).bfloat16())),
+    "full_like of int8 with 300": (
+        lambda x: torch.full_like(x, 300), lambda: (torch.zeros(3, dtype=torch.int8),)),
+    "full_like of half with 1e5": (
+        lambda x: torch.full_like(x, 1e5), lambda: (torch.zeros(3, dtype=torch.half),)),
+    "masked_fill of int8 with 300": (
+        lambda x, m: x.masked_fill(m, 300),
+        lambda: (torch.zeros(3, dtype=torch.int8), torch.tensor([True, False, True]))),
     "index_put of bf16 values": (
         lambda x, i, v: x.index_put((i,), v, accumulate=True),
         lambda: (torch.zeros(3, 4), torch.tensor([0, 2]), torch.ones(2, 4).bfloat16())),
@@ -253,6 +260,9 @@ ACCEPTED = {
     "as_strided_scatter within the input": (
         lambda x, s: torch.as_strided_scatter(x, s, [2, 2], [4, 1], 10),
         lambda: (torch.zeros(4, 4), torch.ones(2, 2))),
+    "masked_fill of uint8 with -1 (wraps, as c10 allows)": (
+        lambda x, m: x.masked_fill(m, -1),
+        lambda: (torch.zeros(3, dtype=torch.uint8), torch.tensor([True, False, True]))),
     "layer_norm of float32 parameters on a bf16 input": (
         lambda x, w, b: torch.nn.functional.layer_norm(x, (4,), w, b),
         lambda: (torch.randn(2, 4).bfloat16(), torch.ones(4), torch.zeros(4))),

@@ -223,18 +223,51 @@ def _overflows(dtype, value) -> bool:
     return not low <= value <= info.max
 
 
+def _refuse_overflowing(dtype, values) -> None:
+    """Eager's error where a Python number among ``values`` converted to ``dtype`` would
+    overflow; a float meets an integer dtype in float (the result's dtype), so only ints
+    are checked there."""
+    if dtype not in _C_NAMES:
+        return
+    kinds = (int, float) if dtype.is_floating_point else (int,)
+    for value in values:
+        if type(value) in kinds and _overflows(dtype, value):
+            raise invalid_input(RuntimeError, f"value cannot be converted to type "
+                                              f"{_C_NAMES[dtype]} without overflow")
+
+
 @checked_first(aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default)
 def _bound_that_overflows(x, *bounds, **named):
     # Eager converts a Python bound to the tensor's dtype and raises where it would overflow
     # (clamp of uint8 to 300, of half to 70000); traced, the bound wrapped or saturated
-    # silently. A float bound meets an integer tensor in float (the result's dtype).
-    if x.dtype not in _C_NAMES:
-        return None
-    kinds = (int, float) if x.dtype.is_floating_point else (int,)
-    for bound in (*bounds, *named.values()):
-        if type(bound) in kinds and _overflows(x.dtype, bound):
-            raise invalid_input(RuntimeError, f"value cannot be converted to type "
-                                              f"{_C_NAMES[x.dtype]} without overflow")
+    # silently.
+    _refuse_overflowing(x.dtype, (*bounds, *named.values()))
+    return None
+
+
+@checked_first(aten.full_like.default)
+def _fill_like_that_overflows(x, fill_value, *, dtype=None, **options):
+    # As clamp: full_like(int8, 300) wrapped to 44, of half to 1e5 saturated to inf.
+    _refuse_overflowing(dtype or x.dtype, (fill_value,))
+    return None
+
+
+@checked_first(aten.masked_fill.Scalar)
+def _masked_fill_that_overflows(x, mask, value):
+    _refuse_overflowing(x.dtype, (value,))
+    return None
+
+
+@checked_first(aten.where.ScalarOther)
+def _where_other_that_overflows(condition, x, other):
+    # where(cond, int8, 300): the number meets the tensor in its dtype, and overflows there
+    _refuse_overflowing(x.dtype, (other,))
+    return None
+
+
+@checked_first(aten.where.ScalarSelf)
+def _where_self_that_overflows(condition, value, other):
+    _refuse_overflowing(other.dtype, (value,))
     return None
 
 
