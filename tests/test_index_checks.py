@@ -165,6 +165,19 @@ def test_one_hot_class_values_out_of_range_raise_as_eager_on_the_device(bad, eag
     assert "the line the error names" in str(info.value)
     torch.testing.assert_close(F.one_hot(good.to("tpu"), 3).cpu(), F.one_hot(good, 3))
 
+@pytest.mark.parametrize("eager_mode", ["strict", "defer_and_fuse"], indirect=True)
+@pytest.mark.parametrize("values", [[0, -1, 1], [[-2, -1]], [[0, 3], [1, 1]]])
+def test_one_hot_sized_by_its_values_checks_them_as_eager(values, eager_mode):
+    # Without num_classes, a negative class value gave a row of zeros where eager raises.
+    try:
+        want = F.one_hot(torch.tensor(values))
+    except RuntimeError as expected:
+        with pytest.raises(RuntimeError, match=str(expected)):
+            F.one_hot(torch.tensor(values).to("tpu")).cpu()
+    else:
+        torch.testing.assert_close(F.one_hot(torch.tensor(values).to("tpu")).cpu(), want)
+
+
 def test_compiled_graph_on_tpu_tensors_raises_at_the_next_synchronization():
     compiled = compile_tpu(lambda w, i: F.embedding(i, w) * 2)
     w = X.to("tpu")

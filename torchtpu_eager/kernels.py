@@ -105,6 +105,10 @@ def one_hot_checked(values, num_classes=-1):
     ``num_classes=-1`` is the C++ kernel's (it reads the values on the host for the size).
     """
     from torchtpu_compile.lower.index_checks import INDEX_CHECK
+    if num_classes == -1 and values.numel() and values.dtype == torch.int64:
+        # The size from the largest value, read on the host as eager's kernel reads it; then
+        # checked as below (a negative value gave a row of zeros where eager raises).
+        num_classes = max(int(values.max()) + 1, 1)
     if num_classes > 0 and values.numel() and values.dtype == torch.int64:
         values = INDEX_CHECK(values, num_classes, values.dim(), False, "aten.one_hot")
     return torch.ops.aten.one_hot.default._op_dk(
