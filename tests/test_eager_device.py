@@ -708,6 +708,26 @@ def test_deepcopy_of_a_tpu_model_is_independent():
     torch.testing.assert_close(twin.weight.cpu(), model.weight.cpu() + 1)
 
 
+def test_deepcopy_follows_eagers_rules_for_parameters_tensors_and_non_leaves():
+    # Parameters were copied with their gradient (Parameter.__deepcopy__ drops it: a deepcopy
+    # for an EMA or teacher model doubled the gradients' memory), tensors without their
+    # attributes, and non-leaf tensors copied where eager raises.
+    import copy
+    outcomes = {}
+    for device in ("cpu", "tpu"):
+        model = torch.nn.Linear(3, 2).to(device)
+        model(torch.ones(1, 3, device=device)).sum().backward()
+        leaf = torch.ones(2, device=device, requires_grad=True)
+        leaf.note, leaf.grad = "kept", torch.full((2,), 3.0, device=device)
+        twin, leaf_copy = copy.deepcopy(model), copy.deepcopy(leaf)
+        with pytest.raises(RuntimeError, match="Only Tensors created explicitly") as raised:
+            copy.deepcopy(leaf * 2)
+        outcomes[device] = (twin.weight.grad is None, isinstance(twin.weight, torch.nn.Parameter),
+                            leaf_copy.note, leaf_copy.grad.cpu().tolist(),
+                            leaf_copy.requires_grad, str(raised.value))
+    assert outcomes["tpu"] == outcomes["cpu"]
+
+
 def test_conjugate_and_negative_views_are_computed_not_aliased():
     # conj() and _neg_view() only set a bit on the view, which a storage view cannot carry:
     # the values were read unconjugated (fft.ifft of a real input was wrong by its imaginary

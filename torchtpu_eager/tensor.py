@@ -147,17 +147,29 @@ class TpuTensor(torch.Tensor):
 
     def __deepcopy__(self, memo):
         # A copy shares the immutable buffer until either side is written (clone does that).
+        # Eager's rules: a Parameter is copied without its gradient and attributes
+        # (Parameter.__deepcopy__), a tensor with both (Tensor.__deepcopy__), and a non-leaf
+        # not at all.
+        import copy as copy_module
         if id(self) in memo:
             return memo[id(self)]
+        if not self.is_leaf:
+            raise RuntimeError(
+                "Only Tensors created explicitly by the user (graph leaves) support the "
+                "deepcopy protocol at the moment.  If you were attempting to deepcopy a module, "
+                "this may be because of a torch.nn.utils.weight_norm usage, "
+                "see https://github.com/pytorch/pytorch/pull/103001")
         with torch.no_grad():
             copy = self.clone()
         copy.requires_grad_(self.requires_grad)
+        memo[id(self)] = copy
         if getattr(self, "_is_param", False):
             copy._is_param = True
-        memo[id(self)] = copy
+            return copy
         if self.grad is not None:
-            import copy as copy_module
             copy.grad = copy_module.deepcopy(self.grad, memo)
+        for name, value in self.__dict__.items():
+            copy.__dict__.setdefault(name, copy_module.deepcopy(value, memo))
         return copy
 
     def tolist(self):
