@@ -447,6 +447,25 @@ def test_save_and_load_with_map_location():
     torch.testing.assert_close(on_cpu["w"], torch.arange(4.0))
 
 
+def test_save_and_load_keep_tensor_and_parameter_attributes():
+    # A round trip dropped them (eager keeps both: a flag a library set on a weight).
+    outcomes = {}
+    for device in ("cpu", "tpu"):
+        t = torch.arange(3.0, device=device)
+        t.note = "kept"
+        p = torch.nn.Parameter(torch.ones(2, device=device))
+        p.shard = 7
+        buf = io.BytesIO()
+        torch.save({"t": t, "p": p}, buf)
+        for where in (None, "cpu"):
+            buf.seek(0)
+            loaded = torch.load(buf, map_location=where)   # weights_only, torch's default
+            outcomes.setdefault(device, []).append(
+                (loaded["t"].note, loaded["p"].shard, isinstance(loaded["p"], torch.nn.Parameter),
+                 loaded["t"].cpu().tolist()))
+    assert outcomes["tpu"] == outcomes["cpu"]
+
+
 def test_module_to_tpu_and_back():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4),

@@ -53,10 +53,27 @@ def _host_copy(storage) -> torch.Tensor:
 def reduce(t):
     """``t.__reduce_ex__``: rebuilt by ``rebuild`` as a view of its storage's host copy (and
     made a Parameter again, as ``Parameter.__reduce_ex__`` does, if it was one)."""
+    # The Python attributes too, as eager's tensors and Parameters keep them (a flag a
+    # library set on a weight came back without it).
+    from .tensor import user_attributes
+    state = user_attributes(t)
     if getattr(t, "_is_param", False):
+        if state:
+            return torch._utils._rebuild_parameter_with_state, (t.detach(), t.requires_grad,
+                                                                 {}, state)
         return torch._utils._rebuild_parameter, (t.detach(), t.requires_grad, {})
-    return rebuild, (_host_copy(t._st), t.storage_offset(), tuple(t.shape), tuple(t.stride()),
-                     str(t.device), t.requires_grad)
+    args = (_host_copy(t._st), t.storage_offset(), tuple(t.shape), tuple(t.stride()),
+            str(t.device), t.requires_grad)
+    if state:
+        return rebuild_with_state, (state, *args)
+    return rebuild, args
+
+
+def rebuild_with_state(state, *args) -> torch.Tensor:
+    """``rebuild``, then the tensor's saved Python attributes set again."""
+    out = rebuild(*args)
+    torch._utils._set_obj_state(out, state)
+    return out
 
 
 def rebuild(host: torch.Tensor, offset: int, size: tuple, stride: tuple, device: str,
@@ -149,5 +166,5 @@ def _uploaded(host: torch.Tensor):
 def register() -> None:
     """Let ``torch.load(weights_only=True)`` (its default) call ``rebuild``, and
     ``map_location="tpu"`` restore storages (before PyTorch's PrivateUse1 deserializer)."""
-    torch.serialization.add_safe_globals([rebuild])
+    torch.serialization.add_safe_globals([rebuild, rebuild_with_state])
     torch.serialization.register_package(15, lambda storage: None, _restore_on_tpu)

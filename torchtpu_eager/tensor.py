@@ -168,8 +168,8 @@ class TpuTensor(torch.Tensor):
             return copy
         if self.grad is not None:
             copy.grad = copy_module.deepcopy(self.grad, memo)
-        for name, value in self.__dict__.items():
-            copy.__dict__.setdefault(name, copy_module.deepcopy(value, memo))
+        for name, value in user_attributes(self).items():
+            setattr(copy, name, copy_module.deepcopy(value, memo))
         return copy
 
     def tolist(self):
@@ -192,6 +192,22 @@ class TpuTensor(torch.Tensor):
         # A view of its storage's host copy, shared by the storage's views (serialization.py).
         from .serialization import reduce
         return reduce(self)
+
+
+#: What a tpu tensor keeps in its ``__dict__`` for itself (the rest is the user's).
+_OWN_ATTRIBUTES = frozenset({"_st", "_shape", "_dense", "_is_param"})
+
+
+def user_attributes(t) -> dict:
+    """The Python attributes a user set on tpu tensor ``t`` (``t.note = ...``), which a copy,
+    a save and a load keep as eager's do.
+
+    Example::
+
+        t = torch.ones(2, device="tpu"); t.note = "kept"
+        user_attributes(t)   # {"note": "kept"}
+    """
+    return {k: v for k, v in t.__dict__.items() if k not in _OWN_ATTRIBUTES}
 
 
 def is_dense(size: tuple, stride: tuple, offset: int, numel: int, contiguous=None) -> bool:
