@@ -609,3 +609,10 @@ def test_rrelu_in_eval_mode_has_eagers_gradient():
     x = torch.tensor([-2.0, -1.0, -0.0, 1.0, 2.0], requires_grad=True)
     g = torch.tensor([1.0, 10, 7, 100, 1000])
     check_on_both_paths(grad_of_rrelu, x, g)
+
+
+def test_trunc_and_frac_keep_eagers_sign_of_zero():
+    # torch-mlir's trunc gave +0.0 for -0.0, and frac(-0.0) = x - trunc(x) came out -0.0.
+    x = torch.tensor([-0.0, 0.0, -0.5, 0.5, -1.5, 2.7, INF, -INF, NAN])
+    for fn in (torch.trunc, torch.frac):
+        check_on_both_paths(lambda t, fn=fn: (fn(t), torch.signbit(fn(t))), x)

@@ -334,6 +334,15 @@ def rrelu_with_noise_backward(grad, x, noise, lower, upper, training, self_is_re
     return aten.leaky_relu_backward(grad, x, (lower + upper) / 2, self_is_result)
 
 
+@decomposition(aten.trunc.default)
+def trunc(x):
+    # Toward zero by the side x is on, which keeps eager's sign of zero: torch-mlir's lowering
+    # gave +0.0 for trunc(-0.0), and frac(-0.0) = x - trunc(x) came out -0.0 (eager: +0.0).
+    if not x.is_floating_point():
+        return NotImplemented
+    return torch.where(x < 0, torch.ceil(x), torch.floor(x))
+
+
 @decomposition(aten.erf.default)
 def erf(x):
     # As reciprocal: floats only in torch-mlir (erfc is 1 - erf).
