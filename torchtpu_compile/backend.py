@@ -234,6 +234,34 @@ def _attention_in_eager_layout(gm: torch.fx.GraphModule) -> None:
         gm.recompile()
 
 
+def attention_with_causal_mask_merged(query, key, value, attn_mask=None, dropout_p=0.0,
+                                      is_causal=False, **options):
+    """``F.scaled_dot_product_attention`` given a mask and ``is_causal`` together, as eager's
+    CPU kernel runs it (``decompositions.attention.causal_mask_merged``)."""
+    from .lower.decompositions.attention import causal_mask_merged
+    attn_mask, is_causal = causal_mask_merged(query, key, attn_mask, is_causal)
+    return torch._C._nn.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p,
+                                                     is_causal, **options)
+
+
+def _causal_and_mask_merged(gm: torch.fx.GraphModule) -> None:
+    """Attention given both a mask and ``is_causal=True`` runs with them merged: aot_autograd
+    traces its math formulation, which refuses the pair ("Explicit attn_mask should not be
+    set when is_causal=True"), where eager's CPU kernel takes both."""
+    sdpa = torch._C._nn.scaled_dot_product_attention
+    changed = False
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target is not sdpa:
+            continue
+        names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
+        bound = {**dict(zip(names, node.args)), **node.kwargs}
+        if bound.get("attn_mask") is not None and bound.get("is_causal") is True:
+            node.target = attention_with_causal_mask_merged
+            changed = True
+    if changed:
+        gm.recompile()
+
+
 def torchtpu_backend(gm: torch.fx.GraphModule, example_inputs, **options):
     """Compile a Dynamo FX graph for the PJRT device.
 
@@ -261,6 +289,7 @@ def torchtpu_backend(gm: torch.fx.GraphModule, example_inputs, **options):
     guard_descriptors()
     # Both before the graph cache keys the graph.
     _attention_in_eager_layout(gm)
+    _causal_and_mask_merged(gm)
     from .aliased_outputs import InputViews
     gm, views = InputViews.split(gm)
     graph_id = next(_backend_ids)

@@ -125,8 +125,10 @@ def attention_in_eager_layout(query, key, value, attn_mask=None, dropout_p=0.0,
     "view size is not compatible" where eager works. The compile path does the same from
     Dynamo's example value (``torchtpu_compile.backend._attention_in_eager_layout``).
     """
+    from torchtpu_compile.lower.decompositions.attention import causal_mask_merged
+    mask, causal = causal_mask_merged(query, key, attn_mask, is_causal)  # as eager's CPU kernel
     out = torch.ops.aten.scaled_dot_product_attention.default.decompose(
-        query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+        query, key, value, mask, dropout_p, causal, scale=scale, enable_gqa=enable_gqa)
     order = _eager_attention_order(query, key, value, attn_mask, dropout_p, is_causal, scale,
                                    enable_gqa)
     if order is None:

@@ -148,3 +148,19 @@ def test_sdpa_result_laid_out_as_eager_for_a_view_of_its_transpose():
     expected = block(x, w)
     torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-5)
     assert actual[1].stride() == expected[1].stride()
+
+
+@pytest.mark.parametrize("mask", ["bool", "float"])
+def test_a_mask_with_is_causal_is_merged_as_eagers_cpu_kernel_does(mask):
+    # Eager's CPU kernel takes attn_mask and is_causal=True together (the mask and the causal
+    # mask both apply); the math formulation both paths run refused the pair.
+    q, k, v = randn(1, 2, 3, 4), randn(1, 2, 5, 4, seed=1), randn(1, 2, 5, 4, seed=2)
+    m = randn(3, 5, seed=3) > 0 if mask == "bool" else randn(3, 5, seed=3)
+    m[:, 0] = True if mask == "bool" else m[:, 0]   # no row fully masked
+    q.requires_grad_()
+
+    def attend(q, k, v, m):
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m,
+                                                               is_causal=True)
+        return out.detach(), torch.autograd.grad(out.sum(), q)[0]
+    check_on_both_paths(attend, q, k, v, m, rtol=1e-5, atol=1e-5)

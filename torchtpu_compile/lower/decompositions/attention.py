@@ -59,6 +59,25 @@ def _broadcast_mask(scores, mask, mask_type):
     return None
 
 
+def causal_mask_merged(query, key, attn_mask, is_causal):
+    """(mask, is_causal) for attention given both a mask and ``is_causal``, as eager's CPU
+    kernel takes them: the mask and the top-left causal mask together (a bool mask and'ed,
+    a float one with -inf where causal masks), then no causal flag. The math formulation,
+    which the device and the compile path run, refused the pair.
+
+    Example::
+
+        mask, causal = causal_mask_merged(q, k, padding_mask, True)   # causal is False
+    """
+    if attn_mask is None or not is_causal:
+        return attn_mask, is_causal
+    length, source = query.shape[-2], key.shape[-2]
+    causal = torch.ones(length, source, dtype=torch.bool, device=query.device).tril()
+    if attn_mask.dtype == torch.bool:
+        return attn_mask & causal, False
+    return attn_mask.masked_fill(~causal, float("-inf")), False
+
+
 @decomposition(aten._masked_softmax.default)
 def masked_softmax(scores, mask, dim=None, mask_type=None):
     broadcast = _broadcast_mask(scores, mask, mask_type)
