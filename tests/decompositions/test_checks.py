@@ -254,6 +254,9 @@ REFUSED = {
         lambda x: torch.full_like(x, 300), lambda: (torch.zeros(3, dtype=torch.int8),)),
     "full_like of half with 1e5": (
         lambda x: torch.full_like(x, 1e5), lambda: (torch.zeros(3, dtype=torch.half),)),
+    "where of int8 and 300": (
+        lambda m, x: torch.where(m, x, 300),
+        lambda: (torch.tensor([True, False, True]), torch.zeros(3, dtype=torch.int8))),
     "masked_fill of int8 with 300": (
         lambda x, m: x.masked_fill(m, 300),
         lambda: (torch.zeros(3, dtype=torch.int8), torch.tensor([True, False, True]))),

@@ -252,6 +252,14 @@ def _fill_like_that_overflows(x, fill_value, *, dtype=None, **options):
     return None
 
 
+@checked_first(aten.scalar_tensor.default)
+def _scalar_tensor_that_overflows(value, *, dtype=None, **options):
+    # Where a traced where(cond, int8, 300) holds its number: eager makes it at run time and
+    # raises; lowered, it was a constant wrapped to 44.
+    _refuse_overflowing(dtype or torch.get_default_dtype(), (value,))
+    return None
+
+
 @checked_first(aten.masked_fill.Scalar)
 def _masked_fill_that_overflows(x, mask, value):
     _refuse_overflowing(x.dtype, (value,))
