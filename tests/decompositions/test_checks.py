@@ -113,16 +113,6 @@ def check_compile_path(name):
         _assert_same_values(_outcome(compiled, x), want)
 
 
-@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
-def test_a_histogram_of_integers_raises_eagers_error_on_the_device(dtype):
-    # Eager's CPU kernel has floating kernels only; the device counted them.
-    x = torch.tensor([1, 2, 3], dtype=dtype)
-    with pytest.raises(NotImplementedError) as expected:
-        torch.histc(x, bins=3)
-    with pytest.raises(NotImplementedError, match=str(expected.value)):
-        torch.histc(x.to("tpu"), bins=3).cpu()
-
-
 def test_an_integer_to_a_negative_power_raises_eagers_error():
     # torch-mlir computed it (2 ** -1 gave 0); eager's meta function refuses it.
     x = torch.tensor([1, 2, 3])

@@ -409,12 +409,3 @@ def _layer_norm_parameters(x, normalized_shape, weight, bias, eps):
 def _group_norm_parameters(x, weight, bias, n, c, hxw, group, eps):
     _norm_parameters_of_another_dtype(x, weight, bias)
     return None
-
-
-@checked_first(aten.histc.default)
-def _histogram_of_integers(x, bins=100, min=0, max=0):
-    # Eager's CPU kernel has floating kernels only; the tpu device counted an int64 input.
-    if not x.is_floating_point():
-        raise invalid_input(NotImplementedError, f'"histogram_cpu" not implemented for '
-                                                 f"'{_type_name(x.dtype)}'")
-    return None
