@@ -375,8 +375,10 @@ def _called_by_user() -> bool:
     return proxy is None or getattr(proxy, "decomp_layers", 0) <= 1
 
 
-_LIBRARY_DIRS = (os.path.dirname(torch.__file__) + os.sep,
-                 os.path.dirname(os.path.dirname(os.path.dirname(__file__))) + os.sep)
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # torchtpu_compile
+_LIBRARY_DIRS = tuple(d + os.sep for d in (
+    os.path.dirname(torch.__file__), _PACKAGE,
+    os.path.join(os.path.dirname(_PACKAGE), "torchtpu_eager")))
 
 
 def _user_code_in_backward(node) -> bool:
