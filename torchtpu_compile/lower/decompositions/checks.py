@@ -145,11 +145,8 @@ for _op in (aten.var.correction, aten.std.correction, aten.var_mean.correction,
 def _index_copy(x, dim, index, source):
     # Eager's kernel refuses a source of another dtype; traced, it was converted (a bf16 key
     # written into a float32 KV cache).
-    if x.dtype != source.dtype:
-        raise invalid_input(RuntimeError, f"index_copy_(): self and source expected to have "
-                                          f"the same dtype, but got (self) "
-                                          f"{_type_name(x.dtype)} and (source) "
-                                          f"{_type_name(source.dtype)}")
+    _same_dtype(x, source, "index_copy_(): self and source expected to have the same dtype, "
+                           "but got (self) {expected} and (source) {given}")
     return _index_into_an_empty_dim(x, dim, index, source)
 
 
@@ -304,14 +301,26 @@ def _type_name(dtype) -> str:
     return _SCALAR_NAMES.get(dtype) or _FLOAT_NAMES.get(dtype) or str(dtype)
 
 
+def _same_dtype(expected, given, message: str) -> None:
+    """Eager's ``message`` where tensor ``given``'s dtype is not ``expected``'s: a kernel that
+    refuses an operand of another dtype, which a trace promoted or converted instead.
+    ``{expected}`` and ``{given}`` in it become c10's names of the two dtypes.
+
+    Example::
+
+        _same_dtype(x, source, "self ({expected}) and source ({given}) must match")
+    """
+    if given.dtype != expected.dtype:
+        raise invalid_input(RuntimeError, message.format(expected=_type_name(expected.dtype),
+                                                         given=_type_name(given.dtype)))
+
+
 @checked_first(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
 def _class_weight_of_another_dtype(x, target, weight, reduction, ignore_index):
     # Eager's kernel reads the weight as the input's scalar type and refuses another; traced,
     # the weight was promoted and the loss computed (fp16 weights of an fp32 loss).
-    if weight is not None and weight.dtype != x.dtype:
-        raise invalid_input(RuntimeError, f"expected scalar type "
-                                          f"{_FLOAT_NAMES.get(x.dtype, x.dtype)} but found "
-                                          f"{_FLOAT_NAMES.get(weight.dtype, weight.dtype)}")
+    if weight is not None:
+        _same_dtype(x, weight, "expected scalar type {expected} but found {given}")
     return None
 
 
@@ -320,10 +329,8 @@ def _index_add_source_of_another_shape(x, dim, index, source, alpha=1):
     # Eager's index_add checks the source against self outside its meta function (fake
     # tensors accept [3, 2] += [2] along dim 0); traced, the source was broadcast, and one of
     # another dtype converted (fuzz seed 4582: bool += int64 gave a value, no error).
-    if x.dtype != source.dtype:
-        raise invalid_input(RuntimeError, f"index_add_(): self ({_type_name(x.dtype)}) and "
-                                          f"source ({_type_name(source.dtype)}) must have the "
-                                          f"same scalar type")
+    _same_dtype(x, source, "index_add_(): self ({expected}) and source ({given}) must have "
+                           "the same scalar type")
     if x.dim() and source.dim():
         kept = [s for d, s in enumerate(x.shape) if d != dim % x.dim()]
         given = [s for d, s in enumerate(source.shape) if d != dim % source.dim()]
@@ -358,11 +365,8 @@ def _as_strided_scatter_beyond_the_input(x, src, size, stride, storage_offset=No
 @checked_first(aten.index_put.default, aten._unsafe_index_put.default)
 def _index_put_of_another_dtype(x, indices, values, accumulate=False):
     # As index_copy: eager's index_put refuses values of another dtype; traced, converted.
-    if x.dtype != values.dtype:
-        raise invalid_input(RuntimeError, f"Index put requires the source and destination "
-                                          f"dtypes match, got {_type_name(x.dtype)} for the "
-                                          f"destination and {_type_name(values.dtype)} for "
-                                          f"the source.")
+    _same_dtype(x, values, "Index put requires the source and destination dtypes match, got "
+                           "{expected} for the destination and {given} for the source.")
     return None
 
 
@@ -371,10 +375,8 @@ def _addmm_of_mixed_dtypes(bias, mat1, mat2, *, beta=1, alpha=1):
     # Eager's CPU kernel (F.linear with a bias) refuses operands of other dtypes; traced, they
     # were promoted. mm and F.linear without a bias raise already, from their meta functions.
     for name, t in (("self", bias), ("mat1", mat1)):
-        if t.dtype != mat2.dtype:
-            raise invalid_input(RuntimeError, f"{name} and mat2 must have the same dtype, but "
-                                              f"got {_type_name(t.dtype)} and "
-                                              f"{_type_name(mat2.dtype)}")
+        _same_dtype(t, mat2, name + " and mat2 must have the same dtype, but got {expected} and "
+                                    "{given}")
     return None
 
 
@@ -394,9 +396,7 @@ def _norm_parameters_of_another_dtype(x, weight, bias) -> None:
                                               "datatype.")
         return
     for p in parameters:
-        if p.dtype != x.dtype:
-            raise invalid_input(RuntimeError, f"expected scalar type {_type_name(x.dtype)} but "
-                                              f"found {_type_name(p.dtype)}")
+        _same_dtype(x, p, "expected scalar type {expected} but found {given}")
 
 
 @checked_first(aten.native_layer_norm.default)
