@@ -625,11 +625,12 @@ def _to_the_end(end, in_expr) -> bool:
 
 
 def _real_start(start, real_in):
-    """Where a slice starting at ``start`` begins in a dim of ``real_in`` real elements: a
-    negative start counts from the real end, as Python's does. A dynamic start (``x[-k:]``
-    with ``k`` dynamic: Hugging Face's ``logits_to_keep``) is negative at run time exactly when
-    it is at the bucket, since Dynamo guards its sign; it was taken as an offset from the front
-    (position -k, clamped to 0), which kept the first rows instead of the last."""
+    """Where a slice starting at ``start`` (or a select at that index) begins in a dim of
+    ``real_in`` real elements: a negative start counts from the real end, as Python's does.
+    A dynamic start (``x[-k:]`` with ``k`` dynamic: Hugging Face's ``logits_to_keep``) is
+    negative at run time exactly when it is at the bucket, since Dynamo guards its sign (and
+    a negative one is its own bucket, ``policy.bucket_of``); it was taken as an offset from
+    the front (position -k, clamped to 0), which kept the first rows instead of the last."""
     if not isinstance(start, Size):
         return real_in + start
     if start.pad < 0:
@@ -685,13 +686,9 @@ def select(ctx, node, x, dim, index):
         return Padded(aten.select.int(x.tensor, dim, index), layout)
     _prefix_dim(x, dim, "select")
     in_expr = sym_expr(node.args[0].meta["val"].shape[dim])
-    if isinstance(index, Size):
-        # a dynamic index's slot is its value where it is negative (policy.bucket_of): it
-        # counts from the real end, as eager's does; a gather at -2 picked row 0
-        real = index.real if index.pad >= 0 else \
-            aten.add.Tensor(_as_tensor(evaluate(in_expr, ctx.real_env)), index.real)
-    else:
-        real = evaluate(in_expr, ctx.real_env) + index
+    # A negative index counts from the real end, a dynamic one too (its bucket is its value:
+    # policy.bucket_of); a gather at -2 picked row 0.
+    real = _real_start(index, evaluate(in_expr, ctx.real_env))
     picked = gather_along(x.tensor, dim, aten.view.default(_as_tensor(real), [1]))
     return Padded(aten.squeeze.dim(picked, dim), layout)
 
