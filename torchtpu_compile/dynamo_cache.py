@@ -277,12 +277,14 @@ _SELF_CONTAINED = frozenset({
 })
 
 
-def _global_module_hooks() -> dict:
-    """id -> name of torch.nn's global hook dicts (``register_module_forward_hook``, ...)."""
+@functools.cache
+def _global_module_hooks() -> frozenset:
+    """The ids of torch.nn's global hook dicts (``register_module_forward_hook``, ...): module
+    globals made once at import, looked up for every guard at save and at load."""
     from torch.nn.modules import module
-    return {id(value): name for name, value in vars(module).items()
-            if name.startswith("_global_") and name.endswith("hooks") and
-            isinstance(value, dict)}
+    return frozenset(id(value) for name, value in vars(module).items()
+                     if name.startswith("_global_") and name.endswith("hooks") and
+                     isinstance(value, dict))
 
 
 def _guard_scope(local_scope: dict, global_scope: dict) -> dict:
