@@ -258,41 +258,6 @@ def test_backward_does_not_check_the_forward_indices_again():
     assert marks == [["aten.index", "aten.gather"], []]
 
 
-class _SelectsInBackward(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, i):
-        ctx.save_for_backward(i)
-        return x * 2
-
-    @staticmethod
-    def backward(ctx, grad):
-        (i,) = ctx.saved_tensors
-        return grad.index_select(0, i).repeat(2), None
-
-
-def _hooked(x, i):
-    y = x * 2
-    y.register_hook(lambda grad: grad[i].repeat(2))
-    return y
-
-
-@pytest.mark.parametrize("fn, message", [
-    (_SelectsInBackward.apply, "index out of range in self"),
-    (_hooked, "index 9 is out of bounds for dimension 0 with size 4")],
-    ids=["autograd.Function", "tensor hook"])
-def test_indices_the_users_backward_code_makes_are_checked(fn, message, fresh_dynamo):
-    # Backward formulas index with the forward's (checked) indices, so backward graphs were
-    # not marked at all; an index out of range in an autograd.Function's backward or a tensor
-    # hook gave gradients from clamped indices where eager raises.
-    x = torch.randn(4, requires_grad=True)
-    with pytest.raises(IndexError, match=message):
-        fn(x, torch.tensor([1, 9])).sum().backward()  # eager
-    with pytest.raises(IndexError, match=message):
-        compile_tpu(fn)(x, torch.tensor([1, 9])).sum().backward()
-    grad = torch.autograd.grad(compile_tpu(fn)(x, torch.tensor([1, 3])).sum(), x)
-    torch.testing.assert_close(grad, torch.autograd.grad(fn(x, torch.tensor([1, 3])).sum(), x))
-
-
 class _IndexInBackward(torch.autograd.Function):
     """Indexes in its backward, so the autograd engine runs that op on the device first."""
 
@@ -305,6 +270,28 @@ class _IndexInBackward(torch.autograd.Function):
     def backward(ctx, grad):
         (i,) = ctx.saved_tensors
         return grad + grad[i].sum() * 0, None
+
+
+def _hooked(x, i):
+    y = x * 2
+    y.register_hook(lambda grad: grad[i].repeat(2))
+    return y
+
+
+@pytest.mark.parametrize("fn", [_IndexInBackward.apply, _hooked],
+                         ids=["autograd.Function", "tensor hook"])
+def test_indices_the_users_backward_code_makes_are_checked(fn, fresh_dynamo):
+    # Backward formulas index with the forward's (checked) indices, so backward graphs were
+    # not marked at all; an index out of range in an autograd.Function's backward or a tensor
+    # hook gave gradients from clamped indices where eager raises.
+    x = torch.randn(4, requires_grad=True)
+    message = "index 9 is out of bounds for dimension 0 with size 4"
+    with pytest.raises(IndexError, match=message):
+        fn(x, torch.tensor([1, 9])).sum().backward()  # eager
+    with pytest.raises(IndexError, match=message):
+        compile_tpu(fn)(x, torch.tensor([1, 9])).sum().backward()
+    grad = torch.autograd.grad(compile_tpu(fn)(x, torch.tensor([1, 3])).sum(), x)
+    torch.testing.assert_close(grad, torch.autograd.grad(fn(x, torch.tensor([1, 3])).sum(), x))
 
 
 @pytest.mark.parametrize("eager_mode", ["strict"], indirect=True)
