@@ -49,6 +49,14 @@ _EAGER_ERRORS = {
     "aten.put": (IndexError, "out of range: tried to access index {value} on a tensor of "
                              "{size} elements."),
     "aten.nll_loss": (IndexError, "Target {value} is out of bounds."),
+    "aten.multi_margin_loss": (RuntimeError, "target out of range"),
+    "aten.multilabel_margin_loss": (RuntimeError, "argument #2 'target' is out of range"),
+    # A flat position in one output plane, whose sizes the op's name carries after a colon
+    # ("aten.max_unpool:4x4"): eager's message names them.
+    "aten.max_unpool": (RuntimeError, "Found an invalid max index: {value} (output volumes "
+                                      "are of size {detail})"),
+    "aten.searchsorted.sorter": (RuntimeError, "torch.searchsorted(): sorter index out of "
+                                               "range"),
     # CPU's general kernel's (its fast float sum and mean say it otherwise, by position).
     "aten.embedding_bag": (RuntimeError, "embedding_bag: Expected idx >= 0 && idx < "
                                          "num_embeddings but found idx to be {value}"),
@@ -88,10 +96,12 @@ def eager_error(op: str, value: int, dim: int, size: int) -> BaseException:
         eager_error("aten.gather", 5, 0, 4)
         # RuntimeError('index 5 is out of bounds for dimension 0 with size 4')
     """
+    op, _, detail = op.partition(":")
     kind, template = _EAGER_ERRORS.get(op, _GATHER_ERROR)
     if op == "aten.one_hot" and value < 0:
         template = _ONE_HOT_NEGATIVE
-    return kind(template.format(value=value, dim=dim, size=size, length=size - 1))
+    return kind(template.format(value=value, dim=dim, size=size, length=size - 1,
+                                detail=detail))
 
 
 def _error(spec: dict, value: int, where: str | None, deferred: bool) -> BaseException:
@@ -100,7 +110,8 @@ def _error(spec: dict, value: int, where: str | None, deferred: bool) -> BaseExc
     division = what in DIVISOR_OPS
     if division:
         what += ": an integer division by a tensor holding zero"
-    elif "{value}" not in _EAGER_ERRORS.get(what, _GATHER_ERROR)[1]:  # "out of range in self"
+    elif "{value}" not in _EAGER_ERRORS.get(what.partition(":")[0], _GATHER_ERROR)[1]:
+        # "out of range in self"
         what += f": index {value} of dim {spec['dim']} of size {spec['size']}"
     where = where or spec.get("where") or "unknown source line"
     note = f" ({what}, at {where})"

@@ -97,8 +97,8 @@ _KEYWORD_RULES: set = set()  # rules that read the op's keyword arguments too
 
 def index_rule(*ops, keywords: bool = False):
     """Register ``fn(*args) -> args``: the op's positional arguments with its indices marked;
-    with ``keywords``, ``fn(*args, **kwargs)``, for a rule that depends on a keyword-only
-    argument (``div``'s ``rounding_mode``).
+    with ``keywords``, ``fn(*args, **kwargs) -> (args, kwargs)``, for a rule that reads or
+    marks a keyword-only argument (``div``'s ``rounding_mode``, ``searchsorted``'s ``sorter``).
 
     Example::
 
@@ -269,6 +269,43 @@ def _nll_loss(x, target, weight, reduction, ignore_index):
             reduction, ignore_index)
 
 
+@index_rule(aten.multi_margin_loss.default)
+def _multi_margin_loss(x, target, *rest):
+    return (x, mark(target, x, x.dim() - 1, "aten.multi_margin_loss"), *rest)
+
+
+@index_rule(aten.multilabel_margin_loss_forward.default)
+def _multilabel_margin_loss(x, target, reduction):
+    # A row's targets end at its first -1; eager checks every value, after it too.
+    return (x, mark(target, x, x.dim() - 1, "aten.multilabel_margin_loss", ignore=-1),
+            reduction)
+
+
+def _unpooled(indices, output_size):
+    """max_unpool's indices (flat positions in one output plane), marked against the plane."""
+    plane = 1
+    for size in output_size:
+        plane *= size
+    if not isinstance(plane, int) or not isinstance(indices, torch.Tensor) or \
+            indices.numel() == 0:
+        return indices
+    sizes = "x".join(str(size) for size in output_size)
+    return index_check(indices, plane, 0, False, f"aten.max_unpool:{sizes}")
+
+
+@index_rule(aten.max_unpool2d.default, aten.max_unpool3d.default)
+def _max_unpool(x, indices, output_size, *rest):
+    return (x, _unpooled(indices, output_size), output_size, *rest)
+
+
+@index_rule(aten.searchsorted.Tensor, aten.searchsorted.Scalar, keywords=True)
+def _searchsorted(sorted_sequence, values, **options):
+    sorter = options.get("sorter")
+    if sorter is not None:
+        options["sorter"] = mark(sorter, sorted_sequence, -1, "aten.searchsorted.sorter")
+    return (sorted_sequence, values), options
+
+
 def _mark_divisor(x, divisor, op: str) -> tuple:
     """(dividend, divisor) of an integer division, the divisor marked for eager's error on a
     zero; a number that is zero raises at once (eager: "ZeroDivisionError"). A dividend with
@@ -311,7 +348,7 @@ index_rule(aten.fmod.Tensor, aten.fmod.Scalar)(_divisor_rule("aten.fmod"))
 def _div_mode(x, divisor, rounding_mode=None):
     if rounding_mode is not None:  # None: true division, a float result for integers too
         x, divisor = _mark_divisor(x, divisor, "aten.div")
-    return (x, divisor)
+    return (x, divisor), {"rounding_mode": rounding_mode}
 
 
 _marking = threading.local()   # .mode: "off" (unchecked), "ops" (one_op_at_a_time)
@@ -405,7 +442,10 @@ def _user_code_in_backward(node) -> bool:
 def _checked(op, rule, inner):
     def decompose(*args, **kwargs):
         if _called_by_user():
-            args = rule(*args, **kwargs) if rule in _KEYWORD_RULES else rule(*args)
+            if rule in _KEYWORD_RULES:
+                args, kwargs = rule(*args, **kwargs)
+            else:
+                args = rule(*args)
             result = NotImplemented if inner is None else inner(*args, **kwargs)
             # Traced as the op itself (no decomposition, or one declining these inputs): with
             # the marked indices, re-entering one layer down.
