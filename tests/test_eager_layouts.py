@@ -24,6 +24,16 @@ CASES = {
     "clone of a transpose": lambda a, b, c: a.t().clone(),
     "a dtype conversion": lambda a, b, c: a.t().to(torch.float64),
     "softmax over a transpose": lambda a, b, c: torch.softmax(a.t(), dim=-1),
+    # An explicit memory format, of an op's result (a dense tensor of its own)
+    "to(memory_format=channels_last)": lambda a, b, c: (c.unsqueeze(-1) * 2).to(
+        memory_format=torch.channels_last),
+    "to(float64, memory_format=channels_last)": lambda a, b, c: (c.unsqueeze(-1) * 2).to(
+        torch.float64, memory_format=torch.channels_last),
+    "an NHWC view of contiguous(memory_format=channels_last)": lambda a, b, c: (
+        c.unsqueeze(-1) * 2).contiguous(memory_format=torch.channels_last).permute(
+        0, 2, 3, 1).view(-1),
+    "clone(memory_format=channels_last_3d)": lambda a, b, c: (c.reshape(1, 2, 3, 5, 1) * 2)
+    .clone(memory_format=torch.channels_last_3d),
 }
 
 
@@ -229,3 +239,12 @@ def test_a_channels_last_conv_net_keeps_eager_s_layout(eager_mode):
         torch.testing.assert_close(got.cpu(), expected.detach())
     assert torch.empty(2, 3, 4, 5, device="tpu", memory_format=torch.channels_last).stride() == \
         torch.empty(2, 3, 4, 5, memory_format=torch.channels_last).stride()
+
+
+@pytest.mark.parametrize("memory_format", [torch.channels_last, torch.contiguous_format])
+def test_resize_to_a_memory_format_has_eager_s_strides(memory_format, eager_mode):
+    for t in (torch.empty(0), torch.zeros(2, 3, 4, 5)):
+        expected = t.clone().resize_(2, 3, 4, 5, memory_format=memory_format)
+        got = t.to("tpu").resize_(2, 3, 4, 5, memory_format=memory_format)
+        assert got.stride() == expected.stride()
+        assert got.is_contiguous(memory_format=memory_format)

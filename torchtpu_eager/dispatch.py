@@ -1250,7 +1250,29 @@ def to_copy(func, args, kwargs):
         # kernel refused the mix of devices.
         return func(_meta_view(src), **kwargs)
     rest = {k: v for k, v in kwargs.items() if k != "device"}
+    if rest.get("memory_format") in _PERMUTING_FORMATS:
+        return _in_memory_format(func, src, rest)
     return run_op(func, (src,), rest)
+
+
+#: Memory formats whose layout is a permutation of the logical order.
+_PERMUTING_FORMATS = (torch.channels_last, torch.channels_last_3d)
+
+
+def _in_memory_format(func, src: TpuTensor, kwargs: dict) -> TpuTensor:
+    """The result of copy op ``func`` (clone, _to_copy) of ``src`` in ``kwargs``'s memory
+    format, with eager's strides: a dense storage in that memory order, viewed in logical
+    order. An op's own result is contiguous, so ``x.to(memory_format=torch.channels_last)``,
+    ``contiguous(memory_format=...)`` and ``clone(memory_format=...)`` kept the contiguous
+    layout: ``.stride()`` and ``is_contiguous(memory_format=...)`` differed from eager, and a
+    view relying on the channels-last order (``permute(0, 2, 3, 1).view(-1)``) raised."""
+    shape = tuple(src.shape)
+    strides = tuple(torch.empty_like(_meta_view(src),
+                                     memory_format=kwargs["memory_format"]).stride())
+    in_order = run_op(func, (src.permute(memory_layout(shape, strides)),),
+                      {**kwargs, "memory_format": torch.contiguous_format})
+    return view_tensor(in_order._st, shape, strides, 0,
+                       is_dense(shape, strides, 0, in_order._st.numel))
 
 
 @handles(aten.lift_fresh.default, aten.lift_fresh_copy.default)
@@ -1279,6 +1301,8 @@ def clone(func, args, kwargs):
         out = new_tensor(src._st.value, src._shape, src.dtype)
         modes.current().note_write(out._st)
         return out
+    if kwargs.get("memory_format") in _PERMUTING_FORMATS:
+        return _in_memory_format(func, src, kwargs)
     return run_op(aten.clone.default, (src,), kwargs)  # memory_format: eager's layout
 
 
@@ -1413,6 +1437,13 @@ def resize_(func, args, kwargs):
         fallback.raise_eagers_error(func, args, kwargs)
     if tuple(t.shape) != size:
         resize(t, size)
+    if kwargs.get("memory_format") in _PERMUTING_FORMATS:
+        # eager restrides the memory in place, values unmoved
+        strides = tuple(torch.empty(size, device="meta",
+                                    memory_format=kwargs["memory_format"]).stride())
+        offset, storage = t.storage_offset(), t._st
+        t._become(view_tensor(storage, size, strides, offset,
+                              is_dense(size, strides, offset, storage.numel)))
     return t
 
 
