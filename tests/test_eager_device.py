@@ -761,17 +761,53 @@ def test_conjugate_and_negative_views_are_computed_not_aliased():
 
 
 def test_writes_into_computed_views_raise():
-    # view(dtype) (like conj()) is computed as a new tensor: a write into it stayed in the
-    # copy, and the base silently kept its values where eager writes through.
-    x = torch.zeros(4, device="tpu")
-    bits = x.view(torch.int32)
-    torch.testing.assert_close((bits + 1).cpu(), torch.ones(4, dtype=torch.int32))
+    # conj() is computed as a new tensor: a write into it stayed in the copy, and the base
+    # silently kept its values where eager writes through.
+    z = torch.zeros(4, dtype=torch.complex64, device="tpu")
+    conjugate = z.conj()
+    torch.testing.assert_close((conjugate + 1).cpu(), torch.ones(4, dtype=torch.complex64))
     with pytest.raises(RuntimeError, match="computes as a new tensor rather than a view"):
-        bits[0] = 1065353216
+        conjugate[0] = 1j
     with pytest.raises(RuntimeError, match="computes as a new tensor rather than a view"):
-        bits.add_(1)
-    bits.clone().add_(1)  # a copy is the caller's own
-    torch.testing.assert_close(x.cpu(), torch.zeros(4))
+        conjugate.add_(1)
+    conjugate.clone().add_(1)  # a copy is the caller's own
+    torch.testing.assert_close(z.cpu(), torch.zeros(4, dtype=torch.complex64))
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_a_view_of_another_dtype_and_its_base_see_each_other_s_writes_as_eager(mode):
+    # view(dtype) is computed (a buffer has one dtype): a write into its base left the view
+    # with the old bits, and a write into the view raised.
+    def steps(device):
+        seen = []
+        x = torch.tensor([1.0, 2.0, -3.0, 0.5], device=device)
+        bits = x.view(torch.int32)
+        x.mul_(2)                                    # the base's write reaches the view
+        seen.append(bits.clone())
+        bits.add_(1)                                 # the view's write reaches the base
+        seen.append(x.clone())
+        raw = x.view(torch.uint8)                    # another width
+        x[0] = 7.0
+        seen.append(raw.clone())
+        raw[4:8] = torch.tensor([0, 0, 128, 63], dtype=torch.uint8, device=device)  # 1.0
+        seen.append(x.clone())
+        seen.append(x.view(torch.int16).clone())     # two bitcasts of widths in one program
+        y = torch.arange(6.0, device=device).reshape(2, 3)
+        row = y[1].view(torch.int32)                 # a view of a view
+        y.add_(1)
+        seen.append(row.clone())
+        return seen
+
+    expected = steps("cpu")
+    torch.tpu.set_eager_mode(mode)
+    try:
+        # (a recording is compiled as one program from its fifth time on)
+        runs = [[t.cpu() for t in steps("tpu")] for _ in range(6)]
+    finally:
+        torch.tpu.set_eager_mode("strict")
+    for got in runs:
+        for value, want in zip(got, expected):
+            assert torch.equal(value, want), (value, want)
 
 
 @pytest.mark.parametrize("optimizer", ["Adam", "AdamW"])

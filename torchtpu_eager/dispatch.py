@@ -1090,7 +1090,7 @@ def run_view(func, args, kwargs):
         out = run_op(func, args, kwargs)
         for t in (out if isinstance(out, (list, tuple)) else (out,)):
             if type(t) is TpuTensor:
-                views.computed_view(func, base, t)
+                views.computed_view(func, base, t, tuple(args[1:]))
         return out
     storage = base._st
     # The CPU's view shares its base's dispatch keys: a view of a normal tensor is a normal

@@ -313,21 +313,25 @@ def write(t, value, _written_back_from=None) -> None:
 
 
 #: View ops whose result a storage of one dtype cannot view (a complex buffer seen as its
-#: float pairs, and back), each with the op that undoes it. The device computes the result;
-#: a ``Reinterpreted`` link then carries writes both ways, as eager's aliasing does.
+#: float pairs, and back; any buffer's bits seen as another dtype), each with the op that
+#: undoes it. The device computes the result; a ``Reinterpreted`` link then carries writes
+#: both ways, as eager's aliasing does.
 _REINTERPRETING = {
     torch.ops.aten.view_as_real.default: torch.ops.aten.view_as_complex.default,
     torch.ops.aten.view_as_complex.default: torch.ops.aten.view_as_real.default,
+    torch.ops.aten.view.dtype: torch.ops.aten.view.dtype,
 }
 
 
-def computed_view(func, base, out) -> None:
-    """Note that ``out`` is view op ``func``'s result on ``base``, computed, not viewed.
+def computed_view(func, base, out, arguments: tuple = ()) -> None:
+    """Note that ``out`` is view op ``func``'s result on ``base`` (called with ``base`` and
+    ``arguments``), computed, not viewed.
 
-    Writes through ``view_as_real`` / ``view_as_complex`` results reach their base, and the
-    base's writes reach them: torch's Adam and AdamW update a complex parameter through
-    ``torch.view_as_real(p)`` in place, which raised here. Other computed views (``conj()``,
-    ``view(dtype)``) stay refused (``check_writable``)."""
+    Writes through ``view_as_real`` / ``view_as_complex`` / ``view(dtype)`` results reach
+    their base, and the base's writes reach them: torch's Adam and AdamW update a complex
+    parameter through ``torch.view_as_real(p)`` in place, which raised here, and a
+    ``view(torch.int32)`` kept its first values after its base was written. Other computed
+    views (``conj()``, ``_neg_view``) stay refused (``check_writable``)."""
     inverse = _REINTERPRETING.get(func)
     source = base._st.stands_for
     if inverse is None or type(source) is str:  # a view of a refused view is refused too
@@ -340,7 +344,9 @@ def computed_view(func, base, out) -> None:
     # computed view's meaning as it was, as in eager.
     base = view_tensor(base._st, base._shape, tuple(base.stride()), base.storage_offset(),
                        base._dense)
-    out._st.stands_for = Reinterpreted(base, func, inverse, (
+    # (view(dtype)'s inverse views the bits as the base's dtype again)
+    inverse_arguments = (base.dtype,) if arguments else ()
+    out._st.stands_for = Reinterpreted(base, (func, *arguments), (inverse, *inverse_arguments), (
         out._shape, tuple(out.stride()), out.storage_offset(), out._dense))
     # Dead ones dropped here too: a base read through a new view each step, and never
     # written, would otherwise keep a reference per step.
@@ -358,8 +364,9 @@ class Reinterpreted:
 
     __slots__ = ("base", "func", "inverse", "geometry", "derived")
 
-    def __init__(self, base=None, func=None, inverse=None, geometry=None):
+    def __init__(self, base=None, func=(), inverse=(), geometry=None):
         self.base = base            # the tensor this storage was computed from (or None)
+        # (op, its arguments after the tensor), computing this storage and undoing it
         self.func, self.inverse = func, inverse
         self.geometry = geometry    # the computed tensor's (size, stride, offset, dense)
         self.derived: list = []     # weak references to storages computed from this one
@@ -369,7 +376,8 @@ class Reinterpreted:
         from .tensor import view_tensor
         if self.base is not None:  # (a write from its own base never comes here)
             view = view_tensor(storage, *self.geometry)
-            write(self.base, read(run_op(self.inverse, (view,), {})), storage)
+            inverse, *arguments = self.inverse
+            write(self.base, read(run_op(inverse, (view, *arguments), {})), storage)
         self._recompute_derived(skip=written_back_from)
 
     def _recompute_derived(self, skip) -> None:
@@ -383,7 +391,8 @@ class Reinterpreted:
             if derived is skip:  # the write came from it: it holds the values already
                 continue
             link = derived.stands_for
-            fresh = run_op(link.func, (link.base,), {})._st
+            func, *arguments = link.func
+            fresh = run_op(func, (link.base, *arguments), {})._st
             derived.value, derived.shape = fresh.value, fresh.shape
             modes.current().note_write(derived)
             link._recompute_derived(skip=None)

@@ -27,7 +27,10 @@ def _bitcast_fn(dtype: str):
 
     def bitcast(x):
         # lax's bitcast between widths adds (narrowing) or drops (widening) a last dim of the
-        # width ratio; torch's view(dtype) scales its last dim instead.
+        # width ratio; torch's view(dtype) scales its last dim instead. The barrier keeps XLA
+        # from merging two such bitcasts in one program (u8 -> f32 -> s16, a fused recording
+        # of writes through views of two dtypes) into one its verifier rejects.
+        x = jax.lax.optimization_barrier(x)
         if jnp.dtype(dtype).itemsize < x.dtype.itemsize:
             out = jax.lax.bitcast_convert_type(x, dtype)
             return out.reshape(*x.shape[:-1], -1)
