@@ -251,6 +251,21 @@ def test_an_entry_holds_the_graph_aot_autograd_gave_not_the_lowered_one(tmp_path
         assert torch.equal(warm["results"][name], expected), name
 
 
+def test_graphs_naming_a_decomposition_s_jax_function_load_in_a_new_process(tmp_path):
+    # A decomposition's JAX function (an FFT, complex arithmetic, a bit view across widths,
+    # a Cholesky factor) is registered as an op on first use. An entry naming one did not
+    # unpickle in a new process ("'torchtpu_jax' object has no attribute ..."): a miss and a
+    # warning in every warm process, compiled graphs and the eager device's traces alike.
+    # The Cholesky graph's effect token is not put back by torch's loader: it is not kept.
+    from tests.support.warm_workloads import check_cold_warm_eager
+    cold, warm = check_cold_warm_eager("jax_function_ops", tmp_path / "cache")
+    caches = warm["counters"]["caches"]
+    assert caches["aot_autograd"]["corrupt"] == 0 and caches["eager_traces"]["corrupt"] == 0, \
+        caches
+    assert caches["aot_autograd"]["hits"] + caches["dynamo"]["hits"] >= 1, caches
+    assert caches["eager_traces"]["misses"] == 0, caches
+
+
 @pytest.mark.parametrize("change", ["dtype", "shape", "requires_grad"])
 def test_changed_inputs_do_not_hit(isolated_cache, change):
     f = lambda x: torch.sin(x) * 2

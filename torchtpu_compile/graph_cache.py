@@ -48,8 +48,10 @@ from . import config, versions
 from ._logging import log
 from .kernels.jax_op import graph_fingerprint
 # Our own ops (C's fmod, the index checks) must be registered before an entry whose graph
-# calls them unpickles; a fresh process has not lowered anything yet.
+# calls them unpickles; a fresh process has not lowered anything yet. A decomposition's JAX
+# functions are registered by name as the entry names them (jax_functions' resolver).
 from .lower import fx_passes, index_checks  # noqa: F401
+from .lower.decompositions import jax_functions  # noqa: F401
 from .runtime.cache import GRAPH_FOLDER, Levels, PickledBytesCodec
 
 _scope_lock = threading.RLock()
@@ -116,6 +118,11 @@ class RunnerOutputCode(OutputCode):
         from torch._functorch._aot_autograd.autograd_cache import BypassAOTAutogradCache
         from torch.fx._graph_pickler import GraphPickler, Options
 
+        if any(node.target is torch.ops.higher_order.with_effects for node in self.gm.graph.nodes):
+            # An effectful op (linalg's _linalg_check_errors) takes a token input that torch's
+            # EffectTokensWrapper supplies, and torch's cache loader does not put that wrapper
+            # back: a loaded entry was called one input short (StopIteration).
+            raise BypassAOTAutogradCache(f"torchtpu graph {self.name} has effect tokens")
         state = {"gm": self.gm, "name": self.name, "lazy": self.lazy,
                  "resident_inputs": sorted(self.resident_inputs),
                  "mutated_inputs": [list(pair) for pair in self.mutated_inputs],

@@ -32,6 +32,9 @@ import time
 import torch
 
 from torchtpu_compile import config, versions
+# An entry's graph may name a decomposition's JAX function, registered by name as it
+# unpickles (jax_functions' resolver), in a process that has not made it yet.
+from torchtpu_compile.lower.decompositions import jax_functions  # noqa: F401
 from torchtpu_compile.lower.index_checks import marking_mode
 from torchtpu_compile.runtime.cache import GRAPH_FOLDER, Levels
 

@@ -138,6 +138,36 @@ def remainder_of_literals(compiled: bool) -> dict:
     return {"ints": ints, "floats": floats}
 
 
+def _jax_function_graphs(x):
+    """Ops our decompositions compute with JAX functions (kernels/jax_op), registered by name
+    on first use: an FFT, complex arithmetic, a bit view across widths."""
+    z = torch.polar(x[:4], x[4:])
+    return torch.fft.rfft(x).abs().sum() + (z * z.conj()).real.sum() + \
+        x.view(torch.uint8).float().sum() * 1e-3
+
+
+def _linalg_with_error_checks(x):
+    """linalg.cholesky: its _linalg_check_errors is an effectful op (an effect token)."""
+    a = x[:4].reshape(2, 2)
+    return torch.linalg.cholesky(a @ a.T + torch.eye(2, dtype=x.dtype)).sum()
+
+
+@workload
+def jax_function_ops(compiled: bool) -> dict:
+    """``_jax_function_graphs`` and ``_linalg_with_error_checks`` with their gradients,
+    compiled (``compiled``; else eager CPU), and the first on the eager tpu device."""
+    out = {}
+    for name, fn in (("jax", _jax_function_graphs), ("linalg", _linalg_with_error_checks)):
+        x = torch.linspace(0.5, 2.0, 8, requires_grad=True)
+        with config.patch(matmul_precision="highest"):
+            y = _maybe_compile(fn, compiled)(x)
+            y.backward()
+        out[name], out[f"{name}_grad"] = y.detach(), x.grad
+    x = torch.linspace(0.5, 2.0, 8)
+    out["device"] = _jax_function_graphs(x.to("tpu") if compiled else x).cpu()
+    return out
+
+
 def _tiny_llama():
     from tests.support import zoo
     model, _ = zoo.llama()

@@ -215,6 +215,64 @@ class JaxOp:
         return self._vjps[key]
 
 
+#: Functions ``name -> bool`` that register the ``torchtpu_jax`` op ``name`` where they know
+#: it (a decomposition's JAX function, registered on first use) and say whether they did.
+_RESOLVERS: list = []
+_registering: set = set()  # the names jax_op is registering now
+_VJP_NAME = re.compile(r"^(?P<base>.+)_vjp(?P<inputs>\d+)_(?P<wrt>\d+(?:_\d+)*)$")
+
+
+def resolves_names(resolver):
+    """Register ``resolver(name) -> bool`` (above): a graph pickled by another process (a disk
+    cache entry) names ops this process has not registered yet.
+
+    Example::
+
+        @resolves_names
+        def _mine(name):
+            return name == "my_kernel" and bool(jax_op(my_kernel))
+    """
+    _RESOLVERS.append(resolver)
+    return resolver
+
+
+def _register_by_name(name: str) -> bool:
+    """Register op ``name`` where a resolver knows it, or where it is the gradient of an op
+    registered here (``JaxOp._vjp_op``'s name); whether it is registered now."""
+    if name in _BY_NAME:
+        return True
+    if name in _registering:
+        return False
+    vjp = _VJP_NAME.match(name)
+    if vjp is not None and _register_by_name(vjp["base"]):
+        wrt = tuple(int(i) for i in vjp["wrt"].split("_"))
+        _BY_NAME[vjp["base"]]._vjp_op(int(vjp["inputs"]), wrt)
+        return name in _BY_NAME
+    return any(resolve(name) for resolve in _RESOLVERS)
+
+
+class _Namespace(torch._ops._OpNamespace):
+    """``torch.ops.torchtpu_jax``: an op that is not registered yet is registered by name where
+    it can be (``_register_by_name``). The eager device's trace cache and aot_autograd's cache
+    unpickle graphs naming a decomposition's JAX function (an FFT, complex arithmetic,
+    ``view(dtype)`` across widths, a factorization), which a new process has not made yet:
+    every such entry failed to load, with a warning in each process."""
+
+    # The ops' own __module__ is their namespace's: FX prints a target as torch.ops.<...>
+    # (and GraphPickler looks it up there) only under torch's.
+    __module__ = torch._ops._OpNamespace.__module__
+
+    def __getattr__(self, op_name: str):
+        try:
+            return super().__getattr__(op_name)
+        except AttributeError:
+            if op_name.startswith("__") or not _register_by_name(op_name):
+                raise
+        return super().__getattr__(op_name)
+
+
+getattr(torch.ops, _NAMESPACE).__class__ = _Namespace
+
 _JAX_PRECISION = {"medium": "default", "high": "high", "highest": "highest"}
 _libraries: list = []   # registrations live as long as their Library objects
 
@@ -244,7 +302,11 @@ def jax_op(fn=None, *, name: str | None = None):
             return _BY_NAME[name]
         raise ValueError(f"jax_op: an op named {name!r} is already registered by "
                          f"{_BY_NAME[name].fn!r}; pass a different name=...")
-    kernel = JaxOp(fn, name)
+    _registering.add(name)  # torch asks the namespace for it while defining it
+    try:
+        kernel = JaxOp(fn, name)
+    finally:
+        _registering.discard(name)
     _BY_NAME[name] = kernel
     return kernel
 

@@ -20,8 +20,10 @@ Example::
 """
 from __future__ import annotations
 
+import ast
 import functools
 
+from ...kernels.jax_op import resolves_names
 from .registry import Registry
 
 
@@ -57,8 +59,40 @@ def jax_function(kind: str, *params):
     """
     from ...kernels.jax_op import jax_op
 
+    return jax_op(_BUILDERS[kind](*params), name=_op_name(kind, params))
+
+
+def _op_name(kind: str, params: tuple) -> str:
+    """The op's name: readable, and, after ``__p``, its parameters in a form that reads back
+    (``_named``), where they are Python literals."""
     name = "aten_" + kind + "".join(f"_{_name_part(p)}" for p in params)
-    return jax_op(_BUILDERS[kind](*params), name=name)
+    if params:
+        text = repr(params)
+        try:
+            if ast.literal_eval(text) == params:
+                name += "__p" + text.encode().hex()
+        except (ValueError, SyntaxError):
+            pass
+    return name
+
+
+@resolves_names
+def _named(name: str) -> bool:
+    """Register the JAX function op ``name`` (``_op_name``'s), which another process made."""
+    if not name.startswith("aten_"):
+        return False
+    from . import _register_families   # the builders register with their families
+    _register_families()
+    _, encoded, code = name.rpartition("__p")
+    try:
+        params = ast.literal_eval(bytes.fromhex(code).decode()) if encoded else ()
+    except (ValueError, SyntaxError):
+        return False
+    for kind in _BUILDERS:
+        if isinstance(params, tuple) and _op_name(kind, params) == name:
+            jax_function(kind, *params)
+            return True
+    return False
 
 
 def _name_part(value) -> str:
