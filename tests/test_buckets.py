@@ -88,6 +88,25 @@ def test_a_dynamic_int_argument_at_any_sign_matches_eager(fn, values, fresh_dyna
         assert torch.equal(compiled(x, s), fn(x, s)), s
 
 
+@pytest.mark.parametrize("fn", [
+    lambda x, k: [p.sum() for p in x.split([k, 10 - k])],
+    lambda x, k: [p * 2 for p in (x * 1).split([2, k, 8 - k])],
+    lambda x, k: torch.stack(x.split([k, 10 - k])[:1]),
+    lambda x, k: [p.cumsum(0) for p in x.split(k)],
+], ids=["two_parts", "three_parts", "stacked", "split_size"])
+def test_a_static_dim_split_by_dynamic_sizes_matches_eager(fn, fresh_dynamo):
+    # Default compile makes k dynamic from its second value: the split was taken at k's
+    # bucket, so every part after the first began at the wrong element (sums 28 and 17 for
+    # any k), and a part's length was the bucket's.
+    compiled = torch.compile(fn, backend="torchtpu")
+    x = torch.arange(10.0)
+    for k in (2, 3, 5, 7):
+        got, want = compiled(x, k), fn(x, k)
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert g.shape == w.shape and torch.equal(g, w), k
+
+
 @pytest.mark.parametrize("other", [torch.zeros(0), torch.zeros(0, dtype=torch.float64)],
                          ids=["float32", "float64"])
 def test_cat_with_an_empty_part_of_another_dtype_promotes_as_eager(other, fresh_dynamo):

@@ -566,8 +566,28 @@ def split(ctx, node, x, sizes, dim=0):
     dim = _norm_dim(dim, len(x.layout))
     if x.layout[dim] is not None:
         raise NotPaddable("split along a padded dim")
+    if any(isinstance(s, Size) for s in (sizes if isinstance(sizes, (list, tuple)) else
+                                         [sizes])):
+        return _split_static_dim(ctx, node, x, dim)
     parts = node.target(x.tensor, unwrap(sizes, ctx), dim)
     return [Padded(p, x.layout) for p in parts]
+
+
+def _split_static_dim(ctx, node, x: Padded, dim: int) -> list:
+    """A static dim split by dynamic sizes (``x.split([k, 10 - k])``, ``k`` dynamic): each
+    part its bucket's length from its real start, the real elements a prefix. Split at the
+    bucket sizes instead, every part but the first started at the wrong element."""
+    parts, start = [], 0
+    for val in node.meta["val"]:
+        out_expr = sym_expr(val.shape[dim])
+        length = evaluate(out_expr, ctx.pad_env)
+        index = aten.add.Tensor(aten.arange.default(length, dtype=torch.int64),
+                                _as_tensor(start))
+        layout = list(x.layout)
+        layout[dim] = prefix(out_expr) if is_symbolic(out_expr) else None
+        parts.append(Padded(gather_along(x.tensor, dim, index), tuple(layout)))
+        start = aten.add.Tensor(_as_tensor(start), _as_tensor(evaluate(out_expr, ctx.real_env)))
+    return parts
 
 
 @padding_rule(aten.slice.Tensor)
