@@ -56,6 +56,21 @@ def test_a_product_with_a_converted_bool_keeps_eagers_nan(path, tmp_path):
 
 
 @pytest.mark.parametrize("path", PATHS)
+def test_a_number_minus_a_tensor_is_computed_in_the_tensor_s_dtype(path, tmp_path):
+    # rsub's number became a float32 literal: 1/3 - x of a float64 x was off by float32's
+    # rounding and 1e39 - x was inf; rsub's positional alpha raised a TypeError.
+    x = torch.tensor([1.0, 2.5, -0.0], dtype=torch.float64)
+    ints = torch.tensor([-128, 5, 0], dtype=torch.int8)
+
+    def f(x, ints):
+        return (1 / 3 - x, 1e39 - x, torch.rsub(x, 1 / 3, alpha=2), 1.5 - ints, 200 - ints,
+                torch.rsub(x.float(), 1e39), 0.1 - x.bfloat16())
+    got = run_on_path(path, f, x, ints, tmp_dir=tmp_path)
+    for g, e in zip(got, f(x, ints)):
+        assert g.dtype == e.dtype and torch.equal(g, e), (g, e)
+
+
+@pytest.mark.parametrize("path", PATHS)
 def test_relu_keeps_a_negative_zero(path, tmp_path):
     # Eager's relu (and Inductor's) returns x unless x < 0, so relu(-0.0) is -0.0; XLA's
     # maximum(x, 0) gave +0.0, and 1 / relu(x) was inf where eager's is -inf. Its gradient at

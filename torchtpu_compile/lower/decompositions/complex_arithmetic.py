@@ -411,7 +411,7 @@ def sub(a, b, *, alpha=1):
 
 
 @complex_rule(aten.rsub.Tensor, aten.rsub.Scalar)
-def rsub(a, b, *, alpha=1):
+def rsub(a, b, alpha=1):  # (rsub's alpha is positional, unlike sub's)
     operands = _in_complex64(a, b)
     return None if operands is None else _jnp("add", operands[1], _scaled(operands[0], -alpha))
 

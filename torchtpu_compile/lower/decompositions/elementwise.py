@@ -77,6 +77,17 @@ for _op in (aten.mul.Tensor, aten.div.Tensor):
     decomposition(_op)(_with_an_unrounded_scalar(_op))
 
 
+@decomposition(aten.rsub.Scalar)
+def rsub_of_a_number(x, other, alpha=1):
+    # torch's reference subtracts with the number as sub's first argument, which the lowering
+    # made a float32 literal whatever x's dtype: 1/3 - x of a float64 x was off by float32's
+    # rounding, and 1e39 - x was inf. -(alpha * x) + other, in the result's dtype, is eager's
+    # other - alpha * x (negation is exact), with the number where add keeps it right.
+    x = x.to(torch.result_type(x, other))
+    scaled = aten.neg.default(x) if alpha == 1 else aten.mul.Tensor(x, -alpha)
+    return aten.add.Tensor(scaled, other)
+
+
 @decomposition(aten.add.Tensor)
 def add_of_bools(a, b, *, alpha=1):
     # Eager's bool add is a logical or. torch-mlir folds an add of i1 literals as integers mod
