@@ -248,3 +248,26 @@ def test_resize_to_a_memory_format_has_eager_s_strides(memory_format, eager_mode
         got = t.to("tpu").resize_(2, 3, 4, 5, memory_format=memory_format)
         assert got.stride() == expected.stride()
         assert got.is_contiguous(memory_format=memory_format)
+
+
+LIKE = {
+    "zeros_like": torch.zeros_like, "ones_like": torch.ones_like,
+    "full_like": lambda t, **k: torch.full_like(t, 2.0, **k), "rand_like": torch.rand_like,
+    "randn_like": torch.randn_like, "randint_like": lambda t, **k: torch.randint_like(t, 5, **k),
+}
+
+
+@pytest.mark.parametrize("name", list(LIKE))
+def test_a_factory_like_a_tpu_tensor_follows_its_device_and_memory_format(name, eager_mode):
+    # The op ran on the device whatever device= said (a tpu tensor came back for "cpu"), and
+    # gave a contiguous result for memory_format=channels_last.
+    like = LIKE[name]
+    x = torch.randn(2, 3, 4, 5)
+    on_host = like(x.to("tpu"), device="cpu")
+    assert on_host.device.type == "cpu" and on_host.dtype == like(x).dtype
+    assert on_host.shape == x.shape
+    laid = like(x.to("tpu") * 1, memory_format=torch.channels_last)
+    assert laid.device.type == "tpu"
+    assert laid.stride() == like(x, memory_format=torch.channels_last).stride()
+    if name in ("zeros_like", "ones_like", "full_like"):
+        torch.testing.assert_close(laid.cpu(), like(x))

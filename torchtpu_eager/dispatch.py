@@ -1320,6 +1320,25 @@ def new_filled(func, args, kwargs):
     return factory(args[1], **options)
 
 
+@handles(aten.zeros_like.default, aten.ones_like.default, aten.full_like.default,
+         aten.rand_like.default, aten.rand_like.generator, aten.randn_like.default,
+         aten.randn_like.generator, aten.randint_like.default, aten.randint_like.Tensor,
+         aten.randint_like.low_dtype, aten.randint_like.generator,
+         aten.randint_like.Tensor_generator, aten.randint_like.low_generator_dtype)
+def filled_like(func, args, kwargs):
+    # A factory "like" a tpu tensor, on another device (zeros_like(t, device="cpu")): the
+    # source gives only its geometry. The op ran on the device, and came back a tpu tensor.
+    device = kwargs.get("device")
+    if device is not None and device.type != "tpu":
+        return func(_meta_view(args[0]),
+                    *[to_cpu(a) if type(a) is TpuTensor else a for a in args[1:]], **kwargs)
+    memory_format = kwargs.get("memory_format")
+    if memory_format in _PERMUTING_FORMATS:  # an op's own result is contiguous
+        out = run_op(func, args, {**kwargs, "memory_format": None})
+        return _in_memory_format(aten.clone.default, out, {"memory_format": memory_format})
+    return run_op(func, args, kwargs)
+
+
 @handles(aten.empty_like.default, aten.new_empty.default, aten.new_empty_strided.default,
          aten.empty.memory_format, aten.empty_strided.default)
 def empty(func, args, kwargs):
