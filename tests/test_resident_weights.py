@@ -310,9 +310,9 @@ def test_state_a_graph_writes_in_place_takes_its_new_value_with_no_copy():
     # A static KV cache's new value is not copied back into it after each decode step (the
     # whole cache, aot_autograd's epilogue): the cache takes the result's memory, which is
     # then its resident buffer. Where something else sees its memory (a view, a numpy array),
-    # it is copied as eager would, and every holder reads eager's values.
-    make = compile_tpu(lambda x: torch.zeros(6, 4) + x)
-    cache, count = make(torch.zeros(())), torch.zeros((), dtype=torch.int64)
+    # it is copied as eager would, and every holder reads eager's values. (The cache made
+    # in eager, as Hugging Face's StaticCache is: memory torch's allocator gave it.)
+    cache, count = torch.zeros(6, 4), torch.zeros((), dtype=torch.int64)
     expected, expected_count = cache.clone(), count.clone()
     step = compile_tpu(_write_state)
     moved, place = [], cache.data_ptr()
@@ -331,3 +331,30 @@ def test_state_a_graph_writes_in_place_takes_its_new_value_with_no_copy():
             np.testing.assert_array_equal(array, expected.numpy())
     # steps 0-2 moved the cache into their result; 3-5 copied into the memory held
     assert moved == [True, True, True, False, False, False]
+
+
+def _bump(x):
+    x.add_(1)  # (returning nothing: a returned input stays the caller's tensor anyway)
+
+
+def _from_dlpack_alias(t):
+    return torch.utils.dlpack.from_dlpack(torch.utils.dlpack.to_dlpack(t))
+
+
+@pytest.mark.parametrize("holder", [
+    lambda: (lambda a: (torch.from_numpy(a), lambda: torch.from_numpy(a)))(np.zeros(8, np.float32)),
+    lambda: (lambda b: (torch.frombuffer(b, dtype=torch.float32),
+                        lambda: torch.frombuffer(b, dtype=torch.float32)))(bytearray(32)),
+    lambda: (lambda t: (t, lambda: t))(torch.zeros(8).share_memory_()),
+    lambda: (lambda t: (t, (lambda alias: lambda: alias)(_from_dlpack_alias(t))))(torch.zeros(8)),
+], ids=["from_numpy", "frombuffer", "share_memory_", "from_dlpack"])
+def test_an_input_written_in_place_keeps_memory_it_shares_with_others(holder):
+    # The input took the program's result memory, so the numpy array, bytearray, shared
+    # segment or DLPack alias that shared its old memory kept the old values (the alias read
+    # freed memory).
+    t, seen = holder()
+    step = compile_tpu(_bump)
+    for i in range(3):
+        step(t)
+        torch.testing.assert_close(seen(), torch.full((8,), i + 1.0), rtol=0, atol=0)
+    assert t.is_shared() == seen().is_shared()

@@ -40,10 +40,14 @@ from . import memory
 from .client import get_client
 from .device_tensors import READERS, WRAPPERS
 
-# id(tensor) -> (weakref, layout, buffer, adopted) for buffers that alias their tensor's
-# memory; layout is (data_ptr, shape, strides, dtype) at upload; adopted: the tensor's memory
-# is the buffer's (``adopt``), not an upload's numpy view. Cleared when the tensor dies.
+# id(tensor) -> (weakref, layout, buffer, memory) for buffers that alias their tensor's
+# memory; layout is (data_ptr, shape, strides, dtype) at upload; memory says whose it is:
+# _ADOPTED, the buffer's (``adopt``); _TORCHS, torch's allocator's (an upload's numpy view of
+# it); _SHARED, memory something else may hold too (``from_numpy``, ``frombuffer``,
+# ``from_file``, ``share_memory_``: none of torch's counts see that holder). Cleared when the
+# tensor dies.
 _resident: dict = {}
+_ADOPTED, _TORCHS, _SHARED = "adopted", "torch's", "shared"
 # (weakref to the buffer, host tensor) of each asynchronous upload since the last wait_uploads:
 # its source, kept from reuse until the transfer is known to be done.
 _in_flight: list = []
@@ -256,6 +260,10 @@ def to_buffer(tensor: torch.Tensor, resident: bool = False, client=None):
     layout = (tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype)
     if entry is not None and entry[1] == layout and entry[0]() is tensor:
         return entry[2]
+    # (read before the upload: its numpy view makes the storage unresizable)
+    storage = tensor.untyped_storage()
+    memory = _TORCHS if storage.resizable() and not storage.is_shared() else _SHARED
+    del storage
     buf = upload(tensor, device)
     counters.add("resident_uploads")
     if not aliases(buf, tensor, client.platform):
@@ -264,7 +272,7 @@ def to_buffer(tensor: torch.Tensor, resident: bool = False, client=None):
         return buf
     if entry is None:
         weakref.finalize(tensor, _resident.pop, key, None)
-    _resident[key] = (weakref.ref(tensor), layout, buf, False)
+    _resident[key] = (weakref.ref(tensor), layout, buf, memory)
     return buf
 
 
@@ -300,8 +308,11 @@ def adopt(tensor: torch.Tensor, buffer, result: torch.Tensor) -> bool:
 
     Only where nothing can tell the memory moved: a plain CPU tensor on the CPU client, not
     requiring grad, contiguous, the whole of a storage that nothing else holds (no view, no
-    numpy array, no other tensor: storage use counts tell). False (nothing done) otherwise;
-    the caller copies as eager would.
+    numpy array, no other tensor: storage use counts tell; no DLPack capsule: the tensor's
+    own use count), uploaded as resident from memory torch's allocator gave it (``_TORCHS``:
+    ``from_numpy``, ``frombuffer``, ``from_file`` and ``share_memory_`` tensors share theirs
+    with something the counts do not see, which kept the old values). False (nothing done)
+    otherwise; the caller copies as eager would.
 
     Example::
 
@@ -310,16 +321,16 @@ def adopt(tensor: torch.Tensor, buffer, result: torch.Tensor) -> bool:
     """
     key = id(tensor)
     entry = _resident.get(key)
-    if entry is not None and entry[3] and entry[0]() is tensor and entry[1] == (
+    if entry is not None and entry[3] is _ADOPTED and entry[0]() is tensor and entry[1] == (
             tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype):
         # Adopted at the last call, its layout unchanged since (the steady decode step): only
         # a new holder of its memory (a view, a numpy array made since) would say no.
         if type(result) is not _Tensor or result.shape != tensor.shape or \
-                result.dtype != tensor.dtype or \
+                result.dtype != tensor.dtype or tensor._use_count() != 1 or \
                 _storage_use_count(tensor.untyped_storage()._cdata) != 2:
             return False
         tensor.set_(result)
-        _resident[key] = (entry[0], (result.data_ptr(), *entry[1][1:]), buffer, True)
+        _resident[key] = (entry[0], (result.data_ptr(), *entry[1][1:]), buffer, _ADOPTED)
         return True
     if type(tensor) is not _Tensor or type(result) is not _Tensor or tensor.requires_grad \
             or not tensor.is_cpu or result.dtype != tensor.dtype \
@@ -327,17 +338,18 @@ def adopt(tensor: torch.Tensor, buffer, result: torch.Tensor) -> bool:
             or not result.is_contiguous() or tensor.storage_offset():
         return False
     layout = (tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype)
-    # Holders of the storage we know: the tensor, the probe below, and an upload's numpy view
-    # where the resident buffer is one (``to_buffer``).
-    known = 3 if entry is not None and entry[1] == layout and entry[0]() is tensor else 2
+    # Holders of the storage we know: the tensor, the probe below, and the resident upload's
+    # numpy view (``to_buffer``).
+    if entry is None or entry[1] != layout or entry[0]() is not tensor or \
+            entry[3] is not _TORCHS:
+        return False
     storage = tensor.untyped_storage()
-    if storage.nbytes() != result.nbytes or _storage_use_count(storage._cdata) != known:
+    if storage.nbytes() != result.nbytes or _storage_use_count(storage._cdata) != 3 or \
+            tensor._use_count() != 1:
         return False
     del storage
     tensor.set_(result)
-    if entry is None or entry[0]() is not tensor:
-        weakref.finalize(tensor, _resident.pop, key, None)
-    _resident[key] = (weakref.ref(tensor), (result.data_ptr(), *layout[1:]), buffer, True)
+    _resident[key] = (entry[0], (result.data_ptr(), *layout[1:]), buffer, _ADOPTED)
     return True
 
 
