@@ -581,3 +581,17 @@ def test_a_dynamic_int_divisor_of_zero_raises_as_eager(fn, fresh_dynamo):
         fn(a, 0)
     with pytest.raises(RuntimeError, match="ZeroDivisionError"):
         compiled(a, 0)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x, w: x[torch.argwhere(x > 0.3).flatten()].softmax(0),
+    lambda x, w: torch.repeat_interleave(x, torch.tensor([1, 0, 2, 1, 0])),
+    lambda x, w: F.embedding(torch.arange(5)[x > 0], w).sum(0),
+    lambda x, w: x.index_select(0, torch.nonzero(x > 0).flatten()) * 2,
+], ids=["getitem", "repeat_interleave", "embedding", "index_select"])
+def test_indices_of_a_length_the_data_decides_are_traced(fn, fresh_dynamo):
+    # Under capture_dynamic_output_shape_ops, marking asked whether such an index was empty:
+    # GuardOnDataDependentSymNode, where eager and aot_eager return (MoE token routing).
+    x, w = torch.tensor([0.5, -1.0, 2.0, 0.1, 0.7]), torch.randn(5, 3)
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        torch.testing.assert_close(compile_tpu(fn)(x, w), fn(x, w))

@@ -34,6 +34,7 @@ import threading
 
 import torch
 import torch.fx as fx
+from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from ..index_errors import DIVISOR_OPS, eager_error
 
@@ -130,7 +131,8 @@ def mark(index, source, dim: int | None, op: str, wraps: bool = False, ignore=No
     else:
         dim = dim % source.dim() if source.dim() else 0
         size = source.shape[dim] if source.dim() else 1
-    if index.numel() == 0:
+    # (a length the data decides, under capture_dynamic_output_shape_ops, cannot be asked)
+    if guard_or_false(index.numel() == 0):
         return index
     return index_check(index, size, dim if named_dim is None else named_dim, wraps, op, ignore)
 
