@@ -94,9 +94,12 @@ def as_strided(x, size, stride, storage_offset=None):
     # contiguous input it is a reshape, or a gather at indices computed in the graph. The
     # graph holds x's elements only, from x's own first one: positions count from there (an
     # input with a storage offset, x[1:]: fuzz seed 4099, XLA's error), and a view reaching
-    # outside them (into storage the graph does not hold) is not decomposed.
+    # outside them (into storage the graph does not hold) is not decomposed. A permuted x
+    # whose elements fill a block of its storage is read in the storage's order first
+    # (Longformer's and LED's overlapping chunks of a transposed projection).
     base = x.storage_offset()
-    if not x.is_contiguous() or not isinstance(base, int):
+    flat = _in_storage_order(x) if isinstance(base, int) else None
+    if flat is None:
         return NotImplemented
     if not isinstance(storage_offset, (int, type(None))) or \
             not all(isinstance(v, int) for v in (*size, *stride)):
@@ -114,8 +117,25 @@ def as_strided(x, size, stride, storage_offset=None):
         return NotImplemented
     if offset == 0 and count == x.numel() and all(
             st == cs for s, st, cs in zip(size, stride, _contiguous_strides(size)) if s > 1):
-        return x.reshape(size).clone()
-    return x.reshape(-1)[_strided_index(size, stride, offset)]
+        return flat.reshape(size).clone()
+    return flat[_strided_index(size, stride, offset)]
+
+
+def _in_storage_order(x):
+    """``x``'s elements flat, in the order of its storage, where they fill a block of it with
+    no gap or overlap (``x`` contiguous, or a permutation of a contiguous tensor); else None.
+    """
+    if not all(isinstance(v, int) for v in (*x.shape, *x.stride())):
+        return None
+    walked = sorted((d for d in range(x.dim()) if x.shape[d] != 1), key=x.stride, reverse=True)
+    expected = 1
+    for d in reversed(walked):
+        if x.stride(d) != expected:
+            return None
+        expected *= x.shape[d]
+    if walked == sorted(walked):
+        return x.reshape(-1)
+    return x.permute(walked + [d for d in range(x.dim()) if d not in walked]).reshape(-1)
 
 
 def _strided_index(size, stride, offset):
