@@ -55,6 +55,15 @@ def view_dtype(x, dtype):
     return jax_function("bitcast", str(dtype).removeprefix("torch."))(x.contiguous())
 
 
+@decomposition(aten._neg_view.default)
+def neg_view(x):
+    # The negative bit's view, as a value (a functional graph has no views): the backward of
+    # a complex conj().imag has one of its real parts, which torch-mlir does not lower.
+    if x.dtype == torch.complex128:
+        return NotImplemented
+    return aten.neg.default(x)
+
+
 # --- copies of views -------------------------------------------------------------------------
 
 @decomposition(aten.view_copy.default)
