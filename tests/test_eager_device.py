@@ -1187,3 +1187,11 @@ def test_torch_tensor_of_a_deferred_tpu_value_runs_its_recording():
     finally:
         torch.tpu.set_eager_mode(saved)
     torch.testing.assert_close(out, torch.tensor([Categorical(probs_cpu).log_prob(action_cpu)[0]]))
+
+
+def test_a_dlpack_import_of_a_tpu_tensor_raises_a_clear_error_when_used():
+    # It came back a plain tensor on tpu:0 with no buffer; any op on it recursed through the
+    # host fallback until Python's recursion limit.
+    imported = torch.from_dlpack(torch.utils.dlpack.to_dlpack(torch.ones(3, device="tpu")))
+    with pytest.raises(RuntimeError, match="torchtpu did not make"):
+        imported * 2

@@ -56,6 +56,14 @@ def _backend_fallback(op, *args, **kwargs):
     from .tensor import TpuTensor
     if any(type(a) is TpuTensor for a in args):
         return dispatch(op, args, kwargs)
+    if any(isinstance(a, torch.Tensor) and a.device.type == "tpu" for a in args):
+        # A tensor on the device that is not ours (torch.from_dlpack of a tpu tensor's
+        # capsule) holds no device buffer: running it on the host came back here, until
+        # Python's recursion limit.
+        raise RuntimeError(
+            f"tpu: {op} got a tensor on the tpu device that torchtpu did not make (a DLPack "
+            f"import of a tpu tensor?); it has no device memory behind it. Export the tensor "
+            f"with .cpu() first, or keep the tpu tensor itself.")
     return _on_host(op, args, kwargs)
 
 
