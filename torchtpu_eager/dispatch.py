@@ -40,6 +40,7 @@ from torchtpu_compile.runtime.client import get_client
 from . import fallback, modes, rng, scalars, trace_cache, views
 from .device import check_device
 from .fuse import Lazy
+from .kernels import foreign_tensor_error
 from .modes import Strict, concrete
 from .programs import (OpGraph, _fake_examples, _platform, example, meta_kernel_failed,
                        outside_dynamo, splice, trace)
@@ -225,6 +226,8 @@ def _check_devices(func, tensors, args=()) -> bool:
                 # No device check on CUDA either: the kernel reads its host arguments
                 # (pack_padded_sequence's lengths) and computes with the device tensors.
                 return True
+            if t.device.type == "tpu":
+                raise foreign_tensor_error(func)
             raise RuntimeError(
                 f"Expected all tensors to be on the same device, but found at least two "
                 f"devices, {DEVICE} and {t.device}! (when checking arguments of {func}). "

@@ -57,14 +57,23 @@ def _backend_fallback(op, *args, **kwargs):
     if any(type(a) is TpuTensor for a in args):
         return dispatch(op, args, kwargs)
     if any(isinstance(a, torch.Tensor) and a.device.type == "tpu" for a in args):
-        # A tensor on the device that is not ours (torch.from_dlpack of a tpu tensor's
-        # capsule) holds no device buffer: running it on the host came back here, until
-        # Python's recursion limit.
-        raise RuntimeError(
-            f"tpu: {op} got a tensor on the tpu device that torchtpu did not make (a DLPack "
-            f"import of a tpu tensor?); it has no device memory behind it. Export the tensor "
-            f"with .cpu() first, or keep the tpu tensor itself.")
+        # (running it on the host came back here, until Python's recursion limit)
+        raise foreign_tensor_error(op)
     return _on_host(op, args, kwargs)
+
+
+def foreign_tensor_error(op) -> RuntimeError:
+    """The error for a tensor on the tpu device that is not a ``TpuTensor``: a DLPack import
+    of a tpu tensor's capsule, which holds no device buffer.
+
+    Example::
+
+        raise foreign_tensor_error(torch.ops.aten.mul.Tensor)
+    """
+    return RuntimeError(
+        f"tpu: {op} got a tensor on the tpu device that torchtpu did not make (a DLPack import "
+        f"of a tpu tensor?); it has no device memory behind it. Export the tensor with .cpu() "
+        f"first, or keep the tpu tensor itself.")
 
 
 def _dispatching(op):
