@@ -310,9 +310,9 @@ def test_state_a_graph_writes_in_place_takes_its_new_value_with_no_copy():
     # A static KV cache's new value is not copied back into it after each decode step (the
     # whole cache, aot_autograd's epilogue): the cache takes the result's memory, which is
     # then its resident buffer. Where something else sees its memory (a view, a numpy array),
-    # it is copied as eager would, and every holder reads eager's values. (The cache made
-    # in eager, as Hugging Face's StaticCache is: memory torch's allocator gave it.)
-    cache, count = torch.zeros(6, 4), torch.zeros((), dtype=torch.int64)
+    # it is copied as eager would, and every holder reads eager's values.
+    make = compile_tpu(lambda x: torch.zeros(6, 4) + x)
+    cache, count = make(torch.zeros(())), torch.zeros((), dtype=torch.int64)
     expected, expected_count = cache.clone(), count.clone()
     step = compile_tpu(_write_state)
     moved, place = [], cache.data_ptr()

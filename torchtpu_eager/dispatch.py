@@ -1335,11 +1335,17 @@ def filled_like(func, args, kwargs):
     if device is not None and device.type != "tpu":
         return func(_meta_view(args[0]),
                     *[to_cpu(a) if type(a) is TpuTensor else a for a in args[1:]], **kwargs)
+    inner = _like_handlers.get(id(func))
+    if inner is None:  # run_random for the random ones (their generator state), else run_op
+        inner = _like_handlers[id(func)] = _handler_of(func)
     memory_format = kwargs.get("memory_format")
     if memory_format in _PERMUTING_FORMATS:  # an op's own result is contiguous
-        out = run_op(func, args, {**kwargs, "memory_format": None})
+        out = inner(func, args, {**kwargs, "memory_format": None})
         return _in_memory_format(aten.clone.default, out, {"memory_format": memory_format})
-    return run_op(func, args, kwargs)
+    return inner(func, args, kwargs)
+
+
+_like_handlers: dict = {}   # id(op) -> the handler a *_like op has on the device
 
 
 @handles(aten.empty_like.default, aten.new_empty.default, aten.new_empty_strided.default,

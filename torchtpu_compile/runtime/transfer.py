@@ -42,12 +42,12 @@ from .device_tensors import READERS, WRAPPERS
 
 # id(tensor) -> (weakref, layout, buffer, memory) for buffers that alias their tensor's
 # memory; layout is (data_ptr, shape, strides, dtype) at upload; memory says whose it is:
-# _ADOPTED, the buffer's (``adopt``); _TORCHS, torch's allocator's (an upload's numpy view of
-# it); _SHARED, memory something else may hold too (``from_numpy``, ``frombuffer``,
-# ``from_file``, ``share_memory_``: none of torch's counts see that holder). Cleared when the
-# tensor dies.
+# _ADOPTED, the buffer's (``adopt``); _OWN, torch's allocator's or a program result's (an
+# upload's numpy view of it); _SHARED, memory something else may hold too (``from_numpy``,
+# ``frombuffer``, ``from_file``, ``share_memory_``: none of torch's counts see that holder).
+# Cleared when the tensor dies.
 _resident: dict = {}
-_ADOPTED, _TORCHS, _SHARED = "adopted", "torch's", "shared"
+_ADOPTED, _OWN, _SHARED = "adopted", "own", "shared"
 # (weakref to the buffer, host tensor) of each asynchronous upload since the last wait_uploads:
 # its source, kept from reuse until the transfer is known to be done.
 _in_flight: list = []
@@ -260,10 +260,7 @@ def to_buffer(tensor: torch.Tensor, resident: bool = False, client=None):
     layout = (tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype)
     if entry is not None and entry[1] == layout and entry[0]() is tensor:
         return entry[2]
-    # (read before the upload: its numpy view makes the storage unresizable)
-    storage = tensor.untyped_storage()
-    memory = _TORCHS if storage.resizable() and not storage.is_shared() else _SHARED
-    del storage
+    memory = _whose_memory(tensor, client)  # (before the upload's numpy view)
     buf = upload(tensor, device)
     counters.add("resident_uploads")
     if not aliases(buf, tensor, client.platform):
@@ -274,6 +271,21 @@ def to_buffer(tensor: torch.Tensor, resident: bool = False, client=None):
         weakref.finalize(tensor, _resident.pop, key, None)
     _resident[key] = (weakref.ref(tensor), layout, buf, memory)
     return buf
+
+
+def _whose_memory(tensor: torch.Tensor, client) -> str:
+    """``_OWN`` where ``tensor``'s memory is torch's allocator's (its storage resizable, not
+    shared) or a program result's (a live PJRT buffer's: an optimizer state a compiled step
+    made); else ``_SHARED``: a numpy array, a bytearray, a file or a DLPack producer may hold
+    it too (their storages are not resizable). Asked once per resident upload."""
+    storage = tensor.untyped_storage()
+    if storage.is_shared():
+        return _SHARED
+    if storage.resizable():
+        return _OWN
+    pointer = storage.data_ptr()
+    return _OWN if any(buffer.unsafe_buffer_pointer() == pointer
+                       for buffer in client.pjrt.live_buffers()) else _SHARED
 
 
 def keep_aliased(tensor: torch.Tensor, client=None) -> bool:
@@ -309,8 +321,8 @@ def adopt(tensor: torch.Tensor, buffer, result: torch.Tensor) -> bool:
     Only where nothing can tell the memory moved: a plain CPU tensor on the CPU client, not
     requiring grad, contiguous, the whole of a storage that nothing else holds (no view, no
     numpy array, no other tensor: storage use counts tell; no DLPack capsule: the tensor's
-    own use count), uploaded as resident from memory torch's allocator gave it (``_TORCHS``:
-    ``from_numpy``, ``frombuffer``, ``from_file`` and ``share_memory_`` tensors share theirs
+    own use count), uploaded as resident from its own memory (``_whose_memory``: a
+    ``from_numpy``, ``frombuffer``, ``from_file`` or ``share_memory_`` tensor shares its memory
     with something the counts do not see, which kept the old values). False (nothing done)
     otherwise; the caller copies as eager would.
 
@@ -341,7 +353,7 @@ def adopt(tensor: torch.Tensor, buffer, result: torch.Tensor) -> bool:
     # Holders of the storage we know: the tensor, the probe below, and the resident upload's
     # numpy view (``to_buffer``).
     if entry is None or entry[1] != layout or entry[0]() is not tensor or \
-            entry[3] is not _TORCHS:
+            entry[3] is not _OWN:
         return False
     storage = tensor.untyped_storage()
     if storage.nbytes() != result.nbytes or _storage_use_count(storage._cdata) != 3 or \
