@@ -97,11 +97,17 @@ def eager_error(op: str, value: int, dim: int, size: int) -> BaseException:
         # RuntimeError('index 5 is out of bounds for dimension 0 with size 4')
     """
     op, _, detail = op.partition(":")
-    kind, template = _EAGER_ERRORS.get(op, _GATHER_ERROR)
+    kind, template = _eager_kind(op)
     if op == "aten.one_hot" and value < 0:
         template = _ONE_HOT_NEGATIVE
     return kind(template.format(value=value, dim=dim, size=size, length=size - 1,
                                 detail=detail))
+
+
+def _eager_kind(op: str) -> tuple:
+    """(exception class, message template) eager raises for ``op``; a name may carry details
+    after a colon (``aten.max_unpool:4x4``)."""
+    return _EAGER_ERRORS.get(op.partition(":")[0], _GATHER_ERROR)
 
 
 def _error(spec: dict, value: int, where: str | None, deferred: bool) -> BaseException:
@@ -110,8 +116,7 @@ def _error(spec: dict, value: int, where: str | None, deferred: bool) -> BaseExc
     division = what in DIVISOR_OPS
     if division:
         what += ": an integer division by a tensor holding zero"
-    elif "{value}" not in _EAGER_ERRORS.get(what.partition(":")[0], _GATHER_ERROR)[1]:
-        # "out of range in self"
+    elif "{value}" not in _eager_kind(what)[1]:  # "out of range in self"
         what += f": index {value} of dim {spec['dim']} of size {spec['size']}"
     where = where or spec.get("where") or "unknown source line"
     note = f" ({what}, at {where})"

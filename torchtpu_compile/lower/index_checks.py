@@ -124,17 +124,22 @@ def mark(index, source, dim: int | None, op: str, wraps: bool = False, ignore=No
     ``named_dim``: the dim eager's message names, where it is not ``dim`` (aten.index counts
     only the indexed dims).
     """
-    if not isinstance(index, torch.Tensor) or index.dtype in (torch.bool, torch.uint8):
-        return index  # boolean masks select; their shape is checked when traced
+    if not _checkable(index):
+        return index
     if dim is None:
         size, dim = source.numel(), 0
     else:
         dim = dim % source.dim() if source.dim() else 0
         size = source.shape[dim] if source.dim() else 1
-    # (a length the data decides, under capture_dynamic_output_shape_ops, cannot be asked)
-    if guard_or_false(index.numel() == 0):
-        return index
     return index_check(index, size, dim if named_dim is None else named_dim, wraps, op, ignore)
+
+
+def _checkable(index) -> bool:
+    """Whether ``index`` holds indices to check: a tensor of integers with elements (boolean
+    masks select; their shape is checked when traced). A length the data decides (under
+    capture_dynamic_output_shape_ops) cannot be asked whether it is 0: checked."""
+    return isinstance(index, torch.Tensor) and index.dtype not in (torch.bool, torch.uint8) \
+        and not guard_or_false(index.numel() == 0)
 
 
 def _has_empty_dim(x, besides=()) -> bool:
@@ -288,8 +293,7 @@ def _unpooled(indices, output_size):
     plane = 1
     for size in output_size:
         plane *= size
-    if not isinstance(plane, int) or not isinstance(indices, torch.Tensor) or \
-            indices.numel() == 0:
+    if not isinstance(plane, int) or not _checkable(indices):
         return indices
     sizes = "x".join(str(size) for size in output_size)
     return index_check(indices, plane, 0, False, f"aten.max_unpool:{sizes}")
