@@ -277,7 +277,11 @@ def _whose_memory(tensor: torch.Tensor, client) -> str:
     """``_OWN`` where ``tensor``'s memory is torch's allocator's (its storage resizable, not
     shared) or a program result's (a live PJRT buffer's: an optimizer state a compiled step
     made); else ``_SHARED``: a numpy array, a bytearray, a file or a DLPack producer may hold
-    it too (their storages are not resizable). Asked once per resident upload."""
+    it too (their storages are not resizable). Asked once per resident upload; the live
+    buffers are listed only for a tensor ``adopt`` could take (on the CPU client, a plain
+    tensor not requiring grad: not the weights, which may be mapped from a file)."""
+    if client.platform != "cpu" or type(tensor) is not _Tensor or tensor.requires_grad:
+        return _SHARED  # never adopted
     storage = tensor.untyped_storage()
     if storage.is_shared():
         return _SHARED
