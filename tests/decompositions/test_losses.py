@@ -47,6 +47,27 @@ def test_multilabel_margin_loss_of_a_0d_input(reduction):
         check_on_both_paths(loss, torch.tensor(0.7), target)
 
 
+@pytest.mark.parametrize("p, weighted", [(1, False), (2, True)])
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_multi_margin_loss_of_one_sample_has_eager_s_shape(reduction, p, weighted):
+    # PyTorch's reference made every unreduced loss 1-D: one sample with a 0-d target (a 1-D
+    # or 0-d input) came back with shape [1] where eager gives [], on every path, silently.
+    def loss(x, t, w):
+        return F.multi_margin_loss(x, t, p=p, weight=w if weighted else None,
+                                   reduction=reduction)
+    for x, target in ((randn(5), torch.tensor(2)), (torch.tensor(0.7), torch.tensor(0)),
+                      (randn(5), torch.tensor([3])), (randn(3, 5), torch.tensor([4, 0, 2]))):
+        weight = torch.rand(x.shape[-1] if x.dim() else 1)
+        check_on_both_paths(loss, x, target, weight, rtol=1e-6, atol=1e-6)
+
+        def grad(x, t, w):
+            return torch.autograd.grad(loss(x, t, w).sum(), x)[0]
+        x_compiled = x.clone().requires_grad_()
+        actual = torch.autograd.grad(compile_tpu(loss)(x_compiled, target, weight).sum(),
+                                     x_compiled)[0]
+        torch.testing.assert_close(actual, grad(x.clone().requires_grad_(), target, weight))
+
+
 def _one_hot_sum(value, scale, index):
     # The shape of the log-softmax backward's sum of nll_loss's gradient along the classes.
     positions = torch.arange(5).view(1, -1)

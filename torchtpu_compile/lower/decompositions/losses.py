@@ -1,4 +1,4 @@
-"""Losses whose reference decomposition differs from eager (multilabel margin loss), or that
+"""Losses whose reference decomposition differs from eager (the margin losses), or that
 PyTorch computes in an opaque op (the chunked ``F.linear_cross_entropy``).
 
 Example::
@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 
 import torch
+from torch._decomp import decompositions as reference
 
 from .registry import decomposition
 
@@ -52,6 +53,17 @@ def multilabel_margin_loss_forward(input, target, reduction):
     elif input.dim() <= 1:
         loss = loss.reshape(())
     return loss, is_target.to(input.dtype).reshape(target.shape)
+
+
+@decomposition(aten.multi_margin_loss.default)
+def multi_margin_loss(input, target, p=1, margin=1, weight=None, reduction=_MEAN):
+    """PyTorch's reference, with eager's shape for one sample given by a 0-d target: its
+    unreduced loss is 0-d (the reference makes every unreduced loss 1-D).
+
+    Example: ``multi_margin_loss(torch.randn(5), torch.tensor(2), reduction=0).shape == ()``.
+    """
+    loss = reference.multi_margin_loss(input, target, p, margin, weight, reduction)
+    return loss.reshape(()) if reduction == _NONE and target.dim() == 0 else loss
 
 
 class _LinearCrossEntropy:
@@ -156,6 +168,8 @@ def install_above_autograd() -> None:
     its wrong values and shapes would reach every compiled graph. Called when the backend is
     imported, before Dynamo traces a frame.
     """
-    op = aten.multilabel_margin_loss_forward.default
-    op.py_kernels[torch._C.DispatchKey.Autograd] = multilabel_margin_loss_forward
-    op._dispatch_cache.clear()
+    for op, ours in ((aten.multilabel_margin_loss_forward.default,
+                      multilabel_margin_loss_forward),
+                     (aten.multi_margin_loss.default, multi_margin_loss)):
+        op.py_kernels[torch._C.DispatchKey.Autograd] = ours
+        op._dispatch_cache.clear()
