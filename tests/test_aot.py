@@ -3,6 +3,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -218,17 +219,64 @@ def test_keywords_are_refused_where_the_input_structure_is_not_restored(tmp_path
     aot.compile(model, ({"a": a, "b": b},), {"x": x, "y": y}).save(path)
     real, in_spec = aot.specs.load_treespec, aot.load(path).manifest["in_spec"]
 
-    def without_the_class(text):
+    def without_the_class(text, **kwargs):
         if text == in_spec:
             raise NotImplementedError("No registered serialization name for <class 'Foo'>")
-        return real(text)
+        return real(text, **kwargs)
     monkeypatch.setattr(aot.specs, "load_treespec", without_the_class)
     run = aot.load(path)
     with pytest.raises(TypeError, match=r"keyword arguments and dict inputs need the input "
-                                        r"structure, which was not restored \(No registered"):
+                                        r"structure, and it was not restored \(No registered"):
         run({"b": b, "a": a}, y=y, x=x)
     with pytest.raises(TypeError, match="need the input structure"):
         run({"a": a, "b": b}, x, y)
+
+
+class Pair(NamedTuple):
+    a: torch.Tensor
+    b: torch.Tensor
+
+
+class _NamedTuplesInAndOut(torch.nn.Module):
+    def forward(self, pair, scale, shift):
+        y = pair.a * scale + pair.b - shift
+        return {"pair": Pair(y, -y), "max": y.max(0), "top": y.topk(2)}
+
+
+def test_structures_pytree_cannot_serialize_keep_names_and_types(tmp_path):
+    # pytree's JSON cannot name a namedtuple not registered for it, nor torch.return_types:
+    # the artifact recorded no structure. Keywords were then bound in call order, silently
+    # wrong (run(p, shift=s, scale=c) computed p.a * s + p.b - c), and outputs came back as a
+    # flat tuple (no .values, no dict).
+    model = _NamedTuplesInAndOut()
+    g = torch.Generator().manual_seed(0)
+    a, b, scale, shift = (torch.randn(5, generator=g) for _ in range(4))
+    path = str(tmp_path / "nt.tpu")
+    aot.compile(model, (Pair(a, b),), {"scale": scale, "shift": shift}).save(path)
+    want = model(Pair(a, b), shift=shift, scale=scale)
+    got = aot.load(path)(Pair(a, b), shift=shift, scale=scale)
+    torch.testing.assert_close(got, want)  # checks the types too: Pair, dict, max, topk
+    assert type(got["max"]) is torch.return_types.max and type(got["pair"]) is Pair
+
+    # Where Pair is not imported the outputs are a namedtuple of its name and fields, and
+    # keywords are refused: by position they could bind to the wrong inputs.
+    result = fresh_python("""
+        import sys, torch
+        import torchtpu_compile.aot as aot
+        run = aot.load(sys.argv[1])
+        a, b, scale, shift = (torch.full((5,), float(i)) for i in (1, 2, 3, 4))
+        out = run((a, b), scale, shift)
+        print(type(out["pair"]).__name__, out["pair"]._fields, type(out["max"]).__name__,
+              out["pair"].a.tolist())
+        try:
+            run((a, b), shift=shift, scale=scale)
+        except TypeError as exc:
+            print("refused:", exc)
+    """, path)
+    assert result.returncode == 0, result.stderr
+    assert "Pair ('a', 'b') max [1.0, 1.0, 1.0, 1.0, 1.0]" in result.stdout, result.stdout
+    assert "refused: " in result.stdout and "not restored (class tests.test_aot.Pair is not " \
+        "imported here)" in result.stdout, result.stdout
 
 
 def test_compile_gives_the_model_back_in_the_modes_it_came_in():

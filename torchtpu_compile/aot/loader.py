@@ -58,7 +58,7 @@ class LoadedArtifact:
         self.state = state
         self.example_inputs = example_inputs
         self.recompiled = recompiled
-        self._unrestored_in_spec = None
+        self._no_in_spec = None
         self._out_spec = self._spec(manifest["out_spec"])
         self._in_spec = self._input_spec(manifest.get("in_spec"))
         self._buckets = buckets  # a BucketTable, or None for static shapes
@@ -66,7 +66,7 @@ class LoadedArtifact:
 
     def _spec(self, text):
         try:
-            spec = specs.load_treespec(text)
+            spec = specs.load_treespec(text, stand_ins=True)
         except NotImplementedError as exc:  # a class not imported here (transformers outputs)
             log.warning("torchtpu: %s: output structure not restored (%s); outputs come back as "
                         "a tuple. Import the module defining it before loading.", self.path, exc)
@@ -87,13 +87,18 @@ class LoadedArtifact:
     def _input_spec(self, text):
         """The ``(args, kwargs)`` structure recorded at export, or None (none recorded, or a
         class not importable here): inputs are then taken by position, and keywords refused."""
+        if text is None:
+            self._no_in_spec = ("the artifact does not record it: a class in the exported "
+                                "inputs has no serialized name in torch.utils._pytree")
+            return None
         try:
             return specs.load_treespec(text)
         except NotImplementedError as exc:  # a class not imported here
             log.warning("torchtpu: %s: input structure not restored (%s); inputs are matched "
                         "by position. Import the module defining it before loading.",
                         self.path, exc)
-            self._unrestored_in_spec = str(exc)
+            self._no_in_spec = (f"it was not restored ({exc}); import the module defining it "
+                                f"before loading")
             return None
         except Exception as exc:
             raise ArtifactError(f"{self.path!r}: member 'manifest.json' is malformed: in_spec "
@@ -104,12 +109,10 @@ class LoadedArtifact:
         name, as eager binds them, not by the order they were written in."""
         spec = self._in_spec
         if spec is None:
-            if self._unrestored_in_spec and (kwargs or _holds_a_dict(args)):
+            if kwargs or _holds_a_dict(args):
                 # by position, names in another order would bind to the wrong inputs
                 raise TypeError(f"{self.path}: keyword arguments and dict inputs need the "
-                                f"input structure, "
-                                f"which was not restored ({self._unrestored_in_spec}); import "
-                                f"the module defining it before loading, or pass inputs by "
+                                f"input structure, and {self._no_in_spec}; or pass inputs by "
                                 f"position")
             return pytree.tree_leaves((args, kwargs))
         names = list(spec.child(1).context)
