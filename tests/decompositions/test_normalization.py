@@ -19,6 +19,21 @@ def test_group_norm_with_affine_parameters():
     check(lambda x, w, b: F.group_norm(x, 2, w, b, 0.5), randn(1, 6, 3), randn(6), randn(6))
 
 
+def test_layer_norm_of_a_permuted_input_is_contiguous_as_eager():
+    # The decomposition computed elementwise in the input's layout: a permuted input gave a
+    # permuted result (Whisper's encoder output), and eager's contiguous one takes .view where
+    # that one raised.
+    from tests.support.helpers import compile_tpu
+    F = torch.nn.functional
+    w, b = randn(8, seed=1), randn(8, seed=2)
+
+    def normed(x):
+        return F.layer_norm(x.permute(0, 2, 1), (8,), w, b).view(2, -1)
+    x = randn(2, 8, 6)
+    check(normed, x, rtol=1e-6, atol=1e-6)
+    assert compile_tpu(normed)(x).stride() == normed(x).stride()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_layer_and_group_norm_compute_in_float32_as_eager(dtype):
     # Their moments were torch.var_mean, which torch-mlir computes in float64 for float32: a

@@ -77,9 +77,10 @@ def native_layer_norm(input, normalized_shape, weight, bias, eps):
     # torch's decomposition takes torch.var_mean, which torch-mlir computes in float64 for a
     # float32 input: every layer norm of a transformer was float64 arithmetic (half the SIMD
     # width on CPU; TPUs have no float64 units). Eager's CPU kernel computes float32 moments
-    # in float32 (float32 for the half-width floats too); so does this.
+    # in float32 (float32 for the half-width floats too); so does this. Its output is
+    # contiguous whatever the input's layout (a permuted input's result must take .view).
     compute = computing_dtype(input.dtype)
-    x = input.to(compute)
+    x = input.to(compute).contiguous()
     dims = list(range(input.dim() - len(normalized_shape), input.dim()))
     mean, centered, var = _moments(x, dims)
     rstd = torch.rsqrt(var + eps)
