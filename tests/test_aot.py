@@ -144,6 +144,23 @@ def test_program_exported_in_training_mode_is_refused():
         aot.compile(exported, (torch.randn(3, 4),))
 
 
+class _Counter(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x):
+        self.calls += 1
+        return x * 2
+
+
+def test_a_module_writing_its_buffer_is_refused_naming_the_buffer():
+    # The error only said "call model.eval()", which aot.compile had already done.
+    with pytest.raises(torchtpu_compile.errors.LoweringError,
+                       match=r"writes 'calls' in place \(BUFFER_MUTATION\).*in-place buffer"):
+        aot.compile(_Counter(), (torch.randn(3),))
+
+
 def test_the_load_path_of_static_and_bucketed_artifacts_imports_no_torch_mlir():
     # The AOT loader promises a PJRT load only; a bucketed artifact also runs through
     # buckets/runner, whose imports reach into lower/ (index checks).

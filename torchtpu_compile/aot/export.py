@@ -289,8 +289,11 @@ def compile(model, example_args=(), example_kwargs=None, precision: str | None =
     for out in signature.output_specs:
         if out.kind != OutputKind.USER_OUTPUT:
             raise LoweringError(
-                f"the exported program mutates {out.target!r} ({out.kind.name}); AOT artifacts "
-                f"are for inference: call model.eval() (BatchNorm statistics) and export again")
+                f"the exported program writes {out.target!r} in place ({out.kind.name}), and "
+                f"an AOT artifact holds no state to update: export a forward that does not "
+                f"(a program exported in training mode updates BatchNorm statistics: call "
+                f"model.eval() before torch.export; a module's own in-place buffer writes "
+                f"must go)")
 
     client = get_client()
     precision = precision or resolve_precision(client.platform)
