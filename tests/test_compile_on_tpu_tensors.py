@@ -360,6 +360,34 @@ def test_torch_compile_with_its_default_backend_compiles_tpu_graphs_with_torchtp
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
 
 
+OTHER_BACKENDS = """
+import torch
+x = torch.arange(12.0).view(3, 4)
+seen = []
+
+def custom(gm, example_inputs):
+    seen.append(len(gm.graph.nodes))
+    return gm.forward
+
+for backend in ("eager", "aot_eager", custom):
+    torch._dynamo.reset()
+    out = torch.compile(lambda t: (t * 2).sum(0), backend=backend)(x.to("tpu"))
+    assert out.device.type == "tpu", backend
+    torch.testing.assert_close(out.cpu(), (x * 2).sum(0))
+assert seen, seen
+print("ok")
+"""
+
+
+def test_torch_compile_with_any_backend_traces_tpu_tensors_in_a_new_process():
+    # Dynamo learnt that tpu tensors are tensors only when a torchtpu or default-backend
+    # compile had run: with backend="eager", "aot_eager" or a function first in a process, it
+    # traced into the device's dispatch code until Python's recursion limit.
+    done = subprocess.run([sys.executable, "-c", OTHER_BACKENDS], capture_output=True,
+                          text=True, timeout=600, env=python_env())
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
 def test_inductor_mode_on_a_tpu_graph_is_named_and_ignored(fresh_dynamo, caplog):
     model = torch.nn.Linear(4, 2).to("tpu")
     x = torch.randn(3, 4)

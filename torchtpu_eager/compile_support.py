@@ -189,10 +189,10 @@ def route_default_backend() -> None:
     A script moved from cuda to tpu keeps its ``torch.compile(model)``: Inductor has no code
     generator for the tpu (Dynamo traced into this package's dispatch code and crashed), so a
     graph that takes or makes tpu tensors goes to the "torchtpu" backend, and every other graph
-    to Inductor as before. Dynamo learns that tpu tensors are tensors (``teach_dynamo``) when
-    ``torch.compile`` is called, before it traces. Inductor's ``mode``/``options`` do not apply
-    to torchtpu: they are ignored, with a warning naming them. Idempotent; the device calls it
-    when it registers itself.
+    to Inductor as before (Dynamo has learnt that tpu tensors are tensors when
+    ``torch.compile`` was called: ``teach_dynamo_at_compile``). Inductor's ``mode``/``options``
+    do not apply to torchtpu: they are ignored, with a warning naming them. Idempotent; the
+    device calls it when it registers itself.
 
     Example::
 
@@ -203,12 +203,7 @@ def route_default_backend() -> None:
     wrapper = torch._TorchCompileInductorWrapper
     if getattr(wrapper.__call__, "_torchtpu_routes", False):
         return
-    original_init, original_call = wrapper.__init__, wrapper.__call__
-
-    @functools.wraps(original_init)
-    def __init__(self, *args, **kwargs):
-        original_init(self, *args, **kwargs)
-        teach_dynamo()
+    original_call = wrapper.__call__
 
     @functools.wraps(original_call)
     def __call__(self, model_, inputs_):
@@ -227,7 +222,34 @@ def route_default_backend() -> None:
         return lookup_backend("torchtpu")(model_, inputs_)
 
     __call__._torchtpu_routes = True
-    wrapper.__init__, wrapper.__call__ = __init__, __call__
+    wrapper.__call__ = __call__
+
+
+def teach_dynamo_at_compile() -> None:
+    """``torch.compile``, whatever its backend, teaches Dynamo that tpu tensors are tensors
+    (``teach_dynamo``) before it traces. Idempotent; the device calls it when it registers
+    itself.
+
+    With a backend named by string (``"eager"``, ``"aot_eager"``) or given as a function,
+    Dynamo traced into a tpu tensor's dispatch code until Python's recursion limit, unless
+    something earlier in the process (a torchtpu or default-backend compile) had taught it.
+
+    Example::
+
+        torch.compile(lambda x: x.sum(0), backend="aot_eager")(torch.ones(3, 4, device="tpu"))
+    """
+    import torch
+    original = torch.compile
+    if getattr(original, "_torchtpu_teaches", False):
+        return
+
+    @functools.wraps(original)
+    def compile(*args, **kwargs):
+        teach_dynamo()  # imports Dynamo, as torch.compile does
+        return original(*args, **kwargs)
+
+    compile._torchtpu_teaches = True
+    torch.compile = compile
 
 
 def teach_dynamo_if_loaded() -> None:

@@ -80,6 +80,7 @@ def register() -> None:
         from . import compile_support, stats  # noqa: F401  (stats: the device's counters)
         compile_support.register_with_runtime()  # compiled programs take and give tpu tensors
         compile_support.route_default_backend()  # torch.compile(model) on tpu: torchtpu
+        compile_support.teach_dynamo_at_compile()  # every backend traces tpu tensors
         compile_support.teach_make_fx()  # make_fx records ops on tpu tensors, not our dispatch
         _registered = True
     from . import compile_support
