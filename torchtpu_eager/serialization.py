@@ -81,7 +81,7 @@ def rebuild(host: torch.Tensor, offset: int, size: tuple, stride: tuple, device:
     """A tensor viewing ``host`` (a storage's contents) as it was saved, on ``device`` or where
     ``torch.load``'s ``map_location`` sends it; views of one saved storage share one again."""
     from .tensor import TpuTensor
-    target = torch.device(torch._utils._get_restore_location(device))
+    target = _restore_target(device, host)
     if type(host) is TpuTensor:  # map_location sent the host copy itself to the device
         out = TpuTensor(host._st, size, stride, offset)
         if target.type != "tpu":
@@ -97,6 +97,18 @@ def rebuild(host: torch.Tensor, offset: int, size: tuple, stride: tuple, device:
             out = out.to(target)
     out.requires_grad_(requires_grad)
     return out
+
+
+def _restore_target(device: str, host: torch.Tensor) -> torch.device:
+    """Where ``torch.load``'s ``map_location`` sends a tensor saved on ``device``. A callable
+    (CUDA checkpoints load on CPU machines with ``lambda storage, loc: storage``) is asked as
+    torch.load asks it for every storage: with the saved location, and the device of the
+    storage it returns, or ``device`` for None; PyTorch's own helper refuses any callable."""
+    map_location = torch.serialization._serialization_tls.map_location
+    if not callable(map_location):
+        return torch.device(torch._utils._get_restore_location(device))
+    restored = map_location(host.untyped_storage(), device)
+    return torch.device(device) if restored is None else restored.device
 
 
 class _HostStorageForTpu(torch.UntypedStorage):
