@@ -23,6 +23,20 @@ def test_pin_memory_copies_and_is_pinned():
     assert pinned[1:].is_pinned() and pinned.t().is_pinned()   # views share the memory
 
 
+def test_pinning_a_tpu_tensor_raises_as_pinning_a_cuda_tensor_does():
+    # It ran on the host with a warning and gave the tpu tensor back, unpinned; CUDA raises,
+    # so does DataLoader(pin_memory=True) over a dataset of device tensors.
+    import pytest
+    x = torch.ones(3, device="tpu")
+    assert not x.is_pinned()
+    with pytest.raises(RuntimeError, match=r"cannot pin 'torch.tpu.FloatTensor' only dense "
+                                           r"CPU tensors can be pinned"):
+        x.pin_memory()
+    with pytest.raises(RuntimeError, match="only dense CPU tensors can be pinned"):
+        next(iter(DataLoader(TensorDataset(torch.ones(4, 2, device="tpu")), batch_size=2,
+                             pin_memory=True)))
+
+
 def test_pin_memory_keeps_strides():
     x = torch.randn(4, 6).t()[1:]
     pinned = x.pin_memory()

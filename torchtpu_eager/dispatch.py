@@ -1197,6 +1197,13 @@ def one_hot(func, args, kwargs):
     return one_hot_checked(*args, **kwargs)
 
 
+@handles(aten._pin_memory.default)
+def pin_memory(func, args, kwargs):
+    # Eager's check (Memory.cpp), as for a cuda tensor: a device tensor is not host memory to
+    # pin. It ran on the host with a warning and gave the tpu tensor back, unpinned.
+    raise RuntimeError(f"cannot pin '{args[0].type()}' only dense CPU tensors can be pinned")
+
+
 @handles(aten.scaled_dot_product_attention.default)
 def attention(func, args, kwargs):
     # Reached whole in inference mode only, as one_hot above.
