@@ -107,6 +107,27 @@ def test_a_static_dim_split_by_dynamic_sizes_matches_eager(fn, fresh_dynamo):
             assert g.shape == w.shape and torch.equal(g, w), k
 
 
+def _batch_norm_grad(x):
+    x = x.clone().requires_grad_()
+    out = F.batch_norm(x, None, None, training=True, eps=1e-3)
+    return torch.autograd.grad(out, x, torch.linspace(-1, 2, out.numel(), dtype=x.dtype)
+                               .view(out.shape))[0]
+
+
+@pytest.mark.parametrize("fn", [
+    _batch_norm_grad,
+    lambda x: F.interpolate(x, size=(1, 3), mode="bicubic"),
+], ids=["batch_norm_backward", "bicubic_to_a_size"])
+def test_float64_results_built_on_a_ratio_of_sizes_keep_float64_precision(fn, fresh_dynamo):
+    # A bucket's program computed a ratio of sizes (a batch norm backward's 1/N, a resize's
+    # scale) from int64 tensors, which divide in float32: float64 results were off by 1e-7
+    # (fuzz seeds 8192 and 8216).
+    compiled = torch.compile(fn, backend="torchtpu", dynamic=True)
+    for n in (3, 5, 7):
+        x = torch.randn(2, 3, n, n, dtype=torch.float64, generator=torch.Generator().manual_seed(n))
+        torch.testing.assert_close(compiled(x), fn(x), rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("other", [torch.zeros(0), torch.zeros(0, dtype=torch.float64)],
                          ids=["float32", "float64"])
 def test_cat_with_an_empty_part_of_another_dtype_promotes_as_eager(other, fresh_dynamo):

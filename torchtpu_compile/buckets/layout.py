@@ -220,17 +220,26 @@ def evaluate(expr, env: dict):
         return _fold(_minimum, args)
     if isinstance(expr, (sympy.Pow, symfn.PowByNatural)) and isinstance(args[1], int):
         power = _fold(operator.mul, [args[0]] * abs(args[1])) if args[1] else 1
-        return power if args[1] >= 0 else 1 / power
+        return power if args[1] >= 0 else _true_divide(1, power)
     if isinstance(expr, symfn.ToFloat):  # sizes used as float values (BatchNorm's n / (n-1))
         return float(args[0]) if isinstance(args[0], int) else args[0].to(torch.float64)
     if isinstance(expr, (symfn.FloatTrueDiv, symfn.IntTrueDiv)):
-        return args[0] / args[1]
+        return _true_divide(*args)
     if isinstance(expr, (symfn.CeilToInt, symfn.FloorToInt)):  # math.ceil of a size ratio
         rounded = math.ceil if isinstance(expr, symfn.CeilToInt) else math.floor
         if isinstance(args[0], (int, float)):
             return rounded(args[0])
         return (torch.ceil if rounded is math.ceil else torch.floor)(args[0]).to(torch.int64)
     raise NotPaddable(f"size expression {expr} ({type(expr).__name__}) is not supported")
+
+
+def _true_divide(a, b):
+    """``a / b`` as Python divides sizes, in double precision: int64 tensors divide in the
+    default dtype, float32, which rounded every float64 result built on the quotient (the 1/N
+    of a batch norm's backward, a resize's scale)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return torch.as_tensor(a, dtype=torch.float64) / torch.as_tensor(b, dtype=torch.float64)
+    return a / b
 
 
 def _fold(fn, values):
