@@ -191,6 +191,20 @@ def test_copies_hypot_angle_dist():
     check(lambda a, b: torch.dist(a, b, 3), x, randn(4, 5, seed=1))
 
 
+def test_hypot_and_angle_at_extreme_values_are_eagers():
+    # hypot was sqrt(a*a + b*b): inf from |a| ~ 1.8e19 in float32, 0 below ~1e-19, and NaN for
+    # hypot(inf, nan) where C gives inf. angle of an infinity was NaN (pi below zero * 0), and
+    # a float64 angle took float32's pi.
+    from tests.support.decomposition_checks import check_on_both_paths
+    inf = float("inf")
+    a = torch.tensor([3e30, 1e38, 3e-30, inf, NAN, -inf, 3.0, 0.0, -0.0, -7e-20])
+    b = torch.tensor([4e30, 1e38, 4e-30, NAN, inf, 1.0, -4.0, 0.0, 5.0, 2e-20])
+    for dtype, rtol in ((torch.float32, 3e-7), (torch.float64, 1e-15)):
+        check_on_both_paths(torch.hypot, a.to(dtype), b.to(dtype), rtol=rtol, atol=1e-300)
+        x = torch.tensor([NAN, inf, -inf, 0.0, -0.0, 1.5, -2.0, -1e-30], dtype=dtype)
+        check_on_both_paths(torch.angle, x)
+
+
 # --- floats bit by bit -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

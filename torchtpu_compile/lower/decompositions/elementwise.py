@@ -11,6 +11,8 @@ Example::
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..fx_passes import C_FMOD
@@ -423,17 +425,24 @@ def clamp_tensor(x, min=None, max=None):
 
 @decomposition(aten.hypot.default)
 def hypot(a, b):
+    # C's hypot, scaled by the larger magnitude: sqrt(a*a + b*b) overflowed to inf from
+    # |a| ~ 1.8e19 in float32 and underflowed to 0 below ~1e-19. An infinity wins over NaN.
     a, b = _promoted(a, b)
-    return torch.sqrt(a * a + b * b)
+    a, b = a.abs(), b.abs()
+    larger, smaller = torch.maximum(a, b), torch.minimum(a, b)
+    ratio = torch.where(larger == 0, 0, smaller / larger)
+    out = larger * torch.sqrt(1 + ratio * ratio)
+    return torch.where(torch.isinf(a) | torch.isinf(b), torch.inf, out)
 
 
 @decomposition(aten.angle.default)
 def angle(x):
-    # Real inputs only (complex ones do not reach XLA from us): pi below zero, else 0; NaN stays.
+    # Real inputs only (complex ones do not reach XLA from us): pi below zero, else 0 (infinities
+    # too); NaN stays. pi in x's own dtype: a where of two Python numbers is float32.
     if x.is_complex():
         return NotImplemented
     x = x if x.is_floating_point() else x.to(torch.get_default_dtype())
-    return torch.where(x < 0, torch.pi, 0.0).to(x.dtype) + x * 0
+    return torch.where(x.isnan(), x, torch.where(x < 0, torch.full_like(x, math.pi), 0))
 
 
 @decomposition(aten.round.decimals)
