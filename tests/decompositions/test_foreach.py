@@ -27,6 +27,21 @@ def test_binary_ops_with_lists_scalars_and_scalar_lists():
     check(lambda a, b: torch._foreach_sub(a, b), a, b)
 
 
+def test_maximum_and_minimum_against_numbers_clamp_as_eager():
+    # torch.maximum takes no number: the Scalar and ScalarList overloads raised a TypeError
+    # in every compiled ASGD foreach step (_foreach_maximum_(etas, 1)), and the eager device
+    # ran them on the host.
+    from tests.support.decomposition_checks import check_on_both_paths
+    a = tensors()
+
+    def clamped(*xs):
+        ys = torch._foreach_sub(list(xs), 0.25)
+        torch._foreach_maximum_(ys, 0.1)
+        return ys + torch._foreach_minimum(list(xs), 0.5) + \
+            torch._foreach_maximum(list(xs), [0.2, -0.3, float("nan")])
+    check_on_both_paths(clamped, *a)
+
+
 def test_unary_ops_and_norm():
     a = [t.abs() + 0.1 for t in tensors(0)]
     check(torch._foreach_sqrt, a)

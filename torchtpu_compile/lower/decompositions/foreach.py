@@ -32,8 +32,18 @@ def _copy(x, src, non_blocking=False):
     return aten.copy.default(x, src)
 
 
+def _against_a_number(tensor_op, number_op):
+    # torch.maximum/minimum take tensors only; eager's foreach kernels clamp for a number
+    # (ASGD's capturable step: _foreach_maximum_(etas, 1)).
+    def per_element(x, other):
+        return tensor_op(x, other) if isinstance(other, torch.Tensor) else number_op(x, other)
+    return per_element
+
+
 # Plain ops whose foreach arguments do not map one to one onto the plain signature.
 _SPECIAL = {
+    "maximum": _against_a_number(torch.maximum, torch.clamp_min),
+    "minimum": _against_a_number(torch.minimum, torch.clamp_max),
     "addcdiv": _addc(torch.addcdiv),
     "addcmul": _addc(torch.addcmul),
     "norm": _norm,
