@@ -378,3 +378,18 @@ def test_half_width_embedding_bag_mean_rounds_each_sum_first():
     offsets = torch.tensor([0, 37, 150, 151, 300])
     check_on_both_paths(lambda w, i, o: F.embedding_bag(i, w.bfloat16(), o, mode="mean"),
                         weight, indices, offsets)
+
+
+def test_gather_and_scatters_of_0d_tensors_run_through_xla():
+    # torch-mlir fails to legalize gather, scatter and scatter_add of 0-d tensors: they ran
+    # on the host (OpInfo's reference inputs), gather on the compile path too.
+    x, index, src = torch.tensor(1.5), torch.tensor(0), torch.tensor(-2.5)
+
+    def zero_d(x, index, src):
+        return (torch.gather(x, 0, index), torch.gather(x, -1, index.reshape(1)),
+                torch.scatter(x, 0, index, src), torch.scatter(x, -1, index, 4.0),
+                torch.scatter_add(x, 0, index, src))
+    check_on_both_paths(zero_d, x, index, src)
+    with pytest.raises(RuntimeError, match="index 1 is out of bounds for dimension 0 with "
+                                           "size 1"):   # eager's error and message
+        compile_tpu(zero_d)(x, torch.tensor(1), src)

@@ -213,3 +213,15 @@ def test_a_scan_along_a_dim_of_one_element_returns_a_new_tensor(op):
         assert result is not x and not torch._C._is_alias_of(result, x)
         x.neg_()
         assert torch.equal(result, expected)
+
+
+def test_all_over_a_list_of_dims_runs_through_xla():
+    # torch-mlir lowers any.dims but not all.dims: torch.all(x, dim=(0, 1)) ran on the host.
+    # Over no dims it is each element's truth; uint8 gives uint8.
+    x = torch.tensor([[1.0, 0.0, 2.0], [3.0, NAN, 4.0]])
+
+    def alls(x):
+        return (torch.all(x, dim=(0, 1)), torch.all(x, dim=(1,)), torch.all(x, dim=(-1, 0),
+                keepdim=True), torch.all(x, dim=()), torch.all(x.to(torch.uint8), dim=(0,)),
+                torch.all(x > 0, dim=(0,)))
+    check_on_both_paths(alls, x)

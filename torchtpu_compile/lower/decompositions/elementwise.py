@@ -186,45 +186,51 @@ def _ignoring_nan(pick, a, b):
 
 
 @decomposition(aten.__lshift__.Tensor, aten.__lshift__.Scalar,
-               aten.bitwise_left_shift.Tensor_Scalar)
+               aten.bitwise_left_shift.Tensor_Scalar, aten.bitwise_left_shift.Scalar_Tensor)
 def lshift(x, other):
-    # The operator spellings (x << n) and the scalar overload do not lower; the tensor one
-    # does, with eager's answer for a shift past the width (0).
-    return aten.bitwise_left_shift.Tensor(x, _as_tensor(other, x))
+    # The operator spellings (x << n) and the scalar overloads (a number on either side) do
+    # not lower; the tensor one does, with eager's answer for a shift past the width (0).
+    return aten.bitwise_left_shift.Tensor(_as_tensor(x, other), _as_tensor(other, x))
 
 
 @decomposition(aten.__rshift__.Tensor, aten.__rshift__.Scalar,
-               aten.bitwise_right_shift.Tensor_Scalar)
+               aten.bitwise_right_shift.Tensor_Scalar, aten.bitwise_right_shift.Scalar_Tensor)
 def rshift(x, other):
     # As lshift: past the width, 0, or -1 for a negative x (arithmetic shift).
-    return aten.bitwise_right_shift.Tensor(x, _as_tensor(other, x))
+    return aten.bitwise_right_shift.Tensor(_as_tensor(x, other), _as_tensor(other, x))
 
 
-_BITWISE = {aten.bitwise_and.Scalar_Tensor: aten.bitwise_and.Tensor,
-            aten.bitwise_or.Scalar: aten.bitwise_or.Tensor,
-            aten.bitwise_or.Scalar_Tensor: aten.bitwise_or.Tensor,
-            aten.bitwise_xor.Scalar: aten.bitwise_xor.Tensor,
-            aten.bitwise_xor.Scalar_Tensor: aten.bitwise_xor.Tensor}
+#: Overloads with a Python number on one side -> the tensor overload, which lowers.
+_WITH_A_NUMBER = {aten.bitwise_and.Scalar_Tensor: aten.bitwise_and.Tensor,
+                  aten.bitwise_or.Scalar: aten.bitwise_or.Tensor,
+                  aten.bitwise_or.Scalar_Tensor: aten.bitwise_or.Tensor,
+                  aten.bitwise_xor.Scalar: aten.bitwise_xor.Tensor,
+                  aten.bitwise_xor.Scalar_Tensor: aten.bitwise_xor.Tensor,
+                  aten.copysign.Scalar: aten.copysign.Tensor,
+                  aten.xlogy.Scalar_Self: aten.xlogy.Tensor,
+                  aten.xlogy.Scalar_Other: aten.xlogy.Tensor}
 
 
-def _bitwise_with_a_number(op):
-    """``op`` (a bitwise op with a Python number on one side) as its tensor overload: torch-mlir
-    lowers only ``bitwise_and.Scalar``, so ``mask | True`` (generate()'s assisted decoding)
-    and ``6 ^ x`` ran on the host. Both sides go to the promoted dtype first (a bool tensor
-    with an int is int64, as in eager); floats reach the tensor overload, which refuses them."""
-    tensor_op = _BITWISE[op]
+def _number_as_a_tensor(op):
+    """``op`` (with a Python number on one side) as its tensor overload. torch-mlir lowers
+    only ``bitwise_and.Scalar`` of the bitwise ones, so ``mask | True`` (generate()'s assisted
+    decoding) and ``6 ^ x`` ran on the host; PyTorch's references for copysign and xlogy build
+    the number with prims.scalar_tensor, which does not lower either. Both sides go to the
+    promoted dtype first (a bool tensor with an int is int64, as in eager); floats reach the
+    bitwise tensor overloads, which refuse them."""
+    tensor_op = _WITH_A_NUMBER[op]
 
-    def bitwise(a, b):
+    def with_a_tensor(a, b):
         x = b if isinstance(b, torch.Tensor) else a
         dtype = torch.result_type(a, b)
         a, b = (v.to(dtype) if isinstance(v, torch.Tensor) else _as_tensor(v, x) for v in (a, b))
         return tensor_op(a, b)
-    bitwise.__name__ = f"{op.__name__.replace('.', '_')}_as_tensor"
-    return bitwise
+    with_a_tensor.__name__ = f"{op.__name__.replace('.', '_')}_as_tensor"
+    return with_a_tensor
 
 
-for _op in _BITWISE:
-    decomposition(_op)(_bitwise_with_a_number(_op))
+for _op in _WITH_A_NUMBER:
+    decomposition(_op)(_number_as_a_tensor(_op))
 
 
 def _broadcast_shift(op, x, other):

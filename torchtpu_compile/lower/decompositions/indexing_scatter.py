@@ -412,10 +412,21 @@ def segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, ax
     return torch.where(empty, torch.full_like(out, fill), out)
 
 
+@decomposition(aten.gather.default)
+def gather_of_a_0d_tensor(self, dim, index, sparse_grad=False):
+    # torch-mlir fails to legalize a 0-d gather (it ran on the host): the same over [1].
+    if self.dim() != 0 or not guard_or_false(index.numel() == 1):
+        return NotImplemented
+    return self.reshape(1).gather(0, index.reshape(1)).reshape(index.shape)
+
+
 @decomposition(aten.scatter_add.default)
 def scatter_add(self, dim, index, src):
     # torch-mlir lowers it, accumulating in the tensor's dtype; the CPU kernel sums half-width
     # floats in float32 (a bf16 sum of a thousand ones gave 512).
+    # A 0-d scatter (torch-mlir fails to legalize one) is the same over [1] tensors.
+    if self.dim() == 0:
+        return self.reshape(1).scatter_add(0, index.reshape(1), src.reshape(1)).reshape(())
     compute = computing_dtype(self.dtype)
     if compute == self.dtype:
         return NotImplemented
@@ -432,7 +443,11 @@ def scatter_one_per_row(self, dim, index, src):
     # backward's sum of it is fx_passes.sum_of_one_hot_product's. An index out of range
     # writes nothing, as XLA's scatter (its check is index_checks.py's, made before).
     rank = self.dim()
-    if rank == 0 or index.dim() != rank:
+    if rank == 0 and guard_or_false(index.numel() == 1):  # as over [1] tensors: torch-mlir
+        # fails to legalize a 0-d scatter
+        src = src.reshape(1) if isinstance(src, torch.Tensor) else src
+        return self.reshape(1).scatter(0, index.reshape(1), src).reshape(())
+    if index.dim() != rank:
         return NotImplemented
     dim = dim % rank
     if not guard_or_false(index.shape[dim] == 1) or not all(

@@ -90,7 +90,7 @@ _OVER_ONE_ELEMENT = (
     aten.aminmax.default, aten.logsumexp.default, aten.var.correction, aten.std.correction,
     aten.var_mean.correction, aten.std_mean.correction, aten._softmax.default,
     aten._log_softmax.default, aten.prod.dim_int, aten.argmax.default, aten.argmin.default,
-    aten.any.dim, aten.any.dims, aten.all.dim, aten.all.dims, aten.max.dim, aten.min.dim,
+    aten.any.dim, aten.any.dims, aten.all.dim, aten.max.dim, aten.min.dim,
     aten.linalg_vector_norm.default)
 
 
@@ -192,8 +192,7 @@ def _scaled(op, inner):
     return decompose
 
 
-_TRUTH = (aten.any.default, aten.any.dim, aten.any.dims, aten.all.default, aten.all.dim,
-          aten.all.dims)
+_TRUTH = (aten.any.default, aten.any.dim, aten.any.dims, aten.all.default, aten.all.dim)
 
 
 def _reduction_decomposition(op):
@@ -238,6 +237,14 @@ def is_all_true(x):
 @decomposition(aten._is_any_true.default)
 def is_any_true(x):
     return torch.any(x)
+
+
+@decomposition(aten.all.dims)
+def all_dims(x, dim=None, keepdim=False):
+    # torch-mlir lowers any.dims, not all.dims (each call ran on the host): all is "not any
+    # of the negation" (over no dims, each element's truth). uint8 in, uint8 out, as eager.
+    out = torch.logical_not(aten.any.dims(torch.logical_not(x), dim, keepdim))
+    return out.to(torch.uint8) if x.dtype == torch.uint8 else out
 
 
 # --- scans: a log-depth prefix combine (Hillis-Steele) of shifted copies ---------------------
