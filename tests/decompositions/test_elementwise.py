@@ -579,10 +579,10 @@ def test_bitwise_ops_with_a_number():
 
 
 def test_copysign_xlogy_and_shifts_with_a_number_run_through_xla():
-    # PyTorch's references for copysign.Scalar and xlogy's Scalar overloads build the number
-    # with prims.scalar_tensor, and a number shifted by a tensor has no lowering: each ran on
-    # the host (OpInfo's reference inputs). Result dtypes as eager's: an int with a float is
-    # float32, xlogy of ints float32.
+    # PyTorch's references for copysign.Scalar and the Scalar overloads of xlogy and xlog1py
+    # build the number with prims.scalar_tensor, and a number shifted by a tensor has no
+    # lowering: each ran on the host (OpInfo's reference inputs). Result dtypes as eager's:
+    # an int with a float is float32, xlogy of ints float32.
     x = torch.tensor([1.5, -2.0, 0.0, -0.0, NAN])
     ints = torch.tensor([0, 1, 3, 7])
     shifts = torch.tensor([0, 1, 5, 63])
@@ -590,7 +590,8 @@ def test_copysign_xlogy_and_shifts_with_a_number_run_through_xla():
     def with_numbers(x, ints, shifts):
         return (torch.copysign(x, -1.0), torch.copysign(ints, 2.5), torch.copysign(x, -0.0),
                 torch.xlogy(2.0, x.abs()), torch.xlogy(3, ints), torch.xlogy(x, 0.5),
-                torch.xlogy(ints, 0), torch.bitwise_left_shift(3, shifts),
+                torch.xlogy(ints, 0), torch.special.xlog1py(2.0, x.abs()),
+                torch.special.xlog1py(x, 3), torch.bitwise_left_shift(3, shifts),
                 torch.bitwise_right_shift(-64, shifts), torch.bitwise_left_shift(2, ints.int()))
     check_on_both_paths(with_numbers, x, ints, shifts)
 

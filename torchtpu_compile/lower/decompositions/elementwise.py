@@ -208,16 +208,18 @@ _WITH_A_NUMBER = {aten.bitwise_and.Scalar_Tensor: aten.bitwise_and.Tensor,
                   aten.bitwise_xor.Scalar_Tensor: aten.bitwise_xor.Tensor,
                   aten.copysign.Scalar: aten.copysign.Tensor,
                   aten.xlogy.Scalar_Self: aten.xlogy.Tensor,
-                  aten.xlogy.Scalar_Other: aten.xlogy.Tensor}
+                  aten.xlogy.Scalar_Other: aten.xlogy.Tensor,
+                  aten.special_xlog1py.self_scalar: aten.special_xlog1py.default,
+                  aten.special_xlog1py.other_scalar: aten.special_xlog1py.default}
 
 
 def _number_as_a_tensor(op):
     """``op`` (with a Python number on one side) as its tensor overload. torch-mlir lowers
     only ``bitwise_and.Scalar`` of the bitwise ones, so ``mask | True`` (generate()'s assisted
-    decoding) and ``6 ^ x`` ran on the host; PyTorch's references for copysign and xlogy build
-    the number with prims.scalar_tensor, which does not lower either. Both sides go to the
-    promoted dtype first (a bool tensor with an int is int64, as in eager); floats reach the
-    bitwise tensor overloads, which refuse them."""
+    decoding) and ``6 ^ x`` ran on the host; PyTorch's references for copysign, xlogy and
+    xlog1py build the number with prims.scalar_tensor, which does not lower either. Both sides
+    go to the promoted dtype first (a bool tensor with an int is int64, as in eager); floats
+    reach the bitwise tensor overloads, which refuse them."""
     tensor_op = _WITH_A_NUMBER[op]
 
     def with_a_tensor(a, b):
