@@ -39,6 +39,11 @@ def test_a_corrupted_entry_is_discarded_and_traced_again(filled, tmp_path):
     fast.check_correct(result)
 
 
+@pytest.mark.parametrize("case", ["pre hook", "submodule hook", "global hook"])
+def test_a_module_hooked_in_this_process_is_not_served_an_unhooked_entry(tmp_path, case):
+    fast.check_hooked_module_is_not_served_an_unhooked_entry(tmp_path, case)
+
+
 def test_a_frame_holding_another_tensor_method_in_a_module_misses(tmp_path):
     fast.check_frame_holding_another_tensor_method_misses(tmp_path, "module")
 
