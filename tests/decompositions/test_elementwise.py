@@ -596,6 +596,24 @@ def test_copysign_xlogy_and_shifts_with_a_number_run_through_xla():
     check_on_both_paths(with_numbers, x, ints, shifts)
 
 
+@pytest.mark.parametrize("dtype, rtol", [(torch.bfloat16, 2 ** -8), (torch.float16, 2 ** -10)])
+def test_half_width_gelu_and_elu_round_once_as_eager(dtype, rtol):
+    # Their lowerings computed step by step in the half width, where eager's kernels compute
+    # in float32 and round once: bf16 gelu(-3) was 45% off, elu(-1e-3) 0 (exp(x) - 1 in bf16).
+    x = torch.tensor([-6.0, -3.0, -1.0, -0.1, -1e-3, 0.0, 1e-3, 0.5, 2.0, 7.0]).to(dtype)
+    grad = torch.linspace(-2, 2, 10).to(dtype)
+    aten = torch.ops.aten
+
+    F = torch.nn.functional
+
+    def activations(x, grad):
+        return (F.gelu(x), F.gelu(x, approximate="tanh"), F.elu(x), F.selu(x),
+                F.elu(x, alpha=0.5), aten.gelu_backward(grad, x),
+                aten.gelu_backward(grad, x, approximate="tanh"),
+                aten.elu_backward(grad, 1.0, 1.0, 1.0, False, x))
+    check_on_both_paths(activations, x, grad, rtol=rtol, atol=1e-6)
+
+
 @pytest.mark.parametrize("op", ["hardshrink_backward", "softshrink_backward"])
 def test_shrink_backward(op):
     # torch-mlir lowers neither: nn.Hardshrink's and nn.Softshrink's backwards ran on the host

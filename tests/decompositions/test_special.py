@@ -42,6 +42,17 @@ def test_erfc():
     check(torch.erfc, randn(5, 6) * 3)
 
 
+@pytest.mark.parametrize("dtype, rtol", [(torch.float32, 2e-5), (torch.float64, 1e-13),
+                                         (torch.bfloat16, 2 ** -8), (torch.float16, 2 ** -10)])
+def test_erfc_keeps_its_relative_accuracy_in_the_tail(dtype, rtol):
+    # It was 1 - erf(x): 0 from x ~ 3.9 in float32 (erfc(5) is 1.5e-12), and computed in the
+    # half width, 17% off at x = 2 in bf16 and 0 from 2.7. (Not past 9: float32's erfc(10)
+    # is a denormal, which XLA CPU flushes to zero.)
+    x = torch.tensor([-3.0, -0.5, 0.0, 0.3, 1.0, 2.0, 2.5, 3.0, 4.0, 5.0, 7.0, 9.0, INF, -INF,
+                      NAN], dtype=dtype)
+    check_on_both_paths(torch.erfc, x, rtol=rtol, atol=1e-300)
+
+
 def test_error_function_and_bessel_special_functions():
     x = torch.cat([torch.linspace(-12, 40, 300), torch.tensor([0.0, -0.0, INF, -INF, NAN])])
     unit = torch.cat([torch.linspace(-1, 1, 201), torch.tensor([0.9999999, -1.5, NAN])])

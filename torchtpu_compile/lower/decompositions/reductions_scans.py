@@ -59,7 +59,7 @@ def _over_one_element(op):
 #: float32 and rounds once; an XLA reduce in the tensor's own dtype rounds at every addition.
 #: (Not prod: the CPU multiplies bf16 in bf16.)
 _ACCUMULATING = (aten.sum.default, aten.sum.dim_IntList, aten.nansum.default, aten.mean.default,
-                 aten.mean.dim, aten.linalg_vector_norm.default)
+                 aten.mean.dim, aten.linalg_vector_norm.default, aten.var_mean.correction)
 
 
 def _otherwise(op, inner, x, *args, **kwargs):
@@ -79,7 +79,8 @@ def _in_float32(op, inner):
         dtype = kwargs.get("dtype") or x.dtype
         if computing_dtype(dtype) != dtype and x.is_floating_point():
             kwargs = {k: v for k, v in kwargs.items() if k != "dtype"}
-            return op(x.to(dtype).to(computing_dtype(dtype)), *args, **kwargs).to(dtype)
+            out = op(x.to(dtype).to(computing_dtype(dtype)), *args, **kwargs)
+            return tuple(o.to(dtype) for o in out) if isinstance(out, tuple) else out.to(dtype)
         return _otherwise(op, inner, x, *args, **kwargs)
     decompose.__name__ = f"{op.__name__.replace('.', '_')}_in_float32"
     return decompose
