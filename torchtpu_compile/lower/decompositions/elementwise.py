@@ -16,9 +16,9 @@ import math
 import torch
 
 from ..fx_passes import C_FMOD
-from .common import computing_dtype, in_common_dtype
+from .common import computing_dtype, in_common_dtype, rounded_once
 from .jax_functions import builds, jax_function
-from .registry import decomposition, torch_mlir_table
+from .registry import decomposition
 
 aten = torch.ops.aten
 
@@ -437,22 +437,8 @@ def clamp_tensor(x, min=None, max=None):
 _HALF_IN_FLOAT32 = (aten.gelu.default, aten.gelu_backward.default, aten.elu.default,
                     aten.elu_backward.default)
 
-
-def _half_in_float32(op):
-    def decompose(*args, **kwargs):
-        dtype = next(a.dtype for a in args if isinstance(a, torch.Tensor))
-        if computing_dtype(dtype) == dtype:  # as before: torch-mlir's decomposition, if any
-            base = torch_mlir_table().get(op)
-            return base(*args, **kwargs) if base is not None else NotImplemented
-        wide = [a.to(computing_dtype(a.dtype)) if isinstance(a, torch.Tensor) else a
-                for a in args]
-        return op(*wide, **kwargs).to(dtype)
-    decompose.__name__ = f"{op.__name__.replace('.', '_')}_in_float32"
-    return decompose
-
-
 for _op in _HALF_IN_FLOAT32:
-    decomposition(_op)(_half_in_float32(_op))
+    decomposition(_op)(rounded_once(_op))
 
 
 @decomposition(aten.hypot.default)

@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
-from .common import computing_dtype, torch_decomposition
-from .registry import decomposition, torch_mlir_table
+from .common import as_before, computing_dtype, rounded_once, torch_decomposition
+from .registry import decomposition
 
 aten = torch.ops.aten
 
@@ -36,8 +36,7 @@ def _over_one_element(op):
 
     def decompose(x, *args, **kwargs):
         if x.dim() != 0:
-            base = torch_mlir_table().get(op)
-            return base(x, *args, **kwargs) if base is not None else NotImplemented
+            return as_before(op, None, x, *args, **kwargs)
         args = list(args)
         if len(args) >= dim_at:  # args exclude x, so "dim" sits at dim_at - 1
             dim = args[dim_at - 1]
@@ -60,30 +59,6 @@ def _over_one_element(op):
 #: (Not prod: the CPU multiplies bf16 in bf16.)
 _ACCUMULATING = (aten.sum.default, aten.sum.dim_IntList, aten.nansum.default, aten.mean.default,
                  aten.mean.dim, aten.linalg_vector_norm.default, aten.var_mean.correction)
-
-
-def _otherwise(op, inner, x, *args, **kwargs):
-    """What a wrapper below does with inputs it leaves alone: ``inner`` (a decomposition of
-    ``op``), or, where there is none, torch-mlir's own decomposition of ``op`` if it has one."""
-    if inner is not None:
-        return inner(x, *args, **kwargs)
-    base = torch_mlir_table().get(op)
-    return base(x, *args, **kwargs) if base is not None else NotImplemented
-
-
-def _in_float32(op, inner):
-    """``inner`` (a decomposition of ``op``, or None for the op as it is), except that a
-    half-width result accumulates in float32: the input in that dtype (a ``dtype=`` casts
-    first, as eager), reduced in float32, rounded once."""
-    def decompose(x, *args, **kwargs):
-        dtype = kwargs.get("dtype") or x.dtype
-        if computing_dtype(dtype) != dtype and x.is_floating_point():
-            kwargs = {k: v for k, v in kwargs.items() if k != "dtype"}
-            out = op(x.to(dtype).to(computing_dtype(dtype)), *args, **kwargs)
-            return tuple(o.to(dtype) for o in out) if isinstance(out, tuple) else out.to(dtype)
-        return _otherwise(op, inner, x, *args, **kwargs)
-    decompose.__name__ = f"{op.__name__.replace('.', '_')}_in_float32"
-    return decompose
 
 
 _OVER_ONE_ELEMENT = (
@@ -124,7 +99,7 @@ def _in_int16(op, inner):
             if isinstance(out, (tuple, list)):
                 return tuple(o.to(x.dtype) for o in out)
             return out.to(x.dtype)
-        return _otherwise(op, inner, x, *args, **kwargs)
+        return as_before(op, inner, x, *args, **kwargs)
     decompose.__name__ = f"{op.__name__.replace('.', '_')}_in_int16"
     return decompose
 
@@ -145,7 +120,7 @@ def _of_nonzero(op, inner):
     def decompose(x, *args, **kwargs):
         if x.dtype == torch.uint8:
             return op(x != 0, *args, **kwargs).to(torch.uint8)
-        return _otherwise(op, inner, x, *args, **kwargs)
+        return as_before(op, inner, x, *args, **kwargs)
     decompose.__name__ = f"{op.__name__.replace('.', '_')}_of_nonzero"
     return decompose
 
@@ -171,7 +146,7 @@ def _scaled(op, inner):
         # an empty input's numel is symbolic under dynamic=True, and amax of it raises
         if not x.is_floating_point() or computing_dtype(x.dtype) != torch.float32 or \
                 guard_or_false(x.numel() == 0):
-            return _otherwise(op, inner, x, *args, **kwargs)
+            return as_before(op, inner, x, *args, **kwargs)
         dims = list(range(x.dim())) if dim is None else dim
         big = torch.amax(x.abs().to(torch.float32), dim=dims, keepdim=True)
         # The exponent field alone: 2^floor(log2(big)), exactly; at most 2^100, whose inverse
@@ -180,7 +155,7 @@ def _scaled(op, inner):
         power = torch.clamp(power, max=_LARGEST_SCALE)
         scale = torch.where((big >= _UNSCALED_BOUND) & (big < float("inf")), power,
                             torch.ones_like(power)).to(x.dtype)
-        out = _otherwise(op, inner, x / scale, *args, **kwargs)
+        out = as_before(op, inner, x / scale, *args, **kwargs)
         if out is NotImplemented:
             return out
         keepdim = kwargs.get("keepdim", False)
@@ -203,7 +178,7 @@ def _reduction_decomposition(op):
     if op in _TRUTH:
         decompose = _of_nonzero(op, decompose)
     if op in _ACCUMULATING:
-        decompose = _in_float32(op, decompose)
+        decompose = rounded_once(op, decompose)
     if op in _OF_MODULI:
         decompose = _of_moduli(op, decompose)
     if op in _SCALED:
