@@ -319,3 +319,37 @@ def test_an_unfolded_view_of_an_expanded_input_is_made_from_it():
         actual, expected = compiled(x), f(x)
         assert torch.equal(actual, expected) and actual.stride() == expected.stride()
         assert actual.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+
+
+
+def _expanded(x):
+    return (x[0] * 2).expand(3, 5)
+
+
+def _unsqueezed_and_expanded(x):
+    return (x * 2).unsqueeze(0).expand(2, 4, 5)
+
+
+def _broadcast(x):
+    return torch.broadcast_to(x.sum(0), (6, 5))
+
+
+@pytest.mark.parametrize("device", ["cpu", "tpu"])
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+@pytest.mark.parametrize("fn", [_expanded, _unsqueezed_and_expanded, _broadcast],
+                         ids=lambda fn: fn.__name__[1:])
+def test_an_expanded_view_of_a_computed_tensor_has_eager_s_strides(fn, training, device):
+    # A lone expand of an intermediate came back materialized, every copy computed and
+    # returned: its stride-0 dims were lost, so `expanded.add_(1)` returned where eager
+    # raises (Inductor keeps eager's strides). Narrowing views of an intermediate stay
+    # contiguous (lower/calling_convention._rebuilt_views, docs/reliability.md).
+    x = torch.randn(4, 5, generator=torch.Generator().manual_seed(0))
+    want = fn(x.requires_grad_(training))
+    with config.patch(strict=True, matmul_precision="highest"):
+        got = compile_tpu(fn)(x.detach().to(device).requires_grad_(training))
+    torch.testing.assert_close(got.detach().cpu(), want.detach(), rtol=0, atol=0)
+    assert got.stride() == want.stride()
+    with pytest.raises(RuntimeError, match="more than one element"):
+        want.detach().add_(1)
+    with pytest.raises(RuntimeError, match="more than one element"):
+        got.detach().add_(1)

@@ -428,8 +428,11 @@ def _rebuilt_views(values: list, input_pos: dict) -> dict:
     """{output node: (root, steps)} for the outputs to rebuild as views after the program.
 
     A view of an input always (a view costs nothing and aliases it, as in eager); a view of a
-    computed tensor when another output shares its root (else its aliasing cannot be seen, and
-    the program returns only the view's elements rather than all of its root's). The steps
+    computed tensor when another output shares its root (else its aliasing cannot be seen), or
+    when the root has no more elements than the view: an ``expand`` of a row then comes back
+    with eager's stride-0 dims from the row alone, where the program returned every copy.
+    A narrowing view (``y[:, -1]``) stays the program's own result, contiguous: returning its
+    whole root would move all of it off the device for a part (docs/reliability.md). The steps
     must replay on the base as it will come: an input as traced or contiguous (a region of a
     partitioned graph gets earlier programs' results), a program result in eager's layout
     where that is a permutation (``_eager_layout``), else contiguous.
@@ -454,10 +457,18 @@ def _rebuilt_views(values: list, input_pos: dict) -> dict:
                                          device="meta")
             ok = _replays(steps, traced, want) and _replays(steps, contiguous, want)
         else:
-            ok = len(sharing[root]) > 1 and _replays(steps, contiguous, want)
+            ok = (len(sharing[root]) > 1 or _no_larger(base, want)) and \
+                _replays(steps, contiguous, want)
         if ok:
             rebuilt[node] = (root, steps)
     return rebuilt
+
+
+def _no_larger(base: torch.Tensor, view: torch.Tensor) -> bool:
+    """Whether ``base`` has at most as many elements as ``view`` (False where a size is
+    symbolic)."""
+    sizes = (*base.shape, *view.shape)
+    return all(isinstance(s, int) for s in sizes) and base.numel() <= view.numel()
 
 
 def _has_no_elements(node: fx.Node) -> bool:
