@@ -88,6 +88,12 @@ OPS = {
     "remainder": (lambda x, i: _ints(x, i) % i, [0], [-3, 2]),
     "fmod": (lambda x, i: torch.fmod(_ints(x, i), i), [0, 1], [5, -1]),
     "div_trunc": (lambda x, i: torch.div(_ints(x, i), i, rounding_mode="trunc"), [0], [-2, 3]),
+    # Values, not indices, that eager's kernels refuse: XLA computed NaN, or a loss, from a
+    # probability outside [0, 1], and filled a mask's extra places with the source's last value.
+    "bce_input": (lambda x, i: F.binary_cross_entropy(i / 4, x[:i.numel(), 0] / 8), [1, 5], [0, 3]),
+    "bce_target": (lambda x, i: F.binary_cross_entropy(x[:i.numel(), 1] / 8, i / 1), [0, 2], [1]),
+    "masked_scatter": (lambda x, i: x[:, 0].masked_scatter(x[:, 0] < 4, i * 1.0), [3], [3, 4]),
+    "histc": (lambda x, i: torch.histc(i / (i - 2.0), bins=3), [1, 2], [0, 3]),
 }
 
 

@@ -79,6 +79,26 @@ _EAGER_ERRORS.update({op: (RuntimeError, "ZeroDivisionError") for op in DIVISOR_
 _ONE_HOT_ERRORS = (RuntimeError, "Class values must be smaller than num_classes.")
 _ONE_HOT_NEGATIVE = "Class values must be non-negative."
 _EAGER_ERRORS["aten.one_hot"] = _ONE_HOT_ERRORS
+#: Checks of values that are not indices (lower/index_checks.py's ``mark_values``): the
+#: checked tensor holds a code per element, 0 where eager's kernel accepts the data, else the
+#: code of the error it raises; checked against a range of one, the first nonzero code wins.
+_VALUE_ERRORS = {
+    "aten.binary_cross_entropy": {1: (RuntimeError, "all elements of input should be between "
+                                                    "0 and 1"),
+                                  2: (RuntimeError, "all elements of target should be "
+                                                    "between 0 and 1")},
+    "aten.masked_scatter": {1: (RuntimeError, "Number of elements of source < number of ones "
+                                              "in mask")},
+    # The code holds the range's two ends as float32 bits (high word: the low end).
+    "aten.histc": lambda code: RuntimeError(
+        f"torch.histc: range of [{_float32_of(code >> 32):g}, {_float32_of(code):g}] is not "
+        "finite"),
+}
+
+
+def _float32_of(bits: int) -> float:
+    import struct
+    return struct.unpack("<f", struct.pack("<I", bits & 0xFFFFFFFF))[0]
 #: gather, scatter, scatter_add, scatter_reduce, index_add of a matrix or more.
 _GATHER_ERROR = (RuntimeError, "index {value} is out of bounds for dimension {dim} with size "
                                "{size}")
@@ -97,6 +117,12 @@ def eager_error(op: str, value: int, dim: int, size: int) -> BaseException:
         # RuntimeError('index 5 is out of bounds for dimension 0 with size 4')
     """
     op, _, detail = op.partition(":")
+    if op in _VALUE_ERRORS:
+        errors = _VALUE_ERRORS[op]
+        if callable(errors):
+            return errors(value)
+        kind, message = errors[value]
+        return kind(message)
     kind, template = _eager_kind(op)
     if op == "aten.one_hot" and value < 0:
         template = _ONE_HOT_NEGATIVE
@@ -116,12 +142,15 @@ def _error(spec: dict, value: int, where: str | None, deferred: bool) -> BaseExc
     division = what in DIVISOR_OPS
     if division:
         what += ": an integer division by a tensor holding zero"
+    elif what in _VALUE_ERRORS:
+        pass  # eager's message says what was wrong
     elif "{value}" not in _eager_kind(what)[1]:  # "out of range in self"
         what += f": index {value} of dim {spec['dim']} of size {spec['size']}"
     where = where or spec.get("where") or "unknown source line"
     note = f" ({what}, at {where})"
     if deferred:
         held = "quotients of a division by zero" if division else \
+            "computed from the values it refuses" if spec["op"] in _VALUE_ERRORS else \
             "indices clamped, writes dropped"
         note += (f"; found at this synchronization point, after the op ran on the device: "
                  f"tensors computed from it hold XLA's values ({held}). "

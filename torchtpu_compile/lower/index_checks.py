@@ -312,6 +312,50 @@ def _searchsorted(sorted_sequence, values, **options):
     return (sorted_sequence, values), options
 
 
+def _tied_to_values_check(x, codes, op: str):
+    """``x`` with a check of ``codes`` tied to it: a value check, not an index one
+    (``index_errors._VALUE_ERRORS``: 0 where eager's kernel accepts the data, else the code of
+    the error it raises). Tied by adding the checked codes times 0, which keeps the check in
+    the graph (and XLA folds away), as a divisor that is a number is (``_mark_divisor``)."""
+    checked = index_check(codes.to(torch.int64), 1, 0, False, op)
+    return x + (checked * 0).to(x.dtype)
+
+
+def _outside_unit_interval(p):
+    return ~((p >= 0) & (p <= 1))  # NaN too, as eager's check
+
+
+@index_rule(aten.binary_cross_entropy.default)
+def _binary_cross_entropy(x, target, *rest):
+    # Eager's CPU kernel raises for a probability outside [0, 1] (CUDA's asserts), element by
+    # element, the input's before the target's; XLA's log returned NaN, or a loss for a target.
+    codes = torch.where(_outside_unit_interval(x), 1,
+                        torch.where(_outside_unit_interval(target), 2, 0))
+    return (_tied_to_values_check(x, codes, "aten.binary_cross_entropy"), target, *rest)
+
+
+@index_rule(aten.masked_scatter.default)
+def _masked_scatter(x, mask, source):
+    # Eager raises where the mask selects more elements than the source holds; XLA's gather
+    # clamped, and the last source element filled the rest.
+    if any(isinstance(s, torch.SymInt) for s in (*x.shape, *mask.shape, *source.shape)):
+        return x, mask, source
+    ones = torch.broadcast_to(mask, torch.broadcast_shapes(x.shape, mask.shape)).sum()
+    return _tied_to_values_check(x, ones > source.numel(), "aten.masked_scatter"), mask, source
+
+
+@index_rule(aten.histc.default)
+def _histc(x, bins=100, min=0, max=0):
+    # With no range given, eager's kernel takes the data's and raises where it is not finite
+    # (a NaN or an infinity in the data); the bins counted from it were garbage.
+    if min != max or not x.is_floating_point() or guard_or_false(x.numel() == 0):
+        return x, bins, min, max
+    ends = torch.stack([x.min(), x.max()])
+    bits = ends.to(torch.float32).view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    code = torch.where(ends.isfinite().all(), 0, bits[0] * 2**32 + bits[1])
+    return _tied_to_values_check(x, code, "aten.histc"), bins, min, max
+
+
 def _mark_divisor(x, divisor, op: str) -> tuple:
     """(dividend, divisor) of an integer division, the divisor marked for eager's error on a
     zero; a number that is zero raises at once (eager: "ZeroDivisionError"). A dividend with
