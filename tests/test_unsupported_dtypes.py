@@ -104,3 +104,31 @@ def test_histc_of_integers_runs_off_the_cpu_as_cuda_does():
     assert torch.equal(count(experts.to("tpu")).cpu(), expected)
     with pytest.raises(NotImplementedError, match="not implemented for 'Int'"):
         torch.histc(experts, bins=4, min=0, max=3)
+
+
+_CTC_ON_THE_DEVICE = """
+import torch, torchtpu_eager
+g = torch.Generator().manual_seed(0)
+log_probs = torch.randn(50, 3, 15, generator=g).log_softmax(2)
+targets = torch.randint(1, 15, (3, 30), generator=g)
+lengths, target_lengths = [50] * 3, [30, 25, 20]
+grads = []
+for device in ("cpu", "tpu"):
+    x = log_probs.clone().to(device).requires_grad_()
+    loss = torch.nn.functional.ctc_loss(x, targets.to(device), lengths, target_lengths)
+    loss.backward()
+    grads.append(x.grad.cpu())
+torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-5)
+print("equal")
+"""
+
+
+def test_ctc_loss_backward_of_large_inputs_on_the_device_matches_eager():
+    # The dtype probe ran CTC's CPU kernels at shrunken shapes with the real lengths, which
+    # they trust: the backward read past its tensors and killed the process (SIGSEGV). In a
+    # child process, so that a crash fails this test and not the run.
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-c", _CTC_ON_THE_DEVICE], capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0 and "equal" in done.stdout, (done.returncode, done.stderr[-2000:])
