@@ -11,7 +11,8 @@ from torch.utils import _pytree as pytree
 
 _DTYPES = {str(d).removeprefix("torch."): d for d in (
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
-    torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64)}
+    torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.float8_e4m3fn,
+    torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)}
 #: The dtype names an artifact may record.
 DTYPE_NAMES = tuple(_DTYPES)
 

@@ -379,6 +379,8 @@ def _splat_value(tensor: torch.Tensor):
     if tensor.numel() == 0:
         return None
     flat = tensor.reshape(-1)
+    if tensor.is_floating_point() and tensor.element_size() == 1:
+        flat = flat.float()  # float8 (exact in float32), which has no signbit kernel
     first = flat[0]
     same = flat == first
     if tensor.is_floating_point():

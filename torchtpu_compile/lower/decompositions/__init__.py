@@ -35,8 +35,9 @@ One module per family of ops, as JAX's lax files:
     linalg            addmv, grouped matmuls, Cholesky/LU/QR/SVD and their solves,
                       cdist/pdist/dist
     fft_complex       FFTs, conj, view_as_real/view_as_complex, complex, polar; the truth
-                      value of complex elements (cast to bool, logical ops), complex log10/log2,
-                      complex nan_to_num
+                      value of complex elements (logical ops), complex log10/log2, complex
+                      nan_to_num
+    casts             casts of complex to bool, and to and from float8 as eager converts
     complex_arithmetic  (``@complex_rule``) complex64 arithmetic, elementwise functions,
                       sums, means, products and matrix products, with eager's promotion of
                       real and Python scalar operands
@@ -142,7 +143,7 @@ def decomposition_table(ours: bool = True) -> dict:
 def _register_families() -> None:
     # Each family module registers its decompositions (and checks) when imported: here, on
     # first use, not when this package is imported (the backend and numerics import it early).
-    from . import (amp, attention, bessel, checks, complex_arithmetic,  # noqa: F401
+    from . import (amp, attention, bessel, casts, checks, complex_arithmetic,  # noqa: F401
                    convolution, elementwise, fft_complex, foreach, indexing_scatter, linalg,
                    losses, normalization, optimizers, polynomials, pooling, recurrent,
                    reductions_scans, resampling, sorting, special, views)

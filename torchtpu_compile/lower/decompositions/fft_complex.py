@@ -165,12 +165,12 @@ def polar(magnitude, angle):
 # logical ops took 1j as False. Eager's truth value of a complex element: either part nonzero.
 
 
-def _truth(z):
+def truth_value(z):
     return (torch.real(z) != 0) | (torch.imag(z) != 0)
 
 
 def _as_truth(x):
-    return _truth(x) if isinstance(x, torch.Tensor) and x.is_complex() else x
+    return truth_value(x) if isinstance(x, torch.Tensor) and x.is_complex() else x
 
 
 def _truths(a, b):
@@ -188,18 +188,11 @@ def _any_complex(*tensors) -> bool:
     return any(isinstance(t, torch.Tensor) and t.is_complex() for t in tensors)
 
 
-@decomposition(torch.ops.prims.convert_element_type.default)
-def convert_element_type(x, dtype):
-    if dtype is not torch.bool or not x.is_complex():
-        return NotImplemented
-    return _truth(x)
-
-
 @decomposition(aten.logical_not.default)
 def logical_not(x):
     if not x.is_complex():
         return NotImplemented
-    return torch.logical_not(_truth(x))
+    return torch.logical_not(truth_value(x))
 
 
 @decomposition(aten.logical_and.default)
