@@ -234,3 +234,12 @@ def test_var_mean_of_half_widths_accumulates_in_float32(dtype):
     x = (randn(4, 1000) + 1).to(dtype)
     check_on_both_paths(lambda x: torch.var_mean(x, dim=1), x, rtol=1e-3, atol=1e-30)
     check_on_both_paths(lambda x: torch.var_mean(x), x, rtol=1e-3, atol=1e-30)
+
+
+def test_a_sum_over_every_dim_kept_compiles():
+    # sum(dim=None, keepdim=True) is sum.dim_IntList(x, None, True): a graph pass read the
+    # dims' length, and compiling raised "object of type 'NoneType' has no len()"
+    # (torch.masked.var over all dims reached it).
+    x = randn(3, 4, 5)
+    check_on_both_paths(lambda t: torch.sum(t, dim=None, keepdim=True), x, rtol=1e-6)
+    check_on_both_paths(lambda t: torch.masked.var(t, mask=t > 0), x, rtol=1e-5)

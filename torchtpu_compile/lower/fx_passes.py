@@ -97,7 +97,8 @@ def _one_hot_product(node: fx.Node):
     value, 0) * scale, [dim], keepdim=True)``, positions being arange(size) along ``dim`` (a
     one-hot times what is constant along it), all of one float dtype; None otherwise."""
     if node.target is not aten.sum.dim_IntList or node.kwargs or len(node.args) != 3 or \
-            node.args[2] is not True or len(node.args[1]) != 1:
+            node.args[2] is not True or not isinstance(node.args[1], (list, tuple)) or \
+            len(node.args[1]) != 1:  # dim None: a sum over every dim
         return None
     product = node.args[0]
     if not isinstance(product, fx.Node) or product.target is not aten.mul.Tensor or \
