@@ -205,6 +205,15 @@ def test_hypot_and_angle_at_extreme_values_are_eagers():
         check_on_both_paths(torch.angle, x)
 
 
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.int32, torch.int64])
+def test_copysign_of_integers_takes_the_magnitude_as_a_float(dtype):
+    # copysign(int8 -128, 2) was -128.0: the magnitude was taken in int8, where -128 has none.
+    smallest = torch.iinfo(dtype).min
+    a = torch.tensor([smallest, -5, 7, 0, smallest], dtype=dtype)
+    b = torch.tensor([2, 3, -1, -4, -2], dtype=dtype)
+    check_on_both_paths(torch.copysign, a, b)
+
+
 # --- floats bit by bit -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -16,7 +16,8 @@ import math
 import torch
 
 from ..fx_passes import C_FMOD
-from .common import computing_dtype, in_common_dtype, rounded_once
+from .common import (as_before, computing_dtype, float_dtypes, in_common_dtype,
+                     rounded_once)
 from .jax_functions import builds, jax_function
 from .registry import decomposition
 
@@ -233,6 +234,16 @@ def _number_as_a_tensor(op):
 
 for _op in _WITH_A_NUMBER:
     decomposition(_op)(_number_as_a_tensor(_op))
+
+
+@decomposition(aten.copysign.Tensor)
+def copysign(a, b):
+    # Integers are floats first, as in eager: copysign(int8 -128, 2) was -128.0, the
+    # magnitude taken in int8, where -128 has none.
+    if a.is_floating_point() and b.is_floating_point():
+        return as_before(aten.copysign.Tensor, None, a, b)
+    result = float_dtypes(a, b)[1]
+    return torch.copysign(a.to(result), b.to(result))
 
 
 def _broadcast_shift(op, x, other):
