@@ -164,3 +164,23 @@ def test_spherical_bessel_j0():
                    torch.tensor([0.0, -0.0, 1e-8, 1e6, INF, -INF, NAN])])
     check_on_both_paths(torch.special.spherical_bessel_j0, x, rtol=1e-4, atol=1e-5)
     check(torch.special.spherical_bessel_j0, torch.arange(-3, 4))  # integers give float32
+
+
+def test_float64_erfinv_and_digamma_keep_float64_accuracy():
+    # erfinv used Giles' single-precision fit for float64 too (1e-7 off everywhere), and
+    # digamma's asymptotic series stopped where its first dropped term is 1e-11 (at its root,
+    # 1.4616..., it gave -3.6e-12 for -4e-16).
+    x = torch.tensor([-0.79, -0.5, 0.1, 0.3, 0.7, 0.99, 0.99999, 1 - 1e-12, -1.0, 1.0, NAN],
+                     dtype=torch.float64)
+    check_on_both_paths(torch.erfinv, x, rtol=4e-15, atol=1e-300)
+    y = torch.tensor([1.4616321449683622, 2.0, 3.3, 5.9, 6.0, 9.5, 40.0, -0.5, -2.7, 1e-3],
+                     dtype=torch.float64)
+    check_on_both_paths(torch.digamma, y, rtol=4e-15, atol=1e-15)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_lgamma_of_infinities_is_infinite_as_eager(dtype):
+    # (z + 1/2) log(t) - t at z = inf was inf - inf: NaN, and mvlgamma(inf) with it.
+    x = torch.tensor([INF, -INF, NAN, 3.5, 0.0], dtype=dtype)
+    check_on_both_paths(torch.lgamma, x, rtol=2e-6 if dtype is torch.float32 else 1e-14)
+    check_on_both_paths(lambda v: torch.mvlgamma(v, 2), x[:1], rtol=1e-6)

@@ -64,20 +64,30 @@ def lgamma(x):
     reflected = math.log(math.pi) - torch.log(torch.abs(_sin_pi(x))) - \
         _lgamma_positive(torch.where(x < 0.5, 1 - x, 1.0))
     out = torch.where(x < 0.5, reflected, _lgamma_positive(torch.where(x < 0.5, 1.0, x)))
-    pole = (x <= 0) & (x == torch.floor(x))
+    # As eager (C's lgamma): inf at the poles and at both infinities (inf - inf above).
+    pole = ((x <= 0) & (x == torch.floor(x))) | torch.isinf(x)
     return torch.where(pole, float("inf"), out).to(result)
 
 
+#: The asymptotic series of digamma: B_2k / 2k, from k = 1 (1/12, -1/120, 1/252, ...).
+_DIGAMMA_SERIES = (1 / 12, -1 / 120, 1 / 252, -1 / 240, 1 / 132, -691 / 32760, 1 / 12)
+
+
 def _digamma_at_least_half(y):
-    # Recurrence psi(y) = psi(y + 1) - 1/y up to y >= 6, then the asymptotic series.
+    # Recurrence psi(y) = psi(y + 1) - 1/y up to y >= 6 and five terms of the asymptotic
+    # series (the first left out is 1e-11 there: float32's accuracy); float64 goes on to
+    # y >= 10 and seven terms (4e-17), where six steps had left digamma's root 1e-11 off.
+    start, terms = (10, 7) if y.dtype == torch.float64 else (6, 5)
     acc = torch.zeros_like(y)
-    for _ in range(6):
-        small = y < 6
+    for _ in range(start):
+        small = y < start
         acc = acc - torch.where(small, 1 / y, 0.0)
         y = torch.where(small, y + 1, y)
     inv = 1 / (y * y)
-    tail = inv * (1 / 12 - inv * (1 / 120 - inv * (1 / 252 - inv * (1 / 240 - inv * (1 / 132)))))
-    return acc + torch.log(y) - 0.5 / y - tail
+    tail = torch.full_like(y, _DIGAMMA_SERIES[terms - 1])
+    for c in reversed(_DIGAMMA_SERIES[:terms - 1]):
+        tail = c + inv * tail
+    return acc + torch.log(y) - 0.5 / y - inv * tail
 
 
 @decomposition(aten.digamma.default)
@@ -266,7 +276,21 @@ def erfinv(x):
         # short of 1 itself): ndtri's tail, erfinv(x) = -ndtri((1 - |x|) / 2) / sqrt(2).
         tail = -_ndtri_lower(torch.where(w < 16, 0.25, (1 - x.abs()) / 2)) * math.sqrt(0.5)
         out = torch.where((w >= 16) & (x.abs() < 1), torch.copysign(tail, x), out)
+        out = _erfinv_refined(x, out)
     return out.to(result)
+
+
+def _erfinv_refined(x, y):
+    """Two Newton steps on erf(y) = x from Giles' float32-accurate estimate ``y``: float64
+    erfinv was 1e-7 off everywhere. For |x| >= 1/2 the residual is (1 - |x|) - erfc(|y|),
+    both exact or accurate near 1 where erf(y) - x would cancel."""
+    a = x.abs()
+    inner = a < 1  # +-1 (infinite results) and NaN stay as they are
+    ya = torch.where(inner, y.abs(), 0.5)
+    for _ in range(2):
+        residual = torch.where(a < 0.5, torch.erf(ya) - a, (1 - a) - torch.erfc(ya))
+        ya = ya - residual / (2 / math.sqrt(math.pi) * torch.exp(-ya * ya))
+    return torch.where(inner, torch.copysign(ya, x), y)
 
 
 #: Newton steps that take ndtri's first estimate to float32 accuracy in the far tails.
