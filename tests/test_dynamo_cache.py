@@ -529,3 +529,17 @@ def test_a_recompile_gets_the_compile_id_dynamo_alone_would(fresh_dynamo):
     calls = [(torch.randn(4, 8),), (torch.randn(3, 8),), (torch.randn(2, 8),)]
     assert _compile_ids_taken("torchtpu", scaled, calls) == _compile_ids_taken("eager", scaled,
                                                                                 calls) == 3
+
+
+def test_a_length_guard_on_a_value_without_a_length_now_is_a_plain_miss(fresh_dynamo, caplog):
+    # An entry traced with a tuple kernel size, looked up where it is an int: the fingerprint
+    # took len() of the int, and each lookup warned that the entry was unusable (TypeError).
+    def pool_by(k):
+        return lambda x: torch.nn.functional.max_pool2d(x, k)
+    x = torch.randn(1, 2, 6, 6)
+    with caplog.at_level(logging.WARNING, logger="torchtpu"):
+        for k in ((2, 2), 2):
+            torch._dynamo.reset()
+            compiled = torch.compile(pool_by(k), backend="torchtpu", dynamic=False)
+            torch.testing.assert_close(compiled(x), pool_by(k)(x))
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text

@@ -251,6 +251,15 @@ def _partial_keywords(guard) -> dict:
     return dict(fn.keywords) if isinstance(fn, functools.partial) else {}
 
 
+def _length(value: Any) -> tuple:
+    # A value that has no length now (a kernel size of 2 where (2, 2) was traced) is a plain
+    # miss: len() raised, and the entry was reported as unusable ("not used (TypeError)").
+    try:
+        return ("len", type(value).__name__, len(value))
+    except TypeError:
+        return ("no len", type(value).__name__)
+
+
 #: Guard kinds whose builder reads the guarded value and bakes it in: the fingerprint of that
 #: value, taken at save and compared at load.
 _FINGERPRINTS = {
@@ -259,11 +268,11 @@ _FINGERPRINTS = {
     "TYPE_MATCH": lambda v: _identity(type(v)),
     "CONSTANT_MATCH": _describe, "EQUALS_MATCH": _describe,
     "TENSOR_MATCH": _tensor,
-    "SEQUENCE_LENGTH": lambda v: ("len", type(v).__name__, len(v)),
+    "SEQUENCE_LENGTH": _length,
     # A module's hook dict, empty when traced. Dynamo's builder emits its length check only
     # under skip_nnmodule_hook_guards=False, and then reads the length live: either way a
     # process whose module has a hook loaded an entry traced without it (the hook ignored).
-    "EMPTY_NN_MODULE_HOOKS_DICT": lambda v: ("len", type(v).__name__, len(v)),
+    "EMPTY_NN_MODULE_HOOKS_DICT": _length,
     "DICT_KEYS_MATCH": lambda v: ("keys", tuple(_describe(k) for k in v.keys())),
     "AUTOGRAD_SAVED_TENSORS_HOOKS": _saved_tensors_hooks,
 }
