@@ -224,7 +224,7 @@ def as_input(values: list, dtype: torch.dtype, keep: bool | None = None, shape=N
         keep = not (dtype.is_floating_point or dtype.is_complex)
     if not keep or len(values) > _KEPT_LENGTH or \
             not isinstance(modes._current or modes.current(), modes.Strict):
-        return upload(torch.tensor(values, dtype=dtype).reshape(shape or (len(values),)))
+        return upload(_host_values(values, dtype, shape))
     # repr: 0.0 and -0.0 are equal and hash alike, and are different fills
     key = (dtype, shape, tuple(v if type(v) is int else repr(v) for v in values))
     buffer = _kept.get(key)
@@ -232,10 +232,14 @@ def as_input(values: list, dtype: torch.dtype, keep: bool | None = None, shape=N
         if len(_kept) >= MAX_KEPT:
             _kept.clear()
         from torchtpu_compile.runtime import memory
-        buffer = _kept[key] = upload(
-            torch.tensor(values, dtype=dtype).reshape(shape or (len(values),)))
+        buffer = _kept[key] = upload(_host_values(values, dtype, shape))
         memory.untrack(buffer)  # the cache's, not a tensor's: memory_allocated() leaves it out
     return buffer
+
+
+def _host_values(values: list, dtype: torch.dtype, shape) -> torch.Tensor:
+    # shape () is a 0-d input (a fill value): not "no shape given".
+    return torch.tensor(values, dtype=dtype).reshape((len(values),) if shape is None else shape)
 
 
 def read_input(lifted, i: int):

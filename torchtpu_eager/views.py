@@ -39,6 +39,12 @@ def _numel(shape) -> int:
     return n
 
 
+#: Dtypes whose zeros and strided reads torch-mlir cannot build in a program (a literal of
+#: ui32 fails to legalize; ui16 and ui64 lower nothing): made on the host instead (zeros once
+#: per never-written storage; ops on them run on the host anyway, counted).
+_HOST_ONLY = frozenset({torch.uint16, torch.uint32, torch.uint64})
+
+
 def _zeros_graph(shape: tuple, dtype):
     key = ("zeros", shape, dtype)
     graph = _graphs.get(key)
@@ -183,8 +189,12 @@ def storage_value(storage):
                 f"tpu: reading a tensor whose storage was freed (untyped_storage().resize_(0)): "
                 f"{str(storage.dtype)[6:]}[{storage.numel}]; re-allocate it and write it first")
         mode = modes.current()
-        # No cut: a caller may hold a value it read (copy_'s source) for the write to come.
-        [value] = mode.apply(_zeros_graph(storage.shape, storage.dtype), [], cut=False)
+        if storage.dtype in _HOST_ONLY:
+            from .transfer import upload
+            value = upload(torch.zeros(storage.shape, dtype=storage.dtype))
+        else:
+            # No cut: a caller may hold a value it read (copy_'s source) for the write to come.
+            [value] = mode.apply(_zeros_graph(storage.shape, storage.dtype), [], cut=False)
         storage.value = value
         # Deferred, the zeros are a value of the recording: noted, so that its run keeps them
         # for the storage (unnoted, a later read of it found them dropped).
@@ -202,6 +212,10 @@ def read(t):
     value = storage_value(storage)
     if t._dense and t._shape == storage.shape:
         return value
+    if storage.dtype in _HOST_ONLY:
+        from .transfer import download, upload
+        whole = download(modes.concrete(value)).reshape(-1)
+        return upload(whole.as_strided(t._shape, t.stride(), t.storage_offset()).contiguous())
     graph = _read_graph(storage.shape, storage.dtype, t._shape, tuple(t.stride()),
                         t.storage_offset())
     mode = modes.current()

@@ -75,10 +75,19 @@ def _host_array(tensor: torch.Tensor):
     """A numpy array viewing ``tensor``'s memory (a CPU, contiguous, grad-free tensor)."""
     reinterpret = _REINTERPRETED.get(tensor.dtype)
     if reinterpret is None:
-        return tensor.numpy()
+        try:
+            return tensor.numpy()
+        except TypeError:  # numpy's "Got unsupported ScalarType ComplexHalf"
+            raise TypeError(_no_element_type(tensor.dtype)) from None
     import ml_dtypes
     bits, name = reinterpret
     return tensor.view(bits).numpy().view(getattr(ml_dtypes, name))
+
+
+def _no_element_type(dtype: torch.dtype) -> str:
+    hint = " (use torch.complex64: x.to(torch.complex64))" if dtype is torch.complex32 else ""
+    return (f"{dtype} tensors cannot be moved to an XLA device: XLA has no such element "
+            f"type{hint}")
 
 
 def _aval(array):
