@@ -214,6 +214,18 @@ def test_copysign_of_integers_takes_the_magnitude_as_a_float(dtype):
     check_on_both_paths(torch.copysign, a, b)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.int64])
+def test_a_number_before_the_tensor_keeps_the_tensors_precision(dtype):
+    # torch.add(s, x) is add.Tensor(s, x): the number in the first place became a float32
+    # literal, so float64 add, sub, mul and div were off by 1e-7 (s = 5.576059452216908).
+    s = 5.576059452216908 if dtype.is_floating_point else 7
+    x = (randn(4, 5, seed=3) * 9).to(dtype)
+    for fn in (lambda t: torch.add(s, t), lambda t: torch.sub(s, t),
+               lambda t: torch.mul(s, t), lambda t: torch.div(s, t + 100),
+               lambda t: torch.add(s, t, alpha=3)):
+        check_on_both_paths(fn, x)
+
+
 # --- floats bit by bit -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

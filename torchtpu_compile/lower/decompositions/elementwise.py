@@ -67,6 +67,8 @@ def _with_an_unrounded_scalar(op):
     converting the number to the tensor's dtype first rounded it (bf16 0.1 is 0.1001), and
     x * 0.1 came out 1 ulp from eager's in about a quarter of the elements."""
     def decompose(x, other, **kwargs):
+        if _is_number(x) and isinstance(other, torch.Tensor):
+            return _with_the_number_second(op, x, other)
         if not isinstance(x, torch.Tensor) or computing_dtype(x.dtype) == x.dtype or \
                 type(other) not in (int, float):
             return NotImplemented
@@ -78,6 +80,34 @@ def _with_an_unrounded_scalar(op):
 # (add and sub round the number to the tensor's dtype in eager too)
 for _op in (aten.mul.Tensor, aten.div.Tensor):
     decomposition(_op)(_with_an_unrounded_scalar(_op))
+
+
+def _is_number(value) -> bool:
+    return type(value) in (int, float, bool)
+
+
+def _with_the_number_second(op, number, x, alpha=1):
+    """``op(number, x)`` (``torch.add(0.1, x)``; Python's operators put the number second)
+    rewritten with the number where the lowering gives it x's dtype: in the first place it
+    became a float32 literal, so a float64 ``torch.mul(s, x)`` was off by 8e-7. The number is
+    a 0-d tensor of the promoted dtype, as eager's kernels read a number in the first place
+    (rounded to bf16 for a bf16 ``x``: only a second one stays unrounded); sums and products
+    commute exactly, and ``number - x`` is rsub's."""
+    if op is aten.sub.Tensor:
+        return aten.rsub.Scalar(x, number, alpha)
+    number = _as_tensor(number, x)
+    if op is aten.div.Tensor:
+        return aten.div.Tensor(number, x)
+    if op is aten.add.Tensor and alpha != 1:
+        x = aten.mul.Tensor(x, alpha)
+    return op(x, number)
+
+
+@decomposition(aten.sub.Tensor)
+def sub_from_a_number(a, b, *, alpha=1):
+    if not (_is_number(a) and isinstance(b, torch.Tensor)):
+        return NotImplemented
+    return _with_the_number_second(aten.sub.Tensor, a, b, alpha)
 
 
 @decomposition(aten.rsub.Scalar)
@@ -92,7 +122,13 @@ def rsub_of_a_number(x, other, alpha=1):
 
 
 @decomposition(aten.add.Tensor)
-def add_of_bools(a, b, *, alpha=1):
+def add(a, b, *, alpha=1):
+    if _is_number(a) and isinstance(b, torch.Tensor):
+        return _with_the_number_second(aten.add.Tensor, a, b, alpha)
+    return _add_of_bools(a, b, alpha)
+
+
+def _add_of_bools(a, b, alpha):
     # Eager's bool add is a logical or. torch-mlir folds an add of i1 literals as integers mod
     # 2, true + true = false: (x >= x) + (x >= x), both compares folded to true first, came
     # out all false with no error (fuzz seed 4280).
