@@ -1223,6 +1223,19 @@ def test_unsigned_wide_ints_are_made_and_read_as_eager(case, dtype, eager_mode):
 def test_a_dtype_xla_cannot_hold_is_refused_by_name():
     # numpy's "Got unsupported ScalarType ComplexHalf" named neither the device nor a way out.
     half_complex = torch.tensor([1 + 2j], dtype=torch.complex32)
-    with pytest.raises(TypeError, match=r"torch.complex32 tensors cannot be moved to an XLA "
+    with pytest.raises(TypeError, match=r"torch.complex32 tensors cannot live on an XLA "
                                         r"device.*torch.complex64"):
         half_complex.to("tpu")
+
+
+def test_ops_making_complex_results_xla_lacks_as_a_program():
+    # The number's complex128 tensor was zeroed by a program torch-mlir cannot build
+    # (LoweringError); it runs on the host now, as other complex128 ops do. A complex32
+    # result, which XLA cannot hold, is refused by name.
+    mask = torch.tensor([True, False, True])
+    x = torch.tensor([1.0, -2.0, 3.0], dtype=torch.float64)
+    want = torch.where(mask, x, 2j)
+    got = torch.where(mask.to("tpu"), x.to("tpu"), 2j).cpu()
+    assert got.dtype == want.dtype and torch.equal(got, want)
+    with pytest.raises(TypeError, match="torch.complex32"):
+        torch.where(mask.to("tpu"), 2j, x.half().to("tpu")).cpu()

@@ -40,9 +40,10 @@ def _numel(shape) -> int:
 
 
 #: Dtypes whose zeros and strided reads torch-mlir cannot build in a program (a literal of
-#: ui32 fails to legalize; ui16 and ui64 lower nothing): made on the host instead (zeros once
-#: per never-written storage; ops on them run on the host anyway, counted).
-_HOST_ONLY = frozenset({torch.uint16, torch.uint32, torch.uint64})
+#: ui32 fails to legalize; ui16, ui64 and complex128 lower nothing): made on the host instead
+#: (zeros once per never-written storage; ops on them run on the host anyway, counted).
+#: ``torch.where(c, float64_x, 2j)`` raised LoweringError for the number's complex128 tensor.
+_HOST_ONLY = frozenset({torch.uint16, torch.uint32, torch.uint64, torch.complex128})
 
 
 def _zeros_graph(shape: tuple, dtype):
@@ -188,6 +189,9 @@ def storage_value(storage):
             raise RuntimeError(
                 f"tpu: reading a tensor whose storage was freed (untyped_storage().resize_(0)): "
                 f"{str(storage.dtype)[6:]}[{storage.numel}]; re-allocate it and write it first")
+        if storage.dtype is torch.complex32:  # made by an op (where(m, 2j, half)), not moved
+            from torchtpu_compile.runtime.transfer import no_element_type
+            raise TypeError(no_element_type(storage.dtype))
         mode = modes.current()
         if storage.dtype in _HOST_ONLY:
             from .transfer import upload

@@ -78,15 +78,21 @@ def _host_array(tensor: torch.Tensor):
         try:
             return tensor.numpy()
         except TypeError:  # numpy's "Got unsupported ScalarType ComplexHalf"
-            raise TypeError(_no_element_type(tensor.dtype)) from None
+            raise TypeError(no_element_type(tensor.dtype)) from None
     import ml_dtypes
     bits, name = reinterpret
     return tensor.view(bits).numpy().view(getattr(ml_dtypes, name))
 
 
-def _no_element_type(dtype: torch.dtype) -> str:
+def no_element_type(dtype: torch.dtype) -> str:
+    """What to say of a torch dtype XLA has no element type for (``torch.complex32``).
+
+    Example::
+
+        raise TypeError(no_element_type(torch.complex32))
+    """
     hint = " (use torch.complex64: x.to(torch.complex64))" if dtype is torch.complex32 else ""
-    return (f"{dtype} tensors cannot be moved to an XLA device: XLA has no such element "
+    return (f"{dtype} tensors cannot live on an XLA device: XLA has no such element "
             f"type{hint}")
 
 
