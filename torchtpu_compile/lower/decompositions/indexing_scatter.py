@@ -120,6 +120,18 @@ def put(x, index, source, accumulate=False):
     return x.reshape(-1).index_put((flat,), source.reshape(-1), accumulate).reshape(x.shape)
 
 
+# --- embedding ---------------------------------------------------------------------------------
+
+@decomposition(aten.embedding.default)
+def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    # scale_grad_by_freq and sparse shape the gradient only (autograd's formula, above this
+    # table), not the rows the forward reads; torch-mlir refused to legalize the op with either
+    # set, and the lookup ran on the host.
+    if not (scale_grad_by_freq or sparse):
+        return NotImplemented
+    return aten.embedding.default(weight, indices, padding_idx)
+
+
 # --- embedding max_norm ----------------------------------------------------------------------
 
 @decomposition(aten.embedding_renorm.default)
