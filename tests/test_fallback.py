@@ -213,3 +213,33 @@ def test_a_roll_beside_a_fallback_op_keeps_its_positions():
     def f(t):
         return t.all(dim=(-2, -1), keepdim=True), t.clone().copy_(t.roll(1, 0))
     torch.testing.assert_close(compile_tpu(f, dynamic=True)(x), f(x))
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+def test_a_graph_setting_an_inputs_data_runs_in_eager_as_eager_does(training):
+    # `m.weight.data = ...` inside a compiled function is a set_ of a graph input, which
+    # aot_autograd refuses to keep in a program ("Encountered a set_ on a graph input"): the
+    # compile raised where eager returns. The graph runs in eager PyTorch now, counted.
+    def step(model, x):
+        model.weight.data = model.weight.data * 0.5
+        return model(x).sum()
+
+    torch.manual_seed(0)
+    ours, ref = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)
+    ref.load_state_dict(ours.state_dict())
+    x = torch.randn(2, 4)
+    compiled = compile_tpu(lambda x: step(ours, x))
+    with torch.set_grad_enabled(training), config.patch(strict=False):
+        got, want = compiled(x), step(ref, x)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(ours.weight, ref.weight)
+        if training:
+            got.backward()
+            want.backward()
+            torch.testing.assert_close(ours.weight.grad, ref.weight.grad)
+    assert torchtpu_compile.stats()["fallback_ops"].get("aten.set_", 0) >= 1
+    with config.patch(strict=True), pytest.raises(Exception) as info:
+        torch._dynamo.reset()
+        compile_tpu(lambda x: step(ours, x))(x)
+    error = getattr(info.value, "inner_exception", info.value)  # in BackendCompilerFailed
+    assert isinstance(error, UnsupportedOpError) and "p.data = " in str(error), info.value

@@ -171,6 +171,14 @@ def _device_error(gm: torch.fx.GraphModule) -> RuntimeError | None:
     return None
 
 
+def _in_eager(gm: torch.fx.GraphModule, op: str, description: str, reason: str):
+    """``gm`` run by eager PyTorch, whole, under the fallback policy (counted and warned, or
+    an error under strict): where eager returns a value, so does the compiled call."""
+    from .fallback_policy import fall_back
+    fall_back(op, description, reason, path="compile")
+    return gm.forward
+
+
 def _raising(error: BaseException):
     """A compiled function that raises ``error``'s like at every call, as eager does."""
     from .dtype_support import _fresh
@@ -291,6 +299,7 @@ def torchtpu_backend(gm: torch.fx.GraphModule, example_inputs, **options):
     _attention_in_eager_layout(gm)
     _causal_and_mask_merged(gm)
     from .aliased_outputs import InputViews
+    whole = gm
     gm, views = InputViews.split(gm)
     graph_id = next(_backend_ids)
     # Inside the scope, aot_autograd first looks for this graph's result in the graph cache
@@ -309,7 +318,14 @@ def torchtpu_backend(gm: torch.fx.GraphModule, example_inputs, **options):
         # decomposition picks mkldnn's layer kernel (mkldnn_rnn_layer) for CPU tensors when
         # mkldnn is on: an nn.LSTM under allow_rnn ran on the host; the generic cells lower.
         with sdpa_kernel(SDPBackend.MATH), _mkldnn_off(), spanning("torchtpu::aot_autograd"):
-            compiled = aot(gm, example_inputs)
+            try:
+                compiled = aot(gm, example_inputs)
+            except AssertionError as exc:
+                if "set_ on a graph input" not in str(exc):
+                    raise
+                return _in_eager(whole, "aten.set_", "a graph that sets the storage of an input "
+                                 "(`p.data = ...`)", "aot_autograd keeps no input's set_ in a "
+                                 "program it compiles")
     if views is not None:
         # Not keyed for the Dynamo-level cache: it would rebuild the split graph's function
         # alone, without the outputs made here.
