@@ -601,3 +601,22 @@ def test_indices_of_a_length_the_data_decides_are_traced(fn, fresh_dynamo):
     x, w = torch.tensor([0.5, -1.0, 2.0, 0.1, 0.7]), torch.randn(5, 3)
     with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
         torch.testing.assert_close(compile_tpu(fn)(x, w), fn(x, w))
+
+
+@pytest.mark.parametrize("path", ["compile", "strict"])
+@pytest.mark.parametrize("fn", [lambda x: x // 256, lambda x: x % -256,
+                                lambda x: torch.fmod(x, 512),
+                                lambda x: torch.div(x, 256, rounding_mode="floor")],
+                         ids=["floor_divide", "remainder", "fmod", "div_floor"])
+def test_a_number_divisor_that_wraps_to_zero_raises_as_eager(fn, path):
+    # Eager's integer kernels read the number in the dividend's dtype: uint8 // 256 divides by
+    # 0 and raises. The check looked at 256, and XLA's division by 0 gave 255s.
+    x = torch.tensor([200, 10], dtype=torch.uint8)
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        fn(x)
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        if path == "compile":
+            compile_tpu(fn, dynamic=False)(x)
+        else:
+            fn(x.to("tpu")).cpu()
+    torch.testing.assert_close(compile_tpu(lambda x: x // 300, dynamic=False)(x), x // 300)

@@ -373,12 +373,26 @@ def _mark_divisor(x, divisor, op: str) -> tuple:
         mark = index_check(torch.scalar_tensor(divisor, dtype=torch.int64), 0, 0, False, op)
         return x + mark * 0, divisor
     if not isinstance(divisor, torch.Tensor):
-        if isinstance(divisor, (bool, int, float)) and divisor == 0:
+        if isinstance(divisor, (bool, int, float)) and _wrapped(divisor, dtype) == 0:
             raise RuntimeError("ZeroDivisionError")
         return x, divisor
     if divisor.numel() == 0:
         return x, divisor
+    if divisor.dtype != dtype and divisor.dim() == 0:
+        # A number lifted as an int64 input (the eager device), read in the dividend's dtype
+        # as eager's kernel reads it: uint8 // 256 divides by 0 and raises.
+        divisor = divisor.to(dtype)
     return x, index_check(divisor, 0, 0, False, op)
+
+
+def _wrapped(number, dtype: torch.dtype):
+    """``number`` as an integer kernel of ``dtype`` reads it: wrapped to its width (eager's
+    ``uint8 // 256`` divides by 0)."""
+    if isinstance(number, float) or dtype is torch.bool:
+        return number
+    bits = torch.iinfo(dtype).bits
+    value = int(number) % (1 << bits)
+    return value - (1 << bits) if dtype.is_signed and value >= 1 << (bits - 1) else value
 
 
 def _divisor_rule(name: str):
