@@ -1239,3 +1239,20 @@ def test_ops_making_complex_results_xla_lacks_as_a_program():
     assert got.dtype == want.dtype and torch.equal(got, want)
     with pytest.raises(TypeError, match="torch.complex32"):
         torch.where(mask.to("tpu"), 2j, x.half().to("tpu")).cpu()
+
+
+def test_storage_identity_equality_across_devices_and_parameter_repr_are_cudas():
+    # is_set_to read PyTorch's placeholder storage (False even for x itself); equal with a
+    # host tensor compared on the host where CUDA raises; a tpu Parameter printed as
+    # "tensor(TpuTensor(...))".
+    x = torch.arange(6.0).to("tpu")
+    assert x.is_set_to(x) and x.view(2, 3).is_set_to(x.view(2, 3))
+    assert not x.is_set_to(x.view(2, 3)) and not x.is_set_to(x.clone())
+    assert not x[1:].is_set_to(x[:5])
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.equal(x, torch.arange(6.0))
+    assert torch.equal(x, x.clone()) and not torch.equal(x, x + 1)
+    weight = torch.nn.Parameter(torch.ones(2, 3))
+    text = repr(torch.nn.Parameter(weight.detach().to("tpu")))
+    assert text.startswith("Parameter containing:\ntensor([[1., 1., 1.],"), text
+    assert text.endswith("device='tpu:0', requires_grad=True)"), text

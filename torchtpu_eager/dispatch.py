@@ -1177,6 +1177,14 @@ handles(aten._linalg_check_errors.default, aten._assert_async.default,
         aten._assert_async.msg)(run_host_value)
 
 
+@handles(aten.equal.default)
+def equal(func, args, kwargs):
+    # CUDA's equal compares on the device and raises for a host tensor; ours compared on the
+    # host and returned.
+    _check_devices(func, args)
+    return run_host_value(func, args, kwargs)
+
+
 @handles(aten._linalg_det.default, aten._linalg_slogdet.default)
 def determinant(func, args, kwargs):
     # The LU these return beside the value is eager's: of A.mT where A is contiguous, else of
@@ -1209,6 +1217,16 @@ def attention(func, args, kwargs):
     # Reached whole in inference mode only, as one_hot above.
     from .kernels import attention_in_eager_layout
     return attention_in_eager_layout(*args, **kwargs)
+
+
+@handles(aten.is_set_to.default)
+def is_set_to(func, args, kwargs):
+    # Eager's test: one storage, and the same offset, sizes and strides. PyTorch's placeholder
+    # storage of a wrapper tensor told every tpu tensor apart, itself included.
+    a, b = args
+    return type(a) is TpuTensor and type(b) is TpuTensor and a._st is b._st and \
+        a.storage_offset() == b.storage_offset() and a.shape == b.shape and \
+        a.stride() == b.stride()
 
 
 @handles(aten.copy_.default)

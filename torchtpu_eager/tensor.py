@@ -138,7 +138,12 @@ class TpuTensor(torch.Tensor):
         else:
             contents = torch._tensor_str._tensor_str(host, len("tensor("))
         text = torch._tensor_str._str_intern(self, tensor_contents=contents)
-        return "tensor(" + text[len(type(self).__name__) + 1:]
+        # A Parameter comes as "Parameter(TpuTensor(...))"; CUDA's prints as eager's does.
+        parameter = text.startswith("Parameter(")
+        if parameter:
+            text = text[len("Parameter("):-1]
+        text = "tensor(" + text[len(type(self).__name__) + 1:]
+        return "Parameter containing:\n" + text if parameter else text
 
     def __coerce_same_metadata_as_tangent__(self, expected_metadata, expected_type=None):
         # Compiled graphs see tpu tensors as plain tensors of device "tpu": a tangent that is
