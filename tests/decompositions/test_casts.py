@@ -10,7 +10,7 @@ from tests.support.helpers import PATHS, run_on_path
 
 INF, NAN = float("inf"), float("nan")
 FLOAT8 = [torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz]
-VALUES = torch.tensor([0.0, 1.0, 2.5, -3.0, 100.0, 224.0, -0.75])
+VALUES = torch.tensor([0.0, 1.0, 2.5, -3.0, 100.0, 224.0, -0.75, float("nan")])
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

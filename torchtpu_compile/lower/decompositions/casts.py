@@ -24,6 +24,7 @@ from .registry import decomposition
 
 _FLOAT8 = frozenset({torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz,
                      torch.float8_e5m2fnuz})
+_FNUZ = frozenset({torch.float8_e4m3fnuz, torch.float8_e5m2fnuz})
 
 
 def _ours(source: torch.dtype, target: torch.dtype) -> bool:
@@ -46,7 +47,11 @@ def convert_element_type(x, dtype):
     if x.is_complex() and dtype is torch.bool:
         return truth_value(x)
     if x.dtype in _FLOAT8 and not dtype.is_floating_point and not dtype.is_complex:
-        return x.to(torch.float32).to(dtype)
+        wide = x.to(torch.float32)
+        if x.dtype in _FNUZ and dtype is not torch.bool:
+            # eager's integer of a fnuz NaN is 0 (of any other float's NaN, INT_MIN)
+            wide = torch.where(wide.isnan(), 0.0, wide)
+        return wide.to(dtype)
     if dtype is torch.float8_e4m3fn and x.dtype not in _FLOAT8 and x.is_floating_point() \
             and not _saturating.active:
         largest = torch.finfo(dtype).max
