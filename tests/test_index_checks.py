@@ -94,6 +94,7 @@ OPS = {
     "bce_target": (lambda x, i: F.binary_cross_entropy(x[:i.numel(), 1] / 8, i / 1), [0, 2], [1]),
     "masked_scatter": (lambda x, i: x[:, 0].masked_scatter(x[:, 0] < 4, i * 1.0), [3], [3, 4]),
     "histc": (lambda x, i: torch.histc(i / (i - 2.0), bins=3), [1, 2], [0, 3]),
+    "histogram": (lambda x, i: torch.histogram(i / (i - 2.0), bins=3).hist, [2, 1], [0, 3]),
 }
 
 

@@ -93,6 +93,9 @@ _VALUE_ERRORS = {
     "aten.histc": lambda code: RuntimeError(
         f"torch.histc: range of [{_float32_of(code >> 32):g}, {_float32_of(code):g}] is not "
         "finite"),
+    "aten.histogram": lambda code: RuntimeError(
+        f"torch.histogramdd: dimension 0's range [{_float32_of(code >> 32):g}, "
+        f"{_float32_of(code):g}] is not finite"),
 }
 
 

@@ -243,3 +243,9 @@ def test_a_sum_over_every_dim_kept_compiles():
     x = randn(3, 4, 5)
     check_on_both_paths(lambda t: torch.sum(t, dim=None, keepdim=True), x, rtol=1e-6)
     check_on_both_paths(lambda t: torch.masked.var(t, mask=t > 0), x, rtol=1e-5)
+
+
+def test_a_histogram_of_no_data_spans_zero_to_one():
+    # Its edges were [-0.5, 0.5]: [0, 0] widened as for equal values, where eager's are [0, 1].
+    empty = torch.zeros(0, dtype=torch.float64)
+    check_on_both_paths(lambda t: tuple(torch.histogram(t, bins=4)), empty)

@@ -344,16 +344,32 @@ def _masked_scatter(x, mask, source):
     return _tied_to_values_check(x, ones > source.numel(), "aten.masked_scatter"), mask, source
 
 
+def _checked_data_range(x, op: str):
+    """``x`` tied to a check that its range (min, max) is finite, the code holding both ends
+    as float32 bits for eager's message; ``x`` itself where it has no element."""
+    if not x.is_floating_point() or guard_or_false(x.numel() == 0):
+        return x
+    ends = torch.stack([x.min(), x.max()])
+    bits = ends.to(torch.float32).view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    code = torch.where(ends.isfinite().all(), 0, bits[0] * 2**32 + bits[1])
+    return _tied_to_values_check(x, code, op)
+
+
 @index_rule(aten.histc.default)
 def _histc(x, bins=100, min=0, max=0):
     # With no range given, eager's kernel takes the data's and raises where it is not finite
     # (a NaN or an infinity in the data); the bins counted from it were garbage.
-    if min != max or not x.is_floating_point() or guard_or_false(x.numel() == 0):
-        return x, bins, min, max
-    ends = torch.stack([x.min(), x.max()])
-    bits = ends.to(torch.float32).view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-    code = torch.where(ends.isfinite().all(), 0, bits[0] * 2**32 + bits[1])
-    return _tied_to_values_check(x, code, "aten.histc"), bins, min, max
+    if min == max:
+        x = _checked_data_range(x, "aten.histc")
+    return x, bins, min, max
+
+
+@index_rule(aten.histogram.bin_ct, keywords=True)
+def _histogram(x, bins=100, **options):
+    # As histc: eager raises for data whose range is not finite; the edges were NaN.
+    if options.get("range") is None:
+        x = _checked_data_range(x, "aten.histogram")
+    return (x, bins), options
 
 
 def _mark_divisor(x, divisor, op: str) -> tuple:

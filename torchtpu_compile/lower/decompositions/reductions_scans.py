@@ -387,14 +387,14 @@ def _histogram_from_edges(x, edges, weight, density):
 @decomposition(aten.histogram.bin_ct)
 def histogram_bin_ct(x, bins=100, *, range=None, weight=None, density=False):
     # Unlowered. The edges span ``range`` or the data (widened by 1/2 each way when all values
-    # are equal, as eager). Eager refuses data with NaN or inf when no range is given; this
-    # cannot stop a compiled program, and gives NaN edges and an empty histogram instead.
+    # are equal, as eager), or [0, 1] for no data. Data with NaN or inf and no range raise
+    # eager's error (lower/index_checks.py).
     if not x.dtype.is_floating_point:
         return NotImplemented
     if range is not None:
         low, high = (torch.full((), float(v), dtype=x.dtype) for v in range)
-    elif x.numel() == 0:
-        low = high = torch.zeros((), dtype=x.dtype)
+    elif x.numel() == 0:  # eager's edges span [0, 1]: widened from [0, 0] they were [-0.5, 0.5]
+        low, high = torch.zeros((), dtype=x.dtype), torch.ones((), dtype=x.dtype)
     else:
         low, high = x.min(), x.max()
     equal = low == high
