@@ -226,6 +226,17 @@ def test_a_number_before_the_tensor_keeps_the_tensors_precision(dtype):
         check_on_both_paths(fn, x)
 
 
+@pytest.mark.parametrize("mode", ["trunc", "floor"])
+def test_a_rounding_division_of_two_numbers_is_eagers(mode):
+    # torch.div(-8, 6, rounding_mode="trunc") compiled to a division of two int64 literals,
+    # which the lowering took as unsigned: 3074457345618258432, and div(8, -6) gave 0.
+    for a, b in ((-8, 6), (8, -6), (7, 2), (-7, -2), (-7.5, 2.0), (9, 0.5)):
+        want = torch.div(a, b, rounding_mode=mode)
+        torch._dynamo.reset()
+        got = compile_tpu(lambda a=a, b=b: torch.div(a, b, rounding_mode=mode), dynamic=False)()
+        assert got.dtype == want.dtype and torch.equal(got, want), (a, b, got, want)
+
+
 # --- floats bit by bit -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

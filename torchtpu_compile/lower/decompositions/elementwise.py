@@ -151,6 +151,11 @@ def div_mode(a, b, *, rounding_mode=None):
     # A 0-d tensor operand is read in the promoted dtype first, as eager's kernel reads it (an
     # int64 -130 beside int8 is 126: int8 1 // it is 0; it was -1, computed in int64).
     dtype = torch.result_type(a, b)
+    if not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor):
+        # Two numbers (torch.div(-8, 6, rounding_mode="trunc")): the lowering divided the two
+        # int64 literals as unsigned (-8 by 6 gave 3074457345618258432).
+        return aten.div.Tensor_mode(torch.scalar_tensor(a, dtype=dtype), b,
+                                    rounding_mode=rounding_mode)
     if rounding_mode == "trunc":
         return _trunc_divide_floats(a, b, dtype)
     a, b = (v.to(dtype) if isinstance(v, torch.Tensor) else v for v in (a, b))
