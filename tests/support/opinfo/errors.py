@@ -260,7 +260,7 @@ def check_module_errors(info, path: str) -> ErrorResult:
             constructor = module_input.constructor_input
             torch.manual_seed(0)
             module = info.module_cls(*constructor.args, **constructor.kwargs)
-            if path in paths.ON_DEVICE:  # strict and defer-and-fuse alike
+            if path in paths.ON_DEVICE and run is paths.PATHS[path]:  # not the reference's
                 module.to("tpu")
             args, kwargs = _forward_call(module_input)
             return _call(run, module, args, kwargs)
