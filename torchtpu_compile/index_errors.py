@@ -79,16 +79,16 @@ _EAGER_ERRORS.update({op: (RuntimeError, "ZeroDivisionError") for op in DIVISOR_
 _ONE_HOT_ERRORS = (RuntimeError, "Class values must be smaller than num_classes.")
 _ONE_HOT_NEGATIVE = "Class values must be non-negative."
 _EAGER_ERRORS["aten.one_hot"] = _ONE_HOT_ERRORS
-#: Checks of values that are not indices (lower/index_checks.py's ``mark_values``): the
-#: checked tensor holds a code per element, 0 where eager's kernel accepts the data, else the
-#: code of the error it raises; checked against a range of one, the first nonzero code wins.
+#: Checks of values that are not indices (``lower/index_checks._tied_to_values_check``): the
+#: checked tensor holds a code per element, 0 where eager's kernel accepts the data, else a
+#: code this table turns into the error eager raises; checked against a range of one, the
+#: first nonzero code wins.
 _VALUE_ERRORS = {
-    "aten.binary_cross_entropy": {1: (RuntimeError, "all elements of input should be between "
-                                                    "0 and 1"),
-                                  2: (RuntimeError, "all elements of target should be "
-                                                    "between 0 and 1")},
-    "aten.masked_scatter": {1: (RuntimeError, "Number of elements of source < number of ones "
-                                              "in mask")},
+    # 1: the input, 2: the target, as eager checks them element by element
+    "aten.binary_cross_entropy": lambda code: RuntimeError(
+        f"all elements of {'input' if code == 1 else 'target'} should be between 0 and 1"),
+    "aten.masked_scatter": lambda code: RuntimeError(
+        "Number of elements of source < number of ones in mask"),
     # The code holds the range's two ends as float32 bits (high word: the low end).
     "aten.histc": lambda code: RuntimeError(
         f"torch.histc: range of [{_float32_of(code >> 32):g}, {_float32_of(code):g}] is not "
@@ -97,11 +97,6 @@ _VALUE_ERRORS = {
         f"torch.histogramdd: dimension 0's range [{_float32_of(code >> 32):g}, "
         f"{_float32_of(code):g}] is not finite"),
 }
-
-
-def _float32_of(bits: int) -> float:
-    import struct
-    return struct.unpack("<f", struct.pack("<I", bits & 0xFFFFFFFF))[0]
 #: gather, scatter, scatter_add, scatter_reduce, index_add of a matrix or more.
 _GATHER_ERROR = (RuntimeError, "index {value} is out of bounds for dimension {dim} with size "
                                "{size}")
@@ -121,16 +116,17 @@ def eager_error(op: str, value: int, dim: int, size: int) -> BaseException:
     """
     op, _, detail = op.partition(":")
     if op in _VALUE_ERRORS:
-        errors = _VALUE_ERRORS[op]
-        if callable(errors):
-            return errors(value)
-        kind, message = errors[value]
-        return kind(message)
+        return _VALUE_ERRORS[op](value)
     kind, template = _eager_kind(op)
     if op == "aten.one_hot" and value < 0:
         template = _ONE_HOT_NEGATIVE
     return kind(template.format(value=value, dim=dim, size=size, length=size - 1,
                                 detail=detail))
+
+
+def _float32_of(bits: int) -> float:
+    import struct
+    return struct.unpack("<f", struct.pack("<I", bits & 0xFFFFFFFF))[0]
 
 
 def _eager_kind(op: str) -> tuple:

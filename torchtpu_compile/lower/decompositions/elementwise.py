@@ -65,7 +65,8 @@ def _with_an_unrounded_scalar(op):
     """``op(x, scalar)`` of a bf16/f16 tensor and a Python number computed in float32 with the
     number as a float32, as the CPU mul and div kernels do (TensorIterator's original scalar):
     converting the number to the tensor's dtype first rounded it (bf16 0.1 is 0.1001), and
-    x * 0.1 came out 1 ulp from eager's in about a quarter of the elements."""
+    x * 0.1 came out 1 ulp from eager's in about a quarter of the elements. A number in the
+    first place is ``_with_the_number_second``'s."""
     def decompose(x, other, **kwargs):
         if _is_number(x) and isinstance(other, torch.Tensor):
             return _with_the_number_second(op, x, other)
