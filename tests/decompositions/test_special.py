@@ -86,6 +86,21 @@ def test_incomplete_gamma_for_large_a_near_x_is_eagers():
                         rtol=2e-6, atol=3e-7)
 
 
+def test_float64_incomplete_gamma_for_large_a_keeps_float64_accuracy():
+    # JAX's gammainc had no asymptotic branch: its prefactor lost float64 accuracy as a grew
+    # (3e-7 off at a = 1e8, 6e-3 at 1e12) and its series ran uncapped (a = 1e16: 45 s, 6e19).
+    # Points up to six standard deviations from a: eager takes Temme's expansion near a, and
+    # a series or a continued fraction beyond. Eager's own kernel is up to 2e-10 off the exact
+    # value here (its expansion divides by sqrt(2 pi a) with a float32 pi; from a = 1e12 its
+    # prefactor drifts too), where scipy agrees with ours to 4e-16.
+    deviations = torch.tensor([-6.0, -3.0, -1.0, 0.0, 1.0, 3.0, 6.0], dtype=torch.float64)
+    for sizes, rtol in (([1e4, 1e6, 1e8], 1e-9), ([1e12, 1e14], 1e-8)):
+        a = torch.tensor(sizes, dtype=torch.float64)[:, None]
+        z = a + deviations * a.sqrt()
+        check_on_both_paths(lambda a, z: (torch.igamma(a, z), torch.igammac(a, z)),
+                            a.expand_as(z).contiguous(), z, rtol=rtol, atol=1e-300)
+
+
 #: igamma's arguments at the edges: a = 0 and inf, z = 0 and inf, NaN (bf16 in the slow suite).
 IGAMMA_EDGES = (
     torch.tensor([0.0, 0.0, 1.0, 2.0, INF, 3.0, -1.0, 2.0, 0.5, 1e-3, 50.0, 7.5, INF, NAN, NAN,

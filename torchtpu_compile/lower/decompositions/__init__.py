@@ -28,8 +28,9 @@ One module per family of ops, as JAX's lax files:
     convolution       transposed convolutions, convolution_backward
     normalization     batch norm (inference, with update), weight norm's backward
     losses            multilabel margin loss (labels after the first -1, 1-D shapes)
-    special           lgamma, digamma, polygamma, zeta, igamma(c), erfc, erfinv, ndtri, erfcx,
-                      log_ndtr
+    special           lgamma, digamma, polygamma, zeta, erfc, erfinv, ndtri, erfcx, log_ndtr
+    incomplete_gamma  igamma, igammac: eager's series, continued fraction and, for large a
+                      near x, Temme's expansion
     bessel            i0, i1 (scaled or not), J, Y, K (scaled or not), spherical j0
     polynomials       Chebyshev (shifted or not), Hermite, Laguerre, Legendre
     linalg            addmv, grouped matmuls, Cholesky/LU/QR/SVD and their solves,
@@ -47,7 +48,7 @@ One module per family of ops, as JAX's lax files:
     checks            (``@checked_first``) reductions over no elements: eager's error or value
 
 Helpers shared between families: common.py (the dtypes a decomposition computes in) and
-jax_functions.py (decompositions written as JAX functions: linalg, fft_complex, special's
+jax_functions.py (decompositions written as JAX functions: linalg, fft_complex, the
 incomplete gammas, polynomials).
 
 Example::
@@ -144,7 +145,8 @@ def _register_families() -> None:
     # Each family module registers its decompositions (and checks) when imported: here, on
     # first use, not when this package is imported (the backend and numerics import it early).
     from . import (amp, attention, bessel, casts, checks, complex_arithmetic,  # noqa: F401
-                   convolution, elementwise, fft_complex, foreach, indexing_scatter, linalg,
+                   convolution, elementwise, fft_complex, foreach, incomplete_gamma,
+                   indexing_scatter, linalg,
                    losses, normalization, optimizers, polynomials, pooling, recurrent,
                    reductions_scans, resampling, sorting, special, views)
 

@@ -1,11 +1,11 @@
 """Special functions torch-mlir does not lower: the gamma family (lgamma, digamma, polygamma,
-Hurwitz zeta, the regularized incomplete gammas) and the error-function family (erfc, erfinv,
-ndtri, erfcx, log_ndtr). Bessel functions: bessel.py; orthogonal polynomials: polynomials.py.
+Hurwitz zeta) and the error-function family (erfc, erfinv, ndtri, erfcx, log_ndtr). Bessel
+functions: bessel.py; orthogonal polynomials: polynomials.py.
 
 Each is a fixed-length series, continued fraction or polynomial (no data-dependent loops: one
 static program), evaluated in float32 for float32 and reduced-precision inputs and in float64
-for float64, to float32 tolerance against the CPU kernels (Cephes); the incomplete gammas are
-JAX's (jax_functions.py).
+for float64, to float32 tolerance against the CPU kernels (Cephes). The incomplete gammas:
+incomplete_gamma.py.
 
 Example::
 
@@ -19,7 +19,6 @@ import math
 import torch
 
 from .common import computing_dtype, float_dtypes
-from .jax_functions import builds, jax_function
 from .registry import decomposition
 
 aten = torch.ops.aten
@@ -180,53 +179,6 @@ def polygamma(n, x):
     x, result = _gamma_input(x)
     sign = 1.0 if n % 2 else -1.0
     return (sign * math.factorial(n) * _hurwitz_zeta(float(n + 1), x)).to(result)
-
-
-# --- regularized incomplete gamma (JAX's) ----------------------------------------------------
-
-@builds("igamma")
-def _igamma_fn(upper):
-    import jax.numpy as jnp
-    from jax.scipy.special import gammainc, gammaincc
-
-    def igamma(a, x):
-        dtype = a.dtype
-        compute = jnp.promote_types(dtype, jnp.float32)  # bf16/f16 as eager: in float32
-        a, x = a.astype(compute), x.astype(compute)
-        nan, low, high = (jnp.asarray(v, compute) for v in (jnp.nan, 0.0, 1.0))
-        if upper:
-            low, high = high, low
-        # Eager's ladder of special cases, in its order (NaN passes the comparisons that
-        # come before it): JAX differs at a = inf and where a or x is NaN.
-        out = (gammaincc if upper else gammainc)(a, x)
-        out = jnp.where(jnp.isinf(x), high, out)
-        out = jnp.where(jnp.isinf(a), jnp.where(jnp.isinf(x), nan, low), out)
-        out = jnp.where(x == 0, low, out)
-        out = jnp.where(a == 0, jnp.where(x > 0, high, nan), out)
-        return jnp.where((x < 0) | (a < 0), nan, out).astype(dtype)
-    return igamma
-
-
-def _incomplete_gamma(a, x, upper: bool):
-    # In float64 for every float dtype, rounded once: the series and continued fraction lose
-    # their prefactor exp(a log x - x - lgamma(a)) to cancellation in float32 for large a
-    # (gammainc(1e5, 1e5) was 0.458, eager's 0.5004; at a = 5e6, 0.00056), where eager's
-    # kernel takes an asymptotic expansion. A rare op: float64's cost on a TPU is accepted.
-    dtype = torch.result_type(a, x)
-    if not dtype.is_floating_point:
-        return NotImplemented
-    a, x = torch.broadcast_tensors(a.to(torch.float64), x.to(torch.float64))
-    return jax_function("igamma", upper)(a, x).to(dtype)
-
-
-@decomposition(aten.igamma.default)
-def igamma(a, x):
-    return _incomplete_gamma(a, x, upper=False)
-
-
-@decomposition(aten.igammac.default)
-def igammac(a, x):
-    return _incomplete_gamma(a, x, upper=True)
 
 
 # --- error-function family -------------------------------------------------------------------
