@@ -1154,6 +1154,14 @@ def test_new_float_arguments_of_a_double_op_keep_their_double_value():
         torch.testing.assert_close(x.add(y, alpha=value).cpu(), x_cpu.add(y_cpu, alpha=value),
                                    rtol=1e-15, atol=1e-15)
         torch.testing.assert_close((x * value).cpu(), x_cpu * value, rtol=1e-15, atol=1e-15)
+    # A double result whose only tensor is not double: linspace(4.3, end, dtype=float64) of an
+    # int end started at 4.300000190734863 from the second start value on.
+    for start, end in ((-2.0, 1), (4.3, -3), (0.1, 5)):
+        end_cpu = torch.tensor(end)
+        for space in (torch.linspace, torch.logspace):
+            torch.testing.assert_close(
+                space(start, end_cpu.to("tpu"), 50, dtype=torch.float64).cpu(),
+                space(start, end_cpu, 50, dtype=torch.float64), rtol=1e-14, atol=1e-15)
 
 
 

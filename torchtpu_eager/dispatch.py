@@ -608,8 +608,8 @@ def _build(func, args, kwargs, tensors, key, lift_floats=False):
 
     examples = [example(t.shape, t.dtype) for t in tensors]
     label = str(func)
-    lifted = scalars.dtype_for(tensors, scalars.collect(args, kwargs, func)) \
-        if lift_floats else None
+    lifted = scalars.dtype_for(tensors, scalars.collect(args, kwargs, func),
+                               kwargs.get("dtype")) if lift_floats else None
     def make():
         if lifted is not None:
             return _trace_lifted(fn, examples, label, func, args, kwargs, lifted), list(shapes)

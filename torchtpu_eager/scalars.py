@@ -48,19 +48,26 @@ def _leaves(value, out: list, kind=float):
             _leaves(v, out, kind)
 
 
-def dtype_for(tensors, values=()) -> torch.dtype:
-    """The dtype an op's lifted ``values`` travel in, given the op's tensor inputs: int64 for
-    ints (each read is cast where it is used: ``_operand_dtype``), else a float dtype.
+def dtype_for(tensors, values=(), requested: torch.dtype | None = None) -> torch.dtype:
+    """The dtype an op's lifted ``values`` travel in, given the op's tensor inputs and the
+    ``dtype=`` it was called with: int64 for ints (each read is cast where it is used:
+    ``_operand_dtype``), else a float dtype.
 
     Eager computes a double op with its Python floats as doubles: rounded to float32 they were
     wrong in the 8th digit (LBFGS's ``p.add_(d, alpha=t)`` on a float64 model drifted by 1e-4
-    in two steps). Other ops keep float32, which is what eager's float kernels round the float
-    to and what the device computes natively.
+    in two steps; ``linspace(4.3, end, 50, dtype=torch.float64)`` of an int ``end`` started at
+    4.300000190734863). Other ops keep float32, which is what eager's float kernels round the
+    float to and what the device computes natively.
+
+    Example::
+
+        dtype_for([x_float32], [0.5], requested=torch.float64)   # torch.float64
     """
     if values and type(values[0]) is int:
         return torch.int64
-    if torch.get_default_dtype() == torch.float64 or any(
-            t.dtype in (torch.float64, torch.complex128) for t in tensors):
+    doubles = (torch.float64, torch.complex128)
+    if torch.get_default_dtype() == torch.float64 or requested in doubles or any(
+            t.dtype in doubles for t in tensors):
         return torch.float64
     return torch.float32
 
