@@ -155,6 +155,27 @@ def test_host_saved_tensors_load_on_the_device_as_views_of_one_storage(map_locat
         assert torch.equal(got[name].cpu(), want[name]), name
 
 
+def test_legacy_format_checkpoints_load_their_values(tmp_path):
+    # torch.save(..., _use_new_zipfile_serialization=False), every checkpoint before PyTorch
+    # 1.6: the loader rebuilds tensors before it reads the storages' bytes, and uploading at
+    # rebuild loaded garbage (an int64 5 came back as 139656630836544), on tpu-saved files
+    # and on host-saved ones loaded with map_location="tpu".
+    path = tmp_path / "legacy.pt"
+    tpu = {**_views(torch.arange(24.0, device="tpu")), "long": torch.tensor(5, device="tpu")}
+    torch.save(tpu, path, _use_new_zipfile_serialization=False)
+    got = torch.load(path)
+    for name, want in tpu.items():
+        assert got[name].device == want.device and torch.equal(got[name].cpu(), want.cpu()), name
+    got["x"].mul_(-1)  # still views of one storage
+    assert torch.equal(got["tail"].cpu(), -torch.arange(1.0, 24.0))
+    saved = _host_saved()
+    torch.save(saved, path, _use_new_zipfile_serialization=False)
+    got = torch.load(path, map_location="tpu")
+    for name, want in saved.items():
+        assert got[name].device == torch.device("tpu", 0), name
+        assert torch.equal(got[name].detach().cpu(), want.detach()), name
+
+
 def test_a_host_checkpoint_resumes_training_on_the_device(tmp_path):
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)

@@ -111,7 +111,23 @@ def _restore_target(device: str, host: torch.Tensor) -> torch.device:
     return torch.device(device) if restored is None else restored.device
 
 
-class _HostStorageForTpu(torch.UntypedStorage):
+class _ReadAfterUnpickling(torch.UntypedStorage):
+    """A host storage of a legacy-format ``torch.load`` (``_use_new_zipfile_serialization=
+    False``; every checkpoint before PyTorch 1.6): it unpickles every tensor first and reads
+    the storages' bytes after, into storages it made uninitialized. Uploading at rebuild
+    loaded garbage (an int64 5 came back as 139656630836544); the tpu storages made from this
+    one meanwhile are filled when it is read."""
+
+    def _set_from_file(self, *args, **kwargs):
+        out = super()._set_from_file(*args, **kwargs)
+        self._tpu_read = True
+        from .transfer import upload
+        for storage, host in self.__dict__.pop("_tpu_pending", ()):
+            storage.value = upload(host)
+        return out
+
+
+class _HostStorageForTpu(_ReadAfterUnpickling):
     """A storage ``torch.load`` restored for the tpu device: its bytes are on the host, its
     ``device`` says tpu, so PyTorch's ``_rebuild_tensor`` makes a tpu tensor for it."""
 
@@ -169,9 +185,18 @@ def _cpu(storage) -> bool:
 
 
 def _uploaded(host: torch.Tensor):
-    """A tpu ``Storage`` holding ``host``'s contents (a 1-d host tensor: a storage's elements)."""
+    """A tpu ``Storage`` holding ``host``'s contents (a 1-d host tensor: a storage's elements),
+    or to hold them once a legacy-format load has read them (``_ReadAfterUnpickling``)."""
     from .storage import Storage
     from .transfer import upload
+    source = host.untyped_storage()
+    if getattr(source, "_torch_load_uninitialized", False) and \
+            not getattr(source, "_tpu_read", False):
+        storage = Storage(None, tuple(host.shape), host.dtype, host.numel())
+        if type(source) is torch.UntypedStorage:
+            source.__class__ = _ReadAfterUnpickling
+        source.__dict__.setdefault("_tpu_pending", []).append((storage, host))
+        return storage
     return Storage(upload(host), tuple(host.shape), host.dtype, host.numel())
 
 
