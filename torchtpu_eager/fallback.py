@@ -45,10 +45,15 @@ _OVERWRITES = {
 }
 
 
-def _to_host(value, originals: dict, overwritten=False):
+def _to_host(value, originals: dict, overwritten=False, drawn_into=False):
     if type(value) is TpuTensor:
-        if overwritten:
-            host = torch.empty(value.shape, dtype=value.dtype)
+        if overwritten or drawn_into:
+            # Laid out as the tpu tensor is: eager's kernels draw in an order (and, for
+            # normal_, by a method) that follows the written tensor's strides, and into a
+            # contiguous copy a transposed or narrowed view got other numbers than on CPU.
+            host = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype)
+            if not overwritten:
+                host.copy_(to_cpu(value))
         else:
             host = to_cpu(value)
         originals[id(host)] = (value, host)
@@ -97,11 +102,12 @@ def run_on_host(func, args, kwargs, reason: str | None):
         fall_back(str(func), _describe(func, args, kwargs), reason, path="eager")
         COUNTERS.add("eager_fallbacks")
     originals: dict = {}
-    overwrites = func._schema.name in _OVERWRITES and not (
+    draws = func._schema.name in _OVERWRITES
+    overwrites = draws and not (
         len(args) > 1 and isinstance(args[1], torch.Tensor))  # bernoulli_(p=tensor) reads p
-    if overwrites:
-        host_args = (_to_host(args[0], originals, overwritten=True),) + \
-            _to_host(tuple(args[1:]), originals)
+    if draws:
+        host_args = (_to_host(args[0], originals, overwritten=overwrites, drawn_into=True),) \
+            + _to_host(tuple(args[1:]), originals)
     else:
         host_args = _to_host(tuple(args), originals)
     host_kwargs = {k: _to_host(v, originals) for k, v in kwargs.items()}
