@@ -178,6 +178,16 @@ def outside_dynamo():
         set_eval_frame(prior)
 
 
+def _tracing_lock():
+    """Dynamo's compile lock, held while this thread traces an op: make_fx patches process
+    globals (torch.fx's ``CURRENT_PATCHER``), and threads tracing at once failed with
+    "CURRENT_PATCHER is None in finally block" (the op then ran on the host) or traced into
+    each other. Dynamo's lock, not one of ours: a compile in another thread patches them too.
+    Reentrant, so a compile that runs a tpu op keeps it."""
+    from torch._dynamo.convert_frame import compile_lock
+    return compile_lock
+
+
 def trace(fn, examples: list, label: str, what=None) -> OpGraph:
     """Trace ``fn`` (tensors in, tuple of tensors out) into a functional, decomposed OpGraph.
 
@@ -197,8 +207,9 @@ def trace(fn, examples: list, label: str, what=None) -> OpGraph:
     # this thread; tracing needs functionalization and autograd keys back. The fused CPU
     # attention kernels do not lower; the math formulation does (as in the backend).
     include, exclude = _top_level_keys()
-    with torch._C._ForceDispatchKeyGuard(include, exclude), sdpa_kernel(SDPBackend.MATH), \
-            torch.no_grad(), one_op_at_a_time(), _quiet_meta_failures(), outside_dynamo():
+    with _tracing_lock(), torch._C._ForceDispatchKeyGuard(include, exclude), \
+            sdpa_kernel(SDPBackend.MATH), torch.no_grad(), one_op_at_a_time(), \
+            _quiet_meta_failures(), outside_dynamo():
         gm = make_fx(torch.func.functionalize(fn, remove="mutations"),
                      decomposition_table=_decompositions(),
                      tracing_mode="fake")(*_fake_examples(examples))
