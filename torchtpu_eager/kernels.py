@@ -19,10 +19,12 @@ _CPU = torch.device("cpu")
 _libraries: list = []   # registrations live as long as their Library object
 
 # Composite factories that would otherwise resize an empty out= tensor, which a tpu tensor
-# cannot do: served whole instead.
+# cannot do, or reach a kernel with only CPU and CUDA entries (kaiser_window's stub raised
+# an internal assert): served whole instead.
 _WHOLE_FACTORIES = (
     "arange", "arange.start", "arange.start_step", "linspace", "logspace", "eye", "eye.m",
-    "randperm", "range", "range.step", "tril_indices", "triu_indices",
+    "randperm", "range", "range.step", "tril_indices", "triu_indices", "kaiser_window",
+    "kaiser_window.periodic", "kaiser_window.beta",
 )
 
 
