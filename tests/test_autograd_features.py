@@ -3,6 +3,7 @@
 Each test is a case from tutorial-style code (docs/reliability.md, the real-code table) that
 gave other values than eager CPU before its fix.
 """
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -82,3 +83,18 @@ def test_a_view_of_an_inference_tensor_is_one_outside_inference_mode():
         assert all(v.is_inference() for v in views(y)), device
         with pytest.raises(RuntimeError, match="Inplace update to inference tensor"):
             y[0].mul_(2)
+
+
+def test_a_cpu_gradient_of_a_tpu_tensor_raises_cudas_error():
+    # PyTorch's engine checks gradients' devices for plain tensors only: a CPU gradient was
+    # taken and x.grad left on the CPU, until the optimizer's step failed far away.
+    x = torch.randn(3).to("tpu").requires_grad_()
+    with pytest.raises(RuntimeError, match="invalid gradient at index 0 - expected device "
+                                           "tpu:0 but got cpu"):
+        (x * 2).backward(torch.ones(3))
+    assert x.grad is None
+    (x * 2).backward(torch.ones(3, device="tpu"))
+    loss = (x * 2).sum()
+    loss.backward(torch.tensor(2.0))  # a 0-d one is moved, as on CUDA
+    assert x.grad.device == x.device
+    torch.testing.assert_close(x.grad.cpu(), torch.full((3,), 6.0))

@@ -177,6 +177,16 @@ class TpuTensor(torch.Tensor):
             setattr(copy, name, copy_module.deepcopy(value, memo))
         return copy
 
+    def backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
+        # PyTorch's engine compares a gradient's device with its tensor's for plain tensors
+        # only: a CPU gradient of a tpu tensor was taken, and left x.grad on the CPU (the
+        # error came at the optimizer's step). CUDA's error; a 0-d one moves, as on CUDA.
+        if isinstance(gradient, torch.Tensor) and gradient.device != self.device and \
+                gradient.dim() != 0:
+            raise RuntimeError(f"invalid gradient at index 0 - expected device {self.device} "
+                               f"but got {gradient.device}")
+        return super().backward(gradient, retain_graph, create_graph, inputs)
+
     def tolist(self):
         from .transfer import to_cpu
         return to_cpu(self).tolist()
