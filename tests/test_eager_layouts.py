@@ -241,6 +241,21 @@ def test_a_channels_last_conv_net_keeps_eager_s_layout(eager_mode):
         torch.empty(2, 3, 4, 5, memory_format=torch.channels_last).stride()
 
 
+def test_batch_norm_in_training_keeps_a_channels_last_input_s_layout(eager_mode):
+    # It writes the running statistics besides its result, and results of ops that write an
+    # argument were left contiguous: (100, 25, 5, 1) where eager's are (100, 1, 20, 4).
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 5, 5).to(memory_format=torch.channels_last)
+    bn = torch.nn.BatchNorm2d(4).train()
+    bn_tpu = torch.nn.BatchNorm2d(4).train().to("tpu")
+    expected = bn(x)
+    got = bn_tpu(x.to("tpu"))
+    assert got.stride() == expected.stride()
+    torch.testing.assert_close(got.cpu(), expected.detach())
+    torch.testing.assert_close(bn_tpu.running_mean.cpu(), bn.running_mean)
+    torch.testing.assert_close(bn_tpu.running_var.cpu(), bn.running_var)
+
+
 @pytest.mark.parametrize("memory_format", [torch.channels_last, torch.contiguous_format])
 def test_resize_to_a_memory_format_has_eager_s_strides(memory_format, eager_mode):
     for t in (torch.empty(0), torch.zeros(2, 3, 4, 5)):

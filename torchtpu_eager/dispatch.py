@@ -337,14 +337,14 @@ def _eager_layout(entry, func, args, kwargs, tensors):
     first, its strides) where eager's result on these inputs' geometries is a permuted dense
     layout (``x.t() * 2`` has strides (1, n) on the CPU: TensorIterator follows its inputs'
     layout; ``x.t().sort(0)``'s values and indices both do), else None; None for the whole
-    where every result is contiguous, or the op writes or returns anything but fresh tensors.
-    From the op run on fake CPU tensors viewing storages as the inputs do: on meta tensors a
-    convolution of channels-last inputs picks no CPU backend and comes out contiguous, where
-    the CPU's is channels-last."""
+    where every result is contiguous, or the op returns anything but fresh tensors (it may
+    write its arguments besides: batch norm in training writes the running statistics, and its
+    result of a channels-last input is channels-last). From the op run on fake CPU tensors
+    viewing storages as the inputs do: on meta tensors a convolution of channels-last inputs
+    picks no CPU backend and comes out contiguous, where the CPU's is channels-last."""
     plan, counts = entry.returns
-    if entry.mutated or entry.resized or not plan or any(
-            kind != "fresh" for kind, _ in plan) or any(counts) or \
-            len(entry.graph.out_meta) != len(plan):
+    if entry.resized or not plan or any(kind != "fresh" for kind, _ in plan) or any(counts) \
+            or len(entry.graph.out_meta) != len(plan) + len(entry.mutated):
         return None
     # Fake tensor's own Python frames must not reach Dynamo, which would trace them as user
     # code where a compiled function leaves ops to the device (nn.LSTM's graph break).
