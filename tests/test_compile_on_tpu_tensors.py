@@ -109,6 +109,26 @@ def test_compiled_tensor_constructor_on_tpu_device(fresh_dynamo):
 
 
 
+@pytest.mark.parametrize("write", [
+    lambda y, s: y.index_put_((torch.tensor([1, 1]),), s, accumulate=True),
+    lambda y, s: y.__setitem__(torch.tensor([0, -1]), s),
+    lambda y, s: y.__setitem__((torch.tensor([0, 1]), torch.tensor([2, 0])), s),
+    lambda y, s: y.__setitem__(torch.tensor([True, False]), s),
+], ids=["accumulate", "rows", "elements", "mask"])
+def test_writes_through_host_indices_compile_on_tpu_tensors(fresh_dynamo, write):
+    # Eager takes CPU indices (and a CPU 0-d value) for a tensor on a device; the compile
+    # failed with FakeTensorDeviceMismatchError where they met the tpu tensor's index math.
+    def f(x, s):
+        y = x.clone()
+        write(y, s)
+        return y
+
+    x, s = torch.arange(6.0).reshape(2, 3), torch.tensor(1.5)
+    got = torch.compile(f, backend="torchtpu")(x.to("tpu"), s)
+    assert got.device.type == "tpu"
+    assert torch.equal(got.cpu(), f(x, s))
+
+
 def test_compiled_distribution_with_a_python_number_on_tpu_tensors(fresh_dynamo):
     # Normal(mu, 2.0) broadcasts the number through torch.tensor(2.0, device=mu.device): the
     # fake tensor kept the real tpu tensor as its constant and ran the broadcast on it with

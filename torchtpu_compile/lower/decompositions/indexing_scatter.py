@@ -63,6 +63,10 @@ def index_put(x, indices, values, accumulate=False):
     # indices on the leading dims: one linear index into the flattened leading dims, then a
     # scatter (or scatter-add) of rows. Otherwise (None gaps, boolean masks) the op stays, its
     # negative indices wrapped first, as for index (backward of x[..., [-2], :]).
+    # Eager takes indices on the CPU for a tensor on a device (y[torch.tensor([0, 2])] = s
+    # with y on tpu), and a CPU 0-d value: here they meet tpu tensors, so they move first.
+    indices = [i if i is None or i.device == x.device else i.to(x.device) for i in indices]
+    values = values.to(x.device)
     if len(indices) == 1 and indices[0] is not None and indices[0].dtype == torch.bool:
         # x[mask] = v with v the same for every selected element (it broadcasts over the dims
         # the mask leaves): a select, no data-dependent shapes.
