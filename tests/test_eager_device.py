@@ -1254,6 +1254,30 @@ def test_ops_making_complex_results_xla_lacks_as_a_program():
         torch.where(mask.to("tpu"), 2j, x.half().to("tpu")).cpu()
 
 
+@pytest.mark.parametrize("call", [
+    lambda t, h: torch.allclose(t, h), lambda t, h: torch.allclose(h, t),
+    lambda t, h: torch.bincount(torch.tensor([0, 1, 1]).to("tpu"), h[:3]),
+    lambda t, h: torch.masked_select(t, h > 2), lambda t, h: torch.masked_select(h, t > 2),
+], ids=["allclose", "allclose_host_first", "bincount", "masked_select", "masked_select_host"])
+def test_host_run_ops_given_a_host_tensor_raise_cudas_device_error(call):
+    # Ops that run on the host (data-dependent shapes, host values) took a host tensor as one
+    # of theirs: allclose(tpu, cpu) returned True, masked_select with a host mask a result.
+    host = torch.arange(6.0)
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        call(host.to("tpu"), host)
+
+
+@pytest.mark.parametrize("write", [
+    lambda h, t: h.add_(t), lambda h, t: h.mul_(t), lambda h, t: h.__iadd__(t),
+    lambda h, t: torch.add(h, t, out=h)], ids=["add_", "mul_", "iadd", "out"])
+def test_a_host_scalar_written_by_a_tpu_op_raises_cudas_device_error(write):
+    # running = torch.tensor(0.); running += loss: a host 0-d tensor may join a tpu op as an
+    # input only; as the one written it raised AttributeError '_st'.
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        write(torch.tensor(1.0), torch.tensor(2.0, device="tpu"))
+    assert (torch.tensor(1.0) + torch.tensor(2.0, device="tpu")).device == TPU
+
+
 def test_storage_identity_equality_across_devices_and_parameter_repr_are_cudas():
     # is_set_to read PyTorch's placeholder storage (False even for x itself); equal with a
     # host tensor compared on the host where CUDA raises; a tpu Parameter printed as

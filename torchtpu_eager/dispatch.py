@@ -212,13 +212,15 @@ _DEVICE_CHECKED = frozenset(id(op) for op in (
     aten.convolution.default, aten._convolution.default, aten.convolution_backward.default))
 
 
-def _check_devices(func, tensors, args=()) -> bool:
+def _check_devices(func, tensors, args=(), kwargs=None) -> bool:
     """Raise where a host tensor (other than a 0-d scalar) is an argument of ``func``, as
     PyTorch does for a CUDA op given a CPU tensor; True where ``func`` is then to run its
-    device-generic implementation instead (``_COMPOSITE``)."""
+    device-generic implementation instead (``_COMPOSITE``). A host tensor it writes raises
+    even 0-d (``running.add_(loss)`` of a host ``running``): CUDA lets host scalars in as
+    inputs only."""
     indices = args[1] if id(func) in _HOST_INDICES and len(args) > 1 else ()
     for t in tensors:
-        if type(t) is not TpuTensor and t.dim() != 0:
+        if type(t) is not TpuTensor and (t.dim() != 0 or _written(func, t, args, kwargs or {})):
             if any(t is index for index in indices):
                 continue
             if id(func) not in _DEVICE_CHECKED and torch._C._dispatch_has_kernel_for_dispatch_key(
@@ -232,6 +234,17 @@ def _check_devices(func, tensors, args=()) -> bool:
                 f"Expected all tensors to be on the same device, but found at least two "
                 f"devices, {DEVICE} and {t.device}! (when checking arguments of {func}). "
                 f"Move the tensor with .to('tpu'), or use a 0-dim tensor for a scalar.")
+    return False
+
+
+def _written(func, tensor, args, kwargs) -> bool:
+    """Whether ``func`` writes ``tensor``, one of its arguments (self of an in-place op, an
+    out= tensor)."""
+    for position, argument in enumerate(func._schema.arguments):
+        value = args[position] if position < len(args) else kwargs.get(argument.name)
+        if value is tensor and argument.alias_info is not None and \
+                argument.alias_info.is_write:
+            return True
     return False
 
 
@@ -945,7 +958,7 @@ def run_op(func, args, kwargs):
     except KeyError:
         entry = None
     if entry is None:
-        entry = _COMPOSITE if _check_devices(func, tensors, args) else \
+        entry = _COMPOSITE if _check_devices(func, tensors, args, kwargs) else \
             _lifted_entry(func, args, kwargs, tensors, key) or \
             _build(func, args, kwargs, tensors, key)
         _ops[key] = entry
@@ -1153,7 +1166,16 @@ def run_random(func, args, kwargs):
 def run_data_dependent(func, args, kwargs):
     # Its output shape depends on the values (masked_select, unique): never one static
     # program, so not traced at all (tracing 0-dim inputs crashed torch-mlir).
+    if _host_arguments_checked(func, args, kwargs):
+        return func._op_dk(_COMPOSITE_EXPLICIT, *args, **kwargs)
     return fallback.run_on_host(func, args, kwargs, "its output shape depends on the data")
+
+
+def _host_arguments_checked(func, args, kwargs) -> bool:
+    """``_check_devices`` for an op that runs on the host: it took host tensors as its own
+    (``masked_select`` with a host mask, ``bincount`` with host weights, ``allclose`` of a
+    tpu and a host tensor returned), where CUDA raises."""
+    return _check_devices(func, signature(func, args, kwargs)[1], args, kwargs)
 
 
 def run_index(func, args, kwargs):
@@ -1165,6 +1187,8 @@ def run_index(func, args, kwargs):
 
 
 def run_host_value(func, args, kwargs):
+    if _host_arguments_checked(func, args, kwargs):
+        return func._op_dk(_COMPOSITE_EXPLICIT, *args, **kwargs)
     return fallback.run_on_host(func, args, kwargs, reason=None)
 
 
@@ -1180,8 +1204,7 @@ handles(aten._linalg_check_errors.default, aten._assert_async.default,
 @handles(aten.equal.default)
 def equal(func, args, kwargs):
     # CUDA's equal compares on the device and raises for a host tensor; ours compared on the
-    # host and returned.
-    _check_devices(func, args)
+    # host and returned (run_host_value checks the devices).
     return run_host_value(func, args, kwargs)
 
 
