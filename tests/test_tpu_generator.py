@@ -206,3 +206,31 @@ def test_a_compiled_cpu_function_refuses_a_tpu_generator_as_eager():
         return x + torch.randn(3, generator=g)
     with pytest.raises(RuntimeError, match="Expected a 'cpu' device type for generator"):
         torch.compile(draw, backend="torchtpu")(torch.ones(3), torch.Generator("tpu"))
+
+
+def test_tpu_draws_in_one_thread_leave_another_threads_cpu_draws_alone():
+    # Each tpu draw swapped its generator's state into torch's default CPU generator: a thread
+    # drawing on the CPU meanwhile (a prefetcher's augmentations) took tpu-stream numbers, and
+    # 299 of 300 of its draws differed from the same draws made alone.
+    import threading
+
+    def cpu_draws():
+        return [torch.randn(64) for _ in range(300)]
+
+    def tpu_draws():
+        return [torch.randn(64, device="tpu").cpu() for _ in range(300)]
+
+    torch.manual_seed(0)
+    torch.tpu.manual_seed(1)
+    alone = cpu_draws(), tpu_draws()
+    torch.manual_seed(0)
+    torch.tpu.manual_seed(1)
+    out = {}
+    threads = [threading.Thread(target=lambda: out.__setitem__("tpu", tpu_draws())),
+               threading.Thread(target=lambda: out.__setitem__("cpu", cpu_draws()))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for together, by_itself in zip((out["cpu"], out["tpu"]), alone):
+        assert all(torch.equal(a, b) for a, b in zip(together, by_itself))

@@ -1159,7 +1159,7 @@ def run_inplace_view(func, args, kwargs):
 
 
 def run_random(func, args, kwargs):
-    with rng.drawing_on_host(args, kwargs) as (host_args, host_kwargs):
+    with rng.drawing_on_host(func, args, kwargs) as (func, host_args, host_kwargs):
         return fallback.run_on_host(func, host_args, host_kwargs, reason=None)
 
 
@@ -1458,8 +1458,7 @@ def native_dropout(func, args, kwargs):
         # CPU's masks, as randn and multinomial give CPU's numbers. torch.rand(...) < 1 - p,
         # drawn before, consumed the generator differently: an LSTM with dropout between
         # layers or a dropout MLP trained to other numbers than on the CPU.
-        with rng.drawing_from_tpu_generator():
-            noise = torch.empty(x.shape, dtype=x.dtype).bernoulli_(1 - p)
+        noise = torch.empty(x.shape, dtype=x.dtype).bernoulli_(1 - p, generator=rng.generator())
         mask = from_cpu(noise.bool())
     scaled = run_op(aten.mul.Tensor, (x, mask), {})
     # p == 1 scales by 0 (every element dropped), as CPU's kernel does, not 1 / 0.

@@ -41,7 +41,7 @@ def _on_host(op, args, kwargs):
     if "device" in kwargs:
         check_device(kwargs["device"])   # tpu:1 and up do not exist
         kwargs["device"] = _CPU
-    with rng.drawing_on_host(args, kwargs) as (host_args, host_kwargs):
+    with rng.drawing_on_host(op, args, kwargs) as (op, host_args, host_kwargs):
         out = op(*host_args, **host_kwargs)
     return from_cpu(out) if isinstance(out, torch.Tensor) else out
 

@@ -15,6 +15,8 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import functools
+import threading
 
 import torch
 
@@ -64,16 +66,19 @@ def set_rng_state(state: torch.Tensor, device="tpu") -> None:
 
 
 @contextlib.contextmanager
-def drawing_on_host(args, kwargs):
+def drawing_on_host(func, args, kwargs):
     """Run a tpu random op's host draw as the device would: from the tpu generator it is given
     (``generator=g``, ``g = torch.Generator("tpu")``), else from the default tpu generator.
-    Yields the op's ``(args, kwargs)`` for the host, each tpu generator replaced by a CPU one
-    holding its state; the tpu generator gets the advanced state back, so its draws are a CPU
-    generator's with the same seed. A CPU generator is refused, as a CUDA op refuses one.
+    Yields the op to run on the host and its ``(args, kwargs)``, each tpu generator replaced
+    by a CPU one holding its state; the tpu generator gets the advanced state back, so its
+    draws are a CPU generator's with the same seed. A CPU generator is refused, as a CUDA op
+    refuses one. Given none, the op draws from the default tpu generator passed to it
+    (``_with_generator``): swapping its state into torch's default CPU generator instead let
+    another thread's CPU draws take the tpu stream's numbers.
 
     Example::
 
-        with drawing_on_host(args, kwargs) as (host_args, host_kwargs):
+        with drawing_on_host(func, args, kwargs) as (func, host_args, host_kwargs):
             out = func(*host_args, **host_kwargs)
     """
     given = {}   # id of a tpu generator -> (it, the CPU generator that draws for it)
@@ -93,24 +98,74 @@ def drawing_on_host(args, kwargs):
     host_args = tuple(on_host(a) for a in args)
     host_kwargs = {k: on_host(v) for k, v in kwargs.items()}
     try:
-        with drawing_from_tpu_generator():
-            yield host_args, host_kwargs
+        if given or torch.Tag.nondeterministic_seeded not in getattr(func, "tags", ()):
+            yield func, host_args, host_kwargs
+        else:
+            drawing = _with_generator(func, host_args, host_kwargs)
+            if drawing is not None:
+                yield drawing
+            else:
+                with drawing_from_tpu_generator():
+                    yield func, host_args, host_kwargs
     finally:
         for tpu, host in given.values():
             tpu.set_state(host.get_state())
 
 
+def _with_generator(func, args, kwargs):
+    """``(op, args, kwargs)`` drawing from the default tpu generator by ``generator=``: the
+    op's own argument, or its overload that takes one (``randn.default`` has
+    ``randn.generator``); None where neither exists (dropout inside fused kernels)."""
+    op = _generator_overload(func)
+    if op is None:
+        return None
+    names = [a.name for a in op._schema.arguments]
+    position = names.index("generator")
+    if position < len(args):
+        if args[position] is not None:
+            return None
+        args = args[:position] + (_generator,) + args[position + 1:]
+    elif kwargs.get("generator") is not None:
+        return None
+    else:
+        kwargs = {**kwargs, "generator": _generator}
+    return op, args, kwargs
+
+
+@functools.cache
+def _generator_overload(func):
+    """``func`` if it takes a generator, else its overload taking the same arguments and a
+    generator, else None."""
+    names = {a.name for a in func._schema.arguments}
+    if "generator" in names:
+        return func
+    owner = getattr(torch.ops.aten, func._schema.name.split("::")[-1], None) \
+        if func.namespace == "aten" else None
+    for name in (owner.overloads() if owner is not None else ()):
+        other = getattr(owner, name)
+        if {a.name for a in other._schema.arguments} == names | {"generator"}:
+            return other
+    return None
+
+
+_swap_lock = threading.Lock()
+
+
 @contextlib.contextmanager
 def drawing_from_tpu_generator():
-    """Run host random ops that take no ``generator`` argument from the tpu generator."""
-    cpu = torch.random.default_generator
-    saved = cpu.get_state()
-    cpu.set_state(_generator.get_state())
-    try:
-        yield
-    finally:
-        _generator.set_state(cpu.get_state())
-        cpu.set_state(saved)
+    """Run host random ops that take no ``generator`` argument from the tpu generator: its
+    state swapped into torch's default CPU generator, one thread at a time (a thread drawing
+    on the CPU meanwhile still draws from the swapped state: only ops with no generator
+    argument, such as an RNN's fused dropout, come here)."""
+    with _swap_lock:
+        cpu = torch.random.default_generator
+        saved = cpu.get_state()
+        cpu.set_state(_generator.get_state())
+        try:
+            yield
+        finally:
+            _generator.set_state(cpu.get_state())
+            cpu.set_state(saved)
 
 
 def register_replay_ops(tensor_type) -> None:
