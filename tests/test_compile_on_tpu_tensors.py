@@ -129,6 +129,19 @@ def test_writes_through_host_indices_compile_on_tpu_tensors(fresh_dynamo, write)
     assert torch.equal(got.cpu(), f(x, s))
 
 
+@pytest.mark.parametrize("compare", [
+    lambda x: x > 0, lambda x: 0 < x, lambda x: (x != 0, x + 1), lambda x: {"mask": x == 0}],
+    ids=["gt", "reflected", "tuple", "dict"])
+def test_a_comparison_returned_from_a_compiled_function_on_tpu_tensors(fresh_dynamo, compare):
+    # Dynamo tracked tpu tensors as a Python subclass and rebuilt a compared result through a
+    # global it never installed: NameError '__subclass_Tensor_..._c0' (an attention mask
+    # returned by a compiled function).
+    x = torch.tensor([-1.0, 0.0, 2.0])
+    got = torch.compile(compare, backend="torchtpu")(x.to("tpu"))
+    torch.utils._pytree.tree_map(lambda g, e: torch.testing.assert_close(g.cpu(), e),
+                                 got, compare(x))
+
+
 def test_compiled_distribution_with_a_python_number_on_tpu_tensors(fresh_dynamo):
     # Normal(mu, 2.0) broadcasts the number through torch.tensor(2.0, device=mu.device): the
     # fake tensor kept the real tpu tensor as its constant and ran the broadcast on it with

@@ -78,6 +78,20 @@ _FORMAT = 1
 #: Our sources whose code shapes a Dynamo-level entry or what it points to.
 _KEYED_SOURCES = ("dynamo_cache.py", "backend.py", "graph_cache.py", "dtype_support.py", "program",
                   "lower")
+#: Digests of a front end's code that shapes what Dynamo makes of a frame (``keyed_by``).
+_front_end_digests: set = set()
+
+
+def keyed_by(digest: str) -> None:
+    """Key every frame by ``digest`` too: a front end's code that changes how Dynamo traces
+    (the eager device's tensor type taught to Dynamo). An entry written before an edit to it
+    loaded after (a tpu tensor's comparison kept raising NameError from a stale entry).
+
+    Example::
+
+        keyed_by(versions.source_digest("compile_support.py", root=eager_dir))
+    """
+    _front_end_digests.add(digest)
 
 
 #: The torch releases (``major.minor``) whose Dynamo internals this cache was written against and
@@ -536,7 +550,7 @@ def frame_key(code: types.CodeType) -> str:
     parts = (str(_FORMAT), sys.version, code.co_filename, code.co_qualname,
              str(code.co_firstlineno), code_digest(code), versions.stack_versions(),
              _transformers_version(), versions.source_digest(*_KEYED_SOURCES),
-             _torch_config_digest())
+             *sorted(_front_end_digests), _torch_config_digest())
     return "dynamo|" + hashlib.sha256("|".join(parts).encode()).hexdigest()
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import os
 import sys
 
 from . import modes
@@ -111,6 +112,10 @@ def teach_dynamo() -> None:
     from torch._dynamo import trace_rules
     from torch._dynamo.variables.builder import VariableBuilder
     VariableBuilder._type_dispatch()[TpuTensor] = VariableBuilder.wrap_tensor
+    _plain_tensors_to_dynamo()
+    from torchtpu_compile import dynamo_cache, versions
+    dynamo_cache.keyed_by(versions.source_digest(
+        os.path.basename(__file__), root=os.path.dirname(__file__)))
     # Our dispatch code runs below the graph (as ATen kernels do); Dynamo must never trace it.
     trace_rules.add("torchtpu_eager")
     from .rng import register_replay_ops
@@ -119,6 +124,23 @@ def teach_dynamo() -> None:
     _run_effects_on_tpu_tensors()
     _grouped_mm_of_every_float_dtype()
     _taught = True
+
+
+def _plain_tensors_to_dynamo() -> None:
+    # Dynamo tracks a tensor of a Python subclass as that class's instance, to run its
+    # __torch_function__ (ours is the disabled one) and rewrap results in its type. A compared
+    # tpu tensor's result (`return x > 0`) then came back through a global naming
+    # torch.Tensor that Dynamo never installed: NameError '__subclass_Tensor_..._c0'. A tpu
+    # tensor is a plain tensor of device "tpu" to the graph, as a CUDA one is.
+    from torch._dynamo.variables import builder
+    infer = builder.infer_subclass_type
+    if getattr(infer, "__wrapped__", None) is not None:
+        return
+
+    def infer_subclass_type(value):
+        return None if type(value) is TpuTensor else infer(value)
+    infer_subclass_type.__wrapped__ = infer
+    builder.infer_subclass_type = infer_subclass_type
 
 
 def _run_effects_on_tpu_tensors() -> None:
