@@ -309,3 +309,31 @@ def test_cpu_dispatch_sets_the_cpu_clients_mode_and_leaves_jaxs_flag(mode):
     flag, ready = result.stdout.split()
     assert flag == "True"
     assert ready == ("True" if mode == "sync" else "False")
+
+
+FORKED_CHILD = """
+import os, signal, sys, torch
+x = torch.ones(3, device="tpu")
+(x + 1).cpu()
+pid = os.fork()
+if pid == 0:
+    signal.alarm(60)  # a hang ends the child
+    try:
+        (x * 7).cpu()
+        print("child returned", flush=True)
+    except Exception as e:
+        print("child raised", type(e).__name__, str(e), flush=True)
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+print("status", status, flush=True)
+"""
+
+
+def test_a_tpu_op_in_a_forked_child_raises_as_cuda_does():
+    # PJRT's threads do not survive a fork: the child's compile hung for good (a DataLoader
+    # worker moving its batch to the device). CUDA raises "Cannot re-initialize CUDA".
+    done = subprocess.run([sys.executable, "-c", FORKED_CHILD], capture_output=True, text=True,
+                          timeout=300, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert "child raised PlatformError Cannot re-initialize tpu in forked subprocess" in \
+        done.stdout, (done.stdout, done.stderr[-2000:])
+    assert "status 0" in done.stdout

@@ -28,7 +28,7 @@ import torch
 
 from torchtpu_compile import dtype_support
 from torchtpu_compile._logging import log
-from torchtpu_compile.errors import InvalidInputError, LoweringError
+from torchtpu_compile.errors import InvalidInputError, LoweringError, PlatformError
 from torchtpu_compile.kernels.jax_op import kernel_of
 from torchtpu_compile.lower import device_random
 from torchtpu_compile.lower.precision import resolve_precision
@@ -637,8 +637,8 @@ def _build(func, args, kwargs, tensors, key, lift_floats=False):
         if graph is None:
             return None
         modes.current().check(graph)
-    except InvalidInputError:
-        raise  # eager's own error for these inputs, not a reason to run the op on the host
+    except (InvalidInputError, PlatformError):
+        raise  # eager's own error for these inputs, or no device: not a reason for the host
     except (LoweringError, NotImplementedError, RuntimeError, TypeError, ValueError,
             AssertionError, IndexError) as exc:
         if lift_floats:

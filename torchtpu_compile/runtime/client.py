@@ -99,6 +99,23 @@ def _make_client(requested: str | None) -> Client:
 
 
 def get_client() -> Client:
-    """The process-wide PJRT client, created on first use from ``config.platform``."""
+    """The process-wide PJRT client, created on first use from ``config.platform``.
+
+    Raises in a child forked after the parent started it, as CUDA does: PJRT's threads do
+    not survive a fork, and a compile in the child hung for good (a DataLoader worker that
+    moved a batch to the device)."""
+    if _started_in and _started_in[0] != os.getpid():
+        raise PlatformError(
+            "Cannot re-initialize tpu in forked subprocess: the parent started the device's "
+            "runtime (PJRT), which a forked child cannot use. To use tpu with multiprocessing, "
+            "use the 'spawn' start method (torch.multiprocessing.set_start_method('spawn'), "
+            "or DataLoader(..., multiprocessing_context='spawn')).")
     with _lock:
-        return _make_client(config.platform)
+        client = _make_client(config.platform)
+        if not _started_in:
+            _started_in.append(os.getpid())
+        return client
+
+
+#: The process that started the client (empty until then).
+_started_in: list = []
