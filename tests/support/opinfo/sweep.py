@@ -284,6 +284,10 @@ def main(argv=None) -> int:
     # Error inputs have no dtype (OpInfo's) or are built in fp32 (ModuleInfo's): one column.
     dtypes = args.dtypes.split(",") if args.dtypes else \
         (["fp32"] if modules or args.errors else DTYPES)
+    from .harness import DTYPES_BY_NAME
+    unknown = [d for d in dtypes if d not in DTYPES_BY_NAME]
+    if unknown:  # each worker crashed on it, reported as a crash of every entry
+        parser.error(f"unknown dtype {', '.join(unknown)}: use {', '.join(DTYPES_BY_NAME)}")
     names = chain_names(args) if args.chain else \
         entries(args.ops.split(",") if args.ops else None, args.db, args.errors)
     if args.chain:  # chains run on the device only
