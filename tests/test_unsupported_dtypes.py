@@ -132,3 +132,14 @@ def test_ctc_loss_backward_of_large_inputs_on_the_device_matches_eager():
     done = subprocess.run([sys.executable, "-c", _CTC_ON_THE_DEVICE], capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0 and "equal" in done.stdout, (done.returncode, done.stderr[-2000:])
+
+
+def test_a_complex128_op_on_the_device_logs_no_fake_tensor_traceback(caplog):
+    # It runs on the host (documented, with a one-line warning); before that, fake tensor
+    # logged the jax_op's TypeError with its traceback at ERROR: forty lines per new op.
+    x = torch.arange(3.0)
+    scale = torch.tensor(0.5 + 1j, dtype=torch.complex128)
+    with caplog.at_level("ERROR", logger="torch._subclasses.fake_tensor"):
+        got = (x.to("tpu") * scale).cpu()
+    torch.testing.assert_close(got, x * scale)
+    assert not [r for r in caplog.records if r.name == "torch._subclasses.fake_tensor"]

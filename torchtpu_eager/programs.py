@@ -230,11 +230,15 @@ class _MetaFailureFilter(logging.Filter):
     tracing = threading.local()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if getattr(self.tracing, "on", False) and \
-                str(record.msg).startswith("failed while attempting to run meta"):
+        if not getattr(self.tracing, "on", False):
+            return True
+        message = str(record.msg)
+        if message.startswith("failed while attempting to run meta"):
             self.tracing.meta_failed = True
             return False
-        return True
+        # A TypeError is logged, with its traceback, before it reaches us: a jax_op refusing
+        # a dtype (complex128 arithmetic, which then runs on the host as documented).
+        return not message.startswith("fake tensor raised TypeError")
 
 
 def meta_kernel_failed() -> bool:
