@@ -1278,6 +1278,17 @@ def test_a_host_scalar_written_by_a_tpu_op_raises_cudas_device_error(write):
     assert (torch.tensor(1.0) + torch.tensor(2.0, device="tpu")).device == TPU
 
 
+@pytest.mark.parametrize("space", [torch.linspace, torch.logspace])
+def test_a_factory_of_tpu_ends_told_device_cpu_builds_on_the_cpu(space):
+    # Its device-generic kernel reads the ends and builds where device= says, as on CUDA;
+    # the result was a tpu tensor.
+    end = torch.tensor(3.0)
+    got = space(0.5, end.to("tpu"), 4, device="cpu")
+    assert got.device.type == "cpu"
+    torch.testing.assert_close(got, space(0.5, end, 4))
+    assert space(0.5, end.to("tpu"), 4).device == TPU
+
+
 def test_storage_identity_equality_across_devices_and_parameter_repr_are_cudas():
     # is_set_to read PyTorch's placeholder storage (False even for x itself); equal with a
     # host tensor compared on the host where CUDA raises; a tpu Parameter printed as

@@ -218,6 +218,12 @@ def _check_devices(func, tensors, args=(), kwargs=None) -> bool:
     device-generic implementation instead (``_COMPOSITE``). A host tensor it writes raises
     even 0-d (``running.add_(loss)`` of a host ``running``): CUDA lets host scalars in as
     inputs only."""
+    device = kwargs.get("device") if kwargs else None
+    if device is not None and device.type != DEVICE.type and \
+            torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), _COMPOSITE_EXPLICIT):
+        # A factory told where its result goes (linspace(0.5, end_tpu, 4, device="cpu")):
+        # its device-generic kernel reads the tpu values and builds it there, as on CUDA.
+        return True
     indices = args[1] if id(func) in _HOST_INDICES and len(args) > 1 else ()
     for t in tensors:
         if type(t) is not TpuTensor and (t.dim() != 0 or _written(func, t, args, kwargs or {})):
