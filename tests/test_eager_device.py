@@ -1165,7 +1165,7 @@ def test_new_float_arguments_of_a_double_op_keep_their_double_value():
         end_cpu = torch.tensor(end)
         for space in (torch.linspace, torch.logspace):
             torch.testing.assert_close(
-                space(start, end_cpu.to("tpu"), 50, dtype=torch.float64).cpu(),
+                space(start, end_cpu.to("tpu"), 50, dtype=torch.float64, device="tpu").cpu(),
                 space(start, end_cpu, 50, dtype=torch.float64), rtol=1e-14, atol=1e-15)
 
 
@@ -1280,13 +1280,17 @@ def test_a_host_scalar_written_by_a_tpu_op_raises_cudas_device_error(write):
 
 @pytest.mark.parametrize("space", [torch.linspace, torch.logspace])
 def test_a_factory_of_tpu_ends_told_device_cpu_builds_on_the_cpu(space):
-    # Its device-generic kernel reads the ends and builds where device= says, as on CUDA;
-    # the result was a tpu tensor.
+    # Its device-generic kernel reads the ends and builds where device= says (the default
+    # device when not given: PyTorch's argument parser fills it in), as on CUDA; the result
+    # was a tpu tensor.
     end = torch.tensor(3.0)
-    got = space(0.5, end.to("tpu"), 4, device="cpu")
-    assert got.device.type == "cpu"
-    torch.testing.assert_close(got, space(0.5, end, 4))
-    assert space(0.5, end.to("tpu"), 4).device == TPU
+    for device in ("cpu", None):
+        got = space(0.5, end.to("tpu"), 4, device=device)
+        assert got.device.type == "cpu"
+        torch.testing.assert_close(got, space(0.5, end, 4))
+    got = space(0.5, end.to("tpu"), 4, device="tpu")
+    assert got.device == TPU
+    torch.testing.assert_close(got.cpu(), space(0.5, end, 4))
 
 
 def test_storage_identity_equality_across_devices_and_parameter_repr_are_cudas():
