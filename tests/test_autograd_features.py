@@ -98,3 +98,23 @@ def test_a_cpu_gradient_of_a_tpu_tensor_raises_cudas_error():
     loss.backward(torch.tensor(2.0))  # a 0-d one is moved, as on CUDA
     assert x.grad.device == x.device
     torch.testing.assert_close(x.grad.cpu(), torch.full((3,), 6.0))
+
+
+def test_torch_func_grad_through_attention_on_tpu_tensors_gives_cpus():
+    # The attention kernel's layout probe made host tensors with requires_grad_(), which
+    # torch.func's transforms refuse: grad/vjp/jacrev of anything with SDPA raised (per-sample
+    # gradients of a transformer), unless the shape had been seen outside a transform.
+    from torch.func import grad
+    from torchtpu_eager.kernels import _cpu_attention_order
+    _cpu_attention_order.cache_clear()
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 7, 8, generator=g) for _ in range(3))
+
+    def loss(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True).square().sum()
+
+    from torchtpu_compile import config
+    with config.patch(matmul_precision="highest"):
+        got = grad(loss, argnums=(0, 1, 2))(q.to("tpu"), k.to("tpu"), v.to("tpu"))
+    for g_tpu, g_cpu in zip(got, grad(loss, argnums=(0, 1, 2))(q, k, v)):
+        torch.testing.assert_close(g_tpu.cpu(), g_cpu, rtol=1e-4, atol=1e-5)

@@ -189,10 +189,12 @@ def _sdp_flags() -> tuple:
 def _cpu_attention_order(geometry, dropout_p, is_causal, scale, enable_gqa, grad, flags):
     from torchtpu_compile.output_slots import memory_order
     from torch.utils._python_dispatch import _disable_current_modes
+    # Dynamo's fake tensors trace here too: real host ones. Made requiring grad by the factory,
+    # not requires_grad_(), which torch.func's transforms refuse (grad over a model with
+    # attention raised "requires_grad_() inside of a function being transformed").
     with _disable_current_modes(), torch.set_grad_enabled(grad):
-        # Dynamo's fake tensors trace here too: real host ones
         host = [None if g is None else torch.empty_strided(
-            g[0], g[1], dtype=g[2]).requires_grad_(g[3]) for g in geometry]
+            g[0], g[1], dtype=g[2], requires_grad=g[3]) for g in geometry]
         choice = torch._fused_sdp_choice(*host, dropout_p, is_causal, scale=scale,
                                          enable_gqa=enable_gqa)
         return memory_order(torch.empty_like(host[0])) if choice == _FLASH else None
