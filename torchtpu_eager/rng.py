@@ -116,11 +116,10 @@ def _with_generator(func, args, kwargs):
     """``(op, args, kwargs)`` drawing from the default tpu generator by ``generator=``: the
     op's own argument, or its overload that takes one (``randn.default`` has
     ``randn.generator``); None where neither exists (dropout inside fused kernels)."""
-    op = _generator_overload(func)
-    if op is None:
+    found = _generator_overload(func)
+    if found is None:
         return None
-    names = [a.name for a in op._schema.arguments]
-    position = names.index("generator")
+    op, position = found
     if position < len(args):
         if args[position] is not None:
             return None
@@ -134,17 +133,15 @@ def _with_generator(func, args, kwargs):
 
 @functools.cache
 def _generator_overload(func):
-    """``func`` if it takes a generator, else its overload taking the same arguments and a
-    generator, else None."""
+    """``(op, position of its generator argument)``: ``func`` if it takes a generator, else
+    its overload taking the same arguments and a generator; None if neither exists."""
     names = {a.name for a in func._schema.arguments}
-    if "generator" in names:
-        return func
-    owner = getattr(torch.ops.aten, func._schema.name.split("::")[-1], None) \
-        if func.namespace == "aten" else None
-    for name in (owner.overloads() if owner is not None else ()):
-        other = getattr(owner, name)
-        if {a.name for a in other._schema.arguments} == names | {"generator"}:
-            return other
+    candidates = [func] if "generator" in names else \
+        [getattr(func.overloadpacket, name) for name in func.overloadpacket.overloads()]
+    for op in candidates:
+        arguments = [a.name for a in op._schema.arguments]
+        if set(arguments) == names | {"generator"}:
+            return op, arguments.index("generator")
     return None
 
 
