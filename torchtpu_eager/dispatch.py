@@ -1181,7 +1181,13 @@ def _host_arguments_checked(func, args, kwargs) -> bool:
     """``_check_devices`` for an op that runs on the host: it took host tensors as its own
     (``masked_select`` with a host mask, ``bincount`` with host weights, ``allclose`` of a
     tpu and a host tensor returned), where CUDA raises."""
-    return _check_devices(func, signature(func, args, kwargs)[1], args, kwargs)
+    tensors = []
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            tensors.append(value)
+        elif type(value) is list or type(value) is tuple:   # Tensor[] and Tensor?[] arguments
+            tensors.extend(v for v in value if isinstance(v, torch.Tensor))
+    return _check_devices(func, tensors, args, kwargs)
 
 
 def run_index(func, args, kwargs):
