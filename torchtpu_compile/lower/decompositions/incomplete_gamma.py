@@ -108,6 +108,8 @@ def _incomplete_gamma_fn(upper: bool):
     from jax.scipy.special import erfc, gammaln
 
     coefficients = _temme_coefficients()
+    stirling_log_terms = [float(b / (2 * m * (2 * m - 1)))
+                          for m, b in enumerate(_bernoulli_even(8), start=1)]
 
     def log1pmx(s):
         # log(1 + s) - s; near 0 through atanh's series in u = s / (2 + s), without the
@@ -125,9 +127,10 @@ def _incomplete_gamma_fn(upper: bool):
         # a log1pmx((x - a) / a) + log(a / 2 pi) / 2 - (lgamma(a) - Stirling's leading terms).
         plain = a * jnp.log(x) - x - gammaln(a)
         w = 1.0 / jnp.maximum(a, 10.0)
-        stirling_tail = w * (1 / 12 + w * w * (-1 / 360 + w * w * (1 / 1260 + w * w * (
-            -1 / 1680 + w * w * (1 / 1188 + w * w * (-691 / 360360 + w * w * (
-                1 / 156 + w * w * (-3617 / 122400))))))))
+        stirling_tail = jnp.zeros_like(w)  # sum_m B_2m / (2m (2m - 1)) w^(2m - 1), Horner in w^2
+        for term in reversed(stirling_log_terms):
+            stirling_tail = stirling_tail * w * w + term
+        stirling_tail = stirling_tail * w
         near = a * log1pmx((x - a) / a) + 0.5 * jnp.log(a / (2 * jnp.pi)) - stirling_tail
         exponent = jnp.where((jnp.abs(a - x) <= 0.4 * a) & (a >= 10), near, plain)
         return jnp.where(exponent < -709.782712893384, 0.0, jnp.exp(exponent))
