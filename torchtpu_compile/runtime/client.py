@@ -21,6 +21,9 @@ PLATFORMS = {"tpu": "tpu", "cuda": "cuda", "cpu": "cpu"}
 
 _lock = threading.Lock()
 
+#: The process that started the client (empty until then).
+_started_in: list = []
+
 
 class Client:
     """The PJRT client plus the one device we run on (device 0 of the platform)."""
@@ -115,7 +118,3 @@ def get_client() -> Client:
         if not _started_in:
             _started_in.append(os.getpid())
         return client
-
-
-#: The process that started the client (empty until then).
-_started_in: list = []
