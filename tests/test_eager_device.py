@@ -1308,3 +1308,42 @@ def test_storage_identity_equality_across_devices_and_parameter_repr_are_cudas()
     text = repr(torch.nn.Parameter(weight.detach().to("tpu")))
     assert text.startswith("Parameter containing:\ntensor([[1., 1., 1.],"), text
     assert text.endswith("device='tpu:0', requires_grad=True)"), text
+
+
+def _fused_observer(x, per_channel_state):
+    running_min, running_max, scale, zero_point = per_channel_state
+    on = torch.ones(1, dtype=torch.long, device=x.device)
+    return torch.fused_moving_avg_obs_fake_quant(
+        x, on, on, running_min, running_max, scale, zero_point, 0.01, -128, 127, 0, True, True)
+
+
+@pytest.mark.parametrize("case", ["nonzero_out", "masked_select_out", "per_channel_observer"])
+def test_arguments_a_host_run_op_resizes_take_their_new_shape(case):
+    # A host-run op resized a written argument (an out= of another shape; QAT's per-channel
+    # observer starts its running min/max empty): its values were written under the old shape
+    # (nonzero's out stayed empty; scale kept shape [1] over four values), so a per-channel QAT
+    # model's observers restarted every step and trained away from CPU's.
+    torch.manual_seed(0)
+    x = torch.randn(4, 3)
+    x[1, 2] = 0.0
+
+    def run(device):
+        xd = x.to(device)
+        if case == "nonzero_out":
+            written = [torch.empty(0, 2, dtype=torch.long, device=device)]
+            torch.nonzero(xd, out=written[0])
+        elif case == "masked_select_out":
+            written = [torch.empty(0, device=device)]
+            torch.masked_select(xd, xd > 0, out=written[0])
+        else:
+            written = [torch.empty(0, device=device), torch.empty(0, device=device),
+                       torch.ones(1, device=device),
+                       torch.zeros(1, dtype=torch.int32, device=device)]
+            for _ in range(2):   # the second call averages into the first's min and max
+                out = _fused_observer(xd, written)
+            written.append(out)
+        return written
+
+    for got, want in zip(run("tpu"), run("cpu")):
+        assert got.shape == want.shape and got.stride() == want.stride()
+        torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)

@@ -674,35 +674,7 @@ def out_resize(t: TpuTensor, shape: tuple) -> None:
             f"This behavior is deprecated, and in a future PyTorch release outputs will not be "
             f"resized unless they have zero elements. You can explicitly reuse an out tensor t "
             f"by resizing it, inplace, to zero elements with t.resize_(0).", stacklevel=2)
-    resize(t, shape, keep=False)
-
-
-def resize(t: TpuTensor, shape, keep: bool = True) -> None:
-    """Give ``t`` the contiguous ``shape`` at its storage offset, as eager's ``resize_``:
-    over its own storage where that holds it (its values stay), else over a larger one
-    (``keep``: holding its storage's values first, as eager's grown storage does).
-
-    Eager grows a storage in place, under every view of it. A device buffer cannot grow under
-    its views (their geometry is decided against its size): a tensor that is its whole storage
-    (``torch.empty(0)``, the usual out=) gets a new one; a view of a larger storage raises
-    rather than leave its base without the values."""
-    shape = tuple(shape)
-    offset, numel, storage = t.storage_offset(), _numel(shape), t._st
-    if offset + numel > storage.numel:
-        if not t._dense:
-            raise RuntimeError(
-                f"tpu: resizing a view (shape {list(t.shape)}, storage offset {offset}) of a "
-                f"storage of {storage.numel} elements to {list(shape)} would grow the storage "
-                f"under its other views, which the device cannot do. Resize a tensor that is "
-                f"its whole storage, or pass an out= of shape {list(shape)}.")
-        old, storage = storage, Storage(None, (numel,), storage.dtype, numel)
-        if keep and old.numel:
-            flat = (old.numel,)
-            views.write(view_tensor(storage, flat, (1,), 0, False),
-                        views.read(view_tensor(old, flat, (1,), 0, True)))
-    strides = contiguous_strides(shape)
-    t._become(view_tensor(storage, shape, strides, offset,
-                          is_dense(shape, strides, offset, storage.numel)))
+    views.resize(t, shape, keep=False)
 
 
 def _trace_lifted(fn, examples, label, func, args, kwargs, dtype):
@@ -1523,7 +1495,7 @@ def resize_(func, args, kwargs):
     if any(n < 0 for n in size):
         fallback.raise_eagers_error(func, args, kwargs)
     if tuple(t.shape) != size:
-        resize(t, size)
+        views.resize(t, size)
     if kwargs.get("memory_format") in _PERMUTING_FORMATS:
         # eager restrides the memory in place, values unmoved
         strides = tuple(torch.empty(size, device="meta",

@@ -12,6 +12,7 @@ Example::
 from __future__ import annotations
 
 import torch
+from torch._prims_common import is_non_overlapping_and_dense_or_false
 
 from torchtpu_compile.fallback_policy import fall_back
 from torchtpu_compile.host_semantics import eager_semantics
@@ -20,7 +21,7 @@ from torchtpu_compile.profiling import TORCH_PROFILER, around, reentered
 
 from . import views
 from .stats import COUNTERS
-from .tensor import TpuTensor, contiguous_strides, dense_tensor
+from .tensor import TpuTensor, contiguous_strides, dense_tensor, is_dense, view_tensor
 from .transfer import from_cpu, to_cpu, upload
 
 _CPU = torch.device("cpu")
@@ -119,8 +120,23 @@ def run_on_host(func, args, kwargs, reason: str | None):
         for tensor in (value if isinstance(value, (list, tuple)) else (value,)):
             known = originals.get(id(tensor)) if isinstance(tensor, torch.Tensor) else None
             if known is not None:
-                views.write(known[0], upload(tensor))
+                _write_back(known[0], tensor)
     return _to_device(out, originals)
+
+
+def _write_back(t: TpuTensor, host: torch.Tensor) -> None:
+    """Give written argument ``t`` its host copy's new value. Where the host kernel resized it
+    (an out= of another shape; a QAT observer's empty running min/max, filled per channel),
+    ``t`` takes the new shape first, and the layout eager's kernel gave it (``nonzero`` lays
+    its out= transposed): written under the old shape, its values were lost or its size and
+    storage disagreed."""
+    if tuple(t.shape) != tuple(host.shape):
+        views.resize(t, host.shape, keep=False)
+        if not host.is_contiguous() and is_non_overlapping_and_dense_or_false(host):
+            size, stride, offset = tuple(host.shape), tuple(host.stride()), t.storage_offset()
+            t._become(view_tensor(t._st, size, stride, offset,
+                                  is_dense(size, stride, offset, t._st.numel)))
+    views.write(t, upload(host))
 
 
 def run_through_storage(func, args, kwargs, written):

@@ -27,7 +27,8 @@ from torchtpu_compile.runtime.cache import RecentlyUsed
 
 from . import modes, scalars
 from .programs import example, trace
-from .tensor import contiguous_strides, memory_layout
+from .storage import Storage
+from .tensor import contiguous_strides, is_dense, memory_layout, view_tensor
 
 _graphs = RecentlyUsed()   # a view's read or write -> its OpGraph (a program, once run)
 
@@ -415,3 +416,31 @@ class Reinterpreted:
             modes.current().note_write(derived)
             link._recompute_derived(skip=None)
         self.derived = live
+
+
+def resize(t, shape, keep: bool = True) -> None:
+    """Give ``t`` the contiguous ``shape`` at its storage offset, as eager's ``resize_``:
+    over its own storage where that holds it (its values stay), else over a larger one
+    (``keep``: holding its storage's values first, as eager's grown storage does).
+
+    Eager grows a storage in place, under every view of it. A device buffer cannot grow under
+    its views (their geometry is decided against its size): a tensor that is its whole storage
+    (``torch.empty(0)``, the usual out=) gets a new one; a view of a larger storage raises
+    rather than leave its base without the values."""
+    shape = tuple(shape)
+    offset, numel, storage = t.storage_offset(), _numel(shape), t._st
+    if offset + numel > storage.numel:
+        if not t._dense:
+            raise RuntimeError(
+                f"tpu: resizing a view (shape {list(t.shape)}, storage offset {offset}) of a "
+                f"storage of {storage.numel} elements to {list(shape)} would grow the storage "
+                f"under its other views, which the device cannot do. Resize a tensor that is "
+                f"its whole storage, or pass an out= of shape {list(shape)}.")
+        old, storage = storage, Storage(None, (numel,), storage.dtype, numel)
+        if keep and old.numel:
+            flat = (old.numel,)
+            write(view_tensor(storage, flat, (1,), 0, False),
+                  read(view_tensor(old, flat, (1,), 0, True)))
+    strides = contiguous_strides(shape)
+    t._become(view_tensor(storage, shape, strides, offset,
+                          is_dense(shape, strides, offset, storage.numel)))
