@@ -23,6 +23,7 @@ Example::
 from __future__ import annotations
 
 import re
+import sys
 import weakref
 
 import torch
@@ -191,7 +192,7 @@ def _uploaded(host: torch.Tensor):
     from .transfer import upload
     source = host.untyped_storage()
     if getattr(source, "_torch_load_uninitialized", False) and \
-            not getattr(source, "_tpu_read", False):
+            not getattr(source, "_tpu_read", False) and _in_legacy_load():
         storage = Storage(None, tuple(host.shape), host.dtype, host.numel())
         if type(source) is torch.UntypedStorage:
             source.__class__ = _ReadAfterUnpickling
@@ -205,3 +206,19 @@ def register() -> None:
     ``map_location="tpu"`` restore storages (before PyTorch's PrivateUse1 deserializer)."""
     torch.serialization.add_safe_globals([rebuild, rebuild_with_state])
     torch.serialization.register_package(15, lambda storage: None, _restore_on_tpu)
+
+
+def _in_legacy_load() -> bool:
+    """Whether a legacy-format ``torch.load`` is unpickling now, its storages still to be
+    read. The flag it leaves on every storage does not tell: ``pickle.loads`` of a tpu tensor
+    gets its host copy from a nested legacy load (``TypedStorage.__reduce__``) that has read it
+    already, and waiting for a read that never came loaded zeros."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is _LEGACY_LOAD:
+            return True
+        frame = frame.f_back
+    return False
+
+
+_LEGACY_LOAD = torch.serialization._legacy_load.__code__
