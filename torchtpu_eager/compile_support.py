@@ -121,7 +121,6 @@ def teach_dynamo() -> None:
     from .rng import register_replay_ops
     register_replay_ops(TpuTensor)
     _no_tpu_constants_in_fake_tensors()
-    _run_effects_on_tpu_tensors()
     _grouped_mm_of_every_float_dtype()
     _taught = True
 
@@ -143,13 +142,26 @@ def _plain_tensors_to_dynamo() -> None:
     builder.infer_subclass_type = infer_subclass_type
 
 
-def _run_effects_on_tpu_tensors() -> None:
-    # A compiled graph keeps linalg's error check (torch.linalg.cholesky's) as an effectful
-    # node, run between XLA regions; given the region's tpu results it raised "There was no rule
-    # registered for HOP with_effects and subclass TpuTensor". The op itself runs on the
-    # device's dispatch (the check reads its info on the host), as on host tensors.
-    from torch._higher_order_ops.effects import with_effects, with_effects_dense
-    with_effects.py_impl(TpuTensor)(with_effects_dense)
+def teach_higher_order_ops() -> None:
+    """Give every higher-order op with a dense implementation a rule for tpu tensors
+    (idempotent).
+
+    Example::
+
+        torch.cond(x.sum() > 0, torch.sin, torch.cos, (x,))   # x on tpu: runs a branch
+    """
+    # A higher-order op meets a tensor subclass and asks it for a rule of its own: torch.cond,
+    # while_loop, scan, map, an in-place custom op's auto_functionalized and linalg's error
+    # check (with_effects) raised "There was no rule registered for HOP cond and subclass
+    # TpuTensor", eagerly and in compiled graphs (they run between XLA regions). A tpu tensor
+    # is a plain tensor to them: each runs its dense implementation, as on host tensors, whose
+    # ops then run on the device. (The rng HOPs, which have none, are rng.py's.)
+    from torch._C import DispatchKey
+    from torch._ops import _higher_order_ops
+    for hop in list(_higher_order_ops.values()):
+        dense = hop.py_kernels.get(DispatchKey.CompositeExplicitAutograd)
+        if dense is not None and TpuTensor not in hop.python_key_table:
+            hop.py_impl(TpuTensor)(dense)
 
 
 def _grouped_mm_of_every_float_dtype() -> None:

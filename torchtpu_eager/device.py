@@ -82,6 +82,7 @@ def register() -> None:
         compile_support.route_default_backend()  # torch.compile(model) on tpu: torchtpu
         compile_support.teach_dynamo_at_compile()  # every backend traces tpu tensors
         compile_support.teach_make_fx()  # make_fx records ops on tpu tensors, not our dispatch
+        compile_support.teach_higher_order_ops()  # torch.cond, scan, ... run on tpu tensors
         _registered = True
     from . import compile_support
     compile_support.teach_dynamo_if_loaded()
