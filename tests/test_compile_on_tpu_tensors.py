@@ -516,3 +516,64 @@ def test_a_cond_trains_on_tpu_tensors(fresh_dynamo):
         loss(w, x.to(device)).backward()
         grads.append(w.grad.cpu())
     torch.testing.assert_close(grads[1], grads[0])
+
+
+_device_kernel_calls = []
+
+
+@torch.library.custom_op("torchtpu_test::shifted", mutates_args=())
+def _shifted(x: torch.Tensor) -> torch.Tensor:
+    _device_kernel_calls.append("default")
+    return x + 1
+
+
+@_shifted.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+@torch.library.register_kernel("torchtpu_test::shifted", "tpu")
+def _(x):
+    _device_kernel_calls.append(x.device.type)
+    return x + 100
+
+
+@torch.library.custom_op("torchtpu_test::tpu_only", mutates_args=(), device_types="tpu")
+def _tpu_only(x: torch.Tensor) -> torch.Tensor:
+    _device_kernel_calls.append(x.device.type)
+    return x * 7
+
+
+@_tpu_only.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_a_custom_ops_tpu_kernel_runs_on_the_tpu_tensors(fresh_dynamo, compiled):
+    # register_kernel(op, "tpu") was never called: the default kernel ran on host copies
+    # (x + 1 where the device's kernel gives x + 100); a tpu-only op could not run at all.
+    x = torch.arange(3.0)
+    for op, want in ((_shifted, x + 100), (_tpu_only, x * 7)):
+        _device_kernel_calls.clear()
+        run = torch.compile(op, backend="torchtpu") if compiled else op
+        got = run(x.to("tpu"))
+        assert _device_kernel_calls == ["tpu"]
+        assert got.device.type == "tpu" and torch.equal(got.cpu(), want)
+
+
+@torch.library.custom_op("torchtpu_test::plus_device", mutates_args=())
+def _plus_device(x: torch.Tensor, *, device: int) -> torch.Tensor:
+    return x + device
+
+
+@_plus_device.register_fake
+def _(x, *, device):
+    return torch.empty_like(x)
+
+
+def test_a_custom_ops_device_argument_may_be_an_int():
+    # The device check took any argument named "device" for a torch.device:
+    # AttributeError: 'int' object has no attribute 'index'.
+    got = _plus_device(torch.zeros(2, device="tpu"), device=3)
+    assert torch.equal(got.cpu(), _plus_device(torch.zeros(2), device=3))

@@ -98,8 +98,8 @@ def _checking_device(handler):
     """``handler``, first refusing a tpu device that does not exist (``torch.ones(2,
     device="tpu:1")``, ``x.to("tpu:3")``): such results landed on tpu:0, where CUDA raises."""
     def checked(func, args, kwargs):
-        device = kwargs.get("device")
-        if device is not None and device.index and device.type == DEVICE.type:
+        device = kwargs.get("device")   # a custom op's "device" may be any type (an int)
+        if type(device) is torch.device and device.index and device.type == DEVICE.type:
             check_device(device)
         return handler(func, args, kwargs)
     return checked
@@ -107,6 +107,9 @@ def _checking_device(handler):
 
 def _handler_of(func):
     schema = func._schema
+    if func.namespace not in ("aten", "prims") and \
+            torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), _DEVICE_KEY):
+        return run_users_device_kernel
     if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), _COMPOSITE_IMPLICIT):
         return run_decomposed
     if torch.Tag.inplace_view in func.tags:  # t_, unsqueeze_, as_strided_: new geometry only
@@ -129,6 +132,17 @@ def _handler_of(func):
 
 
 _COMPOSITE_IMPLICIT = torch._C.DispatchKey.CompositeImplicitAutograd
+
+
+_DEVICE_KEY = torch._C.DispatchKey.PrivateUse1
+
+
+def run_users_device_kernel(func, args, kwargs):
+    # A library's own kernel for the device (torch.library.register_kernel(op, "tpu"),
+    # custom_op(device_types="tpu"), Library.impl(..., "PrivateUse1")) runs on the tpu
+    # tensors, as a CUDA kernel gets CUDA tensors: the op's default kernel ran on host copies
+    # instead, and a tpu-only op could not run at all.
+    return func._op_dk(_DEVICE_KEY, *args, **kwargs)
 
 
 def run_decomposed(func, args, kwargs):
@@ -219,7 +233,7 @@ def _check_devices(func, tensors, args=(), kwargs=None) -> bool:
     even 0-d (``running.add_(loss)`` of a host ``running``): CUDA lets host scalars in as
     inputs only."""
     device = kwargs.get("device") if kwargs else None
-    if device is not None and device.type != DEVICE.type and \
+    if type(device) is torch.device and device.type != DEVICE.type and \
             torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), _COMPOSITE_EXPLICIT):
         # A factory told where its result goes (linspace(0.5, end_tpu, 4, device="cpu")):
         # its device-generic kernel reads the tpu values and builds it there, as on CUDA.
