@@ -1347,3 +1347,16 @@ def test_arguments_a_host_run_op_resizes_take_their_new_shape(case):
     for got, want in zip(run("tpu"), run("cpu")):
         assert got.shape == want.shape and got.stride() == want.stride()
         torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
+
+
+def test_a_dynamically_quantized_model_moved_to_the_device_runs_twice():
+    # Its packed weights (a ScriptObject) went into the op cache's key, whose second lookup
+    # compared keys: "'__eq__' is not implemented for LinearPackedParamsBase".
+    torch.manual_seed(0)
+    model = torch.ao.quantization.quantize_dynamic(
+        torch.nn.Sequential(torch.nn.Linear(8, 4)), {torch.nn.Linear}, dtype=torch.qint8)
+    x = torch.randn(2, 8)
+    want = model(x)
+    model.to("tpu")
+    for _ in range(2):
+        assert torch.equal(model(x.to("tpu")).cpu(), want)

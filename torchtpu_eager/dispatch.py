@@ -175,6 +175,9 @@ def _sig(value, tensors: list):
         return (value.dtype, tuple(value.shape), "host")
     if kind is list or kind is tuple:
         return tuple([_sig(v, tensors) for v in value])
+    if isinstance(value, torch.ScriptObject):
+        # Packed weights (quantize_dynamic's): keys compare, and its __eq__ raises.
+        return (torch.ScriptObject, id(value))
     return value
 
 
