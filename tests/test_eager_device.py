@@ -1360,3 +1360,16 @@ def test_a_dynamically_quantized_model_moved_to_the_device_runs_twice():
     model.to("tpu")
     for _ in range(2):
         assert torch.equal(model(x.to("tpu")).cpu(), want)
+
+
+def test_jit_trace_of_a_convolution_on_the_device_raises_instead_of_freezing_its_output():
+    # The tracer never records convolution (only the _convolution CPU's kernel calls): traced
+    # on tpu tensors, a CNN returned the example's output for every input, no error.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU()).eval()
+    example, other = torch.randn(1, 3, 6, 6), torch.randn(1, 3, 6, 6)
+    with torch.no_grad():
+        with pytest.raises(RuntimeError, match="trace the model on the CPU"):
+            torch.jit.trace(model.to("tpu"), example.to("tpu"))
+        traced = torch.jit.trace(model.cpu(), example).to("tpu")   # the way the error gives
+        torch.testing.assert_close(traced(other.to("tpu")).cpu(), model(other))

@@ -1202,6 +1202,21 @@ handles(aten._linalg_check_errors.default, aten._assert_async.default,
         aten._assert_async.msg)(run_host_value)
 
 
+@handles(aten.convolution.default)
+def convolution(func, args, kwargs):
+    # torch.jit.trace never records convolution, only the _convolution that CPU's and CUDA's
+    # kernels call, and leaves the tracer on for the code below it (every size read becomes a
+    # traced value). Run here, a traced CNN kept the example's output as a constant, returned
+    # for every input, or the tracer asserted on the device's own ops.
+    if torch._C._get_tracing_state() is not None:
+        raise RuntimeError(
+            "tpu: torch.jit.trace cannot record a convolution on tpu tensors (the tracer "
+            "records the _convolution a CPU or CUDA kernel calls, which the tpu device does "
+            "not run): trace the model on the CPU (model.cpu(), CPU example inputs) and move "
+            "the traced module with .to('tpu'), or use torch.export or torch.compile.")
+    return run_op(func, args, kwargs)
+
+
 @handles(aten.equal.default)
 def equal(func, args, kwargs):
     # CUDA's equal compares on the device and raises for a host tensor; ours compared on the
