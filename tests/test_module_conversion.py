@@ -196,3 +196,51 @@ def test_accelerate_offloads_a_tpu_parameter_to_meta_and_back():
         set_module_tensor_to_device(layer, name, "meta")
     assert {(p.device.type, type(p)) for p in layer.parameters()} == {
         ("meta", torch.nn.Parameter)}
+
+
+class TwoTiedLinears(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(3, 3, bias=False)
+        self.b = torch.nn.Linear(3, 3)
+        self.b.weight = self.a.weight
+
+    def forward(self, x):
+        return self.b(self.a(x))
+
+
+@pytest.mark.parametrize("make", ["script", "trace"])
+def test_a_scripted_model_keeps_its_parameters_and_ties_and_trains_as_on_cpu(make):
+    # Its C++ module holds each parameter too: the conversion made new Parameters, so an
+    # optimizer built before .to("tpu") trained nothing and a tie came apart (silently).
+    x = torch.ones(2, 3)
+    results = {}
+    for device in ("cpu", "tpu"):
+        torch.manual_seed(0)
+        model = TwoTiedLinears()
+        model = torch.jit.script(model) if make == "script" else torch.jit.trace(model, x)
+        before = list(model.parameters())
+        optimizer = torch.optim.SGD(before, lr=0.5)
+        model.to(device)
+        assert list(model.parameters()) == before and model.a.weight is model.b.weight
+        for _ in range(3):
+            optimizer.zero_grad()
+            with config.patch(matmul_precision="highest"):
+                model(x.to(device)).square().mean().backward()
+            optimizer.step()
+        results[device] = [p.detach().cpu() for p in model.parameters()]
+    torch.testing.assert_close(results["tpu"], results["cpu"])
+
+
+def test_a_loaded_torchscript_model_moves_to_the_device(tmp_path):
+    # torch.jit.load's parameters are plain tensors, which the conversion refused ("param must
+    # be a Parameter") where CUDA assigns their .data.
+    torch.manual_seed(0)
+    torch.jit.save(torch.jit.script(TwoTiedLinears()), tmp_path / "m.pt")
+    model = torch.jit.load(tmp_path / "m.pt")
+    x = torch.randn(2, 3)
+    want = model(x)
+    model.to("tpu")
+    assert all(p.device.type == "tpu" for p in model.parameters())
+    with config.patch(matmul_precision="highest"):
+        torch.testing.assert_close(model(x.to("tpu")).cpu(), want)

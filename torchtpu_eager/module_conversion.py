@@ -18,6 +18,11 @@ references every ``nn.LSTM``/``GRU``/``RNN`` keeps to its own weights (``_flat_w
 do not count: ``RNNBase._apply`` drops them before converting and makes them again after, so
 they are dropped before the check too (a tied word language model came untied).
 
+A scripted or traced module's C++ modules hold its parameters as well, which rules the swap
+out; it converts PyTorch's plain way, then each old Parameter takes its new tensor and goes back
+into every slot that held it (``_convert_scripted``); ``torch.jit.load``'s plain tensors become
+Parameters first.
+
 A lazy module's uninitialized parameters and buffers (``nn.LazyLinear(3).to("tpu")``, the
 CUDA idiom) cannot become tpu tensors: the tpu tensor type is not an ``UninitializedParameter``,
 so the module took a zero-size tpu weight for an initialized one and failed its first forward.
@@ -166,6 +171,8 @@ def _converted(original, self, args, kwargs):
 
 
 def _convert(original, self, args, kwargs):
+    if isinstance(self, torch.jit.ScriptModule):
+        return _convert_scripted(original, self, args, kwargs)
     blocked = _unswappable(self)
     if blocked is not None:
         warn_once(("module conversion", type(self).__name__, blocked),
@@ -177,6 +184,45 @@ def _convert(original, self, args, kwargs):
     kept = _attributes_and_hooks(self)
     with _swapping():
         converted = original(self, *args, **kwargs)
+    _restore(kept)
+    return converted
+
+
+def _convert_scripted(original, self, args, kwargs):
+    """A scripted module's conversion, keeping each Parameter object. Its C++ modules hold
+    every parameter too, so no swap is possible before PyTorch's plain conversion, which puts a
+    new Parameter in each slot (a tie came apart; an optimizer built before the move trained
+    nothing). After it, each old Parameter takes its new tensor (a swap, with the slots
+    briefly holding a placeholder) and goes back into every slot that held it."""
+    slots: dict = {}   # id of a parameter -> (it, [(scripted module, name), ...])
+    wrapped: dict = {}   # id of a loaded module's plain tensor -> the Parameter made of it
+    for module in self.modules():
+        if isinstance(module, torch.jit.ScriptModule):
+            for name, param in module._parameters.items():
+                if param is None:
+                    continue
+                if not isinstance(param, torch.nn.Parameter):
+                    # torch.jit.load gives plain tensors, which PyTorch's conversion refuses
+                    # ("param must be a Parameter") where CUDA assigns their .data
+                    if id(param) not in wrapped:
+                        wrapped[id(param)] = torch.nn.Parameter(
+                            param, requires_grad=param.requires_grad)
+                    param = wrapped[id(param)]
+                    module._c.setattr(name, param)
+                slots.setdefault(id(param), (param, []))[1].append((module, name))
+    kept = _attributes_and_hooks(self)
+    converted = original(self, *args, **kwargs)
+    placeholder = torch.empty(0)
+    for param, places in slots.values():
+        module, name = places[0]
+        moved = module._parameters[name]
+        if moved is param:
+            continue
+        for module, name in places:
+            module._c.setattr(name, placeholder)
+        torch.utils.swap_tensors(param, moved)
+        for module, name in places:
+            module._c.setattr(name, param)
     _restore(kept)
     return converted
 
