@@ -236,6 +236,34 @@ def test_backward_through_a_retained_graph_runs_twice(isolated_cache, warm):
         torch.testing.assert_close(g, expected)
 
 
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+def test_forward_ad_duals_through_a_cached_graph_get_eagers_tangents(isolated_cache, warm):
+    # Duals run the graph's own code (an XLA program has no tangents); a graph the cache
+    # unpickled had none until asked: "missing the required 'forward' function" in every
+    # warm process.
+    import torch.autograd.forward_ad as fwAD
+
+    def f(a, b):
+        return (torch.sin(a) @ b).softmax(-1)
+
+    a, b = torch.randn(3, 4), torch.randn(4, 4)
+    tangent_a, tangent_b = torch.randn(3, 4), torch.randn(4, 4)
+
+    def jvp(fn):
+        with fwAD.dual_level():
+            out = fn(fwAD.make_dual(a, tangent_a), fwAD.make_dual(b, tangent_b))
+            return fwAD.unpack_dual(out)
+
+    with config.patch(matmul_precision="highest"):
+        if warm:
+            jvp(torch.compile(f, backend="torchtpu"))
+            isolated_cache()
+        primal, tangent = jvp(torch.compile(f, backend="torchtpu"))
+    want_primal, want_tangent = jvp(f)
+    torch.testing.assert_close(primal, want_primal)
+    torch.testing.assert_close(tangent, want_tangent)
+
+
 def test_an_entry_holds_the_graph_aot_autograd_gave_not_the_lowered_one(tmp_path):
     # The lowering rewrites a graph in place before importing it (lower/fx_passes.py), and one
     # rewrite changes what an op means: c_fmod_as_remainder renames our C-fmod op

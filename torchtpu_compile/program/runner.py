@@ -275,6 +275,10 @@ class GraphRunner:
         """
         fall_back("forward_ad", f"{self.name} called with forward-mode AD dual tensors",
                   "an XLA program computes no tangents", path="compile")
+        if "forward" not in type(self._source).__dict__:
+            # A graph the cache unpickled has no generated code until asked (the XLA program
+            # never needs it): "missing the required 'forward' function" in a warm process.
+            self._source.recompile()
         return list(self._source(*args))
 
     def __call__(self, *call_args) -> list:
