@@ -1373,3 +1373,22 @@ def test_jit_trace_of_a_convolution_on_the_device_raises_instead_of_freezing_its
             torch.jit.trace(model.to("tpu"), example.to("tpu"))
         traced = torch.jit.trace(model.cpu(), example).to("tpu")   # the way the error gives
         torch.testing.assert_close(traced(other.to("tpu")).cpu(), model(other))
+
+
+@pytest.mark.parametrize("call", [
+    lambda x: torch.choose_qparams_optimized(x.flatten(), x.numel(), 200, 0.16, 8),
+    lambda x: torch.fbgemm_linear_quantize_weight(x),
+    lambda x: (lambda w: (torch._saturate_weight_to_fp16(w), w))(x * 1e5),  # writes w too
+], ids=["choose_qparams_optimized", "fbgemm_linear_quantize_weight", "saturate_to_fp16"])
+def test_quantization_helpers_reading_cpu_memory_run_on_the_host(call):
+    # Their kernels read the input through data_ptr(), on a tpu tensor no memory of its
+    # values: choose_qparams_optimized gave (4.9e33, -1.7e38), other numbers at each call.
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(0))
+    got, want = call(x.to("tpu")), call(x)
+    for g, w in zip(pytree.tree_leaves(got), pytree.tree_leaves(want)):
+        if isinstance(w, torch.Tensor):
+            assert g.device.type == "tpu" and torch.equal(g.cpu(), w)
+        else:
+            assert g == w
+    with pytest.raises(RuntimeError, match="FBGEMM's packed weights"):
+        torch.fbgemm_pack_gemm_matrix_fp16(x.to("tpu"))

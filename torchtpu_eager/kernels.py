@@ -236,11 +236,50 @@ def _zeros_for_zerotensor(size, *, dtype=None, layout=None, device=None, pin_mem
 
 
 def _whole_factory(name):
-    packet_name, _, overload = name.partition(".")
-    op = getattr(getattr(torch.ops.aten, packet_name), overload or "default")
+    op = _op_named(name)
 
     def kernel(*args, **kwargs):
         return _on_host(op, args, kwargs)
+    return kernel
+
+
+# CPU-only quantization helpers whose device-generic (CompositeImplicit) kernels read their
+# input through data_ptr(), which on a tpu tensor is no memory of its values (garbage back,
+# or a crash): run on host copies. FBGEMM's packed weights are CPU objects: refused.
+_READ_ON_HOST = ("choose_qparams_optimized", "fbgemm_linear_quantize_weight")
+_FBGEMM_PACKED = ("fbgemm_pack_quantized_matrix", "fbgemm_pack_quantized_matrix.KN",
+                  "fbgemm_pack_gemm_matrix_fp16", "fbgemm_linear_fp16_weight",
+                  "fbgemm_linear_fp16_weight_fp32_activation", "fbgemm_linear_int8_weight",
+                  "fbgemm_linear_int8_weight_fp32_activation")
+
+
+def _op_named(name: str):
+    packet_name, _, overload = name.partition(".")
+    return getattr(getattr(torch.ops.aten, packet_name), overload or "default")
+
+
+def _read_on_host(name):
+    op = _op_named(name)
+
+    def kernel(*args, **kwargs):
+        from .fallback import run_on_host
+        return run_on_host(op, args, kwargs, reason="its kernel reads the tensor's memory on "
+                                                    "the CPU")
+    return kernel
+
+
+def _saturate_weight_to_fp16(weight):
+    # CPU's kernel clamps its argument to float16's range in place (its schema says it writes
+    # nothing) and returns it.
+    with torch.no_grad():
+        return weight.clamp_(-65504.0, 65504.0)
+
+
+def _fbgemm_refused(name):
+    def kernel(*args, **kwargs):
+        raise RuntimeError(
+            f"tpu: aten.{name} works on FBGEMM's packed weights, CPU objects: run it on CPU "
+            f"tensors (as on CUDA, where FBGEMM is not available either)")
     return kernel
 
 
@@ -271,4 +310,9 @@ def register() -> None:
         aten.impl(name, _shaped_like_first, "Meta")
     for name in _GRU_CELL_OPS:
         aten.impl(name, _gru_cell_meta(name), "Meta")
+    for name in _READ_ON_HOST:
+        aten.impl(name, _read_on_host(name), "AutogradPrivateUse1")
+    aten.impl("_saturate_weight_to_fp16", _saturate_weight_to_fp16, "AutogradPrivateUse1")
+    for name in _FBGEMM_PACKED:
+        aten.impl(name, _fbgemm_refused(name), "AutogradPrivateUse1")
     _libraries.extend([fallback, aten])
