@@ -212,6 +212,32 @@ def _shaped_like_first(first, *args, **kwargs):
 _SHAPED_LIKE_FIRST = ("_sample_dirichlet", "binomial", "_dirichlet_grad", "_standard_gamma_grad")
 
 
+def _like_first_with_mask(first, *args, **kwargs):
+    return _shaped_like_first(first), torch.empty(first.shape, dtype=torch.bool,
+                                                  device=first.device)
+
+
+def _shaped_like_first_three(first, second, third, *args, **kwargs):
+    return tuple(_shaped_like_first(t) for t in (first, second, third))
+
+
+#: Quantization-aware training's fake-quantize ops, CPU and CUDA kernels only, the same way:
+#: torch.compile of a FakeQuantize or LearnableFakeQuantize model on tpu tensors raised
+#: "func != nullptr". Shaped as their CPU kernels make them: (the input's shape, its mask),
+#: a learnable op's result, and its backward's gradients shaped as input, scale, zero point.
+_FAKE_QUANTIZE_METAS = {
+    "fake_quantize_per_tensor_affine_cachemask": _like_first_with_mask,
+    "_fake_quantize_per_tensor_affine_cachemask_tensor_qparams": _like_first_with_mask,
+    "fake_quantize_per_channel_affine_cachemask": _like_first_with_mask,
+    "_fake_quantize_learnable_per_tensor_affine": _shaped_like_first,
+    "_fake_quantize_learnable_per_channel_affine": _shaped_like_first,
+    "_fake_quantize_learnable_per_tensor_affine_backward": lambda grad, x, scale, zero, *a:
+        _shaped_like_first_three(x, scale, zero),
+    "_fake_quantize_learnable_per_channel_affine_backward": lambda grad, x, scale, zero, *a:
+        _shaped_like_first_three(x, scale, zero),
+}
+
+
 #: nn.GRUCell (and nn.GRU) off the CPU call CUDA's fused cell, whose ops have no meta kernel
 #: (the LSTM's have): torch.compile of a GRUCell on tpu tensors raised "func != nullptr". Our
 #: decompositions compute the shapes (the workspace's too) on meta tensors.
@@ -310,6 +336,8 @@ def register() -> None:
         aten.impl(name, _shaped_like_first, "Meta")
     for name in _GRU_CELL_OPS:
         aten.impl(name, _gru_cell_meta(name), "Meta")
+    for name, meta in _FAKE_QUANTIZE_METAS.items():
+        aten.impl(name, meta, "Meta")
     for name in _READ_ON_HOST:
         aten.impl(name, _read_on_host(name), "AutogradPrivateUse1")
     aten.impl("_saturate_weight_to_fp16", _saturate_weight_to_fp16, "AutogradPrivateUse1")
