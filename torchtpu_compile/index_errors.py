@@ -90,6 +90,13 @@ _VALUE_ERRORS = {
     "aten.masked_scatter": lambda code: RuntimeError(
         "Number of elements of source < number of ones in mask"),
     # The code holds the range's two ends as float32 bits (high word: the low end).
+    # 1: a negative length, 2: lengths not adding up to the axis, 3: a negative segment
+    "aten.segment_reduce": lambda code: RuntimeError(
+        "lengths contains negative value!" if code == 1 else
+        "segment_reduce(): Expected all rows of lengths along axis to sum to "
+        "data.size(lengths.dim()-1) when !unsafe." if code == 2 else
+        "Expected segment_length >= 0 to be true, but got false.  (Could this error message "
+        "be improved?  If so, please report an enhancement request to PyTorch.)"),
     "aten.histc": lambda code: RuntimeError(
         f"torch.histc: range of [{_float32_of(code >> 32):g}, {_float32_of(code):g}] is not "
         "finite"),

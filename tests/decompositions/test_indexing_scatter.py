@@ -211,6 +211,36 @@ def test_segment_reduce_with_empty_segments_initial_and_offsets():
     check(segments, data, lengths, rows, offsets)
 
 
+def test_segment_reduce_of_offsets_not_spanning_the_axis_and_unsafe_lengths():
+    # Offsets that do not start at 0 or end at the axis's length leave positions in no
+    # segment, as unsafe lengths that fall short do: the decomposition counted segments from 0
+    # and put every leftover in the last one ([1, 9] where eager gives [3, 7]).
+    data = torch.arange(5.0)
+
+    def segments(data, starting_late, ending_early, short):
+        return [torch.segment_reduce(data, reduce, **options)
+                for reduce in ("sum", "max", "mean")
+                for options in (dict(offsets=starting_late), dict(offsets=ending_early),
+                                dict(lengths=short, unsafe=True))]
+    check_on_both_paths(segments, data, torch.tensor([1, 3, 5]), torch.tensor([0, 3, 4]),
+                        torch.tensor([2, 2]))
+
+
+@pytest.mark.parametrize("options", [
+    dict(lengths=torch.tensor([2, 2])), dict(lengths=torch.tensor([6, -1])),
+    dict(offsets=torch.tensor([0, 3, 2, 5])), dict(lengths=torch.tensor([6, -1]), unsafe=True),
+], ids=["lengths_short", "negative_length", "decreasing_offsets", "negative_unsafe"])
+def test_segment_reduce_raises_eagers_errors_for_bad_lengths(options):
+    # The decomposition reduced whatever the lengths said: [1, 9] for lengths adding up to 4
+    # of 5 elements, where eager raises.
+    data = torch.arange(5.0)
+    with pytest.raises(RuntimeError) as expected:
+        torch.segment_reduce(data, "sum", **options)
+    message = str(expected.value).split("  (")[0]
+    with pytest.raises(RuntimeError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        compile_tpu(lambda d, **o: torch.segment_reduce(d, "sum", **o))(data, **options)
+
+
 # --- embedding bags --------------------------------------------------------------------------
 
 #: Weights with a tie (rows 1 and 4) and a NaN, indices (every one twice: CPU's

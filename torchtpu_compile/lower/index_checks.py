@@ -344,6 +344,30 @@ def _masked_scatter(x, mask, source):
     return _tied_to_values_check(x, ones > source.numel(), "aten.masked_scatter"), mask, source
 
 
+@index_rule(aten.segment_reduce.default, keywords=True)
+def _segment_reduce(data, reduce, **options):
+    # Eager's kernel raises for a segment of negative length and, unless unsafe, for lengths
+    # that do not add up to the axis; the decomposition reduced whatever they said.
+    lengths, offsets = options.get("lengths"), options.get("offsets")
+    if options.get("indices") is not None or (lengths is None and offsets is None):
+        return (data, reduce), options
+    if lengths is not None:
+        count = lengths
+    else:
+        segments = offsets.shape[-1] - 1
+        count = offsets.narrow(-1, 1, segments) - offsets.narrow(-1, 0, segments)
+    if guard_or_false(count.numel() == 0):
+        return (data, reduce), options
+    negative = (count < 0).any()
+    if lengths is not None and not options.get("unsafe", False):
+        axis = options.get("axis", 0) % data.dim()
+        short = (lengths.sum(-1) != data.shape[axis]).any()
+        codes = torch.where(negative, 1, torch.where(short, 2, 0))
+    else:
+        codes = torch.where(negative, 3, 0)
+    return (_tied_to_values_check(data, codes, "aten.segment_reduce"), reduce), options
+
+
 def _checked_data_range(x, op: str):
     """``x`` tied to a check that its range (min, max) is finite, the code holding both ends
     as float32 bits for eager's message; ``x`` itself where it has no element."""

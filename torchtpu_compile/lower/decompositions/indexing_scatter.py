@@ -389,26 +389,36 @@ _SEGMENT_SCATTER = {"sum": "sum", "mean": "sum", "max": "amax", "min": "amin", "
 @decomposition(aten.segment_reduce.default)
 def segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, axis=0,
                    unsafe=False, initial=None):
-    # Unlowered. Each position along ``axis`` belongs to the segment whose end is the first
-    # past it; a scatter_reduce into the segments, then eager's values for empty segments
-    # (sum 0, prod 1, mean NaN, max -inf, min inf) or ``initial``, which also joins every
-    # segment's reduction.
+    # Unlowered. Each position along ``axis`` from the first segment's start to the last's
+    # end belongs to the segment whose end is the first past it; the others (before offsets
+    # that do not start at 0, after lengths that do not reach the end under unsafe=True)
+    # belong to none: a scatter_reduce into the segments and one spare, dropped. Then eager's
+    # values for empty segments (sum 0, prod 1, mean NaN, max -inf, min inf) or ``initial``,
+    # which also joins every segment's reduction. Eager's data checks are index_checks'.
     if indices is not None or reduce not in _SEGMENT_SCATTER:
         return NotImplemented
     axis = axis % data.dim()
     if lengths is None:
-        count = offsets.narrow(-1, 1, offsets.shape[-1] - 1) - \
-            offsets.narrow(-1, 0, offsets.shape[-1] - 1)
+        segments = offsets.shape[-1] - 1
+        count = offsets.narrow(-1, 1, segments) - offsets.narrow(-1, 0, segments)
+        first, ends = offsets.narrow(-1, 0, 1), offsets.narrow(-1, 1, segments)
     else:
-        count = lengths
-    ends = torch.cumsum(count, -1)
-    length, segments = data.shape[axis], count.shape[-1]
-    segment = (ends.unsqueeze(-1) <= torch.arange(length)).sum(-2)     # lead + [length]
+        segments, count = lengths.shape[-1], lengths
+        first, ends = torch.zeros_like(lengths.narrow(-1, 0, 1)), torch.cumsum(lengths, -1)
+    length = data.shape[axis]
+    out_shape = list(data.shape[:axis]) + [segments] + list(data.shape[axis + 1:])
+    if segments == 0:
+        return data.new_zeros(out_shape)
+    position = torch.arange(length)
+    segment = (ends.unsqueeze(-1) <= position).sum(-2)     # lead + [length]
+    outside = (position < first) | (position >= ends.narrow(-1, segments - 1, 1))
+    segment = torch.where(outside, segments, segment)
     trailing = [1] * (data.dim() - axis - 1)
     index = segment.reshape(list(segment.shape) + trailing).expand(data.shape)
-    out_shape = list(data.shape[:axis]) + [segments] + list(data.shape[axis + 1:])
-    out = data.new_zeros(out_shape).scatter_reduce(axis, index.clamp(max=segments - 1), data,
-                                                   _SEGMENT_SCATTER[reduce], include_self=False)
+    spare = list(out_shape)
+    spare[axis] += 1
+    out = data.new_zeros(spare).scatter_reduce(axis, index, data, _SEGMENT_SCATTER[reduce],
+                                               include_self=False).narrow(axis, 0, segments)
     count = count.reshape(list(count.shape) + trailing)
     empty = count == 0
     if initial is not None:
