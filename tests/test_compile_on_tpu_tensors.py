@@ -607,3 +607,30 @@ def test_fake_quantize_ops_compile_and_train_on_tpu_tensors(fresh_dynamo, name):
         results[device] = [out.detach().cpu(), xd.grad.cpu()] + \
             ([scale.grad.cpu()] if name == "learnable" else [])
     torch.testing.assert_close(results["tpu"], results["cpu"])
+
+
+EMBEDDING_BAG_LENGTHS = """
+import torch, torch.nn.functional as F, torchtpu_eager
+torch.manual_seed(0)
+w = torch.randn(20, 3)
+bag = lambda w, i, o: F.embedding_bag(i, w, o, mode="sum", include_last_offset=True,
+                                      padding_idx=0)
+compiled = torch.compile(bag, backend="torchtpu")
+for n in (5, 7, 9, 13, 6, 17, 3):
+    i = torch.randint(0, 20, (n,), generator=torch.Generator().manual_seed(n))
+    o = torch.tensor([0, 1, 2, n])
+    torch.testing.assert_close(compiled(w, i, o), bag(w, i, o))
+print("ok")
+"""
+
+
+def test_an_embedding_bag_compiled_over_changing_index_lengths_does_not_crash():
+    # The compile's dtype probe ran CPU's embedding_bag on shrunken inputs (offsets of one
+    # element under include_last_offset: no bag), which corrupts the heap: a recommendation
+    # model with padding_idx died (SIGSEGV or glibc's abort) when its index length changed.
+    # glibc's checks make the corruption abort at once (hence a subprocess).
+    done = subprocess.run([sys.executable, "-c", EMBEDDING_BAG_LENGTHS], capture_output=True,
+                          text=True, timeout=600,
+                          env=python_env(MALLOC_CHECK_="3", MALLOC_PERTURB_="165"))
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), \
+        (done.returncode, done.stderr[-3000:])

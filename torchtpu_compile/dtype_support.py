@@ -56,11 +56,20 @@ _verdicts: dict = {}   # signature -> the exception eager raises, or None
 
 #: Ops whose CPU kernels read their tensors as far as a list of lengths says, unchecked: a
 #: probe at shrunken shapes (above _SMALL) read past them, and a CTC loss's backward on the
-#: tpu device killed the process (SIGSEGV). Not probed at shrunken shapes.
+#: tpu device killed the process (SIGSEGV). Not probed at shrunken shapes. Embedding bags too:
+#: with include_last_offset, offsets shrunk to one element (no bag) made CPU's kernel corrupt
+#: the heap, and a recommendation model compiled with padding_idx crashed when its index
+#: length changed (the recompile's sizes are symbolic, so shrunken).
 _TRUST_THEIR_LENGTHS = frozenset({
     torch.ops.aten._ctc_loss.default, torch.ops.aten._ctc_loss.Tensor,
     torch.ops.aten._ctc_loss_backward.default, torch.ops.aten._ctc_loss_backward.Tensor,
-    torch.ops.aten.ctc_loss.IntList, torch.ops.aten.ctc_loss.Tensor})
+    torch.ops.aten.ctc_loss.IntList, torch.ops.aten.ctc_loss.Tensor,
+    torch.nn.functional.embedding_bag, torch.embedding_bag,
+    torch.ops.aten.embedding_bag.default, torch.ops.aten.embedding_bag.padding_idx,
+    torch.ops.aten._embedding_bag.default, torch.ops.aten._embedding_bag_forward_only.default,
+    torch.ops.aten._embedding_bag_backward.default,
+    torch.ops.aten._embedding_bag_dense_backward.default,
+    torch.ops.aten._embedding_bag_per_sample_weights_backward.default})
 
 #: Ops whose CUDA kernels take dtypes the CPU's refuse, called with them by code written for
 #: accelerators, and lowered as CUDA computes them: off the CPU they are not refused.
