@@ -634,3 +634,27 @@ def test_an_embedding_bag_compiled_over_changing_index_lengths_does_not_crash():
                           env=python_env(MALLOC_CHECK_="3", MALLOC_PERTURB_="165"))
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), \
         (done.returncode, done.stderr[-3000:])
+
+
+_positive_log_calls = []
+
+
+@torch.library.custom_op("torchtpu_test::positive_log", mutates_args=())
+def _positive_log(x: torch.Tensor) -> torch.Tensor:
+    _positive_log_calls.append(x.tolist())
+    return x.log()
+
+
+@_positive_log.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def test_a_custom_op_without_a_device_kernel_runs_once_per_call():
+    # The eager device's dtype probe ran the op's Python code on host zeros before the call:
+    # user code ran twice, once on values it never got.
+    x = torch.tensor([1.0, 2.0])
+    _positive_log_calls.clear()
+    got = _positive_log(x.to("tpu"))
+    assert _positive_log_calls == [[1.0, 2.0]]
+    assert torch.equal(got.cpu(), x.log())

@@ -194,6 +194,8 @@ def unsupported_dtype_error(fn, args, kwargs) -> BaseException | None:
     """
     if "device" in kwargs:  # a factory: its dtype is the trace's to judge, not a kernel's
         return None
+    if isinstance(fn, torch._ops.OpOverload) and fn.namespace not in ("aten", "prims"):
+        return None  # a library's op: probing would run its code once more (side effects)
     if fn in _ACCELERATOR_DTYPES and _off_the_cpu(args, kwargs):
         return None
     small = _numel((args, kwargs)) <= _SMALL
