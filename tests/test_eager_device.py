@@ -1392,3 +1392,18 @@ def test_quantization_helpers_reading_cpu_memory_run_on_the_host(call):
             assert g == w
     with pytest.raises(RuntimeError, match="FBGEMM's packed weights"):
         torch.fbgemm_pack_gemm_matrix_fp16(x.to("tpu"))
+
+
+def test_pack_padded_sequence_refuses_tpu_lengths_as_cuda_does():
+    # CUDA (and CPU's kernel) want host lengths; ours copied them over and PackedSequence then
+    # refused its tpu batch_sizes, with a message about building PackedSequences by hand.
+    x = torch.randn(3, 5, 2, device="tpu")
+    for enforce_sorted in (True, False):
+        with pytest.raises(RuntimeError, match="'lengths' argument should be a 1D CPU int64 "
+                                               "tensor, but got 1D tpu:0 Long tensor"):
+            torch.nn.utils.rnn.pack_padded_sequence(
+                x, torch.tensor([5, 3, 2], device="tpu"), batch_first=True,
+                enforce_sorted=enforce_sorted)
+    packed = torch.nn.utils.rnn.pack_padded_sequence(x, torch.tensor([5, 3, 2]),
+                                                     batch_first=True)
+    assert packed.data.device == TPU and packed.batch_sizes.device.type == "cpu"

@@ -1217,6 +1217,22 @@ def convolution(func, args, kwargs):
     return run_op(func, args, kwargs)
 
 
+@handles(aten._pack_padded_sequence.default)
+def pack_padded_sequence(func, args, kwargs):
+    # Its lengths must be a host tensor, on CUDA as on CPU; given tpu lengths, the host run
+    # copied them over and PackedSequence then refused the tpu batch_sizes with a message
+    # about building PackedSequences by hand.
+    lengths = args[1]
+    if type(lengths) is TpuTensor:
+        raise RuntimeError(f"'lengths' argument should be a 1D CPU int64 tensor, but got "
+                           f"{lengths.dim()}D {lengths.device} "
+                           f"{_LEGACY_TYPE_NAMES.get(lengths.dtype, lengths.dtype)} tensor")
+    return _handler_of(func)(func, args, kwargs)
+
+
+_LEGACY_TYPE_NAMES = {torch.int64: "Long", torch.int32: "Int", torch.float32: "Float"}
+
+
 @handles(aten.equal.default)
 def equal(func, args, kwargs):
     # CUDA's equal compares on the device and raises for a host tensor; ours compared on the
