@@ -16,6 +16,8 @@ import sys
 
 import torch
 
+from . import errors
+
 _backend_ids = itertools.count()
 
 # Dynamo resolves backend="torchtpu" (importing this module) before it traces, which is when it
@@ -320,6 +322,12 @@ def torchtpu_backend(gm: torch.fx.GraphModule, example_inputs, **options):
         with sdpa_kernel(SDPBackend.MATH), _mkldnn_off(), spanning("torchtpu::aot_autograd"):
             try:
                 compiled = aot(gm, example_inputs)
+            except errors.InvalidInputError as exc:
+                # Inputs eager refuses (max() of an empty tensor): raised at every call, as
+                # eager's type; raised from here, Dynamo wrapped all but an IndexError in
+                # BackendCompilerFailed.
+                message = str(exc).split("\n\nWhile executing")[0]   # FX's note on the node
+                return _raising(type(exc)(message))
             except AssertionError as exc:
                 if "set_ on a graph input" not in str(exc):
                     raise

@@ -113,6 +113,19 @@ def check_compile_path(name):
         _assert_same_values(_outcome(compiled, x), want)
 
 
+@pytest.mark.parametrize("name", ["max()", "min()", "max(dim)", "mode(dim)"])
+def test_compile_path_raises_eagers_exception_itself_at_each_call(name):
+    # Found while compiling, it reached the caller as Dynamo's BackendCompilerFailed (all but
+    # an IndexError are wrapped): `except RuntimeError` caught it, `type(e)` was not eager's.
+    fn, x, want = _expected(name)
+    compiled = compile_tpu(fn, dynamic=False)
+    for _ in range(2):
+        got = _outcome(compiled, x)
+        assert isinstance(got, type(want)), f"eager CPU raised {want!r}; compiled {got!r}"
+        assert not isinstance(got, torch._dynamo.exc.TorchDynamoException)
+        assert str(got) == str(want)
+
+
 def test_an_integer_to_a_negative_power_raises_eagers_error():
     # torch-mlir computed it (2 ** -1 gave 0); eager's meta function refuses it.
     x = torch.tensor([1, 2, 3])
