@@ -134,6 +134,21 @@ def test_lowering_failure_message_is_a_summary():
     assert len(message.splitlines()) <= 2
 
 
+def test_a_lowering_failure_without_a_message_is_named(monkeypatch):
+    # torch-mlir's own asserts carry no message: the fallback warning said "unknown error"
+    # (an EmbeddingBag's sparse gradient).
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torchtpu_compile.errors import LoweringError
+    from torchtpu_compile.lower import importer
+
+    def failing(gm):
+        raise AssertionError()
+    monkeypatch.setattr(importer, "_fx_to_stablehlo", failing)
+    gm = make_fx(lambda x: x + 1, tracing_mode="fake")(torch.randn(4))
+    with pytest.raises(LoweringError, match="importer raised AssertionError with no message"):
+        importer.import_stablehlo(gm)
+
+
 def test_region_after_a_fallback_gets_the_dtype_it_was_traced_with():
     # The region after the fallback was lowered for the traced float32 but handed the bf16
     # the op really returned: XLA refused the buffer (bf16 BatchNorm training fell back so).

@@ -172,7 +172,10 @@ def import_stablehlo(gm: torch.fx.GraphModule):
         else:
             failure = None
     if failure is not None:
-        detail = summarize_mlir_error(str(failure) + "\n" + err["text"])
+        text = str(failure) + "\n" + err["text"]
+        # torch-mlir's own asserts have no message (a sparse gradient's backward)
+        detail = summarize_mlir_error(text) if text.strip() else \
+            f"torch-mlir's importer raised {type(failure).__name__} with no message"
         raise LoweringError(detail) from failure
     return module
 
