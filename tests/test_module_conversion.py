@@ -244,3 +244,19 @@ def test_a_loaded_torchscript_model_moves_to_the_device(tmp_path):
     assert all(p.device.type == "tpu" for p in model.parameters())
     with config.patch(matmul_precision="highest"):
         torch.testing.assert_close(model(x.to("tpu")).cpu(), want)
+
+
+def test_a_scripted_model_on_the_device_saves_and_loads_on_the_cpu(tmp_path):
+    # TorchScript's serializer views each parameter's whole storage (set_ to the tensor's own
+    # storage), which the device refused: "set the storage of a tensor on device tpu:0 to a
+    # storage on different device tpu:0".
+    torch.manual_seed(0)
+    model = TwoTiedLinears()
+    x = torch.randn(2, 3)
+    want = model(x)
+    for make in (torch.jit.script, lambda m: torch.jit.trace(m, x.to("tpu"))):
+        torch.jit.save(make(model.to("tpu")), tmp_path / "m.pt")
+        loaded = torch.jit.load(tmp_path / "m.pt", map_location="cpu")
+        with config.patch(matmul_precision="highest"):
+            torch.testing.assert_close(loaded(x), want)
+        model.cpu()

@@ -31,6 +31,7 @@ import torch
 from .device import NAME
 from .dispatch import handles
 from .serialization import device_storage
+from .storage import live_storages
 from .module_conversion import move_in_place
 from .tensor import TpuTensor
 
@@ -152,7 +153,7 @@ def set_storage(func, args, kwargs):
         stride = tuple(args[4]) if len(args) > 4 and args[4] else None
     else:
         offset, size, stride = 0, None, None
-    source = device_storage(storage, t.dtype)
+    source = device_storage(storage, t.dtype) or _own_storage(storage, t.dtype)
     if source is None:
         raise RuntimeError(
             f'Attempted to set the storage of a tensor on device "{t.device}" to a storage on '
@@ -160,3 +161,14 @@ def set_storage(func, args, kwargs):
             f"must match.")
     t._become(TpuTensor(source, (source.numel,) if size is None else size, stride, offset))
     return t
+
+
+def _own_storage(storage, dtype: torch.dtype):
+    """The device ``Storage`` behind a tpu tensor's own untyped storage (its data pointer is
+    the Storage's id: ``tensor.set_storage_identity``), if of ``dtype``; else None. TorchScript's
+    serializer views a parameter's whole storage this way to write it (``torch.jit.save``)."""
+    if torch._C.StorageBase.device.__get__(storage).type != NAME:
+        return None
+    key = storage.data_ptr()
+    found = next((s for s in live_storages() if id(s) == key), None)
+    return found if found is not None and found.dtype == dtype else None
