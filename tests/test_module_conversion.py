@@ -260,3 +260,29 @@ def test_a_scripted_model_on_the_device_saves_and_loads_on_the_cpu(tmp_path):
         with config.patch(matmul_precision="highest"):
             torch.testing.assert_close(loaded(x), want)
         model.cpu()
+
+
+@pytest.mark.parametrize("build", ["device_argument", "device_context"])
+def test_lazy_modules_built_for_the_device_initialize_there_as_on_cpu(build):
+    # A tpu tensor cannot be an UninitializedParameter: nn.LazyLinear(4, device="tpu") (and
+    # any lazy module under `with torch.device("tpu")`) raised in _make_subclass.
+    def make(device):
+        if build == "device_argument":
+            return torch.nn.Sequential(torch.nn.LazyConv2d(3, 3, device=device),
+                                       torch.nn.LazyBatchNorm2d(device=device),
+                                       torch.nn.Flatten(), torch.nn.LazyLinear(4, device=device))
+        with torch.device(device):
+            return torch.nn.Sequential(torch.nn.LazyConv2d(3, 3), torch.nn.LazyBatchNorm2d(),
+                                       torch.nn.Flatten(), torch.nn.LazyLinear(4))
+
+    x = torch.randn(2, 5, 6, 6)
+    results = {}
+    for device in ("cpu", "tpu"):
+        torch.manual_seed(0)
+        model = make(device)
+        with config.patch(matmul_precision="highest"):
+            out = model(x.to(device))
+            out.square().sum().backward()
+        assert all(p.device.type == device for p in model.parameters())
+        results[device] = [out.detach().cpu()] + [p.grad.cpu() for p in model.parameters()]
+    torch.testing.assert_close(results["tpu"], results["cpu"])

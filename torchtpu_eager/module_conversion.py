@@ -28,6 +28,9 @@ CUDA idiom) cannot become tpu tensors: the tpu tensor type is not an ``Uninitial
 so the module took a zero-size tpu weight for an initialized one and failed its first forward.
 They stay on the CPU, uninitialized, through the conversion; the module's first forward
 initializes them there (from the CPU generator, as on CPU) and then moves them to the device.
+Built for the device (``nn.LazyLinear(3, device="tpu")``, or under ``torch.device("tpu")``),
+they are CPU ones marked for it, materialized on the CPU and moved in place at once, then
+initialized on the device by the module, as a ``Linear(..., device="tpu")`` is.
 
 Example::
 
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import threading
 import weakref
 
@@ -66,7 +70,7 @@ def _swapping():
 def _involves_tpu(module: torch.nn.Module, device) -> bool:
     if device is not None and torch.device(device).type == NAME:
         return True
-    return any(t.device.type == NAME
+    return any(t.device.type == NAME or hasattr(t, "_torchtpu_device")
                for t in (*module.parameters(), *module.buffers()))
 
 
@@ -125,8 +129,9 @@ def _uninitialized_left_out(module: torch.nn.Module):
             for name, tensor in table.items():
                 if _is_uninitialized(tensor):
                     held.append((m, table, name, tensor))
-    for _, table, name, _ in held:
+    for _, table, name, tensor in held:
         table[name] = None
+        tensor.__dict__.pop("_torchtpu_device", None)   # the conversion says where it goes
     try:
         yield list({id(m): m for m, *_ in held}.values())
     finally:
@@ -259,11 +264,57 @@ def _target(original, args, kwargs) -> torch.device | None:
     return None if device is None else torch.device(device)
 
 
+def _made_for_the_device(new):
+    """``UninitializedParameter.__new__`` (or the buffer's) making one for the tpu device
+    (``nn.LazyLinear(4, device="tpu")``, a lazy module built under ``torch.device("tpu")``) as
+    a CPU one marked for the device: a tpu tensor cannot be an UninitializedParameter
+    (``_make_subclass`` refused it, and the module could not be built)."""
+    signature = inspect.signature(new)
+
+    @functools.wraps(new)
+    def made(cls, *args, **kwargs):
+        bound = signature.bind(cls, *args, **kwargs)
+        device = bound.arguments.get("device")
+        if torch.empty(0, device=device).device.type != NAME:
+            return new(cls, *args, **kwargs)
+        bound.arguments["device"] = "cpu"
+        tensor = new(*bound.args, **bound.kwargs)
+        tensor._torchtpu_device = torch.device(device if device is not None else NAME)
+        return tensor
+    return made
+
+
+def _materialized_on_the_device(materialize):
+    """``materialize`` of one marked for the device: made on the CPU, then moved keeping its
+    object (``move_in_place``); the module initializes it after, on the device."""
+    @functools.wraps(materialize)
+    def materialized(self, shape, device=None, dtype=None):
+        target = self.__dict__.pop("_torchtpu_device", None)
+        materialize(self, shape, device=device, dtype=dtype)
+        if target is not None and device is None:
+            move_in_place(self, target)
+    return materialized
+
+
 def register() -> None:
     """Wrap ``Module.to``, ``Module.tpu`` and ``Module.cpu`` (idempotent)."""
     module = torch.nn.Module
     if getattr(module.to, "_torchtpu", False):
         return
+    parameter = torch.nn.parameter
+    for kind in (parameter.UninitializedParameter, parameter.UninitializedBuffer):
+        kind.__new__ = _made_for_the_device(kind.__new__)
+    mixin = parameter.UninitializedTensorMixin
+    mixin.materialize = _materialized_on_the_device(mixin.materialize)
+    copy = parameter.UninitializedParameter.__deepcopy__
+
+    @functools.wraps(copy)
+    def deepcopy(self, memo):   # the copy is for the device too
+        result = copy(self, memo)
+        if hasattr(self, "_torchtpu_device"):
+            result._torchtpu_device = self._torchtpu_device
+        return result
+    parameter.UninitializedParameter.__deepcopy__ = deepcopy
     original_to = module.to
 
     @functools.wraps(original_to)
