@@ -177,6 +177,21 @@ def test_legacy_format_checkpoints_load_their_values(tmp_path):
         assert torch.equal(got[name].detach().cpu(), want.detach()), name
 
 
+@pytest.mark.parametrize("map_location", ["cpu", torch.device("cpu"), {"tpu:0": "cpu"},
+                                          lambda storage, location: storage],
+                         ids=["str", "device", "dict", "callable"])
+def test_legacy_format_files_saved_from_the_device_honour_map_location(tmp_path, map_location):
+    # The legacy loader does not publish its map_location: tensors saved from tpu came back
+    # on tpu whatever it said.
+    path = tmp_path / "legacy.pt"
+    saved = _views(torch.arange(24.0, device="tpu"))
+    torch.save(saved, path, _use_new_zipfile_serialization=False)
+    got = torch.load(path, map_location=map_location)
+    for name, want in saved.items():
+        assert got[name].device.type == "cpu", name
+        assert torch.equal(got[name], want.cpu()), name
+
+
 def test_pickle_round_trips_tpu_tensors_and_state_dicts():
     # Plain pickle (multiprocessing, caches, deep-copying libraries) gets a tensor's host copy
     # from a nested legacy-format load that has read it already; taken for one still to read

@@ -106,8 +106,17 @@ def _restore_target(device: str, host: torch.Tensor) -> torch.device:
     torch.load asks it for every storage: with the saved location, and the device of the
     storage it returns, or ``device`` for None; PyTorch's own helper refuses any callable."""
     map_location = torch.serialization._serialization_tls.map_location
-    if not callable(map_location):
-        return torch.device(torch._utils._get_restore_location(device))
+    if map_location is None:
+        # The legacy-format loader keeps it to itself: a file saved from tpu loaded on the
+        # device whatever map_location said.
+        frame = _legacy_load_frame()
+        map_location = frame.f_locals.get("map_location") if frame is not None else None
+    if isinstance(map_location, dict):
+        return torch.device(map_location.get(device, device))
+    if isinstance(map_location, (str, torch.device)):
+        return torch.device(map_location)
+    if map_location is None:
+        return torch.device(device)
     restored = map_location(host.untyped_storage(), device)
     return torch.device(device) if restored is None else restored.device
 
@@ -213,12 +222,17 @@ def _in_legacy_load() -> bool:
     read. The flag it leaves on every storage does not tell: ``pickle.loads`` of a tpu tensor
     gets its host copy from a nested legacy load (``TypedStorage.__reduce__``) that has read it
     already, and waiting for a read that never came loaded zeros."""
+    return _legacy_load_frame() is not None
+
+
+def _legacy_load_frame():
+    """The frame of the legacy-format ``torch.load`` running now, or None."""
     frame = sys._getframe(1)
     while frame is not None:
         if frame.f_code is _LEGACY_LOAD:
-            return True
+            return frame
         frame = frame.f_back
-    return False
+    return None
 
 
 _LEGACY_LOAD = torch.serialization._legacy_load.__code__
