@@ -209,16 +209,17 @@ def test_grid_sampler_backward_every_mode_at_borders_and_pixel_centres():
     check_grid_sampler_backward(paddings=(0,))
 
 
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
 @pytest.mark.parametrize("align_corners", [False, True])
-def test_uint8_bilinear_resize_on_the_device_equals_eagers(align_corners):
+def test_uint8_resize_on_the_device_equals_eagers(align_corners, mode):
     # Eager's uint8 kernel interpolates in fixed point, one axis at a time; the float
     # decomposition was 1 off on a third of the pixels (216 of 780 at 21x26 -> 10x13). (The
     # compile path traces PyTorch's own decomposition of the .vec overload, as aot_eager does.)
     image = (torch.rand(2, 3, 21, 26, generator=torch.Generator().manual_seed(0)) * 255).to(
         torch.uint8)
     for size in ((10, 13), (42, 52)):
-        want = torch.nn.functional.interpolate(image, size=size, mode="bilinear",
+        want = torch.nn.functional.interpolate(image, size=size, mode=mode,
                                                align_corners=align_corners)
-        got = torch.nn.functional.interpolate(image.to("tpu"), size=size, mode="bilinear",
+        got = torch.nn.functional.interpolate(image.to("tpu"), size=size, mode=mode,
                                               align_corners=align_corners)
         assert torch.equal(got.cpu(), want)

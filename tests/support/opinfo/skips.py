@@ -85,15 +85,12 @@ SKIPS: dict = {
     "topk": Skip("test-artifact", "bf16 and integer samples hold equal values; which of "
                  "their indices topk returns is unspecified (values match)",
                  dtypes=("bf16", "i64", "i32", "u8")),
-    "nn.functional.interpolate.bicubic": Skip(
-        "ours", "eager's uint8 CPU kernels resample in fixed point; ours in float32, rounded "
-        "once: up to a sixth of the pixels one level apart (docs/reliability.md)",
-        dtypes=("u8",)),
     **{name: Skip("ours", "the compile path traces PyTorch's float decomposition of the "
                   "uint8 resize (aot_eager's values); eager's kernel resamples in fixed point, "
                   "one axis at a time: up to a third of the pixels one level apart (the device "
                   "runs eager's kernel)", dtypes=("u8",), paths=("compile",)) for name in (
-        "nn.functional.interpolate.bilinear", "nn.functional.upsample_bilinear")},
+        "nn.functional.interpolate.bilinear", "nn.functional.interpolate.bicubic",
+        "nn.functional.upsample_bilinear")},
     "kthvalue": Skip("test-artifact", "integer samples hold equal values; which of their "
                      "indices kthvalue returns is unspecified (values match)",
                      dtypes=("i64", "i32", "u8")),

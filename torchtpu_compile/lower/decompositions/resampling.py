@@ -40,6 +40,8 @@ def upsample_bilinear2d(x, output_size, align_corners, *scales):
 
 @decomposition(aten.upsample_bicubic2d.default)
 def upsample_bicubic2d(x, output_size, align_corners, *scales):
+    if x.dtype == torch.uint8:
+        return NotImplemented   # eager's fixed-point kernel runs, as for bilinear
     return torch_decomposition(aten.upsample_bicubic2d.default)(x, output_size, align_corners,
                                                                  *scales)
 
