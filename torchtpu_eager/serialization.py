@@ -106,7 +106,7 @@ def _restore_target(device: str, host: torch.Tensor) -> torch.device:
     torch.load asks it for every storage: with the saved location, and the device of the
     storage it returns, or ``device`` for None; PyTorch's own helper refuses any callable."""
     map_location = torch.serialization._serialization_tls.map_location
-    if map_location is None:
+    if map_location is None and _legacy_loaded(host):
         # The legacy-format loader keeps it to itself: a file saved from tpu loaded on the
         # device whatever map_location said.
         frame = _legacy_load_frame()
@@ -215,6 +215,14 @@ def register() -> None:
     ``map_location="tpu"`` restore storages (before PyTorch's PrivateUse1 deserializer)."""
     torch.serialization.add_safe_globals([rebuild, rebuild_with_state])
     torch.serialization.register_package(15, lambda storage: None, _restore_on_tpu)
+
+
+def _legacy_loaded(host: torch.Tensor) -> bool:
+    """Whether ``host`` may come from a legacy-format load (its storages carry the loader's
+    flag; a host copy already on the device came through its ``map_location``): only then is
+    the stack worth walking for the loader's frame."""
+    return type(host) is not torch.Tensor or \
+        getattr(host.untyped_storage(), "_torch_load_uninitialized", False)
 
 
 def _in_legacy_load() -> bool:
