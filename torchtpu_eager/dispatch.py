@@ -1226,11 +1226,13 @@ def pack_padded_sequence(func, args, kwargs):
     if type(lengths) is TpuTensor:
         raise RuntimeError(f"'lengths' argument should be a 1D CPU int64 tensor, but got "
                            f"{lengths.dim()}D {lengths.device} "
-                           f"{_LEGACY_TYPE_NAMES.get(lengths.dtype, lengths.dtype)} tensor")
+                           f"{_scalar_type_name(lengths.dtype)} tensor")
     return _handler_of(func)(func, args, kwargs)
 
 
-_LEGACY_TYPE_NAMES = {torch.int64: "Long", torch.int32: "Int", torch.float32: "Float"}
+def _scalar_type_name(dtype: torch.dtype) -> str:
+    """c10's name of ``dtype`` as C++ messages print it: ``Long`` for ``torch.int64``."""
+    return torch.empty(0, dtype=dtype).type()[len("torch."):-len("Tensor")]
 
 
 @handles(aten.equal.default)
