@@ -118,6 +118,27 @@ def test_grad_scaler_matches_cpu_on_device():
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+def test_grad_scaler_keeps_learning_at_the_largest_scales():
+    # Left on in float32 training, the scale grows every interval up to 2**127, whose inverse
+    # is subnormal: XLA flushed it to 0, every gradient unscaled to zero with no inf found,
+    # and the parameters stopped moving. The scale stops at 2**126 on the device instead.
+    params = {}
+    for device in ("cpu", "tpu"):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2).to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler(device, init_scale=2.0 ** 125, growth_interval=1)
+        for _ in range(4):
+            scaler.scale(model(torch.ones(3, 4, device=device)).square().mean()).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+        params[device] = [p.detach().cpu() for p in model.parameters()]
+    assert scaler.get_scale() == 2.0 ** 126
+    for got, want in zip(params["tpu"], params["cpu"]):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+
+
 def test_autocast_inside_a_compiled_graph(fresh_dynamo):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),

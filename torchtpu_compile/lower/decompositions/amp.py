@@ -36,8 +36,12 @@ def update_scale(scale, growth_tracker, found_inf, growth_factor, backoff_factor
     successful = growth_tracker + 1
     grow = ~found & (successful == growth_interval)
     grown = scale * growth_factor
-    # CUDA keeps the old scale when growing overflows to inf.
-    grown = torch.where(torch.isfinite(grown), grown, scale)
+    # CUDA keeps the old scale when growing overflows to inf. XLA (CPU and TPU) flushes
+    # subnormals to zero, so a scale above 1 / tiny (2**126 in float32) would have an inverse
+    # of 0: every gradient unscaled to zero, found_inf never set, training silently stalled.
+    # Such a scale is kept too; eager would grow to 2**127, with the same unscaled gradients.
+    grown = torch.where(torch.isfinite(grown) & (grown <= 1 / torch.finfo(scale.dtype).tiny),
+                        grown, scale)
     new_scale = torch.where(found, scale * backoff_factor, torch.where(grow, grown, scale))
     new_tracker = torch.where(found | grow, torch.zeros_like(growth_tracker), successful)
     return new_scale.to(scale.dtype), new_tracker.to(growth_tracker.dtype)
