@@ -658,3 +658,18 @@ def test_a_custom_op_without_a_device_kernel_runs_once_per_call():
     got = _positive_log(x.to("tpu"))
     assert _positive_log_calls == [[1.0, 2.0]]
     assert torch.equal(got.cpu(), x.log())
+
+
+def test_a_folded_literal_beside_a_data_dependent_op_on_tpu_tensors(fresh_dynamo):
+    # A graph with a data-dependent output size is traced again at the real sizes; the literal
+    # 0.0 folded from torch.where's expanded scalar was put on the CPU, and met tpu tensors
+    # there: FakeTensorDeviceMismatchError where eager returns.
+    def positive_sum_and_relu(x):
+        return x[x > 0].sum(), torch.where(x > 0, x, 0.0)
+
+    x = torch.randn(10)
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        got = torch.compile(positive_sum_and_relu, backend="torchtpu")(x.to("tpu"))
+    for g, e in zip(got, positive_sum_and_relu(x)):
+        assert g.device.type == "tpu"
+        torch.testing.assert_close(g.cpu(), e)

@@ -448,10 +448,13 @@ def fold_literal_expressions(gm):
         splat = _splat_value(value)
         if splat is None:
             continue
+        # On the node's own device: a graph re-traced at concrete sizes (a data-dependent
+        # output) on tpu tensors met a CPU literal there and raised a device mismatch.
+        device = getattr(node.meta.get("val"), "device", torch.device("cpu"))
         with gm.graph.inserting_before(node):
             folded = gm.graph.call_function(
                 aten.full.default, (list(value.shape), splat),
-                {"dtype": value.dtype, "device": torch.device("cpu"), "pin_memory": False})
+                {"dtype": value.dtype, "device": device, "pin_memory": False})
         folded.meta = dict(node.meta)
         known[folded] = value
         node.replace_all_uses_with(folded)
