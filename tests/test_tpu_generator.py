@@ -234,3 +234,24 @@ def test_tpu_draws_in_one_thread_leave_another_threads_cpu_draws_alone():
         thread.join()
     for together, by_itself in zip((out["cpu"], out["tpu"]), alone):
         assert all(torch.equal(a, b) for a, b in zip(together, by_itself))
+
+
+def test_compiled_draws_on_tpu_tensors_come_from_the_tpu_generator(fresh_dynamo):
+    # A compiled graph on tpu tensors drew from the CPU generator: torch.tpu.manual_seed did
+    # not change its masks, and eager tpu draws after the call repeated its numbers.
+    def noisy(x):
+        keep = torch.rand(x.shape, device=x.device) < 0.5
+        return x * keep + torch.randn(x.shape, device=x.device)
+
+    compiled = torch.compile(noisy, backend="torchtpu")
+    x = torch.ones(16, device="tpu")
+    compiled(x)
+    cpu_state = torch.get_rng_state()
+    for seed in (0, 1):
+        torch.tpu.manual_seed(seed)
+        got, after = compiled(x), torch.randn(4, device="tpu")
+        torch.tpu.manual_seed(seed)
+        want, want_after = noisy(x), torch.randn(4, device="tpu")
+        assert torch.equal(got.cpu(), want.cpu())
+        assert torch.equal(after.cpu(), want_after.cpu())
+    assert torch.equal(torch.get_rng_state(), cpu_state)

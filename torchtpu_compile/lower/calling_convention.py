@@ -86,7 +86,8 @@ def can_draw_on_host(node: fx.Node) -> bool:
 
 def _host_draw(op, args, kwargs, device: str = "cpu") -> Callable[[], torch.Tensor]:
     """``op`` with its graph-value arguments replaced by empty tensors of their shape and dtype
-    on ``device`` (metadata-only ops read nothing else): "meta" gives the result's shape."""
+    on ``device`` (metadata-only ops read nothing else): "meta" gives the result's shape; a
+    device's own draws come from its generator, as eager's."""
     device = torch.device(device)
 
     def as_host(value):
@@ -131,14 +132,35 @@ def pin_rng_state_sizes(gm: fx.GraphModule) -> None:
         set_value(state, _state_example())
 
 
-def _drawn_from(draw: Callable[[], torch.Tensor], state: torch.Tensor) -> torch.Tensor:
-    """``draw()`` from generator state ``state``, leaving the generator as it was."""
-    current = torch.get_rng_state()
-    torch.set_rng_state(state.cpu())  # a tpu graph's saved state comes back a tpu tensor
+def _drawing_device(node: fx.Node) -> str:
+    """The device whose generator a random node draws from, as eager's op would: its value's
+    (for a state-saving node, the drawn value's); the CPU's where no value says."""
+    val = node.meta.get("val")
+    if isinstance(val, (tuple, list)):
+        val = val[-1]
+    device = getattr(val, "device", None)
+    return "cpu" if device is None or device.type == "meta" else str(device)
+
+
+def _rng_state_of(device: str):
+    """``(get_rng_state, set_rng_state)`` of ``device``'s default generator."""
+    if torch.device(device).type == "cpu":
+        return torch.get_rng_state, torch.set_rng_state
+    module = torch.get_device_module(device)
+    return module.get_rng_state, module.set_rng_state
+
+
+def _drawn_from(draw: Callable[[], torch.Tensor], device: str,
+                state: torch.Tensor) -> torch.Tensor:
+    """``draw()`` from generator state ``state`` of ``device``'s generator, leaving the
+    generator as it was."""
+    get_state, set_state = _rng_state_of(device)
+    current = get_state()
+    set_state(state.cpu())  # a tpu graph's saved state comes back a tpu tensor
     try:
         return draw()
     finally:
-        torch.set_rng_state(current)
+        set_state(current)
 
 
 @dataclass(frozen=True)
@@ -233,7 +255,7 @@ def prepare(gm: fx.GraphModule, rebuild_views: bool = True,
     on_device = [n for n in graph.nodes if device_random.draws_on_device(n)] \
         if device_random.enabled(platform) else []
     if on_device:  # one key per draw, all in one input (device_random.py)
-        keys = device_random.KeyDraw(len(on_device))
+        keys = device_random.KeyDraw(len(on_device), _drawing_device(on_device[0]))
         last = _new_placeholder(graph, last, "random_keys", keys.example())
         random_inputs.append(HostDraw(keys))
         device_random.rewrite(graph, on_device, last)
@@ -243,9 +265,13 @@ def prepare(gm: fx.GraphModule, rebuild_views: bool = True,
         if not (is_random(node) and can_draw_on_host(node)):
             continue
         op, args, kwargs, state = _random_call(node)
-        draw = _host_draw(op, args, kwargs)
+        # From the generator eager's op would draw from: a graph on tpu tensors follows
+        # torch.tpu.manual_seed and moves the tpu generator (it drew from the CPU's: the
+        # tpu's seed was ignored, and eager draws after the call repeated the graph's).
+        device = _drawing_device(node)
+        draw = _host_draw(op, args, kwargs, device)
         if node.target is save:  # (state, value): the state as it was before the draw
-            for index, fn in ((0, torch.get_rng_state), (1, draw)):
+            for index, fn in ((0, _rng_state_of(device)[0]), (1, draw)):
                 part = next((u for u in node.users if u.args[1] == index), None)
                 if part is None:
                     continue
@@ -262,7 +288,7 @@ def prepare(gm: fx.GraphModule, rebuild_views: bool = True,
             if state is None:
                 random_inputs.append(HostDraw(draw))
             else:
-                random_inputs.append(HostDraw(functools.partial(_drawn_from, draw),
+                random_inputs.append(HostDraw(functools.partial(_drawn_from, draw, device),
                                               (position[state],)))
             node.replace_all_uses_with(last)
         graph.erase_node(node)

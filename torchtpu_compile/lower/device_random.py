@@ -107,13 +107,17 @@ def draws_on_device(node: fx.Node) -> bool:
 
 class KeyDraw:
     """The program input that keys a graph's device draws: ``count`` keys of two int32 words,
-    drawn from torch's default generator at each call (so ``manual_seed`` reproduces them)."""
+    drawn at each call from the default generator of ``device`` (the graph's tensors': a
+    graph on tpu tensors follows ``torch.tpu.manual_seed``), so ``manual_seed`` reproduces
+    them."""
 
-    def __init__(self, count: int):
+    def __init__(self, count: int, device: str = "cpu"):
         self.count = count
+        self.device = device
 
     def __call__(self, args=()) -> torch.Tensor:
-        return torch.randint(_INT32_MIN, _INT32_END, (self.count, 2), dtype=torch.int32)
+        return torch.randint(_INT32_MIN, _INT32_END, (self.count, 2), dtype=torch.int32,
+                             device=self.device)
 
     def example(self) -> torch.Tensor:
         """The keys' shape and dtype, for the graph's placeholder. Not a draw: building a
