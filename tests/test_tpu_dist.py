@@ -43,6 +43,8 @@ def test_reduce_op_errors_name_the_supported_ops():
         resolve("median", torch.float32)
     with pytest.raises(ValueError, match="integer"):
         resolve(dist.ReduceOp.BXOR, torch.float32)
+    with pytest.raises(TypeError, match="AVG with boolean inputs"):  # as NCCL (was all False)
+        resolve(dist.ReduceOp.AVG, torch.bool)
 
 
 def test_collectives_ddp_dtensor_fsdp2_and_a_dead_peer_on_two_processes():

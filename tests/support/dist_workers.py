@@ -368,6 +368,13 @@ def _bad_reduce_ops(world):
             assert "tpu_dist" in str(exc) and "sum, avg" in str(exc), exc
         else:
             raise AssertionError(f"{bad} on a float tensor did not raise")
+    flags = torch.tensor([True, False], device="tpu")
+    try:
+        dist.all_reduce(flags, op=dist.ReduceOp.AVG)
+    except TypeError as exc:
+        assert "AVG with boolean inputs" in str(exc), exc
+    else:
+        raise AssertionError(f"AVG of bool tensors returned {flags.cpu()}")
     try:
         funcol.all_reduce(x, "median", dist.group.WORLD)
     except (ValueError, RuntimeError) as exc:

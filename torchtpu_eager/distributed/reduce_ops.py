@@ -39,6 +39,9 @@ def resolve(op, dtype: torch.dtype):
         resolve("max", torch.float32)      # (ReduceOp.MAX, False)
     """
     known = name(op)
+    if known == "avg" and dtype == torch.bool:
+        # NCCL's error; a sum divided toward zero made every True False.
+        raise TypeError("Cannot use ReduceOp.AVG with boolean inputs")
     if known in _FLOAT_OPS:
         return (RedOp.SUM, True) if known == "avg" else (_FLOAT_OPS[known], False)
     if known in _BITWISE:
