@@ -103,6 +103,9 @@ _VALUE_ERRORS = {
     "aten.histogram": lambda code: RuntimeError(
         f"torch.histogramdd: dimension 0's range [{_float32_of(code >> 32):g}, "
         f"{_float32_of(code):g}] is not finite"),
+    "aten.histogram.backwards": lambda code: RuntimeError(
+        f"torch.histogramdd: min should not exceed max, but got min "
+        f"{_float32_of(code >> 32):g} max {_float32_of(code):g} for dimension 0"),
 }
 #: gather, scatter, scatter_add, scatter_reduce, index_add of a matrix or more.
 _GATHER_ERROR = (RuntimeError, "index {value} is out of bounds for dimension {dim} with size "

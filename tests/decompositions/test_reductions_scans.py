@@ -249,3 +249,21 @@ def test_a_histogram_of_no_data_spans_zero_to_one():
     # Its edges were [-0.5, 0.5]: [0, 0] widened as for equal values, where eager's are [0, 1].
     empty = torch.zeros(0, dtype=torch.float64)
     check_on_both_paths(lambda t: tuple(torch.histogram(t, bins=4)), empty)
+
+
+def test_a_histogram_range_eager_refuses_raises_its_error_on_the_device():
+    # A range running backwards or not finite, or no bins, gave all-zero counts on the device
+    # (the range's ends are program inputs there, so they are checked in the program).
+    x = torch.rand(5)
+    for bins, bad in [(3, (1.0, 0.0)), (3, (3.0, 2.5)), (3, (float("nan"), 1.0)),
+                      (3, (0.5, float("inf"))), (0, None)]:
+        with pytest.raises(RuntimeError) as expected:
+            torch.histogram(x, bins=bins, range=bad)
+        with pytest.raises(RuntimeError) as got:
+            torch.histogram(x.to("tpu"), bins=bins, range=bad).hist.cpu()
+        assert str(got.value).startswith(str(expected.value)), (got.value, expected.value)
+    for good in [(0.2, 0.8), (0.1, 0.7), (0.5, 0.5)]:
+        want = torch.histogram(x, bins=3, range=good)
+        got = torch.histogram(x.to("tpu"), bins=3, range=good)
+        torch.testing.assert_close(got.hist.cpu(), want.hist)
+        torch.testing.assert_close(got.bin_edges.cpu(), want.bin_edges)

@@ -390,9 +390,20 @@ def _histc(x, bins=100, min=0, max=0):
 
 @index_rule(aten.histogram.bin_ct, keywords=True)
 def _histogram(x, bins=100, **options):
-    # As histc: eager raises for data whose range is not finite; the edges were NaN.
-    if options.get("range") is None:
+    # As histc: eager raises for data whose range is not finite; the edges were NaN. A range
+    # given that is not finite, or runs backwards, eager refuses too (the counts were all 0);
+    # its ends are the eager device's program inputs, so they are checked in the program.
+    given = options.get("range")
+    if given is None:
         x = _checked_data_range(x, "aten.histogram")
+    elif x.is_floating_point():
+        ends = torch.stack([torch.full((), float(end), dtype=torch.float32) for end in given])
+        bits = ends.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+        code = bits[0] * 2**32 + bits[1]
+        x = _tied_to_values_check(x, torch.where(ends.isfinite().all(), 0, code),
+                                  "aten.histogram")
+        x = _tied_to_values_check(x, torch.where(ends[0] > ends[1], code, 0),
+                                  "aten.histogram.backwards")
     return (x, bins), options
 
 
