@@ -1102,3 +1102,21 @@ def test_background_builds_the_next_bucket_before_it_is_needed(ahead, fresh_dyna
     assert graph["bucket_hits"] == (2 if ahead else 1)
     assert buckets["built_ahead"] == (2 if ahead else 0)
     assert graph["compiles"] == len(graph["buckets"])
+
+
+def test_inputs_eager_refuses_raise_from_a_padded_graph(fresh_dynamo):
+    # one_hot's class values are checked by a torch._assert_async its decomposition leaves in
+    # the graph, and var refuses integers: padded graphs dropped both (a row of zeros for an
+    # out-of-range class, 2.5 for var(arange(5))) where static graphs fell back to eager.
+    one_hot = torch.compile(lambda t: F.one_hot(t, 3) * 2, backend="torchtpu", dynamic=True)
+    for good in ([0, 1, 2], [2, 2, 0, 1, 1]):
+        t = torch.tensor(good)
+        assert torch.equal(one_hot(t), F.one_hot(t, 3) * 2)
+    for bad, message in (([0, 3, 1], "must be smaller than num_classes"),
+                         ([0, -1, 2, 1], "must be non-negative")):
+        with pytest.raises(RuntimeError, match=message):
+            one_hot(torch.tensor(bad))
+    assert torch.equal(one_hot(torch.tensor([1, 0])), F.one_hot(torch.tensor([1, 0]), 3) * 2)
+    variance = torch.compile(lambda t: torch.var(t), backend="torchtpu", dynamic=True)
+    with pytest.raises(RuntimeError, match="std and var only support floating point"):
+        variance(torch.arange(5))

@@ -107,6 +107,9 @@ _VALUE_ERRORS = {
         f"torch.histogramdd: min should not exceed max, but got min "
         f"{_float32_of(code >> 32):g} max {_float32_of(code):g} for dimension 0"),
 }
+#: A ``torch._assert_async`` a decomposition left in a padded graph (``buckets/rules.py``):
+#: its message follows the colon, raised as RuntimeError (aot_eager's error).
+ASSERT_OP = "aten._assert_async"
 #: gather, scatter, scatter_add, scatter_reduce, index_add of a matrix or more.
 _GATHER_ERROR = (RuntimeError, "index {value} is out of bounds for dimension {dim} with size "
                                "{size}")
@@ -125,6 +128,8 @@ def eager_error(op: str, value: int, dim: int, size: int) -> BaseException:
         # RuntimeError('index 5 is out of bounds for dimension 0 with size 4')
     """
     op, _, detail = op.partition(":")
+    if op == ASSERT_OP:
+        return RuntimeError(detail)
     if op in _VALUE_ERRORS:
         return _VALUE_ERRORS[op](value)
     kind, template = _eager_kind(op)
@@ -151,8 +156,8 @@ def _error(spec: dict, value: int, where: str | None, deferred: bool) -> BaseExc
     division = what in DIVISOR_OPS
     if division:
         what += ": an integer division by a tensor holding zero"
-    elif what in _VALUE_ERRORS:
-        pass  # eager's message says what was wrong
+    elif what in _VALUE_ERRORS or what.startswith(ASSERT_OP + ":"):
+        what = what.partition(":")[0]  # eager's message says what was wrong
     elif "{value}" not in _eager_kind(what)[1]:  # "out of range in self"
         what += f": index {value} of dim {spec['dim']} of size {spec['size']}"
     where = where or spec.get("where") or "unknown source line"

@@ -30,6 +30,7 @@ import sympy
 import torch.fx as fx
 from torch.utils._sympy import functions as symfn
 
+from ..index_errors import ASSERT_OP
 from ..lower.index_checks import DIVISOR_OPS, INDEX_CHECK, INDEX_CHECK_REAL
 from .layout import Dim, DimsDiffer, NotPaddable, dim_mask, evaluate, \
     is_symbolic, prefix, prefix_holds, same_size, simplified_size, sym_expr, \
@@ -1254,6 +1255,17 @@ def index_check(ctx, node, index, size, dim, wraps, op, ignore=None):
 def _int64(value):
     return value if isinstance(value, torch.Tensor) else torch.tensor(int(value),
                                                                       dtype=torch.int64)
+
+
+@padding_rule(aten._assert_async.msg)
+def assert_async(ctx, node, condition, message):
+    # A check PyTorch's decompositions leave in the graph (one_hot's class values): static
+    # graphs run it on the host, padded ones dropped it (a class value out of range gave a row
+    # of zeros where eager raises). A value check of the program now, raising ``message``.
+    # (The condition reduces the real elements only: ``all``'s rule fills the padding.)
+    failed = aten.where.self(condition.tensor, _scalar(0, torch.int64), _scalar(1, torch.int64))
+    INDEX_CHECK(aten.reshape.default(failed, [1]), 1, 0, False, f"{ASSERT_OP}:{message}")
+    return None
 
 
 @padding_rule(aten.embedding.default)

@@ -29,9 +29,9 @@ from .layout import (Dim, NotPaddable, assuming_equal, constant_size, evaluate, 
 from . import spatial_rules  # noqa: F401  (registers its rules in RULES)
 from .rules import RULES, Context, Padded, Size, pointwise, unwrap
 
+_ASSERT = torch.ops.aten._assert_async.msg   # read by nothing, run all the same (rules.py)
 _SKIPPED = {torch.ops.aten._assert_scalar.default, torch.ops.aten.sym_constrain_range.default,
-            torch.ops.aten.sym_constrain_range_for_size.default,
-            torch.ops.aten._assert_async.msg}
+            torch.ops.aten.sym_constrain_range_for_size.default}
 
 
 @dataclass
@@ -293,7 +293,7 @@ def _interpret(gm, spec, flat, ctx: Context, plan: BucketPlan) -> list:
             continue
         if node.op != "call_function":
             raise NotPaddable(f"{node.op} nodes are not supported")
-        if not node.users:
+        if not node.users and node.target is not _ASSERT:
             continue
         args, kwargs = _on_the_host(fx.node.map_arg(node.args, lambda n: env[n]),
                                     fx.node.map_arg(node.kwargs, lambda n: env[n]))

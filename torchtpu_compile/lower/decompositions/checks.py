@@ -121,11 +121,16 @@ def _median_of_nothing(x):
     return torch.full((), value, dtype=x.dtype, device=x.device)
 
 
-def _correction_at_most_count(op):
+def _correction_at_most_count(op, name: str):
     # Eager divides by max(N - correction, 0): with correction > N that is 0 (NaN, or inf for a
     # nonzero sum of squares). Decompositions divide by N - correction, negative then: the
     # division eager makes is the one with correction = N.
     def check(x, dim=None, *, correction=None, keepdim=False):
+        if not x.is_floating_point() and not x.is_complex():
+            # Eager's error; a dynamic-shape graph computed them (2.5 for var(arange(5))),
+            # where static graphs fell back to eager.
+            raise invalid_input(RuntimeError, f"{name} only support floating point and complex "
+                                              f"dtypes")
         dims = range(x.dim()) if dim is None or len(dim) == 0 else dim
         count = 1
         for d in dims if x.dim() else ():  # a 0-d tensor is one element, whatever dim says
@@ -136,9 +141,9 @@ def _correction_at_most_count(op):
     return check
 
 
-for _op in (aten.var.correction, aten.std.correction, aten.var_mean.correction,
-            aten.std_mean.correction):
-    checked_first(_op)(_correction_at_most_count(_op))
+for _op, _name in ((aten.var.correction, "std and var"), (aten.std.correction, "std and var"),
+                   (aten.var_mean.correction, "var_mean"), (aten.std_mean.correction, "std_mean")):
+    checked_first(_op)(_correction_at_most_count(_op, _name))
 
 
 @checked_first(aten.index_copy.default)
