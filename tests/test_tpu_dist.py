@@ -45,6 +45,8 @@ def test_reduce_op_errors_name_the_supported_ops():
         resolve(dist.ReduceOp.BXOR, torch.float32)
     with pytest.raises(TypeError, match="AVG with boolean inputs"):  # as NCCL (was all False)
         resolve(dist.ReduceOp.AVG, torch.bool)
+    with pytest.raises(ValueError, match="reduce op premul_sum is not supported"):  # not <obj>
+        resolve(dist._make_nccl_premul_sum(2.0), torch.float32)
 
 
 def test_collectives_ddp_dtensor_fsdp2_and_a_dead_peer_on_two_processes():
@@ -117,3 +119,38 @@ def test_coordinator_tells_the_others_which_rank_ended_and_how():
     finally:
         if coordinator.poll() is None:
             coordinator.kill()
+
+
+def test_fsdp2_on_a_shard_dim_of_one_trains_as_on_the_cpu():
+    # FSDP2's world-size-1 path re-allocates unsharded parameters through the name its param
+    # group imported, which the tpu hook never reached: "storage was freed" in the first
+    # backward (a 1-process run, an HSDP mesh of (2, 1)).
+    code = """
+import os, socket, torch, torch.nn as nn, torch.nn.functional as F, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+torch.set_float32_matmul_precision("highest")
+with socket.socket() as s:
+    s.bind(("localhost", 0)); port = s.getsockname()[1]
+os.environ.update(MASTER_ADDR="localhost", MASTER_PORT=str(port))
+dist.init_process_group("cpu:gloo,tpu:tpu_dist", rank=0, world_size=1)
+g = torch.Generator().manual_seed(1)
+x, y = torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
+results = {}
+for dev in ("cpu", "tpu"):
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    mesh = init_device_mesh(dev, (1,))
+    fully_shard(m[0], mesh=mesh); fully_shard(m, mesh=mesh)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    losses = []
+    for _ in range(2):
+        loss = F.mse_loss(m(x.to(dev)), y.to(dev)); loss.backward(); opt.step(); opt.zero_grad()
+        losses.append(loss.item())
+    results[dev] = losses, m[0].weight.full_tensor().detach().cpu()
+torch.testing.assert_close(results["tpu"][0], results["cpu"][0], rtol=1e-5, atol=1e-6)
+torch.testing.assert_close(results["tpu"][1], results["cpu"][1], rtol=1e-5, atol=1e-6)
+dist.destroy_process_group()
+print("ok")
+"""
+    _python(code)

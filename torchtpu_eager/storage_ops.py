@@ -26,6 +26,8 @@ Example::
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from .device import NAME
@@ -135,7 +137,16 @@ def install_fsdp_hooks() -> None:
                     move_in_place(tensor, device)
         original_move(params, buffers, device)   # its checks, and every other device
 
-    _fsdp_param.alloc_storage, _fsdp_param.free_storage = alloc_storage, free_storage
+    # Every module of FSDP2 that imported them by name (_fsdp_param_group's world-size-1
+    # path re-allocates through its own name: a mesh dim of 1 raised "storage was freed").
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group  # noqa: F401  (loaded)
+    replaced = {original_alloc: alloc_storage, original_free: free_storage}
+    for module_name, module in list(sys.modules.items()):
+        if module_name.startswith("torch.distributed.fsdp._fully_shard."):
+            for name in ("alloc_storage", "free_storage"):
+                found = getattr(module, name, None)
+                if found in replaced:
+                    setattr(module, name, replaced[found])
     _fsdp_init._move_states_to_device = move_states_to_device
     register_fsdp_ops()
     _installed = True
