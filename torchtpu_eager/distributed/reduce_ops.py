@@ -49,7 +49,7 @@ def resolve(op, dtype: torch.dtype):
             raise ValueError(f"tpu_dist: reduce op {known} needs an integer or bool tensor, "
                              f"got {dtype}; for {dtype} use one of sum, avg, max, min, product")
         return _BITWISE[known], False
-    raise ValueError(f"tpu_dist: reduce op {op!r} is not supported; use one of {_SUPPORTED}")
+    raise ValueError(f"tpu_dist: reduce op {known} is not supported; use one of {_SUPPORTED}")
 
 
 def average(host: torch.Tensor, world_size: int) -> None:
