@@ -341,6 +341,9 @@ def register() -> None:
     for name in _READ_ON_HOST:
         aten.impl(name, _read_on_host(name), "AutogradPrivateUse1")
     aten.impl("_saturate_weight_to_fp16", _saturate_weight_to_fp16, "AutogradPrivateUse1")
+    from .sync_batch_norm import KERNELS as sync_batch_norm
+    for name, kernel in sync_batch_norm.items():  # CUDA-only ops nn.SyncBatchNorm calls
+        aten.impl(name, kernel, "AutogradPrivateUse1")
     for name in _FBGEMM_PACKED:
         aten.impl(name, _fbgemm_refused(name), "AutogradPrivateUse1")
     _libraries.extend([fallback, aten])
