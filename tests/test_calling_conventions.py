@@ -189,6 +189,33 @@ def _laid_out(t):
 
 
 @pytest.mark.parametrize("on_tpu", [False, True], ids=["host", "tpu"])
+def test_channels_last_convolutions_keep_eagers_layout(on_tpu):
+    # Eager's convolutions of channels-last inputs are channels-last; compiled, the fake
+    # convolution on the tpu device (and a transposed one on the host, traced with mkldnn
+    # off) came out contiguous, and so did the ops after it: ConvNeXt-style
+    # y.permute(0, 2, 3, 1).view(-1, C) after the call raised where eager returns. (Inside a
+    # compiled function on tpu tensors it still raises: Dynamo's own fake convolution.)
+    torch.manual_seed(0)
+    device = "tpu" if on_tpu else "cpu"
+    conv = torch.nn.Conv2d(4, 4, 3, padding=1).to(device, memory_format=torch.channels_last)
+    up = torch.nn.ConvTranspose2d(4, 2, 2, 2).to(device, memory_format=torch.channels_last)
+
+    def f(x):
+        y = conv(x).relu() + x
+        return y, up(y)
+
+    image = torch.randn(2, 4, 6, 10).contiguous(memory_format=torch.channels_last)
+    want = [w.cpu() for w in f(image.to(device))]
+    got = compile_tpu(f)(image.to(device))
+    for g, w in zip(got, want):
+        assert g.device.type == device
+        assert _laid_out(g) == _laid_out(w)
+        torch.testing.assert_close(g.cpu(), w, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got[0].permute(0, 2, 3, 1).view(-1, 4).cpu(),
+                               want[0].permute(0, 2, 3, 1).view(-1, 4))
+
+
+@pytest.mark.parametrize("on_tpu", [False, True], ids=["host", "tpu"])
 def test_outputs_have_eagers_strides(on_tpu):
     # Eager keeps an elementwise op's input layout (x.t() * 2 has strides (1, 4)); compiled
     # results were always contiguous, so code after the call that views them as eager laid them

@@ -203,23 +203,33 @@ def _mkldnn_off():
         torch._C._set_mkldnn_enabled(before)
 
 
-def _attention_in_eager_layout(gm: torch.fx.GraphModule) -> None:
-    """Each scaled_dot_product_attention result laid out as Dynamo saw it in eager.
+_CONVOLUTIONS = {torch.conv1d, torch.conv2d, torch.conv3d, torch.conv_transpose1d,
+                 torch.conv_transpose2d, torch.conv_transpose3d, torch.convolution}
+
+
+def _results_in_eager_layout(gm: torch.fx.GraphModule) -> None:
+    """Each scaled_dot_product_attention and convolution result laid out as eager's.
 
     aot_autograd traces attention as its math formulation (below), whose result is contiguous,
     while the CPU's flash kernel lays its output out as the query: with a query transposed from
     (N, L, H, E), the SDPA tutorial's ``y.transpose(1, 2).view(N, L, H * E)`` works in eager
     and failed here ("Cannot view a tensor ..."). Dynamo's example value holds eager's strides.
+    A convolution of channels-last inputs is channels-last in eager, but the fake convolution
+    picks no CPU backend on the tpu device (nor for a transposed one with mkldnn off, as the
+    trace runs): it came out contiguous, and so did everything computed from it. Its layout is
+    the fake convolution's on CPU tensors of the same strides, mkldnn on, as eager's CPU run.
     """
     from .output_slots import memory_order
     sdpa = torch._C._nn.scaled_dot_product_attention
     changed = False
     for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target is not sdpa:
+        if node.op != "call_function" or (node.target is not sdpa and
+                                          node.target not in _CONVOLUTIONS):
             continue
         val = node.meta.get("example_value")
-        order = memory_order(val)  # None where contiguous, or symbolic: left as it was
-        if order is None:
+        # (Even where the example value has it: aot_autograd traces again, mkldnn off.)
+        order = memory_order(val if node.target is sdpa else _eager_convolution(node))
+        if order is None:  # contiguous, or symbolic
             continue
         order = tuple(order)
         changed = True
@@ -242,6 +252,32 @@ def _attention_in_eager_layout(gm: torch.fx.GraphModule) -> None:
             user.replace_input_with(node, laid_out)
     if changed:
         gm.recompile()
+
+
+def _eager_convolution(node: torch.fx.Node):
+    """A convolution node's result as eager's CPU kernel lays it out: the op run in the trace's
+    fake mode on CPU tensors of its arguments' sizes and strides; None where that cannot be
+    told (symbolic sizes, no example values)."""
+    val = node.meta.get("example_value")
+    if not isinstance(val, torch.Tensor):
+        return None
+
+    def on_cpu(arg):
+        if isinstance(arg, torch.fx.Node):
+            value = arg.meta.get("example_value")
+            if not isinstance(value, torch.Tensor):
+                raise LookupError(arg)
+            return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype,
+                                       device="cpu")
+        return arg
+
+    try:
+        with val.fake_mode:
+            args = torch.fx.node.map_aggregate(node.args, on_cpu)
+            kwargs = torch.fx.node.map_aggregate(node.kwargs, on_cpu)
+            return node.target(*args, **kwargs)
+    except Exception:  # symbolic sizes, an argument without a value: left as traced
+        return None
 
 
 def attention_with_causal_mask_merged(query, key, value, attn_mask=None, dropout_p=0.0,
@@ -298,7 +334,7 @@ def torchtpu_backend(gm: torch.fx.GraphModule, example_inputs, **options):
     from .descriptor_guards import guard_descriptors
     guard_descriptors()
     # Both before the graph cache keys the graph.
-    _attention_in_eager_layout(gm)
+    _results_in_eager_layout(gm)
     _causal_and_mask_merged(gm)
     from .aliased_outputs import InputViews
     whole = gm
