@@ -255,3 +255,28 @@ def test_compiled_draws_on_tpu_tensors_come_from_the_tpu_generator(fresh_dynamo)
         assert torch.equal(got.cpu(), want.cpu())
         assert torch.equal(after.cpu(), want_after.cpu())
     assert torch.equal(torch.get_rng_state(), cpu_state)
+
+
+def test_compiled_checkpointed_dropout_on_tpu_tensors_follows_the_tpu_seed(fresh_dynamo):
+    # aot_autograd's rng-state nodes (a dropout recomputed in a checkpointed block) carry no
+    # value to tell their device: they drew from the CPU generator on tpu tensors.
+    from torch.utils.checkpoint import checkpoint
+
+    def f(x):
+        y = checkpoint(lambda t: torch.nn.functional.dropout(t * 1.0, 0.5), x,
+                       use_reentrant=False)
+        return y, y.sum()
+
+    compiled = torch.compile(f, backend="torchtpu")
+    x = (torch.rand(64) + 1).to("tpu").requires_grad_()
+    runs = []
+    for cpu_seed in (0, 1):
+        torch.manual_seed(cpu_seed)
+        torch.tpu.manual_seed(3)
+        y, total = compiled(x)
+        total.backward()
+        runs.append((y.detach().cpu(), x.grad.cpu()))
+        x.grad = None
+    assert torch.equal(runs[0][0], runs[1][0])
+    for y, grad in runs:  # the backward's mask is the forward's
+        assert torch.equal(y != 0, grad != 0)

@@ -134,10 +134,17 @@ def pin_rng_state_sizes(gm: fx.GraphModule) -> None:
 
 def _drawing_device(node: fx.Node) -> str:
     """The device whose generator a random node draws from, as eager's op would: its value's
-    (for a state-saving node, the drawn value's); the CPU's where no value says."""
+    (for a state-saving node, the drawn value's); for aot_autograd's rng-state nodes, which
+    carry no value (a checkpointed dropout), the op's ``device`` or its first tensor's; the
+    CPU's where nothing says."""
     val = node.meta.get("val")
     if isinstance(val, (tuple, list)):
         val = val[-1]
+    if val is None:
+        _, args, kwargs, _ = _random_call(node)
+        if kwargs.get("device") is not None:
+            return str(kwargs["device"])
+        val = next((a.meta.get("val") for a in args if isinstance(a, fx.Node)), None)
     device = getattr(val, "device", None)
     return "cpu" if device is None or device.type == "meta" else str(device)
 
