@@ -1211,12 +1211,26 @@ def test_a_dlpack_import_of_a_tpu_tensor_raises_a_clear_error_when_used():
 
 
 _UNSIGNED_WIDE = [torch.uint16, torch.uint32, torch.uint64]
+
+
+def _written_through_views(dtype, device):
+    # A write through a view runs a program on the device: torch-mlir has none for these
+    # dtypes (LoweringError), which are read through views on the host.
+    x = torch.arange(12).view(3, 4).to(dtype).to(device)
+    x[1, 1].copy_(torch.tensor(9).to(dtype).to(device))
+    x[2] = torch.arange(4).to(dtype).to(device)
+    x[:, 0].fill_(7)
+    x.t()[3, 1:] = torch.tensor([5, 6]).to(dtype).to(device)
+    return x
+
+
 _ON_UNSIGNED = {
     "zeros": lambda dt, d: torch.zeros(3, dtype=dt, device=d),
     "ones": lambda dt, d: torch.ones(2, 3, dtype=dt, device=d),
     "full": lambda dt, d: torch.full((3,), 2 ** 15 + 5, dtype=dt, device=d),
     "strided read": lambda dt, d: torch.tensor([1, 2, 3, 4, 5], dtype=dt).to(d)[::2].contiguous(),
     "fill_": lambda dt, d: torch.tensor([1, 2, 3], dtype=dt).to(d).fill_(7),
+    "writes through views": _written_through_views,
 }
 
 
@@ -1239,6 +1253,12 @@ def test_a_dtype_xla_cannot_hold_is_refused_by_name():
     with pytest.raises(TypeError, match=r"torch.complex32 tensors cannot live on an XLA "
                                         r"device.*torch.complex64"):
         half_complex.to("tpu")
+
+
+def test_complex128_is_written_through_views_as_eager():
+    want = _written_through_views(torch.complex128, "cpu")
+    got = _written_through_views(torch.complex128, "tpu").cpu()
+    assert got.dtype == want.dtype and torch.equal(got, want)
 
 
 def test_ops_making_complex_results_xla_lacks_as_a_program():

@@ -320,6 +320,12 @@ def write(t, value, _written_back_from=None) -> None:
     if t._dense:
         storage.value = value
         storage.shape = t._shape
+    elif storage.dtype in _HOST_ONLY:  # as read(): no device program for these dtypes
+        from .transfer import download, upload
+        whole = download(modes.concrete(storage_value(storage))).reshape(-1)
+        whole.as_strided(t._shape, t.stride(), t.storage_offset()).copy_(
+            download(modes.concrete(value)).reshape(t._shape))
+        storage.value = upload(whole.reshape(storage.shape))
     else:
         base = storage_value(storage)
         graph = _write_graph(storage.shape, storage.dtype, t._shape, tuple(t.stride()),
