@@ -70,6 +70,22 @@ def test_index_put_with_gaps_and_negative_indices():
     check(grad_of_negative_index, randn(2, 3, 4, 5).requires_grad_())
 
 
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_index_put_around_slices_runs_on_the_device(accumulate):
+    # x[b, :, p] = v (a per-row KV cache write, a paged cache's) ran on the host: torch-mlir
+    # lowers no index_put with a None between indices. Index dims apart and adjacent, values
+    # broadcast, duplicates accumulated, negative indices.
+    cases = [([[0, 2], None, [1, -1]], (2, 4, 6)), ([None, [1, 3]], (3, 2, 5, 6)),
+             ([None, [1, 3], [0, 4]], (3, 2, 6)), ([None, None, [-1, 2], [5, 0]], (3, 4, 2)),
+             ([[[0], [2]], None, [1, 1]], (2, 2, 4, 6)), ([None, [1, 3], None, [0, 4]], (5,)),
+             ([None, [1, 1]], (1, 5, 6))]
+    for k, (index, shape) in enumerate(cases):
+        indices = [None if i is None else torch.tensor(i) for i in index]
+        check_on_both_paths(
+            lambda x, v, indices=indices: torch.ops.aten.index_put(x, indices, v, accumulate),
+            randn(3, 4, 5, 6), randn(*shape, seed=k), rtol=1e-6, atol=1e-6)
+
+
 def test_index_put_with_a_boolean_mask_and_a_broadcast_value():
     mask = torch.tensor([True, True, False, True, False])
     check(lambda x, v: torch.index_put(x, (mask,), v), randn(5, 5), randn(5, seed=1))

@@ -78,6 +78,8 @@ def index_put(x, indices, values, accumulate=False):
             if accumulate:
                 return x + torch.where(mask, values, torch.zeros_like(x))
             return torch.where(mask, values, x)
+    if _none_between(indices) and all(i is None or i.dtype != torch.bool for i in indices):
+        return _index_put_around_slices(x, indices, values, accumulate)
     if any(i is None for i in indices) or any(i.dtype == torch.bool for i in indices):
         if getattr(_wrapping, "active", False):
             return NotImplemented
@@ -104,6 +106,33 @@ def index_put(x, indices, values, accumulate=False):
     else:
         flat = flat.scatter(0, where, vals)
     return flat.reshape(x.shape)
+
+
+def _none_between(indices) -> bool:
+    given = [d for d, i in enumerate(indices) if i is not None]
+    return bool(given) and any(indices[d] is None for d in range(given[0], given[-1]))
+
+
+def _index_put_around_slices(x, indices, values, accumulate):
+    # x[b, :, p] = v (a per-row KV cache write, a paged cache's): torch-mlir lowers no
+    # index_put with a None between index tensors, so it ran on the host (leading Nones it
+    # lowers, and padded graphs keep that op whole: buckets/rules.py). The indexed dims moved
+    # to the front, it is the leading-dims scatter above. Eager lays the values out with the
+    # broadcast index dims first (they are apart), or where the indexed dims were.
+    dims = [d for d, i in enumerate(indices) if i is not None]
+    others = [d for d in range(x.dim()) if d not in dims]
+    order = dims + others
+    block = list(torch.broadcast_shapes(*(indices[d].shape for d in dims)))
+    adjacent = dims == list(range(dims[0], dims[-1] + 1))
+    start = dims[0] if adjacent else 0
+    shape = [x.shape[d] for d in others]
+    laid_out = values.to(x.dtype).expand(shape[:start] + block + shape[start:])
+    if start:  # the index block to the front, as the permuted x has it
+        n = len(block)
+        laid_out = laid_out.permute(list(range(start, start + n)) + list(range(start)) +
+                                    list(range(start + n, laid_out.dim())))
+    out = index_put(x.permute(order), [indices[d] for d in dims], laid_out, accumulate)
+    return out.permute([order.index(d) for d in range(x.dim())]).contiguous()
 
 
 @decomposition(aten.take.default)
