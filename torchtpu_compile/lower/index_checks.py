@@ -368,15 +368,20 @@ def _segment_reduce(data, reduce, **options):
     return (_tied_to_values_check(data, codes, "aten.segment_reduce"), reduce), options
 
 
+def _ends_code(ends):
+    """A range's two ends (a 2-element tensor) as one code: their float32 bits, the low end
+    in the high word, for eager's message (``index_errors._VALUE_ERRORS``)."""
+    bits = ends.to(torch.float32).view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    return bits[0] * 2**32 + bits[1]
+
+
 def _checked_data_range(x, op: str):
     """``x`` tied to a check that its range (min, max) is finite, the code holding both ends
     as float32 bits for eager's message; ``x`` itself where it has no element."""
     if not x.is_floating_point() or guard_or_false(x.numel() == 0):
         return x
     ends = torch.stack([x.min(), x.max()])
-    bits = ends.to(torch.float32).view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-    code = torch.where(ends.isfinite().all(), 0, bits[0] * 2**32 + bits[1])
-    return _tied_to_values_check(x, code, op)
+    return _tied_to_values_check(x, torch.where(ends.isfinite().all(), 0, _ends_code(ends)), op)
 
 
 @index_rule(aten.histc.default)
@@ -398,8 +403,7 @@ def _histogram(x, bins=100, **options):
         x = _checked_data_range(x, "aten.histogram")
     elif x.is_floating_point():
         ends = torch.stack([torch.full((), float(end), dtype=torch.float32) for end in given])
-        bits = ends.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-        code = bits[0] * 2**32 + bits[1]
+        code = _ends_code(ends)
         x = _tied_to_values_check(x, torch.where(ends.isfinite().all(), 0, code),
                                   "aten.histogram")
         x = _tied_to_values_check(x, torch.where(ends[0] > ends[1], code, 0),

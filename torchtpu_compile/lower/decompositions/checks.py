@@ -416,7 +416,6 @@ def _group_norm_parameters(x, weight, bias, n, c, hxw, group, eps):
     return None
 
 
-
 @checked_first(aten.histogram.bin_ct)
 def _histogram_bins(x, bins=100, *, range=None, weight=None, density=False):
     # Eager's error; traced, the edges were empty and the counts too. (A range eager refuses
