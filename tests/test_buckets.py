@@ -655,6 +655,59 @@ def test_a_float_computed_from_a_size_keeps_eager_dtype(fresh_dynamo):
         _close(actual, expected)
 
 
+def test_an_attention_scaled_by_its_head_dim_runs_per_bucket(fresh_dynamo):
+    # Under dynamic=True the head dim is a symbol too, and SDPA's default scale,
+    # ``1 / sqrt(head_dim)``, has no value on padded sizes: the graph compiled once per
+    # length. The head dim is held at its value now, and the length picks buckets.
+    def attend(q, k, v):
+        scores = q @ k.transpose(-2, -1) * (1.0 / math.sqrt(k.size(-1)))
+        causal = torch.ones(q.shape[2], q.shape[2], dtype=torch.bool).tril()
+        mixed = scores.masked_fill(~causal, float("-inf")).softmax(-1) @ v
+        return mixed + F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    compiled = compile_tpu(attend, dynamic=True)
+    with config.patch(matmul_precision="highest"):
+        for n in (5, 9, 6):
+            q, k, v = (torch.randn(2, 2, n, 8, requires_grad=True) for _ in range(3))
+            with torch.no_grad():  # an inference graph keeps SDPA whole
+                _close(compiled(q, k, v), attend(q, k, v))
+            actual, expected = compiled(q, k, v), attend(q, k, v)
+            _close(torch.autograd.grad(actual.square().sum(), (q, k, v)),
+                   torch.autograd.grad(expected.square().sum(), (q, k, v)))
+    stats = torchtpu_compile.stats()["buckets"]
+    assert stats["exact_shape_compiles"] == 0 and stats["hits"] > 0
+
+
+def test_grouped_query_attention_over_a_dynamic_length_runs_per_bucket(fresh_dynamo):
+    # enable_gqa expands the kv heads by ``q_heads // kv_heads``, a size that smaller head
+    # counts outgrow: the head counts are held, the length is bucketed
+    def attend(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    compiled = compile_tpu(attend, dynamic=True)
+    with config.patch(matmul_precision="highest"):
+        for n in (5, 9, 17, 6):
+            q, k, v = torch.randn(2, 4, n, 8), torch.randn(2, 2, n, 8), torch.randn(2, 2, n, 8)
+            _close(compiled(q, k, v), attend(q, k, v))
+    stats = torchtpu_compile.stats()["buckets"]
+    assert stats["exact_shape_compiles"] == 0 and stats["hits"] > 0
+
+
+def test_a_held_size_that_keeps_changing_runs_exact(fresh_dynamo):
+    # Held sizes get buckets per value up to config.max_buckets values; past them, the
+    # graph compiles per exact shape, with eager's values throughout
+    def fn(x):  # SDPA's default scale is 1 / sqrt of the head dim, here n + 1
+        return F.scaled_dot_product_attention(x, x, x)
+
+    compiled = compile_tpu(fn, dynamic=True)
+    with config.patch(max_buckets=2, matmul_precision="highest"):
+        for n in (3, 5, 6, 7, 9):
+            x = torch.randn(1, n, n + 1)
+            _close(compiled(x), fn(x))
+    stats = torchtpu_compile.stats()["buckets"]
+    assert stats["exact_shape_compiles"] > 0
+
+
 def test_a_size_no_node_reads_picks_no_bucket(fresh_dynamo):
     # ``n`` reaches the graph as a size input that nothing reads (``m - n`` is folded to 1),
     # as a size does in Falcon's decode step: it made a bucket dimension of its own, so every

@@ -29,7 +29,14 @@ aten = torch.ops.aten
 
 
 class NotPaddable(Exception):
-    """This graph cannot run exactly at a padded size; compile it for the exact shape."""
+    """This graph cannot run exactly at a padded size; compile it for the exact shape.
+    ``symbols``: where only some sizes are at fault (a size expression no rule evaluates on
+    padded sizes, ``1 / sqrt(head_dim)``), those, which can be held at their real values
+    (``holding``) while the others pick buckets."""
+
+    def __init__(self, message: str, symbols: frozenset = frozenset()):
+        super().__init__(message)
+        self.symbols = frozenset(symbols)
 
 
 class DimsDiffer(NotPaddable):
@@ -69,6 +76,28 @@ def assuming_equal(aliases: dict):
 # reaches the bucket's program passed them, so sizes compared over "every size up to the
 # bucket" need only hold at the sizes that pass.
 _GUARDS: contextvars.ContextVar = contextvars.ContextVar("torchtpu_size_guards", default=None)
+
+
+# Symbol -> its real value (a sympy Integer), for sizes held exact (``holding``): the graph is
+# analyzed and traced as if Dynamo had made them static.
+_HELD: contextvars.ContextVar = contextvars.ContextVar("torchtpu_held_sizes", default=None)
+
+
+@contextlib.contextmanager
+def holding(values: dict):
+    """Within the block, ``sym_expr`` reads each symbol of ``values`` as its int value: those
+    sizes are exact in every bucket, and the caller builds buckets per value.
+
+    Example::
+
+        with holding({s77: 64}):
+            sym_expr(scale)   # 0.125, where the scale is 1 / sqrt(s77)
+    """
+    token = _HELD.set({s: sympy.Integer(v) for s, v in values.items()} or None)
+    try:
+        yield
+    finally:
+        _HELD.reset(token)
 
 
 @contextlib.contextmanager
@@ -164,19 +193,21 @@ def is_symbolic(expr) -> bool:
 def sym_expr(value):
     """A size as a sympy expression (or int): from a SymInt, an int or an expression."""
     if isinstance(value, torch.SymFloat):
-        expr = value.node.expr
+        expr = _canonical(value.node.expr)
         return float(expr) if expr.is_number else expr
     if isinstance(value, torch.SymInt):
-        expr = value.node.expr
-        return int(expr) if expr.is_number else _canonical(expr)
-    if isinstance(value, sympy.Expr) and value.is_number:
-        return int(value)
-    return _canonical(value) if isinstance(value, sympy.Expr) else value
+        value = value.node.expr
+    if isinstance(value, sympy.Expr):
+        expr = _canonical(value)
+        return int(expr) if expr.is_number else expr
+    return value
 
 
 def _canonical(expr):
-    aliases = _EQUAL.get()
-    return expr.xreplace(aliases) if aliases else expr
+    aliases, held = _EQUAL.get(), _HELD.get()
+    if aliases:
+        expr = expr.xreplace(aliases)
+    return expr.xreplace(held) if held else expr
 
 
 _BINARY = {
@@ -198,6 +229,9 @@ def evaluate(expr, env: dict):
         return expr
     if isinstance(expr, (torch.SymInt, torch.SymFloat)):
         expr = expr.node.expr
+    held = _HELD.get()
+    if held:
+        expr = expr.xreplace(held)
     if expr.is_Integer:
         return int(expr)
     if expr.is_number:
@@ -230,7 +264,8 @@ def evaluate(expr, env: dict):
         if isinstance(args[0], (int, float)):
             return rounded(args[0])
         return (torch.ceil if rounded is math.ceil else torch.floor)(args[0]).to(torch.int64)
-    raise NotPaddable(f"size expression {expr} ({type(expr).__name__}) is not supported")
+    raise NotPaddable(f"size expression {expr} ({type(expr).__name__}) is not supported",
+                      symbols=expr.free_symbols)
 
 
 def _true_divide(a, b):

@@ -92,7 +92,8 @@ class Context:
                         held = self._holds[factor] = prefix_holds(factor, self.pad_env)
                     if not held:
                         raise NotPaddable(f"{node.target} makes a dim of size {factor}, which "
-                                          f"a smaller size outgrows at this bucket")
+                                          f"a smaller size outgrows at this bucket",
+                                          symbols=factor.free_symbols)
 
     def dim_mask(self, dim: Dim):
         key = dim.factors

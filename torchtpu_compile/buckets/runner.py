@@ -25,12 +25,12 @@ from .. import config, counters
 from .._logging import log
 from ..profiling import trace_artifact
 from ..runtime.transfer import keep_aliased
-from .layout import (DimsDiffer, NotPaddable, canonical_factors, has_padding, outputs_plan,
-                     pad_plan, pad_with)
+from .layout import (DimsDiffer, NotPaddable, canonical_factors, has_padding, holding,
+                     outputs_plan, pad_plan, pad_with)
 from .background import compile_ahead
 from .kept_padding import KeptPadding, handed_back
 from .policy import choose, next_bucket
-from .trace import analyze, trace_bucket
+from .trace import analyze, size_binding, trace_bucket
 from .write_back import outputs_written, write_plans
 
 
@@ -91,11 +91,20 @@ def _renamed_symbol(a, b) -> tuple:
 
 
 class BucketedGraph:
-    """The programs of one symbolic graph, one per bucket (and precision)."""
+    """The programs of one symbolic graph, one per bucket (and precision).
+
+    Sizes that only some expression no rule evaluates on padded sizes reads (the
+    ``1 / sqrt(head_dim)`` of an attention's default scale under ``dynamic=True``) are held
+    at their real values: one ``BucketedGraph`` per value of them (``held``), whose other
+    sizes pick buckets."""
 
     def __init__(self, gm, name: str, build, resident_inputs: frozenset = frozenset(),
-                 mutated_inputs: tuple = ()):
+                 mutated_inputs: tuple = (), held: dict | None = None):
         self.gm = gm
+        # symbol -> real value, for a graph of one value of the held sizes; None at the top
+        self.held = held
+        self._holds: tuple = ()     # the held symbols, sorted (the top graph)
+        self._by_value: dict = {}   # their values -> the BucketedGraph serving them
         self.name = name
         # (static gm, precision, label, resident, **build_program options) -> program
         self._build = build
@@ -231,12 +240,57 @@ class BucketedGraph:
     def __call__(self, args: list, precision: str) -> list:
         """The graph's outputs for ``args``; raises NotPaddable where no bucket can serve the
         graph, SizesDiffer where none can serve this call."""
+        if self.held is not None:
+            with holding(self.held):
+                return self._call_retrying(args, precision)
+        # each retry holds more symbols exact; there are finitely many
+        while True:
+            try:
+                if self._holds:
+                    return self._call_held(args, precision)
+                return self._call_retrying(args, precision)
+            except NotPaddable as reason:
+                self._hold(reason)
+
+    def _call_retrying(self, args: list, precision: str) -> list:
         # each retry takes one more pair of symbols as equal; there are finitely many
         while True:
             try:
                 return self._call(args, precision)
             except DimsDiffer as differ:
                 self._assume_equal(differ, args)
+
+    def _hold(self, reason: NotPaddable) -> None:
+        """Hold the symbols ``reason`` names exact from now on, or raise it where it names
+        none, one that no input's size is, or every size the graph has (the graph then
+        compiles per exact shape, as it would held)."""
+        binding = size_binding(self.gm)
+        symbols = set(reason.symbols).union(self._holds)
+        if not reason.symbols or not symbols <= binding.keys() or self.spec is None or \
+                not set(self.spec.symbols) - symbols:
+            raise reason
+        self._holds = tuple(sorted(symbols, key=str))
+        self._held_at = [binding[s] for s in self._holds]
+        self._by_value.clear()
+        self._programs.clear()
+        self._calls.clear()
+        self._shapes.clear()
+        log.info("torchtpu: %s: sizes %s held exact, buckets per value of them: %s",
+                 self.name, ", ".join(map(str, self._holds)), reason)
+
+    def _call_held(self, args: list, precision: str) -> list:
+        values = tuple(int(args[i].shape[d] if d is not None else args[i])
+                       for i, d in self._held_at)
+        graph = self._by_value.get(values)
+        if graph is None:
+            # the held sizes vary like the others: compile per exact shape, as without them
+            if len(self._by_value) >= int(config.max_buckets):
+                raise NotPaddable(f"sizes {', '.join(map(str, self._holds))}, held exact, "
+                                  f"took more than config.max_buckets values")
+            graph = self._by_value[values] = BucketedGraph(
+                self.gm, self.name, self._build, self.resident_inputs, self.mutated_inputs,
+                held=dict(zip(self._holds, values)))
+        return graph(args, precision)
 
     def _call(self, args: list, precision: str) -> list:
         spec = self._analyze()

@@ -85,18 +85,35 @@ def _sizes_of(val) -> tuple:
     return (val,) if isinstance(val, torch.SymInt) else ()
 
 
-def _analyze(gm: fx.GraphModule, known_layouts: dict, aliases: dict) -> InputSpec:
-    kinds, layouts, binding = [], [], {}
+def size_binding(gm: fx.GraphModule) -> dict:
+    """Symbol -> (placeholder index, dim) of the first input whose size it is, or
+    (placeholder index, None) for a size input; a call's real value of each symbol is there.
+
+    Example::
+
+        size_binding(gm)   # {s0: (0, 0), s1: (0, 1)} for one input of shape (s0, s1)
+    """
+    binding = {}
     for i, node in enumerate(n for n in gm.graph.nodes if n.op == "placeholder"):
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            for d, size in enumerate(val.shape):
+                symbol = _own_symbol(size)
+                if symbol is not None:
+                    binding.setdefault(symbol, (i, d))
+        elif isinstance(val, torch.SymInt) and _own_symbol(val) is not None:
+            binding.setdefault(_own_symbol(val), (i, None))  # it may be the only one
+    return binding
+
+
+def _analyze(gm: fx.GraphModule, known_layouts: dict, aliases: dict) -> InputSpec:
+    kinds, layouts, binding = [], [], size_binding(gm)
+    for node in (n for n in gm.graph.nodes if n.op == "placeholder"):
         val = node.meta.get("val")
         if isinstance(val, torch.Tensor):
             if free_unbacked_symbols(val):
                 raise NotPaddable("an input with a data-dependent size")
             shape = [sym_expr(s) for s in val.shape]
-            for d, size in enumerate(val.shape):
-                symbol = _own_symbol(size)
-                if symbol is not None:
-                    binding.setdefault(symbol, (i, d))
             layout = known_layouts.get(node.name)
             if layout is not None and not _fits(layout, shape):
                 layout = None  # another graph's tensor of the same name
@@ -114,9 +131,6 @@ def _analyze(gm: fx.GraphModule, known_layouts: dict, aliases: dict) -> InputSpe
             layouts.append(tuple(layout))
         elif isinstance(val, torch.SymInt):
             expr = sym_expr(val)
-            symbol = _own_symbol(val)
-            if symbol is not None:  # it may be the only input that binds it
-                binding.setdefault(symbol, (i, None))
             kinds.append("size" if node.users else "unused")
             layouts.append(expr if node.users else None)
         elif node.users:
@@ -407,4 +421,4 @@ def _outputs(node: fx.Node, env: dict, plan: BucketPlan) -> list:
     return program_outputs
 
 
-__all__ = ["InputSpec", "BucketPlan", "analyze", "trace_bucket", "Dim"]
+__all__ = ["InputSpec", "BucketPlan", "analyze", "size_binding", "trace_bucket", "Dim"]
