@@ -158,6 +158,45 @@ def test_autocast_inside_a_compiled_graph(fresh_dynamo):
     assert torchtpu_compile.stats()["fallback_ops"] == {}
 
 
+@pytest.mark.parametrize("where", ["outside", "inside"])
+@pytest.mark.parametrize("device", ["tpu", "cpu"])
+def test_a_compiled_float32_op_of_half_inputs_under_autocast_returns_float32(
+        device, where, fresh_dynamo):
+    # multi_margin_loss is on autocast's float32 list: its CPU kernel, which refuses
+    # bfloat16, never sees one. The compile path's dtype probe ran it on bfloat16 regardless,
+    # and every call raised "multi_margin_loss_cpu_kernel" not implemented for 'BFloat16'.
+    x = torch.randn(3, 4).to(device, torch.bfloat16)
+    target = torch.tensor([0, 2, 1], device=device)
+
+    def loss(x, target):
+        if where == "inside":
+            with torch.autocast(device, dtype=torch.bfloat16):
+                return F.multi_margin_loss(x, target)
+        return F.multi_margin_loss(x, target)
+
+    compiled = torch.compile(loss, backend="torchtpu")
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=where == "outside"):
+        actual, expected = compiled(x, target), loss(x, target)
+    assert actual.dtype == expected.dtype == torch.float32
+    torch.testing.assert_close(actual.cpu(), expected.cpu())
+
+
+def test_a_compiled_op_refusing_half_inputs_outside_autocast_still_raises(fresh_dynamo):
+    # autocast off in a region: eager's CPU kernel refuses the dtype, and so does the graph
+    x = torch.randn(3, 4, dtype=torch.bfloat16)
+    target = torch.tensor([0, 2, 1])
+
+    def loss(x, target):
+        with torch.autocast("cpu", enabled=False):
+            return F.multi_margin_loss(x, target)
+
+    with pytest.raises(NotImplementedError, match="not implemented for 'BFloat16'"):
+        loss(x, target)
+    with torch.autocast("cpu", dtype=torch.bfloat16), \
+            pytest.raises(NotImplementedError, match="not implemented for 'BFloat16'"):
+        torch.compile(loss, backend="torchtpu")(x, target)
+
+
 class _CountCasts(TorchDispatchMode):
     """Counts the dtype casts that reach the backends (cached casts never do)."""
 

@@ -165,7 +165,7 @@ def _result_too_large(fn, signature) -> bool:
     return _numel(result) > _LARGEST_RESULT
 
 
-def _probe(fn, signature) -> BaseException | None:
+def _probe(fn, signature, autocast_dtype=None) -> BaseException | None:
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     from .host_semantics import eager_semantics
@@ -173,9 +173,11 @@ def _probe(fn, signature) -> BaseException | None:
         return None
     args, kwargs = _materialize(signature[0]), _materialize(signature[1])
     # Outside any fake mode (the compile path traces under one), with eager's dispatch keys,
-    # and leaving the CPU generator where it was (a probe of dropout draws from it).
+    # and leaving the CPU generator where it was (a probe of dropout draws from it). Under
+    # the CPU autocast of the call only: an ATen op runs after autocast has cast its inputs.
     with unset_fake_temporarily(), eager_semantics(), torch.random.fork_rng(devices=[]), \
-            torch.no_grad():
+            torch.no_grad(), torch.autocast("cpu", dtype=autocast_dtype or torch.bfloat16,
+                                            enabled=autocast_dtype is not None):
         try:
             fn(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001  (only a refusal of the dtype counts)
@@ -183,9 +185,11 @@ def _probe(fn, signature) -> BaseException | None:
     return None
 
 
-def unsupported_dtype_error(fn, args, kwargs) -> BaseException | None:
+def unsupported_dtype_error(fn, args, kwargs, autocast_dtype=None) -> BaseException | None:
     """The exception eager CPU raises because its kernel for ``fn`` has no instance for the
-    inputs' dtypes, or None (it has one, or the probe cannot tell). Probed once per signature.
+    inputs' dtypes, or None (it has one, or the probe cannot tell). Probed once per signature,
+    under CPU autocast to ``autocast_dtype`` where given (a Dynamo graph's call in such a
+    region: autocast casts before the kernel sees a dtype).
 
     Example::
 
@@ -203,12 +207,12 @@ def unsupported_dtype_error(fn, args, kwargs) -> BaseException | None:
         return None
     try:
         signature = (_signature(tuple(args), small), _signature(dict(kwargs), small))
-        key = (fn, signature)
+        key = (fn, signature, autocast_dtype)
         hash(key)
     except (_Unprobeable, TypeError):
         return None
     if key not in _verdicts:
-        _verdicts[key] = _probe(fn, signature)
+        _verdicts[key] = _probe(fn, signature, autocast_dtype)
     return _verdicts[key]
 
 
@@ -295,7 +299,10 @@ def graph_error(gm: torch.fx.GraphModule) -> BaseException | None:
         # NotImplementedError('"bmm" not implemented for \'Bool\'')
     """
     from torch.fx.node import map_aggregate
+    autocast = _AutocastRegions()
     for node in gm.graph.nodes:
+        if autocast.follow(node):
+            continue
         fn = _graph_fn(node)
         if fn is None:
             continue
@@ -305,7 +312,48 @@ def graph_error(gm: torch.fx.GraphModule) -> BaseException | None:
             continue
         if not _has_tensor((args, kwargs)):
             continue  # no tensor: no kernel dtype to ask about
-        error = unsupported_dtype_error(fn, args, kwargs)
+        devices = {t.device.type for t in (*args, *kwargs.values())
+                   if isinstance(t, torch.Tensor)}
+        if any(autocast.dtype(d) is not None for d in devices - {"cpu"}):
+            # an accelerator's autocast (tpu's follows CUDA's op lists) casts before its
+            # kernel: no CPU probe can play it
+            continue
+        error = unsupported_dtype_error(fn, args, kwargs,
+                                        autocast.dtype("cpu") if "cpu" in devices else None)
         if error is not None:
             return _fresh(error)
     return None
+
+
+class _AutocastRegions:
+    """The autocast state at each node of a Dynamo graph: the caller's (Dynamo guards on
+    it), then the regions the graph enters and leaves (``_enter_autocast`` nodes)."""
+
+    def __init__(self):
+        self._stack = [{}]
+        for device in ("cpu", "tpu"):
+            if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):
+                self._stack[0][device] = torch.get_autocast_dtype(device)
+
+    def follow(self, node) -> bool:
+        """Whether ``node`` enters or leaves a region (and take the step)."""
+        if node.op != "call_function":
+            return False
+        if node.target is torch.amp.autocast_mode._enter_autocast:
+            device, dtype, enabled = (list(node.args) + [None, None, True])[:3]
+            state = dict(self._stack[-1])
+            if enabled:
+                state[device] = dtype or torch.get_autocast_dtype(device)
+            else:
+                state.pop(device, None)
+            self._stack.append(state)
+            return True
+        if node.target is torch.amp.autocast_mode._exit_autocast:
+            if len(self._stack) > 1:
+                self._stack.pop()
+            return True
+        return False
+
+    def dtype(self, device: str):
+        """The autocast dtype for ``device`` at the current node, or None where it is off."""
+        return self._stack[-1].get(device)
