@@ -25,6 +25,26 @@ def test_max_pool_ceil_mode_values_and_indices(shape, kernel, stride):
     check(lambda x: pool(x, kernel, stride, ceil_mode=True, return_indices=True), randn(*shape))
 
 
+def test_max_pools_of_large_images_holding_nan_are_nan_at_eagers_index():
+    # XLA:CPU's vector max skipped NaN in large inputs' windows: the window was its largest
+    # number, at that number's index. Eager's is NaN, at the window's last NaN.
+    F = torch.nn.functional
+    x = (torch.arange(2 * 3 * 64 * 64) % 5).float().reshape(2, 3, 64, 64)
+    x[0, 1, 10, 10] = x[1, 2, 33, 40] = x[1, 2, 33, 41] = x[1, 2, 34, 40] = NAN
+    x.requires_grad_()
+
+    def pools(x):
+        values, indices = F.max_pool2d(x, 2, return_indices=True)
+        ceil, ceil_indices = F.max_pool2d(x, 3, stride=2, padding=1, ceil_mode=True,
+                                          return_indices=True)
+        line = F.max_pool1d(x.reshape(1, 2, -1), 4)
+        grad = torch.autograd.grad((values.nan_to_num() * 2).sum() + ceil.nan_to_num().sum(),
+                                   x)[0]
+        return values, indices, ceil, ceil_indices, line, grad
+
+    check_on_both_paths(pools, x)
+
+
 def test_3d_max_pool_indices_and_adaptive_pools_with_ties_and_nan():
     # their gradients: tests/slow/test_decompositions_full.py
     F = torch.nn.functional

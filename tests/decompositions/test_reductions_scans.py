@@ -140,6 +140,20 @@ def test_extrema_and_truth_of_uint8_and_bool_tensors():
           u8, b)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_extrema_of_large_inputs_holding_nan_are_nan(dtype):
+    # XLA:CPU's vector max and min skip NaN from 4096 elements on: max of these was 4.0 and
+    # amax over rows of two lost the NaN row, where eager's (and XLA's below 4096) is NaN
+    x = (torch.arange(8192) % 5).to(dtype)
+    x[3001] = NAN
+    rows = x.view(-1, 2)
+    check_on_both_paths(lambda x, rows: (
+        x.max(), x.min(), x.amax(), x.amin(0, keepdim=True), torch.aminmax(x),
+        torch.aminmax(rows, dim=1), rows.amax(1), rows.amin(-1),
+        torch.linalg.vector_norm(x, float("inf")), torch.linalg.vector_norm(rows, -INF, 1)),
+        x, rows)
+
+
 def test_half_width_sums_accumulate_in_float32():
     # Eager sums bf16 and f16 in float32 and rounds once; the XLA reduce in bf16 rounded at
     # every addition: a bf16 sum of 4096 values in [0.5, 1.5) was off by ~16x eager's error.

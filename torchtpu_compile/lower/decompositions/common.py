@@ -10,9 +10,42 @@ Example::
 """
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from .registry import torch_mlir_table
+
+#: The ops a decomposition is calling as themselves (``as_itself``), per thread.
+_calling = threading.local()
+
+
+def calling_itself(op) -> bool:
+    """Whether ``op``'s decomposition is running inside its own call of ``op``
+    (``as_itself``): it then leaves the op to what is below it.
+
+    Example::
+
+        if calling_itself(aten.index.Tensor):
+            return NotImplemented
+    """
+    return op in getattr(_calling, "ops", ())
+
+
+def as_itself(op, *args, **kwargs):
+    """``op`` called from its own decomposition, which this call finds ``calling_itself``: a
+    decomposition that only adjusts arguments or results traces the op itself inside.
+
+    Example::
+
+        return aten.index.Tensor(x, wrapped) if ... else as_itself(aten.index.Tensor, x, wrapped)
+    """
+    before = getattr(_calling, "ops", frozenset())
+    _calling.ops = before | {op}
+    try:
+        return op(*args, **kwargs)
+    finally:
+        _calling.ops = before
 
 
 def has_symbolic_size(*tensors) -> bool:

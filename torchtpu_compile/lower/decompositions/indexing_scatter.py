@@ -11,19 +11,14 @@ Example::
 """
 from __future__ import annotations
 
-import threading
-
 import torch
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
-from .common import computing_dtype, torch_decomposition
+from .common import as_itself, calling_itself, computing_dtype, torch_decomposition
 from .registry import decomposition
 
 aten = torch.ops.aten
 
-
-#: Set while a decomposition that only rewrites its indices calls its own op again.
-_wrapping = threading.local()
 
 
 # --- indexing --------------------------------------------------------------------------------
@@ -33,13 +28,9 @@ def index(x, indices):
     # torch-mlir's gather does not wrap negative indices: x[..., [-2], :] (Falcon's fused QKV
     # split) read the wrong elements, silently. Wrap them, then index as usual; the flag lets
     # that inner call through to the op itself.
-    if getattr(_wrapping, "active", False):
+    if calling_itself(aten.index.Tensor):
         return NotImplemented
-    _wrapping.active = True
-    try:
-        return aten.index.Tensor(x, _wrap_negative(x, indices))
-    finally:
-        _wrapping.active = False
+    return as_itself(aten.index.Tensor, x, _wrap_negative(x, indices))
 
 
 def _wrap_negative(x, indices) -> list:
@@ -81,13 +72,10 @@ def index_put(x, indices, values, accumulate=False):
     if _none_between(indices) and all(i is None or i.dtype != torch.bool for i in indices):
         return _index_put_around_slices(x, indices, values, accumulate)
     if any(i is None for i in indices) or any(i.dtype == torch.bool for i in indices):
-        if getattr(_wrapping, "active", False):
+        if calling_itself(aten.index_put.default):
             return NotImplemented
-        _wrapping.active = True
-        try:
-            return aten.index_put.default(x, _wrap_negative(x, indices), values, accumulate)
-        finally:
-            _wrapping.active = False
+        return as_itself(aten.index_put.default, x, _wrap_negative(x, indices), values,
+                         accumulate)
     k = len(indices)
     lead, rest = list(x.shape[:k]), list(x.shape[k:])
     index = torch.broadcast_tensors(*indices)

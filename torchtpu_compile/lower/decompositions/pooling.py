@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from .common import computing_dtype, has_symbolic_size, torch_decomposition
+from .common import (as_itself, calling_itself, computing_dtype, has_symbolic_size,
+                     torch_decomposition)
 from .registry import decomposition
 
 aten = torch.ops.aten
@@ -102,6 +103,23 @@ def _window_mask(valid, rank: int, axis: int):
 
 @decomposition(aten.max_pool2d_with_indices.default)
 def max_pool2d_with_indices(x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    """XLA:CPU's vector max skips NaN in windows of large inputs (as in its reductions,
+    reductions_scans._NAN_SKIPPED): a window holding NaN is NaN, at eager's index, the last
+    NaN in the window's scan order (``val > max || isnan(val)``): the largest flat index of
+    a NaN there, pooled as int32 codes ``index + 1``."""
+    pool = aten.max_pool2d_with_indices.default
+    if not x.is_floating_point() or calling_itself(pool):
+        return _max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode)
+    values, indices = as_itself(pool, x, kernel_size, stride, padding, dilation, ceil_mode)
+    flat = torch.arange(_plane(x.shape[-2:]), dtype=torch.int32).reshape(x.shape[-2:])
+    codes = torch.where(torch.isnan(x), flat + 1, 0)
+    last_nan, _ = pool(codes, kernel_size, stride, padding, dilation, ceil_mode)
+    in_nan_window = last_nan > 0
+    return (torch.where(in_nan_window, float("nan"), values),
+            torch.where(in_nan_window, (last_nan - 1).to(indices.dtype), indices))
+
+
+def _max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode):
     # torch-mlir gets the last window of ceil_mode wrong. Pad on the right with -inf to the
     # floor-mode size; indices come back in the unpadded input's coordinates.
     dims, pool = 2, aten.max_pool2d_with_indices.default

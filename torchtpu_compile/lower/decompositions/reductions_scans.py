@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
-from .common import as_before, computing_dtype, rounded_once, torch_decomposition
+from .common import (as_before, as_itself, calling_itself, computing_dtype, rounded_once,
+                     torch_decomposition)
 from .registry import decomposition
 
 aten = torch.ops.aten
@@ -170,6 +171,48 @@ def _scaled(op, inner):
 
 _TRUTH = (aten.any.default, aten.any.dim, aten.any.dims, aten.all.default, aten.all.dim)
 
+#: The float extrema XLA:CPU computes with vector max and min instructions from 4096
+#: elements on, which skip NaN: max of 4096 values holding a NaN was the largest number,
+#: where eager's (and XLA's own, below that size) is NaN. Each is told the NaN apart.
+_NAN_SKIPPED = (aten.amax.default, aten.amin.default, aten.aminmax.default, aten.max.default,
+                aten.min.default, aten.linalg_vector_norm.default)
+
+
+def _reduced_dims(op, x, args, kwargs) -> tuple:
+    """(dims, keepdim) an extremum of ``_NAN_SKIPPED`` reduces over, or None where it is no
+    max or min (a vector norm of finite order)."""
+    every = list(range(x.dim()))
+    if op in (aten.max.default, aten.min.default):
+        return every, False
+    if op is aten.aminmax.default:
+        dim = kwargs.get("dim")
+        return (every if dim is None else [dim]), kwargs.get("keepdim", False)
+    if op is aten.linalg_vector_norm.default:
+        order = args[0] if args else kwargs.get("ord", 2)
+        if order not in (float("inf"), float("-inf")):
+            return None
+        args = args[1:]
+    dim = args[0] if args else kwargs.get("dim")
+    keepdim = args[1] if len(args) > 1 else kwargs.get("keepdim", False)
+    dims = [dim] if isinstance(dim, int) else list(dim or [])
+    return (dims or every), keepdim
+
+
+def _nan_kept(op, inner):
+    """``inner``, except that a reduced slice holding a NaN is NaN (``_NAN_SKIPPED``)."""
+    def decompose(x, *args, **kwargs):
+        reduced = _reduced_dims(op, x, args, kwargs)
+        if calling_itself(op) or reduced is None or not x.is_floating_point() or x.dim() == 0:
+            return as_before(op, inner, x, *args, **kwargs)
+        out = as_itself(op, x, *args, **kwargs)
+        dims, keepdim = reduced
+        nan = torch.isnan(x).any(dims, keepdim=keepdim)
+        if isinstance(out, (tuple, list)):
+            return tuple(torch.where(nan, float("nan"), o) for o in out)
+        return torch.where(nan, float("nan"), out)
+    decompose.__name__ = f"{op.__name__.replace('.', '_')}_nan_kept"
+    return decompose
+
 
 def _reduction_decomposition(op):
     decompose = _over_one_element(op) if op in _OVER_ONE_ELEMENT else None
@@ -183,11 +226,13 @@ def _reduction_decomposition(op):
         decompose = _of_moduli(op, decompose)
     if op in _SCALED:
         decompose = _scaled(op, decompose)
+    if op in _NAN_SKIPPED:
+        decompose = _nan_kept(op, decompose)
     return decompose
 
 
 for _op in dict.fromkeys(_OVER_ONE_ELEMENT + _ACCUMULATING + _FROM_SIGNED_EXTREME
-                             + _TRUTH):
+                             + _TRUTH + _NAN_SKIPPED):
     decomposition(_op)(_reduction_decomposition(_op))
 
 
