@@ -752,6 +752,23 @@ def test_deepcopy_follows_eagers_rules_for_parameters_tensors_and_non_leaves():
     assert outcomes["tpu"] == outcomes["cpu"]
 
 
+@pytest.mark.parametrize("make_view", [
+    lambda b: b.as_strided((4, 4), (3, 1)), lambda b: b.as_strided((2,), (1,), 9),
+    lambda b: b[2:].as_strided((3,), (1,), 8), lambda b: b.clone().as_strided_((4, 4), (3, 1)),
+], ids=["rows", "offset", "of_a_view", "in_place"])
+def test_a_view_past_its_storage_raises_eagers_error(make_view):
+    # A meta tensor's storage has no bounds: the view was made, its reads clamped to the last
+    # element ([9, 9, 9, 9] as its last row) and its writes landed on it
+    base = torch.arange(10.0)
+    with pytest.raises(RuntimeError) as expected:
+        make_view(base)
+    with pytest.raises(RuntimeError) as actual:
+        make_view(base.to("tpu"))
+    assert str(actual.value) == str(expected.value)
+    fits = base.to("tpu").as_strided((3, 4), (3, 1))   # the last element, 9, and no further
+    assert torch.equal(fits.cpu(), base.as_strided((3, 4), (3, 1)))
+
+
 def test_conjugate_and_negative_views_are_computed_not_aliased():
     # conj() and _neg_view() only set a bit on the view, which a storage view cannot carry:
     # the values were read unconjugated (fft.ifft of a real input was wrong by its imaginary

@@ -1062,6 +1062,21 @@ def _view_key(func, args, kwargs, base: TpuTensor):
     return key, base.stride(), base.storage_offset(), base._st.numel
 
 
+def _check_in_storage(size, stride, offset, storage) -> None:
+    """Raise eager's error for a view reaching past its storage (``as_strided``): a meta
+    tensor's storage has no bounds, and the view's reads came back clamped to the last
+    element, its writes landing on it."""
+    if 0 in size:
+        return
+    needed = offset + 1 + sum((n - 1) * s for n, s in zip(size, stride))
+    if needed > storage.numel:
+        itemsize = storage.dtype.itemsize
+        raise RuntimeError(
+            f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset {offset}, "
+            f"and itemsize {itemsize} requiring a storage size of {needed * itemsize} are out "
+            f"of bounds for storage of size {storage.numel * itemsize}")
+
+
 def _geometry_of_view(func, args, kwargs, base: TpuTensor):
     """(size, stride, offset, dense) of each result of view op ``func`` on ``base`` (one, or a
     list or tuple of them), from a meta tensor viewing a storage as ``base`` does; None where
@@ -1077,6 +1092,7 @@ def _geometry_of_view(func, args, kwargs, base: TpuTensor):
             # the conjugated (negated) values instead, or every later read would miss it.
             raise _NotAView
         size, stride, offset = tuple(m.shape), tuple(m.stride()), m.storage_offset()
+        _check_in_storage(size, stride, offset, storage)
         return size, stride, offset, is_dense(size, stride, offset, storage.numel)
 
     try:
