@@ -237,6 +237,20 @@ def test_a_rounding_division_of_two_numbers_is_eagers(mode):
         assert got.dtype == want.dtype and torch.equal(got, want), (a, b, got, want)
 
 
+def test_a_size_divided_by_a_number_shapes_a_view_in_the_program():
+    # Longformer's chunking: x.view(b, torch.div(x.size(1), w, rounding_mode="trunc"), w).
+    # The quotient, made from a scalar_tensor, had no value while traced: aot_autograd raised
+    # "_local_scalar_dense" and the whole graph ran in eager PyTorch (15 times a forward).
+    def chunk(x):
+        y = x * 2
+        return y.view(y.size(0), torch.div(y.size(1), 4, rounding_mode="trunc"), 4).sum(-1)
+
+    x = torch.randn(2, 16)
+    with config.patch(strict=True):   # a graph break raises
+        torch.testing.assert_close(compile_tpu(chunk, dynamic=False)(x), chunk(x))
+    assert torchtpu_compile.stats()["graph_breaks"] == {}
+
+
 # --- floats bit by bit -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from ..fx_passes import C_FMOD
 from .common import (as_before, computing_dtype, float_dtypes, in_common_dtype,
@@ -155,6 +156,12 @@ def div_mode(a, b, *, rounding_mode=None):
     if not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor):
         # Two numbers (torch.div(-8, 6, rounding_mode="trunc")): the lowering divided the two
         # int64 literals as unsigned (-8 by 6 gave 3074457345618258432).
+        if _is_integer(dtype) and guard_or_false(a >= 0) and guard_or_false(b > 0):
+            # Signed and unsigned quotients agree: the op stays whole, a constant that a trace
+            # can read back. Longformer's chunking views x as torch.div(x.size(1), w,
+            # rounding_mode="trunc") rows; a tensor made by scalar_tensor has no value while
+            # traced ("_local_scalar_dense": the graph ran in eager PyTorch).
+            return NotImplemented
         return aten.div.Tensor_mode(torch.scalar_tensor(a, dtype=dtype), b,
                                     rounding_mode=rounding_mode)
     if rounding_mode == "trunc":
