@@ -976,6 +976,29 @@ def test_resize_set_and_their_views():
             assert got == want
 
 
+def test_a_storage_grown_under_its_views_and_aliases_keeps_them_as_eager():
+    # resize_ (and an out= of another size) gave the grown tensor a new storage and left its
+    # views and set_ aliases on the old one: writes through either no longer reached the other
+    def fn(device):
+        x = torch.arange(4.0, device=device)
+        view, alias = x.view(2, 2), torch.empty(0, device=device)
+        alias.set_(x)
+        x.resize_(8)
+        x[:4].fill_(1)
+        alias[1] = 5
+        out = torch.zeros(3, device=device)
+        out_view = out[1:]
+        torch.add(torch.arange(6.0, device=device), 1, out=out)
+        return (view.cpu(), alias.cpu(), x[:4].cpu(), out_view.cpu(), out_view.stride(),
+                out_view.data_ptr() - out.data_ptr())
+    cpu, tpu = _results(fn)
+    for got, want in zip(tpu, cpu):
+        if isinstance(want, torch.Tensor):
+            torch.testing.assert_close(got, want)
+        else:
+            assert got == want
+
+
 @pytest.mark.parametrize("write", [
     lambda x: x[1:].add_(x[:-1]),
     lambda x: x[1:].copy_(x[:-1]),

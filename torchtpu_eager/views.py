@@ -18,6 +18,8 @@ Example::
 from __future__ import annotations
 
 import functools
+import gc
+import sys
 import weakref
 
 import torch
@@ -424,15 +426,30 @@ class Reinterpreted:
         self.derived = live
 
 
+def _other_tensors_over(storage, t) -> list:
+    """The live tpu tensors other than ``t`` whose storage is ``storage``. A tensor holds its
+    storage in its ``__dict__``: the references beyond ``t``'s and the caller's two (its
+    variable, getrefcount's argument) are looked through only where there are some."""
+    if sys.getrefcount(storage) <= 4:  # t's dict, the caller's and this frame's names, argument
+        return []
+    found = []
+    for holder in gc.get_referrers(storage):
+        if type(holder) is dict and holder.get("_st") is storage:
+            found += [o for o in gc.get_referrers(holder)
+                      if type(o) is type(t) and o is not t and o.__dict__ is holder]
+    return found
+
+
 def resize(t, shape, keep: bool = True) -> None:
     """Give ``t`` the contiguous ``shape`` at its storage offset, as eager's ``resize_``:
     over its own storage where that holds it (its values stay), else over a larger one
     (``keep``: holding its storage's values first, as eager's grown storage does).
 
-    Eager grows a storage in place, under every view of it. A device buffer cannot grow under
-    its views (their geometry is decided against its size): a tensor that is its whole storage
-    (``torch.empty(0)``, the usual out=) gets a new one; a view of a larger storage raises
-    rather than leave its base without the values."""
+    Eager grows a storage in place, under every view of it. A device buffer cannot grow (its
+    views' geometry is decided against its size): a tensor that is its whole storage
+    (``torch.empty(0)``, the usual out=) gets a new one, and so do the other tensors over the
+    old one (its views, a ``set_`` alias), at the same geometry; a view of a larger storage
+    raises rather than leave its base without the values."""
     shape = tuple(shape)
     offset, numel, storage = t.storage_offset(), _numel(shape), t._st
     if offset + numel > storage.numel:
@@ -442,11 +459,16 @@ def resize(t, shape, keep: bool = True) -> None:
                 f"storage of {storage.numel} elements to {list(shape)} would grow the storage "
                 f"under its other views, which the device cannot do. Resize a tensor that is "
                 f"its whole storage, or pass an out= of shape {list(shape)}.")
+        aliases = _other_tensors_over(storage, t)
         old, storage = storage, Storage(None, (numel,), storage.dtype, numel)
-        if keep and old.numel:
+        if (keep or aliases) and old.numel:
             flat = (old.numel,)
             write(view_tensor(storage, flat, (1,), 0, False),
                   read(view_tensor(old, flat, (1,), 0, True)))
+        for alias in aliases:
+            size, stride, at = alias._shape, tuple(alias.stride()), alias.storage_offset()
+            alias._become(view_tensor(storage, size, stride, at,
+                                      is_dense(size, stride, at, storage.numel)))
     strides = contiguous_strides(shape)
     t._become(view_tensor(storage, shape, strides, offset,
                           is_dense(shape, strides, offset, storage.numel)))
