@@ -36,6 +36,21 @@ def test_hurwitz_zeta_and_polygamma_of_every_order():
                            torch.polygamma(1, x), torch.polygamma(3, x) + 1), s, q, x)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_zeta_polygamma_and_scaled_bessel_at_huge_and_infinite_arguments(dtype):
+    # w ** -s underflowed before w ** (1 - s) was formed (zeta(2, 1e20) and polygamma(1, 1e30)
+    # were 0), 0 * inf made polygamma(1, inf) NaN, -inf counted as a pole (+inf, eager NaN),
+    # zeta(inf, q) was NaN for every q, and sqrt(2 pi x) overflowed: i0e(1e38) was 0
+    big = 1e30 if dtype == torch.float32 else 1e200
+    x = torch.tensor([INF, -INF, big, 1e15], dtype=dtype)
+    q = torch.tensor([0.5, 1.0, 2.0, -0.5, 1e20, 1e30], dtype=dtype)
+    s = torch.tensor([INF, INF, INF, INF, 2.0, 2.0], dtype=dtype)
+    huge = torch.tensor([3e38, -3e38, 1e38, 2e37, 1e30], dtype=dtype)
+    check_on_both_paths(lambda x, q, s, huge: (
+        torch.polygamma(1, x), torch.special.zeta(s, q), torch.special.i0e(huge),
+        torch.special.i1e(huge), torch.special.i0(huge)), x, q, s, huge, rtol=1e-6, atol=0)
+
+
 # --- error functions and Bessel functions ----------------------------------------------------
 
 def test_erfc():

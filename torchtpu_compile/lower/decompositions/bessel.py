@@ -48,7 +48,8 @@ def _bessel_i_scaled(x, order: int):
     for k in range(1, _BESSEL_ASYMPTOTIC_TERMS):
         coefficient *= -(mu - (2 * k - 1) ** 2) / (k * 8)
         asymptotic = asymptotic + coefficient / far ** k
-    asymptotic = asymptotic / torch.sqrt(2 * math.pi * far)
+    # sqrt(2 pi) apart: 2 pi x overflows near float32's largest values (i0e(1e38) was 0)
+    asymptotic = asymptotic / (math.sqrt(2 * math.pi) * torch.sqrt(far))
     return torch.where(a <= _BESSEL_SERIES_LIMIT, series, asymptotic)
 
 

@@ -132,10 +132,12 @@ def _hurwitz_zeta(s, q):
     k = torch.arange(_ZETA_TERMS + 1, dtype=q.dtype)
     power = s.unsqueeze(-1) if isinstance(s, torch.Tensor) else s
     terms = _signed_power(q.unsqueeze(-1) + k, power)
-    total = torch.where(k <= n.unsqueeze(-1), terms, 0.0).sum(-1)
+    total = direct = torch.where(k <= n.unsqueeze(-1), terms, 0.0).sum(-1)
     w = q + torch.clamp(n, max=_ZETA_TERMS)
     b = _signed_power(w, s)
-    total = total + b * w / (s - 1) - 0.5 * b
+    # b * w as one power: b alone underflows first (zeta(2, 1e20) was 0 in float32, 1e-20),
+    # and at q = inf, b * w was 0 * inf
+    total = total + _signed_power(w, s - 1) / (s - 1) - 0.5 * b
     term_scale = b / w * s        # a * b of Cephes, kept as one product (a alone overflows)
     done = torch.zeros_like(total, dtype=torch.bool)
     for i, coefficient in enumerate(_ZETA_A):
@@ -151,11 +153,20 @@ def _hurwitz_zeta(s, q):
             return torch.full_like(total, float("inf") if s == 1 else float("nan"))
         if s != math.floor(s):
             total = torch.where(q < 0, float("nan"), total)
-        return torch.where((q <= 0) & (q == torch.floor(q)), float("inf"), total)
+        return torch.where(_pole(q), float("inf"), total)
     total = torch.where((q < 0) & (s != torch.floor(s)), float("nan"), total)
-    total = torch.where((q <= 0) & (q == torch.floor(q)), float("inf"), total)
+    total = torch.where(_pole(q), float("inf"), total)
     total = torch.where(s < 1, float("nan"), total)
+    # At s = inf the direct terms (0, 1 or inf each) are the sum, where they are not all 0:
+    # Cephes stops on its first terms then, and otherwise meets 0 * inf in the tail (NaN).
+    total = torch.where(s == float("inf"), torch.where(direct == 0, float("nan"), direct),
+                        total)
     return torch.where(s == 1, float("inf"), total)
+
+
+def _pole(q):
+    """Where zeta(s, q) has a pole: q a non-positive integer (-inf is none: eager's NaN)."""
+    return (q <= 0) & (q == torch.floor(q)) & torch.isfinite(q)
 
 
 @decomposition(aten.special_zeta.default, aten.special_zeta.self_scalar,
