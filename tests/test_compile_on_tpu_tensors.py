@@ -460,6 +460,37 @@ def test_compiled_optimizer_step_creates_its_state_on_the_device(fresh_dynamo, m
     assert torchtpu_compile.stats()["eager_fallbacks"] == 0
 
 
+def test_compiled_optimizer_steps_count_in_every_param_group(fresh_dynamo):
+    # Dynamo made only CUDA and XPU groups capturable: on tpu each group's step counter was
+    # made on the CPU, then replaced by a tpu copy at the next group's init, and the traced
+    # += 1 went to the replaced one: every group's step but the last stayed 0, and an eager
+    # step after the compiled ones took the wrong bias correction.
+    from torchtpu_compile import config
+
+    got = {}
+    for device, backend in (("cpu", "eager"), ("tpu", "torchtpu")):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 3).to(device)
+        opt = torch.optim.AdamW([{"params": [model.weight]}, {"params": [model.bias]}],
+                                lr=1e-2, foreach=True)
+
+        def step(x, model=model, opt=opt):
+            opt.zero_grad(set_to_none=True)
+            model(x).square().mean().backward()
+            opt.step()
+
+        compiled = torch.compile(step, backend=backend)
+        with config.patch(matmul_precision="highest"):
+            for i in range(3):
+                compiled(torch.linspace(-1, 1, 32).reshape(8, 4).to(device) * (i + 1))
+            step(torch.ones(8, 4, device=device))  # eager, after the compiled steps
+        got[device] = ([opt.state[p]["step"].item() for p in model.parameters()],
+                       [p.detach().cpu() for p in model.parameters()])
+        torch._dynamo.reset()
+    assert got["tpu"][0] == got["cpu"][0] == [4.0, 4.0]
+    torch.testing.assert_close(got["tpu"][1], got["cpu"][1])
+
+
 @torch.library.custom_op("torchtpu_test::add_into", mutates_args=("out",))
 def _add_into(x: torch.Tensor, out: torch.Tensor) -> None:
     out.add_(x * 3)

@@ -122,6 +122,7 @@ def teach_dynamo() -> None:
     register_replay_ops(TpuTensor)
     _no_tpu_constants_in_fake_tensors()
     _grouped_mm_of_every_float_dtype()
+    _optimizers_capturable_on_tpu()
     _taught = True
 
 
@@ -193,6 +194,28 @@ def _grouped_mm_of_every_float_dtype() -> None:
             return out.to(out_dtype or mat_a.dtype)
 
     register_op_impl(lambda func: func is grouped_mm)(on_tpu)
+
+
+def _optimizers_capturable_on_tpu() -> None:
+    # Dynamo makes a compiled opt.step() capturable (step counters on the params' device) for
+    # CUDA and XPU params only, but tells the traced code capturable for every group. On tpu
+    # the counters were made on the CPU, and each later group's _init_group moved the earlier
+    # ones to tpu copies (move_step_if_cpu): the traced += 1 went to the old objects, and
+    # opt.state[p]["step"] stayed 0 in every group but the last (a checkpoint's, a later eager
+    # step's bias correction). Uninitialized all-tpu groups are made capturable as CUDA's are.
+    from torch._dynamo.variables.optimizer import OptimizerVariable
+    set_capturable = OptimizerVariable._set_capturable
+
+    def _set_capturable(self, tx) -> None:
+        for group in self.value.param_groups:
+            params = group.get("params", [])
+            if "capturable" in group and params and all(
+                    p.device.type == DEVICE.type for p in params) and not any(
+                    p in self.value.state for p in params):
+                group["capturable"] = True
+        set_capturable(self, tx)
+
+    OptimizerVariable._set_capturable = _set_capturable
 
 
 def _no_tpu_constants_in_fake_tensors() -> None:
