@@ -71,6 +71,21 @@ def test_histc_fixed_and_data_range():
     check(lambda x: torch.histc(x, 3), torch.full((4,), 2.0))
 
 
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int32])
+def test_histc_of_integer_images_counts_as_of_their_float_values(dtype):
+    # The CPU refuses integers and CUDA takes them (Mixtral's router counts experts so): the
+    # bin of a uint8 pixel was computed in uint8, x - lo and its product by the bin count
+    # wrapping (a 2346-pixel image's counts were [35, 0, ..., 7]). Counts are in the input's
+    # dtype, as CUDA's (a uint8 count past 255 wraps).
+    image = torch.randint(0, 256, (2, 3, 17, 23), generator=torch.Generator().manual_seed(0))
+    x = image.to(dtype)
+    with config.patch(strict=True):
+        for args in ((10,), (4, 0, 255), (3, 7, 7)):
+            actual = torch.histc(x.to("tpu"), *args).cpu()
+            assert actual.dtype == dtype
+            assert torch.equal(actual, torch.histc(image.float(), *args).to(torch.int64).to(dtype))
+
+
 # --- reductions of 0-d tensors (torch-mlir crashed the process on several) -------------------
 
 ZERO_DIM_REDUCTIONS = {

@@ -392,14 +392,20 @@ def cummin(x, dim):
 def histc(x, bins=100, min=0, max=0):
     # No torch-mlir lowering (Mixtral's router counts tokens per expert with it). A scatter-add
     # of ones into the bins, with the CPU kernel's bin arithmetic and edge cases.
-    flat = x.flatten()
-    lo = torch.scalar_tensor(min, dtype=x.dtype)
-    hi = torch.scalar_tensor(max, dtype=x.dtype)
+    # Integers (CUDA's; the CPU refuses them) in int64: x - lo and its product by the bin
+    # count wrapped in uint8 (a 2346-pixel image's counts were [35, 0, ..., 7]).
+    wide = x.dtype if x.is_floating_point() else torch.int64
+    flat = x.flatten().to(wide)
+    lo = torch.scalar_tensor(min, dtype=wide)
+    hi = torch.scalar_tensor(max, dtype=wide)
     if min == max and flat.numel():
         lo, hi = flat.min(), flat.max()
     same = lo == hi
     lo, hi = torch.where(same, lo - 1, lo), torch.where(same, hi + 1, hi)
-    position = ((flat - lo) * bins / (hi - lo)).floor().to(torch.int64)
+    if x.is_floating_point():
+        position = ((flat - lo) * bins / (hi - lo)).floor().to(torch.int64)
+    else:
+        position = torch.div((flat - lo) * bins, hi - lo, rounding_mode="floor")
     position = torch.where(flat == hi, bins - 1, position)
     inside = (flat >= lo) & (flat <= hi)
     return x.new_zeros(bins).scatter_add(0, position.clamp(0, bins - 1), inside.to(x.dtype))
