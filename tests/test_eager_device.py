@@ -295,6 +295,22 @@ def test_masked_assignment_of_many_values_stays_on_the_device():
     assert torchtpu_compile.stats()["fallback_ops"] == before
 
 
+@pytest.mark.parametrize("make_mask", [
+    lambda m: m.view(1, 3, 3).expand(2, 3, 3), lambda m: m.view(3, 3).t().expand(2, 3, 3),
+], ids=["expanded", "transposed"])
+def test_masked_assignment_of_many_values_through_a_strided_mask(make_mask):
+    # torchvision's fill of rotated images: y[m.expand_as(y)] = fill[m.expand_as(y)]. The
+    # mask was flattened with view, which an expanded or transposed mask refuses
+    def assign(device):
+        y = torch.arange(18.0).reshape(2, 3, 3).to(device)
+        mask = make_mask(torch.arange(9).to(device) % 2 == 0)
+        y[mask] = torch.arange(float(mask.sum().item())).to(device) * -1
+        return y.cpu()
+    expected = assign("cpu")
+    with config.patch(strict=True):
+        assert torch.equal(assign("tpu"), expected)
+
+
 @pytest.mark.parametrize("strict", [False, True])
 def test_inputs_eager_rejects_raise_its_error_and_nothing_else(strict, caplog):
     # A shape error printed fake tensor's 20-line ERROR traceback and a "runs on the host"

@@ -1732,7 +1732,7 @@ def index_put_with_mask(func, args, kwargs):
     if shared:
         source = element
     else:
-        flat = aten.view.default(mask, [-1])
+        flat = aten.reshape.default(mask, [-1])   # an expanded or transposed mask: a copy
         position = aten.sub.Tensor(aten.cumsum.default(flat, 0), 1)
         count = int(to_cpu(aten.select.int(position, 0, -1))) + 1
         if count != values.shape[0]:
