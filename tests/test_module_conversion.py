@@ -45,6 +45,17 @@ def test_parameters_keep_their_identity_both_ways():
     assert model.embed.weight is weight is model.head.weight and weight.device.type == "cpu"
 
 
+def test_to_empty_keeps_ties_and_parameters_as_on_cpu():
+    # to_empty(device="tpu") took PyTorch's plain _apply: a new Parameter for each, the LM
+    # head and its embedding two parameters that trained apart
+    for device in ("cpu", "tpu"):
+        model = Tied()
+        weight = model.embed.weight
+        model.to_empty(device=device)
+        assert model.embed.weight is weight is model.head.weight
+        assert weight.device.type == device and len(list(model.parameters())) == 1
+
+
 def test_parameters_keep_their_attributes_and_hooks_both_ways():
     # The swap that keeps a Parameter object swapped its Python attributes and its tensor
     # hooks out with the old tensor: on CUDA (param.data = ...) both stay.

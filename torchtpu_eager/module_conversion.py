@@ -260,6 +260,8 @@ def _target(original, args, kwargs) -> torch.device | None:
     if original.__name__ == NAME:
         index = args[0] if args else kwargs.get("device")
         return torch.device(NAME, index if isinstance(index, int) else 0)
+    if original.__name__ == "to_empty":
+        return torch.device(kwargs["device"])
     device = torch._C._nn._parse_to(*args, **kwargs)[0]
     return None if device is None else torch.device(device)
 
@@ -297,7 +299,8 @@ def _materialized_on_the_device(materialize):
 
 
 def register() -> None:
-    """Wrap ``Module.to``, ``Module.tpu`` and ``Module.cpu`` (idempotent)."""
+    """Wrap ``Module.to``, ``Module.tpu``, ``Module.cpu`` and ``Module.to_empty``
+    (idempotent)."""
     module = torch.nn.Module
     if getattr(module.to, "_torchtpu", False):
         return
@@ -341,3 +344,14 @@ def register() -> None:
         return _converted(original_cpu, self, (), {})
 
     module.cpu = cpu
+    original_to_empty = module.to_empty
+
+    @functools.wraps(original_to_empty)
+    def to_empty(self, *, device, recurse=True):
+        # its _apply replaced each Parameter with a new one, as .to did: tied weights came
+        # apart (an LM head trained apart from its embedding)
+        if not _involves_tpu(self, device):
+            return original_to_empty(self, device=device, recurse=recurse)
+        return _converted(original_to_empty, self, (), {"device": device, "recurse": recurse})
+
+    module.to_empty = to_empty
