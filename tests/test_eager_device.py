@@ -1025,8 +1025,13 @@ def test_a_storage_grown_under_its_views_and_aliases_keeps_them_as_eager():
     lambda x: x[:3].expand(2, 3).fill_(1),  # eager allows this one
     # disjoint views of one storage: allowed (the check's host run once raised IndexError)
     lambda x: x[:5].index_add_(0, torch.tensor([1, 2], device=x.device), x[5:7]),
+    # the written tensor passed again: eager refuses the index ops, allows the pointwise
+    lambda x: x.index_add_(0, torch.arange(12, device=x.device), x),
+    lambda x: torch.gather(x, 0, torch.zeros(12, dtype=torch.long, device=x.device), out=x),
+    lambda x: x.mul_(x),
 ], ids=["partial_add_", "partial_copy_", "partial_out", "dense_and_element", "expanded_add_",
-        "expanded_copy_", "expanded_fill_", "disjoint_index_add_"])
+        "expanded_copy_", "expanded_fill_", "disjoint_index_add_", "self_index_add_",
+        "self_gather_out", "self_mul_"])
 def test_writes_through_overlapping_memory_raise_as_eager(write):
     # Ops run on functional values here, so these returned a value where eager raises
     # "unsupported operation: ... refer to a single memory location".

@@ -969,8 +969,10 @@ def run_op(func, args, kwargs):
             w = tensors[i]
             if type(w) is TpuTensor:
                 overlaps = not w._dense and 0 in w.stride()
+                seen = False  # w passed again (x.index_add_(0, i, x)) is another argument
                 for t in tensors:
-                    if overlaps or (t is not w and type(t) is TpuTensor and t._st is w._st):
+                    if overlaps or (type(t) is TpuTensor and t._st is w._st and
+                                    (t is not w or seen)):
                         check_overlap(func, args, kwargs, key, tensors)
                         # (run_through_storage returns the one tensor written)
                         if len(func._schema.returns) == 1 and any(
@@ -978,6 +980,7 @@ def run_op(func, args, kwargs):
                                 elements_meet(w, r) for r in tensors):
                             return fallback.run_through_storage(func, args, kwargs, w)
                         break
+                    seen = seen or t is w
                 if overlaps and func in _ACCUMULATING_PUTS and \
                         (args[3] if len(args) > 3 else kwargs.get("accumulate", False)):
                     return fallback.run_through_storage(func, args, kwargs, w)
