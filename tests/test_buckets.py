@@ -612,6 +612,19 @@ def test_a_half_width_variance_of_a_padded_dim_is_computed_in_float32(dtype, fre
             torch.testing.assert_close(actual, expected)
 
 
+def test_a_variance_whose_float32_squares_overflow_is_finite_per_bucket(fresh_dynamo):
+    # The unpadded decomposition divides by a power of two near the largest magnitude first;
+    # the padding rule did not: var of 1e17-sized values was inf (eager 1e34)
+    fn = lambda x: (x.var(), x.std(dim=1), x.var(0, keepdim=True))  # noqa: E731
+    compiled = compile_tpu(fn, dynamic=True)
+    for n in (5, 6):
+        x = torch.randn(n, 40000, generator=torch.Generator().manual_seed(n)) * 1e17
+        for actual, expected in zip(compiled(x), fn(x)):
+            assert torch.isfinite(actual).all()
+            torch.testing.assert_close(actual, expected, rtol=1e-5, atol=0)
+    assert torchtpu_compile.stats()["buckets"]["exact_shape_compiles"] == 0
+
+
 def test_a_slice_whose_length_is_a_remainder_of_the_size_matches_eager(fresh_dynamo):
     # ``n - 7 % n`` at a bucket of 8 is 1, at a real 5 it is 3: the padded slice was too short
     # and dropped real elements. Such a graph compiles per exact shape.

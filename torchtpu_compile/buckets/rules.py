@@ -1012,6 +1012,14 @@ def variance(ctx, node, x, dims=None, correction=None, keepdim=False, **kwargs):
     dtype = x.tensor.dtype
     if dtype in (torch.float16, torch.bfloat16):
         x = Padded(aten._to_copy.default(x.tensor, dtype=torch.float32), x.layout)
+    scale = None
+    if x.tensor.dtype == torch.float32 and node.target is not aten.var_mean.correction:
+        # divided by a power of two near its largest magnitude first, as the unpadded
+        # decomposition (reductions_scans.overflow_scale): var of 1e17-sized values was inf
+        from ..lower.decompositions.reductions_scans import overflow_scale
+        scale = overflow_scale(aten.amax.default(
+            aten.abs.default(ctx.fill(x, 0, padded)), dims, True))
+        x = Padded(aten.div.Tensor(x.tensor, scale), x.layout)
     mean = aten.div.Tensor(aten.sum.dim_IntList(ctx.fill(x, 0, padded), dims, True), count)
     centered = Padded(aten.sub.Tensor(x.tensor, mean), x.layout)
     squares = aten.mul.Tensor(ctx.fill(centered, 0, padded), ctx.fill(centered, 0, padded))
@@ -1019,6 +1027,9 @@ def variance(ctx, node, x, dims=None, correction=None, keepdim=False, **kwargs):
                           aten.clamp.default(aten.sub.Tensor(_as_tensor(count), correction), 0))
     if not keepdim:
         mean = aten.squeeze.dims(mean, dims)
+    if scale is not None:
+        scale = scale if keepdim else aten.squeeze.dims(scale, dims)
+        var = aten.mul.Tensor(aten.mul.Tensor(var, scale), scale)
     if dtype != var.dtype and dtype.is_floating_point:
         if node.target is aten.std.correction:
             var = aten.sqrt.default(var)

@@ -138,6 +138,22 @@ _UNSCALED_BOUND = 2.0 ** 50
 _LARGEST_SCALE = 2.0 ** 100
 
 
+def overflow_scale(big):
+    """What a float32 variance divides its input by first, per slice whose largest magnitude
+    is ``big`` (float32): a power of two near it where it reaches ``_UNSCALED_BOUND``, else 1.
+
+    Example::
+
+        overflow_scale(torch.tensor([1e17, 3.0]))   # [2**56, 1]
+    """
+    # The exponent field alone: 2^floor(log2(big)), exactly; at most 2^100, whose inverse is
+    # normal (XLA may multiply by the inverse, and 2^-127 flushes to zero).
+    power = torch.bitwise_and(big.view(torch.int32), 0x7F800000).view(torch.float32)
+    power = torch.clamp(power, max=_LARGEST_SCALE)
+    return torch.where((big >= _UNSCALED_BOUND) & (big < float("inf")), power,
+                       torch.ones_like(power))
+
+
 def _scaled(op, inner):
     """``inner``, except that a float32-computed input reaching past ``_UNSCALED_BOUND`` is
     divided by a power of two near its largest magnitude first (per reduced slice) and the
@@ -149,13 +165,8 @@ def _scaled(op, inner):
                 guard_or_false(x.numel() == 0):
             return as_before(op, inner, x, *args, **kwargs)
         dims = list(range(x.dim())) if dim is None else dim
-        big = torch.amax(x.abs().to(torch.float32), dim=dims, keepdim=True)
-        # The exponent field alone: 2^floor(log2(big)), exactly; at most 2^100, whose inverse
-        # is normal (XLA may multiply by the inverse, and 2^-127 flushes to zero).
-        power = torch.bitwise_and(big.view(torch.int32), 0x7F800000).view(torch.float32)
-        power = torch.clamp(power, max=_LARGEST_SCALE)
-        scale = torch.where((big >= _UNSCALED_BOUND) & (big < float("inf")), power,
-                            torch.ones_like(power)).to(x.dtype)
+        scale = overflow_scale(torch.amax(x.abs().to(torch.float32), dim=dims, keepdim=True))
+        scale = scale.to(x.dtype)
         out = as_before(op, inner, x / scale, *args, **kwargs)
         if out is NotImplemented:
             return out
