@@ -253,6 +253,19 @@ def test_a_size_divided_by_a_number_shapes_a_view_in_the_program():
 
 # --- floats bit by bit -----------------------------------------------------------------------
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_ldexp_by_integer_exponents_past_the_dtype_range_is_exact(dtype):
+    # It was x * 2**e: 2**200 overflowed in float32 (ldexp(0, 200) NaN) and 2**-200 flushed
+    # (ldexp(1e30, -200) 0). Results below the normal range are left out (XLA flushes them).
+    big = 1e300 if dtype == torch.float64 else 1e30
+    x = torch.tensor([0.0, -0.0, big, 3.0, INF, -2.5, 1.0, 7.0]).to(dtype)
+    reach = 1500 if dtype == torch.float64 else 200
+    e = torch.tensor([reach, reach, -reach, -1, -reach, 3, 0, 1 << 40])
+    for exponents in (e, e.to(torch.int32)):
+        check_on_both_paths(torch.ldexp, x, exponents.clamp(-2**31, 2**31 - 1).to(
+            exponents.dtype))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_nextafter_steps_the_bit_pattern(dtype):
     x = torch.tensor([1.0, -1.0, 0.0, -0.0, 3.5, INF, -INF, 3.4e38, 1.0, NAN, 2.0, -2.5, 0.0])

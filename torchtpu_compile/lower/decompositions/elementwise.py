@@ -691,6 +691,27 @@ def frexp(x):
             torch.where(special, 0, exponent).to(torch.int32))
 
 
+@decomposition(aten.ldexp.Tensor)
+def ldexp(x, e):
+    # torch's decomposition is x * 2**e in x's dtype: 2**e overflows or flushes (ldexp(0, 200)
+    # was NaN, ldexp(1e30, -200) 0) where eager's is exact for integer exponents. Here three
+    # exact powers of two, each inside the exponent range, made from their bits.
+    if not x.is_floating_point() or e.is_floating_point() or e.is_complex():
+        return as_before(aten.ldexp.Tensor, None, x, e)   # eager's x * 2**e too
+    out_dtype = x.dtype
+    wide = torch.float64 if out_dtype == torch.float64 else torch.float32
+    mantissa_bits, bias = _FLOAT_LAYOUT[wide]
+    int_dtype = _SAME_WIDTH_INT[wide]
+    # Past 3 * (bias - 27) every finite nonzero result is 0 or inf already.
+    e = torch.clamp(e.to(int_dtype), -3 * (bias - 27), 3 * (bias - 27))
+    first = torch.div(e, 3, rounding_mode="floor")
+    second = torch.div(e - first, 2, rounding_mode="floor")
+    out = x.to(wide)
+    for part in (first, second, e - first - second):
+        out = out * ((part + bias) * (1 << mantissa_bits)).view(wide)
+    return out.to(out_dtype)
+
+
 # --- random masks ----------------------------------------------------------------------------
 
 @decomposition(aten.native_dropout.default)
