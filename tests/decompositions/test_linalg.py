@@ -90,6 +90,22 @@ def matrix_exps(a):
 MATRIX_EXP_INPUT = randn(3, 2, 5, 5) * torch.tensor([0.1, 1.0, 3.0]).view(3, 1, 1, 1)
 
 
+def test_the_inverse_of_one_matrix_returned_twice_trains():
+    # CSE merged the two linalg.inv calls; the region before the host error check returned
+    # the solve's [0] twice, and torch-mlir could not unpack its result list twice
+    # ("failed to legalize operation 'torch.prim.ListUnpack'")
+    m = randn(2, 3, 3) + 2 * torch.eye(3)
+    grads = []
+    for fn in (lambda m: (torch.linalg.inv(m), torch.linalg.inv(m)),
+               compile_tpu(lambda m: (torch.linalg.inv(m), torch.linalg.inv(m)))):
+        leaf = m.clone().requires_grad_()
+        with config.patch(matmul_precision="highest"):
+            a, b = fn(leaf)
+            (a.sum() + 2 * b.sum()).backward()
+        grads.append((a.detach(), b.detach(), leaf.grad))
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-5)
+
+
 def test_matrix_exp_through_jax():
     # Unlowered: nn.utils.parametrizations.orthogonal (square weights) ran matrix_exp on the
     # host every forward. The eager device and the parametrization's gradient:

@@ -139,6 +139,22 @@ def _added(graph: fx.Graph, target, *args) -> fx.Node:
 
 
 @fx_pass
+def one_getitem_per_element(gm):
+    """Two getitems of one element of a multi-output op read as one: torch-mlir unpacks a
+    list once, and a region returning both (CSE had merged two linalg.inv calls whose results
+    were both returned) failed to legalize its ListUnpack."""
+    import operator
+    seen: dict = {}
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is operator.getitem and \
+                isinstance(node.args[0], fx.Node):
+            first = seen.setdefault((node.args[0], node.args[1]), node)
+            if first is not node:
+                node.replace_all_uses_with(first)
+                gm.graph.erase_node(node)
+
+
+@fx_pass
 def sum_of_one_hot_product(gm):
     # First, before other rewrites widen the one-hot's branches to its shape. The
     # log-softmax backward sums nll_loss's gradient along the classes: a one-hot (the
