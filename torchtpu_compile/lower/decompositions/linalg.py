@@ -35,6 +35,19 @@ def addmv(self, mat, vec, *, beta=1, alpha=1):
     return out + (self * beta if beta != 1 else self)
 
 
+@decomposition(aten.addbmm.default)
+def addbmm(self, batch1, batch2, *, beta=1, alpha=1):
+    # torch-mlir's lowering fails for bf16 and f16 ("failed to legalize torch.constant.int"):
+    # every addbmm under autocast ran on the host. The sum of the batch's products is one
+    # product of the batches laid side by side, [a_1 .. a_b] @ [b_1; ..; b_b].
+    if batch1.dtype not in (torch.bfloat16, torch.float16):
+        return NotImplemented
+    count, rows, inner = batch1.shape
+    left = batch1.permute(1, 0, 2).reshape(rows, count * inner)
+    return torch.addmm(self, left, batch2.reshape(count * inner, batch2.shape[2]),
+                       beta=beta, alpha=alpha)
+
+
 # --- grouped matmuls (mixture-of-experts layers) ---------------------------------------------
 
 def _groups(offs, length: int):
