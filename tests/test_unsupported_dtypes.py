@@ -73,8 +73,8 @@ def test_probe_once_per_signature_and_rng_untouched(monkeypatch):
     from torchtpu_compile import dtype_support
     probes = []
     real = dtype_support._probe
-    monkeypatch.setattr(dtype_support, "_probe", lambda fn, sig: probes.append(fn) or
-                        real(fn, sig))
+    monkeypatch.setattr(dtype_support, "_probe", lambda fn, sig, *rest: probes.append(fn) or
+                        real(fn, sig, *rest))
     monkeypatch.setattr(dtype_support, "_verdicts", {})
     state = torch.get_rng_state()
     x = torch.ones(8)
