@@ -951,6 +951,16 @@ def _results(fn):
     return out
 
 
+def _assert_same_results(cpu, tpu):
+    """Each of ``fn``'s results on tpu (``_results``) equals the host's: tensors close, the
+    rest (shapes, strides, offsets) equal."""
+    for got, want in zip(tpu, cpu):
+        if isinstance(want, torch.Tensor):
+            torch.testing.assert_close(got, want)
+        else:
+            assert got == want
+
+
 def _out_into(make_out, shape):
     def fn(device):
         out = make_out(device)
@@ -984,12 +994,7 @@ def test_resize_set_and_their_views():
         s.add_(1)  # reaches base
         return (x.shape, x.flatten()[:4].cpu(), z.shape, z.stride(), z.cpu(), s.shape,
                 s.stride(), base.cpu())
-    cpu, tpu = _results(fn)
-    for got, want in zip(tpu, cpu):
-        if isinstance(want, torch.Tensor):
-            torch.testing.assert_close(got, want)
-        else:
-            assert got == want
+    _assert_same_results(*_results(fn))
 
 
 def test_a_storage_grown_under_its_views_and_aliases_keeps_them_as_eager():
@@ -1007,12 +1012,7 @@ def test_a_storage_grown_under_its_views_and_aliases_keeps_them_as_eager():
         torch.add(torch.arange(6.0, device=device), 1, out=out)
         return (view.cpu(), alias.cpu(), x[:4].cpu(), out_view.cpu(), out_view.stride(),
                 out_view.data_ptr() - out.data_ptr())
-    cpu, tpu = _results(fn)
-    for got, want in zip(tpu, cpu):
-        if isinstance(want, torch.Tensor):
-            torch.testing.assert_close(got, want)
-        else:
-            assert got == want
+    _assert_same_results(*_results(fn))
 
 
 @pytest.mark.parametrize("write", [
