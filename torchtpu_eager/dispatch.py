@@ -46,7 +46,7 @@ from .programs import (OpGraph, _fake_examples, _platform, example, meta_kernel_
                        outside_dynamo, splice, trace)
 from .storage import Storage
 from .tensor import (DEVICE, TpuTensor, _numel, contiguous_strides, dense_tensor, is_dense,
-                     memory_layout, new_tensor, strided_tensor, view_tensor)
+                     memory_layout, new_tensor, reach, strided_tensor, view_tensor)
 from .transfer import download, from_cpu, not_dense, to_cpu, upload
 
 aten = torch.ops.aten
@@ -935,9 +935,7 @@ def elements_meet(a, b) -> bool:
         if key[:3] == key[3:] or a.numel() == 0 or b.numel() == 0:
             met = False
         else:
-            extent = 1 + max(t.storage_offset() + sum((n - 1) * st for n, st in
-                                                      zip(t.shape, t.stride()))
-                             for t in (a, b))
+            extent = max(t.storage_offset() + reach(t.shape, t.stride()) for t in (a, b))
             mask = torch.zeros(extent, dtype=torch.bool)
             mask.as_strided(a.shape, a.stride(), a.storage_offset()).fill_(True)
             met = bool(mask.as_strided(b.shape, b.stride(), b.storage_offset()).any())
@@ -1071,7 +1069,7 @@ def _check_in_storage(size, stride, offset, storage) -> None:
     element, its writes landing on it."""
     if 0 in size:
         return
-    needed = offset + 1 + sum((n - 1) * s for n, s in zip(size, stride))
+    needed = offset + reach(size, stride)
     if needed > storage.numel:
         itemsize = storage.dtype.itemsize
         raise RuntimeError(

@@ -225,6 +225,16 @@ def user_attributes(t) -> dict:
     return {k: v for k, v in t.__dict__.items() if k not in _OWN_ATTRIBUTES}
 
 
+def reach(shape, stride) -> int:
+    """How many elements from its first a layout spans: one past its farthest element.
+
+    Example::
+
+        reach((2, 3), (1, 2))   # 6: the last element is at 1 + 2 * 2
+    """
+    return 0 if 0 in shape else 1 + sum((n - 1) * s for n, s in zip(shape, stride))
+
+
 def is_dense(size: tuple, stride: tuple, offset: int, numel: int, contiguous=None) -> bool:
     """Whether a view (``size``, ``stride``, ``offset``) of a storage of ``numel`` elements is
     the whole storage, in order (the common case, read directly).
@@ -309,8 +319,7 @@ def strided_tensor(value, shape, stride, dtype, requires_grad: bool = False) -> 
     if order is not None:
         storage_shape = tuple([shape[d] for d in order])
     else:
-        reach = 0 if 0 in shape else 1 + sum((n - 1) * s for n, s in zip(shape, stride))
-        storage_shape = (reach,)
+        storage_shape = (reach(shape, stride),)
     return TpuTensor(Storage(value, storage_shape, dtype, _numel(storage_shape)), shape, stride,
                      requires_grad=requires_grad)
 
