@@ -104,6 +104,7 @@ class BucketedGraph:
         # symbol -> real value, for a graph of one value of the held sizes; None at the top
         self.held = held
         self._holds: tuple = ()     # the held symbols, sorted (the top graph)
+        self._held_at: list = []    # where a call's value of each is (size_binding)
         self._by_value: dict = {}   # their values -> the BucketedGraph serving them
         self.name = name
         # (static gm, precision, label, resident, **build_program options) -> program

@@ -20,7 +20,6 @@ from .registry import decomposition
 aten = torch.ops.aten
 
 
-
 # --- indexing --------------------------------------------------------------------------------
 
 @decomposition(aten.index.Tensor)
