@@ -258,3 +258,29 @@ def test_a_graph_setting_an_inputs_data_runs_in_eager_as_eager_does(training):
         compile_tpu(lambda x: step(ours, x))(x)
     error = getattr(info.value, "inner_exception", info.value)  # in BackendCompilerFailed
     assert isinstance(error, UnsupportedOpError) and "p.data = " in str(error), info.value
+
+
+def _poisson_then_randn(rate):
+    k = torch.poisson(rate * 3)  # its rate is computed by the graph: the op falls back
+    return k, torch.randn(8) * rate
+
+
+def _rand_randn_around_a_fallback(x):
+    first = torch.rand(8)
+    second = torch.randn(8)
+    return first + doubled(second * 2 + x)
+
+
+@pytest.mark.parametrize("fn", [_poisson_then_randn, _rand_randn_around_a_fallback],
+                         ids=["random_fallback", "fallback_between_draws"])
+def test_random_numbers_around_a_fallback_are_drawn_in_eager_order(fn):
+    # The partitioner merged independent nodes across the fallback and moved regions, and a
+    # region draws when it starts: the randn was drawn before the poisson (and the second
+    # draw before the first), each result equal to eager's with the draws swapped.
+    x = torch.rand(8) + 0.5
+    torch.manual_seed(0)
+    expected = fn(x)
+    compiled = compile_tpu(fn)
+    for _ in range(2):  # the cold call, then the cached program
+        torch.manual_seed(0)
+        torch.testing.assert_close(compiled(x), expected, rtol=0, atol=0)

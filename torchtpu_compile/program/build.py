@@ -40,7 +40,7 @@ from ..fallback_policy import fall_back
 from ..host_semantics import eager_semantics
 from ..lower import lower_graph
 from ..lower.cache import lower_graph_cached
-from ..lower.calling_convention import prepare
+from ..lower.calling_convention import is_random, prepare
 from ..lower.collective_graphs import plan_collectives
 from ..lower.fx_passes import normalize
 from ..lower.support import (COLLECTIVE, ERROR_CHECK, analyze, describe, is_fallback,
@@ -335,8 +335,40 @@ def _by_support(gm: fx.GraphModule, bad: dict) -> fx.GraphModule:
                 return node.args[0] not in bad
             return True
 
-    partitioner = CapabilityBasedPartitioner(gm, Support(), allows_single_node_partition=True)
+    support = Support()
+    partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
+    if sum(1 for node in gm.graph.nodes if is_random(node)) > 1:
+        return partitioner.fuse_partitions(_runs_in_graph_order(gm, support))
     return partitioner.fuse_partitions(partitioner.propose_partitions())
+
+
+def _runs_in_graph_order(gm: fx.GraphModule, support) -> list:
+    """Each run of lowerable nodes between two that are not, as one partition, in graph order.
+
+    A region draws its random numbers from torch's generator when it starts, and an op that
+    falls back draws when it runs. The capability partitioner merges independent nodes across
+    a fallback and moves regions, so draws came in another order than eager's (``k =
+    poisson(...); eps = randn(...)`` gave eager's values swapped). Runs keep every node where
+    the graph has it: each region runs where its nodes were. A ``getitem`` moves right after
+    the node it reads first, so that a region never hands a tuple to another.
+    """
+    from torch.fx.passes.infra.partitioner import Partition
+
+    for node in list(gm.graph.nodes):
+        if node.target is operator.getitem and isinstance(node.args[0], fx.Node):
+            node.args[0].append(node)
+    runs, run = [], []
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "get_attr"):
+            continue  # read, not run: a region takes them as inputs
+        if node.op == "call_function" and support.is_node_supported(None, node):
+            run.append(node)
+        elif run:
+            runs.append(run)
+            run = []
+    if run:
+        runs.append(run)
+    return [Partition(id=i, nodes=nodes) for i, nodes in enumerate(runs)]
 
 
 def _by_piece(gm: fx.GraphModule, pieces: list) -> fx.GraphModule:
