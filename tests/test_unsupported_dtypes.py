@@ -61,12 +61,29 @@ def test_supported_dtypes_still_run():
 
 
 def test_large_bool_inputs_are_refused_too():
-    # Above the size probed exactly, the probe's zeros keep the rank with dims of 1.
+    # Above the size probed exactly, the probe's zeros keep the rank with small dims.
     a = torch.ones(4, 100, 100, dtype=torch.bool)
     for run in (torch.compile(torch.bmm, backend="torchtpu"),
                 lambda x, y: torch.bmm(x.to("tpu"), y.to("tpu")).cpu()):
         with pytest.raises(NotImplementedError, match="\"bmm\" not implemented for 'Bool'"):
             run(a, a)
+
+
+@pytest.mark.parametrize("reduce", [torch.var, torch.std, torch.var_mean],
+                         ids=["var", "std", "var_mean"])
+def test_the_probe_of_a_large_reduction_warns_nothing(reduce, monkeypatch):
+    # Its probe ran on one element, and the CPU kernel's "degrees of freedom is <= 0" warning
+    # reached the user at the first var of every large tpu tensor (eager warns nothing).
+    import warnings
+
+    from torchtpu_compile import dtype_support
+    monkeypatch.setattr(dtype_support, "_verdicts", {})
+    x = torch.randn(5000)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        expected = reduce(x)
+        got = reduce(x.to("tpu"))
+    torch.testing.assert_close(torch.utils._pytree.tree_map(lambda t: t.cpu(), got), expected)
 
 
 def test_probe_once_per_signature_and_rng_untouched(monkeypatch):

@@ -7,9 +7,9 @@ lowered to XLA's dot, which takes any type, and returned a value; so did ``hards
 ``adaptive_avg_pool2d`` of int64 and others (docs/coverage.md, unsupported dtypes).
 
 ``check(fn, args, kwargs)`` runs ``fn`` on small host tensors of the inputs' dtypes (zeros of
-the real shapes when the inputs are small, else of the same rank with every dimension 1) and,
-where the CPU kernel refuses the dtype (``_DTYPE_REFUSALS``: eager's words for it), raises
-eager's own exception, type and message. Any other outcome of the probe (a value, or an error
+the real shapes when the inputs are small, else of the same rank with every dimension at most
+2) and, where the CPU kernel refuses the dtype (``_DTYPE_REFUSALS``: eager's words for it),
+raises eager's own exception, type and message. Any other outcome of the probe (a value, or an error
 the zeros caused: a singular matrix, a shape argument that no longer fits) says nothing about
 the dtype and raises nothing. Each signature (the function, its inputs' dtypes and probe
 shapes, its other arguments) is probed once per process.
@@ -88,12 +88,19 @@ class _Unprobeable(Exception):
     """An argument the probe cannot make concrete (a symbolic size)."""
 
 
+#: A large input's dimensions shrink to this. The rank is what the kernels' dtype checks see;
+#: 2, not 1, because the probe's C++ warnings reach the user (they are raised when eager's
+#: outer call returns, past any Python filter around the probe): ``var`` of one element
+#: warned "degrees of freedom is <= 0" at every first ``var`` of a large tpu tensor.
+_SHRUNK = 2
+
+
 def _probe_shape(shape, small: bool) -> tuple:
     if not all(isinstance(d, int) for d in shape):
         if small:
             raise _Unprobeable("symbolic shape")
-        return tuple(1 for _ in shape)  # the rank is what the kernels' dtype checks see
-    return tuple(shape) if small else tuple(min(d, 1) for d in shape)
+        return tuple(_SHRUNK for _ in shape)
+    return tuple(shape) if small else tuple(min(d, _SHRUNK) for d in shape)
 
 
 def _signature(value, small: bool):
