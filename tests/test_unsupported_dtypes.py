@@ -86,6 +86,25 @@ def test_the_probe_of_a_large_reduction_warns_nothing(reduce, monkeypatch):
     torch.testing.assert_close(torch.utils._pytree.tree_map(lambda t: t.cpu(), got), expected)
 
 
+def test_a_wrong_size_out_warns_once_as_eager(monkeypatch):
+    # The probe's meta call (PyTorch's reference, with a literal "{str(shape)}" in its text)
+    # and its host call (a C++ warning raised at the user's line) warned besides ours.
+    import warnings
+
+    from torchtpu_compile import dtype_support
+    monkeypatch.setattr(dtype_support, "_verdicts", {})
+    x = torch.randn(4)
+    counts = []
+    for device in ("cpu", "tpu"):
+        out = torch.empty(3, device=device)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.add(x.to(device), 1, out=out)
+        counts.append(sum("was resized" in str(w.message) for w in caught))
+        torch.testing.assert_close(out.cpu(), x + 1)
+    assert counts == [1, 1]
+
+
 def test_probe_once_per_signature_and_rng_untouched(monkeypatch):
     from torchtpu_compile import dtype_support
     probes = []

@@ -7,9 +7,9 @@ lowered to XLA's dot, which takes any type, and returned a value; so did ``hards
 ``adaptive_avg_pool2d`` of int64 and others (docs/coverage.md, unsupported dtypes).
 
 ``check(fn, args, kwargs)`` runs ``fn`` on small host tensors of the inputs' dtypes (zeros of
-the real shapes when the inputs are small, else of the same rank with every dimension at most
-2) and, where the CPU kernel refuses the dtype (``_DTYPE_REFUSALS``: eager's words for it),
-raises eager's own exception, type and message. Any other outcome of the probe (a value, or an error
+the real shapes when the inputs are small, else of the same rank with every dimension 1) and,
+where the CPU kernel refuses the dtype (``_DTYPE_REFUSALS``: eager's words for it), raises
+eager's own exception, type and message. Any other outcome of the probe (a value, or an error
 the zeros caused: a singular matrix, a shape argument that no longer fits) says nothing about
 the dtype and raises nothing. Each signature (the function, its inputs' dtypes and probe
 shapes, its other arguments) is probed once per process.
@@ -22,6 +22,7 @@ Example::
 from __future__ import annotations
 
 import re
+import warnings
 
 import torch
 
@@ -88,19 +89,12 @@ class _Unprobeable(Exception):
     """An argument the probe cannot make concrete (a symbolic size)."""
 
 
-#: A large input's dimensions shrink to this. The rank is what the kernels' dtype checks see;
-#: 2, not 1, because the probe's C++ warnings reach the user (they are raised when eager's
-#: outer call returns, past any Python filter around the probe): ``var`` of one element
-#: warned "degrees of freedom is <= 0" at every first ``var`` of a large tpu tensor.
-_SHRUNK = 2
-
-
 def _probe_shape(shape, small: bool) -> tuple:
     if not all(isinstance(d, int) for d in shape):
         if small:
             raise _Unprobeable("symbolic shape")
-        return tuple(_SHRUNK for _ in shape)
-    return tuple(shape) if small else tuple(min(d, _SHRUNK) for d in shape)
+        return tuple(1 for _ in shape)  # the rank is what the kernels' dtype checks see
+    return tuple(shape) if small else tuple(min(d, 1) for d in shape)
 
 
 def _signature(value, small: bool):
@@ -172,7 +166,42 @@ def _result_too_large(fn, signature) -> bool:
     return _numel(result) > _LARGEST_RESULT
 
 
+class _WarningBoundary(torch.autograd.Function):
+    """Runs a function behind a C++ entry of PyTorch's that keeps its own warning buffer.
+
+    A kernel's C++ warning goes to the buffer of the Python call that entered C++ last, and
+    becomes a Python warning when that call returns. An ATen op called from Python inside a
+    dispatch handler keeps none, so its warnings surfaced at the user's op, past any Python
+    filter around the probe: a tpu ``var`` of a large tensor warned "degrees of freedom is
+    <= 0" (the probe's one element), a wrong-size ``out=`` warned three times. ``apply``
+    is such an entry: what ``fn`` warns is a Python warning when it returns.
+    """
+
+    @staticmethod
+    def forward(ctx, fn, results):
+        results.append(fn())
+
+    @staticmethod
+    def backward(ctx, *grads):  # pragma: no cover  (never differentiated: no tensor inputs)
+        return None, None
+
+
+def _quietly(fn):
+    """``fn()``, with no warning of its own reaching the user: a probe is not the user's op."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if torch._C._are_functorch_transforms_active():
+            return fn()  # an autograd.Function there needs a vmap rule; such warnings may show
+        results = []
+        _WarningBoundary.apply(fn, results)
+        return results[0]
+
+
 def _probe(fn, signature, autocast_dtype=None) -> BaseException | None:
+    return _quietly(lambda: _probe_loudly(fn, signature, autocast_dtype))
+
+
+def _probe_loudly(fn, signature, autocast_dtype) -> BaseException | None:
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     from .host_semantics import eager_semantics
