@@ -261,6 +261,51 @@ def test_save_pretrained_of_a_tpu_model_loads_back_as_the_cpu_model(tmp_path):
     torch.testing.assert_close(loaded(ids).logits, model.cpu()(ids).logits)
 
 
+_LOAD_WITHOUT_TORCHTPU = """
+import sys, torch
+sys.modules["torchtpu_eager"] = sys.modules["torchtpu_compile"] = None  # not installed
+host = torch.load(sys.argv[2])
+for kwargs in ({"map_location": "cpu"}, {"map_location": lambda storage, loc: storage},
+               {"map_location": "cpu", "weights_only": False}):
+    got = torch.load(sys.argv[1], **kwargs)
+    assert got.keys() == host.keys()
+    for name, want in host.items():
+        assert type(got[name]) is type(want) and got[name].dtype == want.dtype, name
+        assert torch.equal(got[name], want), name
+    got["x"][1] = 100
+    assert got["tail"][0] == 100  # views of one storage, as saved
+try:
+    torch.load(sys.argv[1])
+except RuntimeError as error:
+    assert "tpu:0" in str(error), error
+else:
+    raise AssertionError("loaded on a device that is not there")
+print("loaded")
+"""
+
+
+def test_a_checkpoint_saved_from_the_device_loads_where_torchtpu_is_not(tmp_path):
+    # As a CUDA checkpoint loads on a CPU machine with map_location="cpu". Tensors were saved
+    # through a torchtpu function: the default weights-only load refused it ("Unsupported
+    # global") wherever torchtpu was not imported, and any load failed where it is not
+    # installed.
+    x = torch.arange(24.0, device="tpu")
+    saved = {"x": x, "tail": x[1:], "t": x.view(4, 6).t(),
+             "mask": torch.tensor([True, False], device="tpu"),
+             "half": torch.randn(3, device="tpu").bfloat16(),
+             "ids": torch.arange(3, device="tpu"),
+             "z": torch.randn(2, dtype=torch.complex64).to("tpu"),
+             "weight": torch.nn.Parameter(torch.ones(2, device="tpu"))}
+    torch.save(saved, tmp_path / "tpu.pt")
+    torch.save({name: torch.nn.Parameter(t.detach().cpu()) if isinstance(t, torch.nn.Parameter)
+                else t.cpu() for name, t in saved.items()}, tmp_path / "host.pt")
+    done = subprocess.run(
+        [sys.executable, "-c", _LOAD_WITHOUT_TORCHTPU, str(tmp_path / "tpu.pt"),
+         str(tmp_path / "host.pt")], capture_output=True, text=True, timeout=300,
+        env={**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    assert done.returncode == 0 and "loaded" in done.stdout, done.stderr[-3000:]
+
+
 def _safetensors_file(tmp_path):
     tensors = {"w": torch.randn(3, 8), "ids": torch.arange(8).reshape(2, 4),
                "half": torch.randn(2, 4, dtype=torch.bfloat16),

@@ -1,11 +1,17 @@
 """``torch.save`` / ``torch.load`` of tpu tensors, keeping which tensors view one storage.
 
-A tpu tensor pickles as its view (size, stride, offset) of a host copy of its whole storage.
-Within one save the tensors of a storage share that host copy (the pickler keeps it, so the
-next tensor of the storage finds it), so the file holds each storage once, as it does for CPU
-tensors. Loading makes one tpu storage per host copy, and every tensor a view of it again; with
+A tpu tensor pickles as a CUDA tensor does: PyTorch's ``_rebuild_tensor_v2`` of its view
+(size, stride, offset) of its storage, the storage written as a host copy tagged with its
+location ("tpu:0"). So a checkpoint saved from the device loads where torchtpu is not
+installed, with ``map_location="cpu"`` (or a callable), as CUDA checkpoints do on CPU
+machines, and under ``weights_only=True`` with nothing allowed beyond PyTorch's own. Within
+one save the tensors of a storage share that host copy (``torch.save`` keeps it until the end),
+so the file holds each storage once. Loading makes one tpu storage per saved storage (the
+tag's deserializer, ``_restore_on_tpu``), and every tensor a view of it again; with
 ``map_location="cpu"`` the tensors are views of one CPU storage. Mutation through one is then
-seen through the others, as after saving and loading CPU tensors.
+seen through the others, as after saving and loading CPU tensors. A tensor with Python
+attributes of its own is rebuilt by ``rebuild_with_state`` (a torchtpu function: such files
+need torchtpu to load).
 
 ``map_location="tpu"`` (or ``torch.device("tpu")``, ``{"cpu": "tpu"}``) puts tensors saved
 from the host on the device, as ``map_location="cuda"`` does: a storage cannot live on the tpu
@@ -22,6 +28,7 @@ Example::
 """
 from __future__ import annotations
 
+import collections
 import re
 import sys
 import weakref
@@ -32,6 +39,8 @@ from torch.utils.weak import WeakIdKeyDictionary
 # Storage -> (weak reference to the buffer copied, weak reference to its host copy): the host
 # copy lives as long as a save holds it.
 _saved: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# Storage -> (weak reference to the buffer copied, weak reference to the tagged host storage).
+_tagged: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # Host copy (as unpickled) -> the tpu storage made from it, for the other tensors of one load.
 _loaded = WeakIdKeyDictionary()
 
@@ -51,9 +60,42 @@ def _host_copy(storage) -> torch.Tensor:
     return host
 
 
+class _SavedFromTpu(torch.UntypedStorage):
+    """A tpu storage's host copy on its way into a file: its ``device`` says where it came
+    from, so ``torch.save`` tags it with that location (``_location``) and copies it to the
+    host (it is there already) to write it."""
+
+    @property
+    def device(self) -> torch.device:
+        return self._tpu_device
+
+
+def _location(storage) -> str | None:
+    """The location tag of a storage saved from the device ("tpu:0"); None for any other."""
+    return str(storage._tpu_device) if isinstance(storage, _SavedFromTpu) else None
+
+
+def _tagged_storage(t) -> torch.UntypedStorage:
+    """Tensor ``t``'s storage as a tagged host storage, one object per storage and contents,
+    so that its views saved together write it once."""
+    from . import modes, views
+    buffer = modes.concrete(views.storage_value(t._st))
+    known = _tagged.get(t._st)
+    if known is not None and known[0]() is buffer:
+        storage = known[1]()
+        if storage is not None:
+            return storage
+    storage = _host_copy(t._st).untyped_storage()
+    storage.__class__ = _SavedFromTpu
+    storage._tpu_device = t.device
+    _tagged[t._st] = (weakref.ref(buffer), weakref.ref(storage))
+    return storage
+
+
 def reduce(t):
-    """``t.__reduce_ex__``: rebuilt by ``rebuild`` as a view of its storage's host copy (and
-    made a Parameter again, as ``Parameter.__reduce_ex__`` does, if it was one)."""
+    """``t.__reduce_ex__``: PyTorch's ``_rebuild_tensor_v2`` of a view of its storage, saved
+    as a storage of the tpu device (module doc); made a Parameter again, as
+    ``Parameter.__reduce_ex__`` does, if it was one."""
     # The Python attributes too, as eager's tensors and Parameters keep them (a flag a
     # library set on a weight came back without it).
     from .tensor import user_attributes
@@ -63,11 +105,15 @@ def reduce(t):
             return torch._utils._rebuild_parameter_with_state, (t.detach(), t.requires_grad,
                                                                  {}, state)
         return torch._utils._rebuild_parameter, (t.detach(), t.requires_grad, {})
-    args = (_host_copy(t._st), t.storage_offset(), tuple(t.shape), tuple(t.stride()),
-            str(t.device), t.requires_grad)
     if state:
-        return rebuild_with_state, (state, *args)
-    return rebuild, args
+        return rebuild_with_state, (state, _host_copy(t._st), t.storage_offset(),
+                                    tuple(t.shape), tuple(t.stride()), str(t.device),
+                                    t.requires_grad)
+    storage = torch.storage.TypedStorage(wrap_storage=_tagged_storage(t), dtype=t.dtype,
+                                         _internal=True)
+    return torch._utils._rebuild_tensor_v2, (storage, t.storage_offset(), tuple(t.shape),
+                                             tuple(t.stride()), t.requires_grad,
+                                             collections.OrderedDict())
 
 
 def rebuild_with_state(state, *args) -> torch.Tensor:
@@ -80,7 +126,8 @@ def rebuild_with_state(state, *args) -> torch.Tensor:
 def rebuild(host: torch.Tensor, offset: int, size: tuple, stride: tuple, device: str,
             requires_grad: bool) -> torch.Tensor:
     """A tensor viewing ``host`` (a storage's contents) as it was saved, on ``device`` or where
-    ``torch.load``'s ``map_location`` sends it; views of one saved storage share one again."""
+    ``torch.load``'s ``map_location`` sends it; views of one saved storage share one again.
+    Files saved before tpu tensors were saved as CUDA's are rebuilt by it too."""
     from .tensor import TpuTensor
     target = _restore_target(device, host)
     if type(host) is TpuTensor:  # map_location sent the host copy itself to the device
@@ -211,10 +258,12 @@ def _uploaded(host: torch.Tensor):
 
 
 def register() -> None:
-    """Let ``torch.load(weights_only=True)`` (its default) call ``rebuild``, and
-    ``map_location="tpu"`` restore storages (before PyTorch's PrivateUse1 deserializer)."""
+    """Let ``torch.load(weights_only=True)`` (its default) call ``rebuild`` (earlier files'
+    format) and ``rebuild_with_state``; tag storages saved from the device with their location,
+    and restore them there, as ``map_location="tpu"`` restores host ones (before PyTorch's
+    PrivateUse1 deserializer)."""
     torch.serialization.add_safe_globals([rebuild, rebuild_with_state])
-    torch.serialization.register_package(15, lambda storage: None, _restore_on_tpu)
+    torch.serialization.register_package(15, _location, _restore_on_tpu)
 
 
 def _legacy_loaded(host: torch.Tensor) -> bool:
