@@ -1271,6 +1271,17 @@ def determinant(func, args, kwargs):
     return run_op(func, (a, *args[1:]), kwargs)
 
 
+@handles(aten.cholesky.default)
+def cholesky(func, args, kwargs):
+    # Eager's kernel: the factor, then its info checked. As one program the check cannot
+    # lower (it raises on the host), and the whole op ran on the host.
+    a = args[0]
+    upper = kwargs.get("upper", args[1] if len(args) > 1 else False)
+    factor, info = run_op(aten.linalg_cholesky_ex.default, (a,), {"upper": upper})
+    aten._linalg_check_errors.default(info, "cholesky", is_matrix=a.dim() == 2)
+    return factor
+
+
 @handles(aten.one_hot.default)
 def one_hot(func, args, kwargs):
     # Reached whole in inference mode only; elsewhere kernels.one_hot_checked runs above

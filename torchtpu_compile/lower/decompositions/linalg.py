@@ -176,16 +176,20 @@ def _triangular_solve_fn(left, lower, unit):
 
 
 def _cholesky_with_info(a):
-    """(lower factor, LAPACK's info) of a batch of symmetric matrices.
+    """(lower factor, LAPACK's info) of a batch of matrices, read from their lower triangles
+    (as LAPACK's potrf with "L": the upper triangle is never read).
 
     JAX's factor is NaN wherever the matrix is not positive definite; LAPACK's info is the
     order of the first leading minor that is not. Only then (one scalar condition: XLA runs
-    one branch) is it found, as the first non-positive pivot of an unpivoted LDL^T.
+    one branch) is it found, as the first non-positive pivot of an unpivoted LDL^T of the
+    symmetric matrix the lower triangle stands for (of the whole matrix, an upper triangle
+    that differed gave info 0 beside a NaN factor, and no error).
     """
     import jax
     import jax.numpy as jnp
 
     lower = jax.lax.linalg.cholesky(a, symmetrize_input=False)
+    a = jnp.tril(a) + jnp.swapaxes(jnp.tril(a, -1), -1, -2)
     n = a.shape[-1]
     ok = jnp.isfinite(jnp.diagonal(lower, axis1=-2, axis2=-1)).all(-1)
     zeros = jnp.zeros(a.shape[:-2], jnp.int32)
@@ -234,7 +238,9 @@ def linalg_cholesky_ex(a, upper=False, check_errors=False):
         return NotImplemented
     if a.numel() == 0:  # JAX's loop over columns indexes the empty matrix
         return a.clone(), torch.zeros(a.shape[:-2], dtype=torch.int32)
-    lower, info = jax_function("cholesky")(a)
+    # upper: eager reads the upper triangle (U^T U = A); it is the lower one of A^T. The
+    # lower one was factored, and an upper-only matrix gave a diagonal factor.
+    lower, info = jax_function("cholesky")(a.mT if upper else a)
     return (lower.mT if upper else lower), info
 
 
@@ -252,12 +258,13 @@ def linalg_matrix_exp(a):
 
 @decomposition(aten.cholesky.default)
 def cholesky(a, upper=False):
+    # As eager's kernel: the factor, then its info checked ("cholesky: ... the leading minor
+    # of order 2 is not positive-definite"); the info was dropped, and the factor was NaN.
     if not _is_real_float(a):
         return NotImplemented
-    if a.numel() == 0:
-        return a.clone()
-    lower, _ = jax_function("cholesky")(a)
-    return lower.mT if upper else lower
+    factor, info = aten.linalg_cholesky_ex.default(a, upper=upper)
+    aten._linalg_check_errors.default(info, "cholesky", is_matrix=a.dim() == 2)
+    return factor
 
 
 def _broadcast_batch(a, b):
