@@ -704,3 +704,27 @@ def test_a_folded_literal_beside_a_data_dependent_op_on_tpu_tensors(fresh_dynamo
     for g, e in zip(got, positive_sum_and_relu(x)):
         assert g.device.type == "tpu"
         torch.testing.assert_close(g.cpu(), e)
+
+
+def test_a_tpu_default_device_leaves_buckets_and_index_checks_on_the_device(fresh_dynamo):
+    # torch.set_default_device("tpu"), the usual first step of a port: the tensors we make
+    # while building programs followed it. The padded bucket failed ("found at least two
+    # devices, cpu and tpu:0") and compiled per shape; the gather's index check fell back.
+    import torchtpu_compile
+    from torchtpu_compile import config
+
+    def pick(x, a):
+        return x.log_softmax(-1).gather(-1, a.unsqueeze(-1)).squeeze(-1).sum()
+
+    torchtpu_compile.reset_stats()
+    compiled = torch.compile(pick, backend="torchtpu", dynamic=True)
+    generator = torch.Generator().manual_seed(0)
+    with config.patch(matmul_precision="highest"):
+        for n in (19, 13, 26, 9):
+            x = torch.randn(n, 7, generator=generator)
+            a = torch.randint(0, 7, (n,), generator=generator)
+            with torch.device("tpu"):
+                got = compiled(x.to("tpu"), a.to("tpu"))
+            torch.testing.assert_close(got.cpu(), pick(x, a))
+    stats = torchtpu_compile.stats()
+    assert stats["fallback_ops"] == {} and stats["buckets"]["exact_shape_compiles"] == 0

@@ -329,6 +329,7 @@ def torchtpu_backend(gm: torch.fx.GraphModule, example_inputs, **options):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from . import graph_cache
+    from .host_semantics import host_factories
     from .profiling import spanning
 
     from .descriptor_guards import guard_descriptors
@@ -355,7 +356,8 @@ def torchtpu_backend(gm: torch.fx.GraphModule, example_inputs, **options):
         # lower; the math formulation does, and XLA fuses it anyway. Likewise aten.lstm's
         # decomposition picks mkldnn's layer kernel (mkldnn_rnn_layer) for CPU tensors when
         # mkldnn is on: an nn.LSTM under allow_rnn ran on the host; the generic cells lower.
-        with sdpa_kernel(SDPBackend.MATH), _mkldnn_off(), spanning("torchtpu::aot_autograd"):
+        with sdpa_kernel(SDPBackend.MATH), _mkldnn_off(), host_factories(), \
+                spanning("torchtpu::aot_autograd"):
             try:
                 compiled = aot(gm, example_inputs)
             except errors.InvalidInputError as exc:

@@ -53,3 +53,24 @@ def eager_semantics():
     finally:
         for key in excluded:
             torch._C._dispatch_tls_set_dispatch_key_excluded(key, True)
+
+
+@contextlib.contextmanager
+def host_factories():
+    """Tensor factories without a device make host tensors in the body, whatever
+    ``torch.set_default_device`` says: the graphs, checks and constants we build at compile
+    and build time are host values. Under a tpu default device (the usual first step of a
+    port) they were made on the device: bucketed programs failed at their padded sizes
+    ("found at least two devices, cpu and tpu:0") and compiled per shape, and index checks
+    fell back to eager PyTorch.
+
+    Example::
+
+        with host_factories():
+            positions = torch.arange(8)     # on the host
+    """
+    if torch.get_default_device().type == "cpu":
+        yield
+        return
+    with torch.device("cpu"):
+        yield

@@ -23,6 +23,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from .. import config, counters
 from .._logging import log
+from ..host_semantics import host_factories
 from ..profiling import trace_artifact
 from ..runtime.transfer import keep_aliased
 from .layout import (DimsDiffer, NotPaddable, canonical_factors, has_padding, holding,
@@ -182,7 +183,7 @@ class BucketedGraph:
         return self._build_bucket(precision, key, pad_env, self._build)
 
     def _build_bucket(self, precision: str, key: tuple, pad_env: dict, build):
-        with unset_fake_temporarily():
+        with unset_fake_temporarily(), host_factories():
             plan = trace_bucket(self.gm, self.spec, pad_env)
         tensor_positions = [i for i, k in enumerate(self.spec.kinds) if k == "tensor"]
         resident = frozenset(j for j, i in enumerate(tensor_positions)

@@ -37,7 +37,7 @@ from .. import config, counters
 from .._logging import log
 from ..errors import LoweringError
 from ..fallback_policy import fall_back
-from ..host_semantics import eager_semantics
+from ..host_semantics import eager_semantics, host_factories
 from ..lower import lower_graph
 from ..lower.cache import lower_graph_cached
 from ..lower.calling_convention import is_random, prepare
@@ -87,7 +87,7 @@ def build_program(gm: fx.GraphModule, *, precision: str, name: str,
         outputs = program([x, weight])
     """
     trace = BuildTrace(name, precision) if tracing() else None  # TORCH_TRACE (profiling.py)
-    with spanning("torchtpu::build " + name):
+    with spanning("torchtpu::build " + name), host_factories():
         program = _build(gm, precision, name, platform, resident_inputs, rebuild_views,
                          allow_fallback, skip_empty, compile, mutated_inputs, eager_layouts,
                          inputs_die)
