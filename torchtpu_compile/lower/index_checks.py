@@ -591,8 +591,10 @@ def _first_bad(index, size, wraps: bool, ignore, divisor: bool = False):
     flat = index.reshape(-1).to(torch.int64)
     count = flat.shape[0]
     positions = torch.arange(count, dtype=torch.int64)
-    first_bad = torch.where(_out_of_range(flat, size, wraps, ignore, divisor), positions,
-                            count).amin()
+    # ``count`` appended: the minimum of no index (an expert that got no token) is "none".
+    first_bad = torch.cat([torch.where(_out_of_range(flat, size, wraps, ignore, divisor),
+                                       positions, count),
+                           torch.full((1,), count, dtype=torch.int64)]).amin()
     return first_bad < count, torch.where(positions == first_bad, flat, 0).sum()
 
 
