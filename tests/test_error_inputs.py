@@ -20,7 +20,8 @@ from tests.support.opinfo.modules import module_entries
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 OPS = ["cat", "view", "nn.functional.conv2d", "gather", "scatter", "roll",
-       "nn.functional.avg_pool2d", "diagonal_copy", "kthvalue", "index_add", "as_strided_scatter"]
+       "nn.functional.avg_pool2d", "diagonal_copy", "kthvalue", "index_add", "as_strided_scatter",
+       "bucketize"]
 MODULES = ["nn.NLLLoss", "nn.Embedding", "nn.BatchNorm2d"]
 
 
@@ -71,3 +72,14 @@ def test_an_entry_is_as_bad_as_its_worst_input():
     assert result.status == "returns-value" and result.samples == 3
     assert errors.totals([result.to_json()]) == {"eager": {
         "pass": 1, "other-error": 1, "returns-value": 1, "cpu-specific": 1}}
+
+
+def test_bucketize_names_boundaries_that_are_not_one_dimensional():
+    # Compiled, the batched search behind it raised a gather's shape error instead.
+    import torch
+
+    from tests.support.helpers import compile_tpu
+    values, boundaries = torch.tensor([1.0]), torch.tensor([[1.0, 2.0]])
+    with pytest.raises(RuntimeError, match=r"boundaries tensor must be 1 dimension, but got "
+                                           r"dim\(2\)"):
+        compile_tpu(torch.bucketize)(values, boundaries)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from ...errors import invalid_input
 from .registry import decomposition
 
 aten = torch.ops.aten
@@ -232,4 +233,7 @@ def _binary_search(sequence, values, right):
 @decomposition(aten.bucketize.Tensor)
 def bucketize(values, boundaries, *, out_int32=False, right=False):
     # PyTorch's own decomposition returns the values' dtype for empty boundaries.
+    if boundaries.dim() != 1:  # else searchsorted's batched search named a gather's shapes
+        raise invalid_input(RuntimeError, f"boundaries tensor must be 1 dimension, but got "
+                                          f"dim({boundaries.dim()})")
     return searchsorted(boundaries, values, out_int32=out_int32, right=right)
