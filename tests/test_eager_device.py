@@ -768,6 +768,22 @@ def test_deepcopy_follows_eagers_rules_for_parameters_tensors_and_non_leaves():
     assert outcomes["tpu"] == outcomes["cpu"]
 
 
+def test_deepcopy_keeps_views_of_one_storage_views_of_one():
+    # Each tensor was cloned alone: a write to a copied base missed its copied views, whose
+    # strides and offsets were a dense tensor's. Eager copies each storage once.
+    import copy
+    seen = {}
+    for device in ("cpu", "tpu"):
+        x = torch.arange(12.0, device=device)
+        twin = copy.deepcopy({"x": x, "tail": x[4:], "t": x.view(3, 4).t(),
+                              "every_other": x.view(3, 4)[:, ::2]})
+        twin["x"].add_(100)
+        seen[device] = {name: (t.cpu().tolist(), t.stride(), t.storage_offset())
+                        for name, t in twin.items()}
+        assert x.cpu()[0] == 0  # the original is apart
+    assert seen["tpu"] == seen["cpu"]
+
+
 @pytest.mark.parametrize("make_view", [
     lambda b: b.as_strided((4, 4), (3, 1)), lambda b: b.as_strided((2,), (1,), 9),
     lambda b: b[2:].as_strided((3,), (1,), 8), lambda b: b.clone().as_strided_((4, 4), (3, 1)),

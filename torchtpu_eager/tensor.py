@@ -151,10 +151,13 @@ class TpuTensor(torch.Tensor):
         return self
 
     def __deepcopy__(self, memo):
-        # A copy shares the immutable buffer until either side is written (clone does that).
-        # Eager's rules: a Parameter is copied without its gradient and attributes
-        # (Parameter.__deepcopy__), a tensor with both (Tensor.__deepcopy__), and a non-leaf
-        # not at all.
+        # As eager's: the storage is copied once per deepcopy (through the memo), and the
+        # copy views it as this tensor views its own, so views of one storage stay views of
+        # one, with their strides and offsets (each was cloned alone: writes to a copied base
+        # missed its copied views). A storage's copy shares the immutable buffer until either
+        # side is written (clone does that). Eager's rules: a Parameter is copied without its
+        # gradient and attributes (Parameter.__deepcopy__), a tensor with both
+        # (Tensor.__deepcopy__), and a non-leaf not at all.
         import copy as copy_module
         if id(self) in memo:
             return memo[id(self)]
@@ -164,8 +167,14 @@ class TpuTensor(torch.Tensor):
                 "deepcopy protocol at the moment.  If you were attempting to deepcopy a module, "
                 "this may be because of a torch.nn.utils.weight_norm usage, "
                 "see https://github.com/pytorch/pytorch/pull/103001")
-        with torch.no_grad():
-            copy = self.clone()
+        storage = memo.get(id(self._st))
+        if storage is None:
+            with torch.no_grad():
+                whole = TpuTensor(self._st, (self._st.numel,), (1,), 0)
+                storage = memo[id(self._st)] = whole.clone()._st
+            memo.setdefault(id(memo), []).append(self._st)  # its id stays its (copy's rule)
+        copy = TpuTensor(storage, tuple(self.shape), tuple(self.stride()),
+                         self.storage_offset())
         copy.requires_grad_(self.requires_grad)
         memo[id(self)] = copy
         if getattr(self, "_is_param", False):
