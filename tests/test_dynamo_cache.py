@@ -543,3 +543,32 @@ def test_a_length_guard_on_a_value_without_a_length_now_is_a_plain_miss(fresh_dy
             compiled = torch.compile(pool_by(k), backend="torchtpu", dynamic=False)
             torch.testing.assert_close(compiled(x), pool_by(k)(x))
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+
+
+def test_a_loaded_entrys_globals_outlive_dropped_code_not_yet_collected():
+    # A transformers model compiled again after torch._dynamo.reset(): the first trace's code,
+    # dropped but not collected (a reference cycle), had installed the builtins dict the
+    # entry's guards read. The entry found it and did not install it again; the collection
+    # that came while loading deleted it (Dynamo's cleanup of that code): KeyError
+    # '__builtins_dict___0', an ERROR traceback from Dynamo, and a trace again.
+    import gc
+    import types
+
+    from torch._dynamo.output_graph import get_builtins_dict
+    from torch._dynamo.utils import CleanupHook, CleanupManager
+    scope = {"__builtins__": __builtins__}
+    name = "__builtins_dict___7"
+    dropped = compile("pass", "<dropped>", "exec")
+    CleanupManager.instance[dropped] = [CleanupHook.create(scope, name,
+                                                           get_builtins_dict(scope))]
+    cycle = [dropped]
+    cycle.append(cycle)
+    del dropped, cycle
+    entry = types.SimpleNamespace(installed_globals={name: ("builtins_dict",)})
+    gc.disable()
+    try:
+        dynamo_cache._install_globals(entry, scope)
+    finally:
+        gc.enable()
+    gc.collect()  # any collection after the load
+    assert scope.get(name) is get_builtins_dict(scope)

@@ -647,6 +647,12 @@ def _install_globals(entry: _Entry, f_globals: dict) -> list[str]:
     """Put the non-graph globals the bytecode and guards use into ``f_globals``; the names added."""
     from torch._dynamo.output_graph import get_builtins_dict
     added = []
+    if any(name in f_globals for name in entry.installed_globals):
+        # Maybe the globals of code dropped since (torch._dynamo.reset()) and not yet
+        # collected: its cleanup would delete them under the guards and bytecode we load
+        # (a second compile of a transformers model: KeyError '__builtins_dict___0', logged
+        # at ERROR by Dynamo, and a trace again).
+        gc.collect()
     for name, how in entry.installed_globals.items():
         if how[0] == "compiled_fn":
             continue
