@@ -1150,6 +1150,12 @@ def test_a_sparse_tensor_moved_to_tpu_is_a_clear_error():
     torch.testing.assert_close(s.to_dense().to("tpu").cpu(), s.to_dense())
 
 
+def test_a_sparse_embedding_gradient_names_the_dense_option():
+    # The user wrote no sparse tensor: the advice was .to_dense() and torch.sparse.mm only.
+    embedding = torch.nn.Embedding(10, 4, sparse=True).to("tpu")
+    with pytest.raises(NotImplementedError, match="sparse=False"):
+        embedding(torch.tensor([1, 2], device="tpu")).sum().backward()
+
 
 @pytest.mark.parametrize("make", [
     pytest.param(lambda: torch.eye(2).to_sparse().to("tpu"), id="coo.to(tpu)"),

@@ -80,7 +80,9 @@ def not_dense(layout, op=None) -> NotImplementedError:
     return NotImplementedError(
         f"{where}tensors of layout {layout} cannot be moved to or made on the tpu device, "
         f"which holds dense (torch.strided) tensors only; convert with .to_dense() first "
-        f"(torch.sparse.mm(a, b) becomes a.to_dense() @ b), or keep it on the CPU")
+        f"(torch.sparse.mm(a, b) becomes a.to_dense() @ b), or keep it on the CPU. "
+        f"nn.Embedding and nn.EmbeddingBag with sparse=True make sparse gradients: on the "
+        f"device use sparse=False (any optimizer then takes them)")
 
 
 def from_cpu(host: torch.Tensor, requires_grad: bool = False):
