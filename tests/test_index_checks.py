@@ -623,11 +623,10 @@ def test_a_number_divisor_that_wraps_to_zero_raises_as_eager(fn, path):
     torch.testing.assert_close(compile_tpu(lambda x: x // 300, dynamic=False)(x), x // 300)
 
 
-def test_an_empty_data_dependent_index_is_checked_as_no_index(monkeypatch):
+def test_an_empty_data_dependent_index_is_checked_as_no_index():
     # An MoE expert that gets no token, with Dynamo capturing data-dependent shapes: the graph
     # after where() runs at its exact size 0, and the check's minimum over no index raised
     # "reducing over zero-size dimension" where eager adds nothing.
-    monkeypatch.setattr(torch._dynamo.config, "capture_dynamic_output_shape_ops", True)
     w = torch.randn(3, 4)
 
     def expert(x, chosen):
@@ -636,6 +635,8 @@ def test_an_empty_data_dependent_index_is_checked_as_no_index(monkeypatch):
 
     compiled = compile_tpu(expert)
     x = torch.randn(5, 3)
-    with config.patch(matmul_precision="highest"):
+    # (monkeypatch.setattr on Dynamo's config deletes the setting when it undoes)
+    with config.patch(matmul_precision="highest"), \
+            torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
         for chosen in (torch.tensor([0, 1, 0, 1, 2]), torch.tensor([0, 0, 0, 2, 2])):
             torch.testing.assert_close(compiled(x, chosen), expert(x, chosen))
