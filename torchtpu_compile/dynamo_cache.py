@@ -643,16 +643,26 @@ def _reserve_unique_id(name: str) -> None:
         max(current, int(match.group(1)) + 1))
 
 
+def _kept_from_cleanup(f_globals: dict, names: list) -> None:
+    """Keep ``names`` of ``f_globals`` when the code that installed them dies: a loaded entry
+    reuses them. That code may be dropped already (``torch._dynamo.reset()``) and wait for a
+    collection, whose cleanup deleted them under the guards and bytecode loaded (a second
+    compile of a transformers model: KeyError '__builtins_dict___0', logged at ERROR by
+    Dynamo, and a trace again). Collecting first instead cost 0.3 s a lookup."""
+    if not names:
+        return
+    from torch._dynamo.utils import CleanupManager
+    names = set(names)
+    for hooks in CleanupManager.instance.values.values():
+        hooks[:] = [hook for hook in hooks if getattr(hook, "scope", None) is not f_globals
+                    or getattr(hook, "name", None) not in names]
+
+
 def _install_globals(entry: _Entry, f_globals: dict) -> list[str]:
     """Put the non-graph globals the bytecode and guards use into ``f_globals``; the names added."""
     from torch._dynamo.output_graph import get_builtins_dict
     added = []
-    if any(name in f_globals for name in entry.installed_globals):
-        # Maybe the globals of code dropped since (torch._dynamo.reset()) and not yet
-        # collected: its cleanup would delete them under the guards and bytecode we load
-        # (a second compile of a transformers model: KeyError '__builtins_dict___0', logged
-        # at ERROR by Dynamo, and a trace again).
-        gc.collect()
+    _kept_from_cleanup(f_globals, [name for name in entry.installed_globals if name in f_globals])
     for name, how in entry.installed_globals.items():
         if how[0] == "compiled_fn":
             continue
